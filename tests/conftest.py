@@ -1,0 +1,31 @@
+"""Shared fixtures: the real data folder (skipped with a reason where absent) and stable console output."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def real_data_dir() -> Path:
+    """../shared/real-data next to the checkout, or $UVMLAB_REAL_DATA."""
+    env = os.environ.get("UVMLAB_REAL_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "real-data"
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    """The real-data folder; tests that need it skip with a clear reason where it is absent."""
+    path = real_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"real data not found at {path}; put ../shared/real-data beside the checkout or set UVMLAB_REAL_DATA")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _stable_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setenv("NO_COLOR", "1")

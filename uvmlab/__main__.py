@@ -1,0 +1,5 @@
+"""``python -m uvmlab``."""
+
+from uvmlab.cli import entry
+
+entry()

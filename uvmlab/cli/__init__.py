@@ -1,0 +1,82 @@
+"""The ``uvmlab`` command line: a thin registry of small commands (logic lives in uvmlab.api and below).
+
+Each ``uvmlab/cli/*_cmds.py`` module exports ``COMMANDS``, a list of click commands or groups; they are
+registered here in one place. Command modules import heavy libraries (torch, matplotlib) inside the command
+function, so ``uvmlab --help`` stays fast. Errors: library code raises ``UvmlabError`` subclasses; ``main``
+prints their one sentence to stderr and exits with the code they carry (2 for bad input).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from uvmlab import __version__
+from uvmlab.errors import UvmlabError
+
+COMMAND_MODULES = (
+    "trace_cmds",  # trace, trace show, workloads
+    "estimate_cmds",  # estimate
+    "replay_cmds",  # replay, snapshot
+    "run_cmds",  # run
+    "nsys_cmds",  # nsys summarize, compare, calibrate
+    "sweep_cmds",  # sweep, report
+    "gpu_cmds",  # shim, doctor
+    "eval_cmds",  # evaluate, fragmentation, colocate
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="uvmlab")
+def cli() -> None:
+    """uvmlab: GPU memory under CUDA Unified Memory oversubscription and PyTorch's caching allocator.
+
+    Simulates on any machine (CPU only) and measures on a real NVIDIA GPU. Main command:
+
+        uvmlab run gpt2 --oversub 4 --pca off
+    """
+
+
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"uvmlab.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"uvmlab.cli.{name}":
+                continue  # a command family not built yet
+            raise
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return (and with sys.exit, exit with) the command's exit code."""
+    try:
+        cli.main(args=argv, prog_name="uvmlab", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.ClickException as exc:  # usage errors: exit code 2
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except UvmlabError as exc:
+        click.echo(f"uvmlab: error: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

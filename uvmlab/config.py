@@ -1,0 +1,131 @@
+"""Frozen, validated configurations: user input is checked once, here, and trusted below.
+
+``WorkloadConfig`` says what to train (and is what trace capture takes); ``RunConfig`` says how to run it
+(oversubscription factor, PCA on/off, mode, GPU). Both serialize to plain dicts for config.json and
+for the sweep's stable configuration hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from uvmlab.errors import InputError
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+ZERO_GRAD_POSITIONS = ("iteration_start", "before_backward")
+ATTENTION_IMPLS = ("sdpa", "eager")
+DTYPES = ("fp32", "bf16")
+CAPTURE_DEVICES = ("meta", "cpu")
+MODES = ("sim", "gpu", "auto")
+ALLOCATORS = ("pca", "nocache")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """What to train: a built-in workload name (see ``uvmlab workloads``) or a path to a user workload file.
+
+    ``batch_size=None`` means the workload's default (the seed study's batch size for built-ins).
+    ``options`` carries workload-specific settings (e.g. ``{"seq_len": 512, "n_layer": 2}``).
+    """
+
+    workload: str
+    batch_size: int | None = None
+    optimizer: str = "adam"
+    zero_grad: str = "iteration_start"
+    attention: str = "sdpa"
+    dtype: str = "fp32"
+    iterations: int = 3
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.workload:
+            raise InputError("a workload name or file is required")
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise InputError(f"batch size must be a whole number >= 1, not {self.batch_size!r}")
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("zero_grad", self.zero_grad, ZERO_GRAD_POSITIONS)
+        _choice("attention", self.attention, ATTENTION_IMPLS)
+        _choice("dtype", self.dtype, DTYPES)
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
+            raise InputError(f"iterations must be a whole number >= 1, not {self.iterations!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (config.json, hashing)."""
+        return asdict(self)
+
+
+def check_oversub(value: float) -> float:
+    """Validate an oversubscription factor: any finite number > 0 (<= 1 means no oversubscription)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"oversubscription factor must be a number > 0, not {value!r}") from None
+    if not math.isfinite(f) or f <= 0:
+        raise InputError(
+            f"oversubscription factor must be a finite number > 0, not {value!r} "
+            "(it is allocated UVM memory / available GPU memory; <= 1 means no oversubscription)"
+        )
+    if f > 1000:
+        raise InputError(f"oversubscription factor {f:g} is not plausible (over 1000x); the study used 1.0 to 10")
+    return f
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: a workload under UVM at an oversubscription factor, with PCA on or off."""
+
+    workload: WorkloadConfig
+    oversub: float = 1.0
+    pca: bool = True
+    mode: str = "auto"
+    gpu: str = "A100-80GB"
+    gpu_memory_bytes: int | None = None
+    prefetch: bool = True
+    params_file: str | None = None
+    """JSON file of simulator cost parameters (uvmlab calibrate writes one)."""
+    sim_options: dict[str, Any] = field(default_factory=dict)
+    """Simulator knobs mirroring the UVM driver's module parameters (see uvmlab.sim.uvm)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "oversub", check_oversub(self.oversub))
+        _choice("mode", self.mode, MODES)
+        if self.gpu_memory_bytes is not None and self.gpu_memory_bytes <= 0:
+            raise InputError(f"GPU memory must be > 0 bytes, not {self.gpu_memory_bytes}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (config.json, hashing)."""
+        d = asdict(self)
+        d["workload"] = self.workload.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an InputError naming the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise InputError(f"unknown run config keys {sorted(unknown)}; known keys: {sorted(known)}")
+        wl = d.get("workload")
+        if not isinstance(wl, dict):
+            raise InputError("run config needs a 'workload' mapping")
+        wknown = {f.name for f in fields(WorkloadConfig)}
+        wunknown = set(wl) - wknown
+        if wunknown:
+            raise InputError(f"unknown workload keys {sorted(wunknown)}; known keys: {sorted(wknown)}")
+        return cls(**{**d, "workload": WorkloadConfig(**wl)})
+
+    def config_hash(self) -> str:
+        """A stable 12-hex-digit hash of the configuration (names sweep run directories)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]

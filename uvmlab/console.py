@@ -1,0 +1,29 @@
+"""Console output: tables on stdout, progress and notes on stderr (so ``--format json`` stdout stays clean)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Print a rich table to stdout; numbers right-aligned, None shown as n/a."""
+    table = Table(title=title, title_justify="left")
+    rows = [list(r) for r in rows]
+    for i, col in enumerate(columns):
+        numeric = bool(rows) and all(isinstance(r[i], int | float) or r[i] is None for r in rows)
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in rows:
+        table.add_row(*("n/a" if v is None else (f"{v:,.4g}" if isinstance(v, float) else str(v)) for v in r))
+    out.print(table)
+
+
+def note(message: str) -> None:
+    """A one-line note to stderr (e.g. 'no GPU found: running the simulator')."""
+    err.print(message)

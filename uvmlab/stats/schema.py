@@ -1,0 +1,89 @@
+"""Column contracts of the run-directory tables, shared by simulation (uvmlab.sim) and measurement (uvmlab.nsys).
+
+Every count is a number of events, every ``*_bytes`` a byte count, every ``*_ns`` nanoseconds.
+A figure that was not collected is null (NaN / pd.NA), never 0.
+
+Tables of a run directory (``RunDir.table(name)``):
+
+``iterations``  one row per training iteration
+``kernels``     one row per kernel (simulated: one per aten op, see uvmlab.trace.capture; measured: nsys kernels)
+``migrations``  optional, one row per migration (measured: nsys; simulated: when requested)
+``faults``      optional, one row per fault batch / fault group
+``memory``      optional, memory over time (allocated / reserved / resident bytes at each event)
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from uvmlab.errors import InputError
+
+# Fault / migration statistics, used as columns of both `iterations` and `kernels`.
+FAULT_COLUMNS: tuple[str, ...] = (
+    "fault_count",  # GPU page faults (nsys: sum(numberOfPageFaults); sim: faulted 4 KiB pages, after uTLB merge)
+    "read_fault_count",
+    "write_fault_count",
+    "fault_batch_count",  # driver fault batches serviced (sim only; measured: null)
+    "htod_count",  # host-to-device UM migrations (transfers)
+    "htod_bytes",
+    "dtoh_count",  # device-to-host UM migrations (evictions write back here)
+    "dtoh_bytes",
+    "eviction_count",  # 2 MiB root chunks evicted (sim only; measured: null)
+)
+
+ITERATION_COLUMNS: tuple[str, ...] = (
+    "iteration",  # 0-based
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    *FAULT_COLUMNS,
+)
+
+KERNEL_COLUMNS: tuple[str, ...] = (
+    "kernel_id",  # 0-based in launch order
+    "name",
+    "iteration",  # -1: outside any iteration
+    "phase",  # data, forward, backward, optimizer, zero_grad, or "" when unknown
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "kernel_bytes",  # bytes of the distinct storages the kernel reads and writes (the study's "memory per kernel")
+    "allocated_bytes",  # bytes allocated by the program (live tensors) when the kernel runs
+    *FAULT_COLUMNS,
+)
+
+MIGRATION_COLUMNS: tuple[str, ...] = (
+    "start_ns",
+    "end_ns",
+    "bytes",
+    "direction",  # "htod" | "dtoh"
+    "cause",  # "fault" | "prefetch" (speculative) | "eviction" | "user_prefetch" | "unknown"
+    "address",
+    "kernel_id",  # the kernel it is attributed to, or -1 for "outside any kernel"
+    "iteration",
+)
+
+MEMORY_COLUMNS: tuple[str, ...] = (
+    "time_ns",
+    "allocated_bytes",  # live tensor bytes (program view)
+    "reserved_bytes",  # bytes held by the allocator (managed ranges under UVM)
+    "resident_bytes",  # bytes resident on the GPU (UVM view; null where unknown)
+)
+
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "iterations": ITERATION_COLUMNS,
+    "kernels": KERNEL_COLUMNS,
+    "migrations": MIGRATION_COLUMNS,
+    "memory": MEMORY_COLUMNS,
+}
+
+
+def check_table(name: str, df: pd.DataFrame, source: str = "") -> pd.DataFrame:
+    """Raise InputError if ``df`` lacks a column of table ``name``; return it with the contract's columns first."""
+    want = TABLE_COLUMNS[name]
+    missing = [c for c in want if c not in df.columns]
+    if missing:
+        where = f" in {source}" if source else ""
+        raise InputError(f"table {name!r}{where} lacks columns {missing} (uvmlab.stats.schema)")
+    extra = [c for c in df.columns if c not in want]
+    return df[list(want) + extra]

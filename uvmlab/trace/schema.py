@@ -1,0 +1,183 @@
+"""The Trace: what a training workload allocates and which storages each kernel touches.
+
+A Trace is three tables plus a JSON header, stored in a folder::
+
+    DIR/trace.json            header: schema_version, workload, config, torch_version, capture_device, ...
+    DIR/allocations.parquet   one row per storage allocation
+    DIR/kernels.parquet       one row per kernel (one per leaf aten op: an approximation, see capture.py)
+    DIR/accesses.parquet      one row per (kernel, storage) byte range read or written
+
+Events share one global sequence number ``seq``: every allocation, free and kernel has a distinct one, so
+sorting by it gives the order in which PyTorch did them. This module needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from uvmlab import SCHEMA_VERSION
+from uvmlab.atomic import atomic_write_json, atomic_write_with
+from uvmlab.errors import InputError
+
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
+"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
+PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad")
+"""Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration."""
+NEVER_FREED = -1
+"""``free_seq`` of an allocation still live at the end of the trace."""
+
+ALLOCATIONS_SCHEMA = pa.schema(
+    [
+        pa.field("alloc_id", pa.int64(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False, metadata={"unit": "bytes", "doc": "requested bytes"}),
+        pa.field("alloc_seq", pa.int64(), nullable=False),
+        pa.field("free_seq", pa.int64(), nullable=False, metadata={"doc": "-1: live at the end of the trace"}),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False, metadata={"doc": "-1: setup"}),
+        pa.field("op", pa.string(), nullable=False, metadata={"doc": "aten op that allocated it"}),
+        pa.field("stream", pa.int32(), nullable=False),
+    ]
+)
+KERNELS_SCHEMA = pa.schema(
+    [
+        pa.field("kernel_id", pa.int64(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("flops", pa.float64(), nullable=False, metadata={"unit": "FLOP"}),
+        pa.field("stream", pa.int32(), nullable=False),
+    ]
+)
+ACCESSES_SCHEMA = pa.schema(
+    [
+        pa.field("kernel_id", pa.int64(), nullable=False),
+        pa.field("alloc_id", pa.int64(), nullable=False),
+        pa.field("offset_bytes", pa.int64(), nullable=False, metadata={"unit": "bytes"}),
+        pa.field("size_bytes", pa.int64(), nullable=False, metadata={"unit": "bytes"}),
+        pa.field("is_write", pa.bool_(), nullable=False),
+    ]
+)
+SCHEMAS: dict[str, pa.Schema] = {
+    "allocations": ALLOCATIONS_SCHEMA,
+    "kernels": KERNELS_SCHEMA,
+    "accesses": ACCESSES_SCHEMA,
+}
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """An empty DataFrame with the columns and dtypes of table ``name``."""
+    return SCHEMAS[name].empty_table().to_pandas()
+
+
+@dataclass
+class Trace:
+    """A captured (or orchestrated, or synthetic) trace. Tables follow ``SCHEMAS``; ``header`` is free-form JSON."""
+
+    allocations: pd.DataFrame
+    kernels: pd.DataFrame = field(default_factory=lambda: empty_table("kernels"))
+    accesses: pd.DataFrame = field(default_factory=lambda: empty_table("accesses"))
+    header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_iterations(self) -> int:
+        """Number of training iterations in the trace."""
+        it = self.allocations["iteration"]
+        return int(it.max()) + 1 if len(it) else 0
+
+    def validate(self, source: str = "trace") -> None:
+        """Check columns and the event-order invariants; raise InputError naming the first problem."""
+        for name, schema in SCHEMAS.items():
+            df = getattr(self, name)
+            missing = [c for c in schema.names if c not in df.columns]
+            if missing:
+                raise InputError(f"{source}: table {name} lacks columns {missing}")
+        a = self.allocations
+        freed = a["free_seq"] != NEVER_FREED
+        if (a.loc[freed, "free_seq"] <= a.loc[freed, "alloc_seq"]).any():
+            bad = a.loc[freed & (a["free_seq"] <= a["alloc_seq"])].iloc[0]
+            raise InputError(f"{source}: allocation {bad.alloc_id} is freed (seq {bad.free_seq}) before it is made")
+        if (a["size_bytes"] < 0).any():
+            raise InputError(f"{source}: negative allocation size")
+        unknown = set(a["category"]) - set(CATEGORIES)
+        if unknown:
+            raise InputError(f"{source}: unknown categories {sorted(unknown)}; known: {CATEGORIES}")
+
+    def events(self) -> pd.DataFrame:
+        """Allocation and free events in sequence order: columns seq, alloc_id, size_bytes, is_alloc, stream."""
+        a = self.allocations
+        allocs = pd.DataFrame(
+            {"seq": a["alloc_seq"], "alloc_id": a["alloc_id"], "size_bytes": a["size_bytes"], "is_alloc": True,
+             "stream": a["stream"]}
+        )
+        f = a[a["free_seq"] != NEVER_FREED]
+        frees = pd.DataFrame(
+            {"seq": f["free_seq"], "alloc_id": f["alloc_id"], "size_bytes": f["size_bytes"], "is_alloc": False,
+             "stream": f["stream"]}
+        )
+        ev = pd.concat([allocs, frees], ignore_index=True)
+        return ev.sort_values("seq", kind="stable").reset_index(drop=True)
+
+    def live_bytes(self) -> pd.Series:
+        """Live requested bytes after each allocation/free event (indexed by seq)."""
+        ev = self.events()
+        delta = ev["size_bytes"].where(ev["is_alloc"], -ev["size_bytes"])
+        return pd.Series(delta.cumsum().to_numpy(), index=ev["seq"].to_numpy(), name="live_bytes")
+
+
+def _to_arrow(df: pd.DataFrame, schema: pa.Schema, name: str) -> pa.Table:
+    try:
+        return pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(f"cannot write trace table {name}: {exc}") from None
+
+
+def write_trace(trace: Trace, directory: str | Path) -> Path:
+    """Write ``trace`` into ``directory`` (tables first, header last: the header marks it complete)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in SCHEMAS.items():
+        table = _to_arrow(getattr(trace, name), schema, name)
+        atomic_write_with(out / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
+    header = {**trace.header, "schema_version": SCHEMA_VERSION}
+    atomic_write_json(out / "trace.json", header)
+    return out
+
+
+def read_trace(directory: str | Path) -> Trace:
+    """Read a trace folder written by :func:`write_trace`; refuse clearly if it is not one."""
+    src = Path(directory)
+    head_path = src / "trace.json"
+    if not head_path.is_file():
+        raise InputError(f"{src} is not a uvmlab trace (no trace.json); write one with: uvmlab trace WORKLOAD -o DIR")
+    try:
+        header = json.loads(head_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{head_path} is not valid JSON ({exc.msg})") from None
+    version = header.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(f"{src}: trace schema version {version!r}; this uvmlab reads version {SCHEMA_VERSION}")
+    tables: dict[str, pd.DataFrame] = {}
+    for name, schema in SCHEMAS.items():
+        path = src / f"{name}.parquet"
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"cannot read {path}: {exc}") from None
+        missing = [c for c in schema.names if c not in table.column_names]
+        if missing:
+            raise InputError(
+                f"{path}: missing columns {missing} (written by another uvmlab schema; this one reads {SCHEMA_VERSION})"
+            )
+        tables[name] = table.to_pandas()
+    trace = Trace(header=header, **tables)
+    trace.validate(str(src))
+    return trace
