@@ -21,7 +21,9 @@ def real_data() -> Path:
     """The real-data folder; tests that need it skip with a clear reason where it is absent."""
     path = real_data_dir()
     if not path.is_dir():
-        pytest.skip(f"real data not found at {path}; put ../shared/real-data beside the checkout or set UVMLAB_REAL_DATA")
+        pytest.skip(
+            f"real data not found at {path}; put ../shared/real-data beside the checkout or set UVMLAB_REAL_DATA"
+        )
     return path
 
 

@@ -87,3 +87,26 @@ def check_table(name: str, df: pd.DataFrame, source: str = "") -> pd.DataFrame:
         raise InputError(f"table {name!r}{where} lacks columns {missing} (uvmlab.stats.schema)")
     extra = [c for c in df.columns if c not in want]
     return df[list(want) + extra]
+
+
+# Scalar keys of result.json shared by simulated and measured runs (docs/result-json.md documents each).
+RESULT_KEYS: tuple[str, ...] = (
+    "schema_version",
+    "mode",  # "sim" | "gpu" | "measured" (imported from an nsys export)
+    "outcome",  # "ok" | "oom" | "error"
+    "error",  # one sentence, or null
+    "workload",
+    "pca",  # true: PyTorch caching allocator on; false: PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    "oversub",  # requested oversubscription factor (footprint / available)
+    "gpu",
+    "footprint_bytes",  # peak managed (UVM) bytes the job allocates
+    "available_bytes",  # GPU memory UVM may use (footprint / oversub)
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "iterations",
+    "iteration_time_ns",  # mean over iterations after the first (warm-up)
+    "total_time_ns",
+    "baseline_time_ns",  # same job without oversubscription (sim: factor 1 without UVM faults; gpu: --baseline)
+    "slowdown",  # iteration_time_ns / baseline_time_ns
+    *FAULT_COLUMNS,  # totals over all iterations
+)

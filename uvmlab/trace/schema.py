@@ -115,13 +115,23 @@ class Trace:
         """Allocation and free events in sequence order: columns seq, alloc_id, size_bytes, is_alloc, stream."""
         a = self.allocations
         allocs = pd.DataFrame(
-            {"seq": a["alloc_seq"], "alloc_id": a["alloc_id"], "size_bytes": a["size_bytes"], "is_alloc": True,
-             "stream": a["stream"]}
+            {
+                "seq": a["alloc_seq"],
+                "alloc_id": a["alloc_id"],
+                "size_bytes": a["size_bytes"],
+                "is_alloc": True,
+                "stream": a["stream"],
+            }
         )
         f = a[a["free_seq"] != NEVER_FREED]
         frees = pd.DataFrame(
-            {"seq": f["free_seq"], "alloc_id": f["alloc_id"], "size_bytes": f["size_bytes"], "is_alloc": False,
-             "stream": f["stream"]}
+            {
+                "seq": f["free_seq"],
+                "alloc_id": f["alloc_id"],
+                "size_bytes": f["size_bytes"],
+                "is_alloc": False,
+                "stream": f["stream"],
+            }
         )
         ev = pd.concat([allocs, frees], ignore_index=True)
         return ev.sort_values("seq", kind="stable").reset_index(drop=True)

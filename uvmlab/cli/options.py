@@ -1,0 +1,89 @@
+"""Click options shared by every command that takes a workload (trace, estimate, run, fragmentation, colocate)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
+from uvmlab.errors import InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
+    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations and --option KEY=VALUE."""
+
+    def decorate(fn: F) -> F:
+        opts = [
+            click.option("--batch-size", "-b", type=int, default=None, help="Batch size [default: the workload's]."),
+            click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True),
+            click.option(
+                "--zero-grad",
+                type=click.Choice(ZERO_GRAD_POSITIONS),
+                default="iteration_start",
+                show_default=True,
+                help="Where optimizer.zero_grad() runs.",
+            ),
+            click.option(
+                "--attention",
+                type=click.Choice(ATTENTION_IMPLS),
+                default="sdpa",
+                show_default=True,
+                help="Attention implementation (transformers).",
+            ),
+            click.option(
+                "--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True, help="fp32, or bf16 autocast."
+            ),
+            click.option(
+                "--iterations",
+                "-n",
+                type=int,
+                default=iterations_default,
+                show_default=True,
+                help="Training iterations.",
+            ),
+            click.option(
+                "--option",
+                "options",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="Workload-specific setting, e.g. --option seq_len=512 (repeatable; JSON values).",
+            ),
+        ]
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be)."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"--option takes KEY=VALUE, not {pair!r}")
+        try:
+            result[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[key] = raw
+    return result
+
+
+def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
+    """Build the WorkloadConfig from the values of :func:`workload_options` (validation happens in the config)."""
+    return WorkloadConfig(
+        workload=workload,
+        batch_size=kw["batch_size"],
+        optimizer=kw["optimizer"],
+        zero_grad=kw["zero_grad"],
+        attention=kw["attention"],
+        dtype=kw["dtype"],
+        iterations=kw["iterations"],
+        options=parse_options(kw.get("options", ())),
+    )
