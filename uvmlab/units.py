@@ -49,7 +49,7 @@ def parse_bytes(text: str | int | float) -> int:
     result = value * _UNITS[unit]
     if result < 0:
         raise InputError(f"a byte size cannot be negative: {text!r}")
-    return int(round(result))
+    return round(result)
 
 
 def format_bytes(n: int | float | None, precision: int = 2) -> str:
