@@ -1,0 +1,130 @@
+/* A stub CUDA runtime for tests (no GPU): exports the few runtime functions the uvmlab shim uses and records
+ * every call, one line each, to the file named by FAKE_CUDART_LOG:
+ *     <function> ptr=<hex> size=<bytes> <extra key=value...> -> <cudaError_t>
+ * "Device" memory is host memory from calloc; cudaMalloc counts against FAKE_CUDART_TOTAL_BYTES (default 16 GiB)
+ * minus FAKE_CUDART_CONTEXT_BYTES (default 256 MiB), so cudaMemGetInfo answers like a card with a context;
+ * managed allocations do not count (UVM may evict them). FAKE_CUDART_VERSION (default 13000) selects the
+ * cudaMemAdvise / cudaMemPrefetchAsync ABI this stub decodes: CUDA 13 passes a struct cudaMemLocation
+ * {int type; int id;} by value (one 8-byte register); CUDA 12 passes an int device.
+ * Built with a version script (libcudart.so.13 node) and soname libcudart.so.13, like NVIDIA's runtime. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static size_t device_used = 0;
+
+#define MAX_ALLOCS 4096
+static void *alloc_ptr[MAX_ALLOCS];
+static size_t alloc_size[MAX_ALLOCS];
+static int alloc_device[MAX_ALLOCS];
+
+static size_t env_size(const char *name, size_t fallback) {
+    const char *v = getenv(name);
+    return (v && *v) ? (size_t)strtoull(v, NULL, 10) : fallback;
+}
+static int version(void) { return (int)env_size("FAKE_CUDART_VERSION", 13000); }
+static size_t total_bytes(void) { return env_size("FAKE_CUDART_TOTAL_BYTES", (size_t)16 << 30); }
+static size_t context_bytes(void) { return env_size("FAKE_CUDART_CONTEXT_BYTES", (size_t)256 << 20); }
+
+static void record(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#include <stdarg.h>
+static void record(const char *fmt, ...) {
+    const char *path = getenv("FAKE_CUDART_LOG");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fputc('\n', f);
+    fclose(f);
+}
+
+static void remember(void *p, size_t size, int device) {
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (alloc_ptr[i] == NULL) { alloc_ptr[i] = p; alloc_size[i] = size; alloc_device[i] = device; return; }
+}
+
+cudaError_t cudaMalloc(void **p, size_t size) {
+    pthread_mutex_lock(&mu);
+    cudaError_t rc = 0;
+    if (size == 0) { *p = NULL; }
+    else if (device_used + size > total_bytes() - context_bytes()) { *p = NULL; rc = 2; /* cudaErrorMemoryAllocation */ }
+    else { *p = calloc(1, size < 4096 ? size : 4096); /* never touched beyond 4 KiB: balloons are huge */
+           device_used += size; remember(*p, size, 1); }
+    pthread_mutex_unlock(&mu);
+    record("cudaMalloc ptr=%p size=%zu -> %d", *p, size, rc);
+    return rc;
+}
+
+cudaError_t cudaMallocManaged(void **p, size_t size, unsigned int flags) {
+    cudaError_t rc = 0;
+    if (size == 0) { *p = NULL; rc = 1; /* cudaErrorInvalidValue, like the real runtime */ }
+    else {
+        *p = calloc(1, size);
+        if (!*p) rc = 2;
+        pthread_mutex_lock(&mu);
+        remember(*p, size, 0);
+        pthread_mutex_unlock(&mu);
+    }
+    record("cudaMallocManaged ptr=%p size=%zu flags=%u -> %d", *p, size, flags, rc);
+    return rc;
+}
+
+cudaError_t cudaFree(void *p) {
+    const char *kind = "none";
+    size_t size = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; p && i < MAX_ALLOCS; i++)
+        if (alloc_ptr[i] == p) {
+            kind = alloc_device[i] ? "device" : "managed";
+            size = alloc_size[i];
+            if (alloc_device[i]) device_used -= size;
+            alloc_ptr[i] = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    if (p) free(p);
+    record("cudaFree ptr=%p size=%zu kind=%s -> 0", p, size, kind);
+    return 0;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    pthread_mutex_lock(&mu);
+    *total_b = total_bytes();
+    *free_b = total_bytes() - context_bytes() - device_used;
+    pthread_mutex_unlock(&mu);
+    record("cudaMemGetInfo free=%zu total=%zu -> 0", *free_b, *total_b);
+    return 0;
+}
+
+cudaError_t cudaGetDevice(int *device) { *device = (int)env_size("FAKE_CUDART_DEVICE", 0); return 0; }
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = version(); return 0; }
+
+/* CUDA 13: (ptr, count, advice, struct cudaMemLocation loc); CUDA 12: (ptr, count, advice, int device). */
+cudaError_t cudaMemAdvise(const void *p, size_t count, int advice, uint64_t loc) {
+    if (version() >= 13000)
+        record("cudaMemAdvise ptr=%p size=%zu advice=%d loc_type=%d loc_id=%d -> 0", p, count, advice,
+               (int)(uint32_t)(loc & 0xffffffffu), (int)(uint32_t)(loc >> 32));
+    else
+        record("cudaMemAdvise ptr=%p size=%zu advice=%d device=%d -> 0", p, count, advice, (int)(uint32_t)loc);
+    return 0;
+}
+
+/* CUDA 13: (ptr, count, struct cudaMemLocation loc, unsigned flags, stream); CUDA 12: (ptr, count, int dev, stream) */
+cudaError_t cudaMemPrefetchAsync(const void *p, size_t count, uint64_t a3, uint64_t a4, uint64_t a5) {
+    if (version() >= 13000)
+        record("cudaMemPrefetchAsync ptr=%p size=%zu loc_type=%d loc_id=%d flags=%u stream=%p -> 0", p, count,
+               (int)(uint32_t)(a3 & 0xffffffffu), (int)(uint32_t)(a3 >> 32), (unsigned)a4, (void *)a5);
+    else
+        record("cudaMemPrefetchAsync ptr=%p size=%zu device=%d stream=%p -> 0", p, count, (int)(uint32_t)a3,
+               (void *)a4);
+    return 0;
+}

@@ -1,0 +1,339 @@
+"""The LD_PRELOAD shim, in real child processes, in front of a stub CUDA runtime (tests/stubs/fake_cudart.c) that
+records every call, and in front of the real PyTorch libraries (symbol binding only: no GPU here)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from uvmlab.errors import InputError
+from uvmlab.gpu import shim
+
+STUBS = Path(__file__).parent / "stubs"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _cc(*args: str) -> None:
+    subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if shutil.which("gcc") is None or shim.find_compiler() is None:
+        pytest.skip("gcc/g++ not found: the shim tests build C/C++ code")
+    d = tmp_path_factory.mktemp("stubs")
+    lib = shim.build_shim(cache_dir=d / "cache")
+    cudart = d / "libcudart.so.13"
+    _cc("-O1", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-Wl,-soname,libcudart.so.13",
+        "-o", str(cudart), str(STUBS / "fake_cudart.c"), "-lpthread")
+    client = d / "libfake_client.so"
+    _cc("-shared", "-fPIC", "-o", str(client), str(STUBS / "fake_client.c"), f"-L{d}", "-l:libcudart.so.13",
+        "-Wl,-rpath,$ORIGIN")
+    main = d / "client_main"
+    _cc("-o", str(main), str(STUBS / "client_main.c"), f"-L{d}", "-lfake_client", "-Wl,-rpath,$ORIGIN")
+    return {"dir": d, "shim": lib, "cudart": cudart, "client": client, "main": main}
+
+
+def _env(built: dict[str, Path], tmp_path: Path, preload: bool = True, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UVMLAB_", "FAKE_CUDART_", "LD_"))}
+    env["FAKE_CUDART_LOG"] = str(tmp_path / "cudart.log")
+    env["UVMLAB_ALLOC_LOG"] = str(tmp_path / "alloc.bin")
+    if preload:
+        env["LD_PRELOAD"] = str(built["shim"])
+    env.update(extra)
+    return env
+
+
+def _run_main(built: dict[str, Path], tmp_path: Path, *script: str, preload: bool = True, **extra: str):
+    proc = subprocess.run(
+        [str(built["main"]), *script], env=_env(built, tmp_path, preload, **extra), capture_output=True, text=True
+    )
+    calls = (tmp_path / "cudart.log").read_text().splitlines() if (tmp_path / "cudart.log").exists() else []
+    return proc, calls
+
+
+def _ptrs(stdout: str) -> list[str]:
+    return [line.split()[2] for line in stdout.splitlines()]
+
+
+def test_client_references_versioned_symbols(built: dict[str, Path]) -> None:
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf not found")
+    client = subprocess.run(["readelf", "--dyn-syms", "-W", str(built["client"])], capture_output=True, text=True)
+    assert re.search(r"UND cudaMalloc@libcudart\.so\.13", client.stdout)
+    stub = subprocess.run(["readelf", "--dyn-syms", "-W", str(built["cudart"])], capture_output=True, text=True)
+    assert "cudaMalloc@@libcudart.so.13" in stub.stdout
+    exported = subprocess.run(["readelf", "--dyn-syms", "-W", str(built["shim"])], capture_output=True, text=True)
+    assert re.search(r"FUNC\s+GLOBAL\s+DEFAULT\s+\d+ cudaMalloc$", exported.stdout, re.M)  # unversioned definition
+
+
+def test_without_shim_cudamalloc_reaches_the_runtime(built: dict[str, Path], tmp_path: Path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m1048576", "f", preload=False)
+    assert proc.returncode == 0
+    assert calls[0].startswith("cudaMalloc ptr=") and "size=1048576" in calls[0]
+    assert not any(c.startswith("cudaMallocManaged") for c in calls)
+
+
+def test_cudamalloc_is_served_by_cudamallocmanaged_and_free_passes_through(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m1048576", "m12345", "f", "f")
+    assert proc.returncode == 0, proc.stderr
+    p1, p2 = _ptrs(proc.stdout)[:2]
+    assert calls == [
+        f"cudaMallocManaged ptr={p1} size=1048576 flags=1 -> 0",
+        f"cudaMallocManaged ptr={p2} size=12345 flags=1 -> 0",
+        f"cudaFree ptr={p2} size=12345 kind=managed -> 0",
+        f"cudaFree ptr={p1} size=1048576 kind=managed -> 0",
+    ]
+
+
+def test_size_zero_keeps_cudamalloc_semantics(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m0")
+    assert proc.stdout.split()[1] == "0"  # success, as cudaMalloc(0) is; cudaMallocManaged(0) would fail
+    assert calls == ["cudaMalloc ptr=(nil) size=0 -> 0"]
+
+
+def test_balloon_uses_real_cudamalloc_and_is_freed_at_exit(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", "f", UVMLAB_BALLOON_BYTES=str(GiB))
+    assert proc.returncode == 0, proc.stderr
+    m = re.fullmatch(r"cudaMalloc ptr=(\S+) size=1073741824 -> 0", calls[0])
+    assert m, calls
+    assert calls[1].startswith("cudaMallocManaged") and "size=4096" in calls[1]
+    assert calls[-1] == f"cudaFree ptr={m.group(1)} size=1073741824 kind=device -> 0"
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert list(log["op"]) == ["balloon_alloc", "malloc", "free", "balloon_free"]
+    assert log["size_bytes"].iloc[0] == GiB and log["arg"].iloc[0] == -1
+
+
+def test_balloon_leave_measures_free_memory(built, tmp_path) -> None:
+    total, context, leave = 16 * GiB, 256 * MiB, 3 * GiB + 5  # leave is not a 2 MiB multiple: rounding is tested
+    proc, calls = _run_main(
+        built, tmp_path, "m4096",
+        UVMLAB_BALLOON_LEAVE_BYTES=str(leave), FAKE_CUDART_TOTAL_BYTES=str(total), FAKE_CUDART_CONTEXT_BYTES=str(context),
+    )
+    assert proc.returncode == 0, proc.stderr
+    free = total - context
+    expected = (free - leave) // (2 * MiB) * (2 * MiB)
+    assert calls[0] == f"cudaMemGetInfo free={free} total={total} -> 0"
+    assert re.fullmatch(rf"cudaMalloc ptr=\S+ size={expected} -> 0", calls[1]), calls[1]
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    row = log[log["op"] == "balloon_alloc"].iloc[0]
+    assert row["arg"] == free and row["size_bytes"] == expected
+
+
+def test_balloon_that_does_not_fit_warns_and_the_program_continues(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_BALLOON_BYTES=str(64 * GiB))
+    assert proc.returncode == 0
+    assert "balloon could not be reserved (CUDA error 2)" in proc.stderr
+    assert calls[0] == f"cudaMalloc ptr=(nil) size={64 * GiB} -> 2"
+    assert calls[1].startswith("cudaMallocManaged")
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert list(log["op"]) == ["balloon_alloc", "malloc"] and list(log["result"]) == [2, 0]
+
+
+def test_allocation_log_records_every_call_and_parses_back(built, tmp_path) -> None:
+    script = ["m1000", "m2000", "f", "m3000", "f", "f", "m0"]
+    proc, _ = _run_main(built, tmp_path, *script)
+    assert proc.returncode == 0
+    printed = [line.split() for line in proc.stdout.splitlines()]
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert list(log["op"]) == ["malloc", "malloc", "free", "malloc", "free", "free", "malloc_device"]
+    assert [int(s) for s in log["size_bytes"]] == [1000, 2000, 0, 3000, 0, 0, 0]
+    as_hex = [f"{int(p):#x}" if p else "(nil)" for p in log["ptr"]]
+    assert as_hex == [p[2] for p in printed]
+    assert (log["result"] == 0).all() and (log["duration_ns"] >= 0).all()
+    assert log["time_ns"].is_monotonic_increasing
+    assert log["pid"].nunique() == 1
+    assert shim.managed_footprint_bytes(log) == 3000 + 1000  # m1000 live while m3000 is allocated
+    mono, real = shim.log_header_clocks(tmp_path / "alloc.bin")
+    assert 0 < mono <= log["time_ns"].iloc[0] and real > 1_600_000_000 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("version", "advise", "expected"),
+    [
+        (
+            "13000",
+            "preferred_location_gpu,accessed_by,read_mostly",
+            ["advice=3 loc_type=1 loc_id=1", "advice=5 loc_type=1 loc_id=1", "advice=1 loc_type=1 loc_id=1"],
+        ),
+        ("13000", "preferred_location_cpu", ["advice=3 loc_type=2 loc_id=0"]),
+        ("12080", "preferred_location_gpu,accessed_by", ["advice=3 device=1", "advice=5 device=1"]),
+    ],
+)
+def test_advise_and_prefetch_policies_issue_the_calls(built, tmp_path, version, advise, expected) -> None:
+    proc, calls = _run_main(
+        built, tmp_path, "m4194304",
+        UVMLAB_ADVISE=advise, UVMLAB_PREFETCH="on_alloc", FAKE_CUDART_DEVICE="1", FAKE_CUDART_VERSION=version,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ptr = _ptrs(proc.stdout)[0]
+    assert calls[0] == f"cudaMallocManaged ptr={ptr} size=4194304 flags=1 -> 0"
+    advised = [c for c in calls if c.startswith("cudaMemAdvise")]
+    assert advised == [f"cudaMemAdvise ptr={ptr} size=4194304 {e} -> 0" for e in expected]
+    prefetch = [c for c in calls if c.startswith("cudaMemPrefetchAsync")]
+    where = "loc_type=1 loc_id=1 flags=0 stream=(nil)" if version == "13000" else "device=1 stream=(nil)"
+    assert prefetch == [f"cudaMemPrefetchAsync ptr={ptr} size=4194304 {where} -> 0"]
+    ops = list(shim.read_alloc_log(tmp_path / "alloc.bin")["op"])
+    assert ops == ["malloc", *["advise"] * len(expected), "prefetch"]
+
+
+def test_no_policy_means_no_advise_or_prefetch(built, tmp_path) -> None:
+    _, calls = _run_main(built, tmp_path, "m4096")
+    assert not any(c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync")) for c in calls)
+
+
+def test_passthrough_mode_keeps_cudamalloc(built, tmp_path) -> None:
+    _, calls = _run_main(built, tmp_path, "m4096", "f", UVMLAB_SHIM_MODE="passthrough")
+    assert calls[0].startswith("cudaMalloc ptr=") and "size=4096" in calls[0]
+    assert calls[1].endswith("kind=device -> 0")
+    assert list(shim.read_alloc_log(tmp_path / "alloc.bin")["op"]) == ["malloc_device", "free"]
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("UVMLAB_ADVISE", "bogus"), ("UVMLAB_PREFETCH", "always"), ("UVMLAB_BALLOON_BYTES", "12GB"),
+     ("UVMLAB_SHIM_MODE", "fast")],
+)
+def test_invalid_environment_stops_the_program_with_one_sentence(built, tmp_path, var, value) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", **{var: value})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"uvmlab shim: {var}={value} is not valid")
+    assert calls == []
+
+
+_PY_CLIENT = """
+import ctypes, sys, threading
+client = ctypes.CDLL(sys.argv[1])  # RTLD_LOCAL: the stub runtime is NOT in the global scope
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+client.client_free.argtypes = [ctypes.c_void_p]
+n_threads, n_each = int(sys.argv[2]), int(sys.argv[3])
+def work():
+    for i in range(n_each):
+        p = ctypes.c_void_p()
+        assert client.client_malloc(ctypes.byref(p), 4096 + i) == 0
+        assert client.client_free(p) == 0
+threads = [threading.Thread(target=work) for _ in range(n_threads)]
+[t.start() for t in threads]; [t.join() for t in threads]
+lib = ctypes.CDLL(None)
+lib.uvmlab_shim_real_library.restype = ctypes.c_char_p
+print(lib.uvmlab_shim_real_library().decode())
+"""
+
+
+def test_interposition_wins_for_a_locally_loaded_versioned_client_and_logging_is_thread_safe(built, tmp_path) -> None:
+    threads, each = 8, 150
+    proc = subprocess.run(
+        [sys.executable, "-c", _PY_CLIENT, str(built["client"]), str(threads), str(each)],
+        env=_env(built, tmp_path), capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(built["cudart"])  # found among the loaded objects, not via RTLD_NEXT
+    calls = (tmp_path / "cudart.log").read_text().splitlines()
+    assert sum(c.startswith("cudaMallocManaged") for c in calls) == threads * each
+    assert not any(c.startswith("cudaMalloc ") for c in calls)
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert len(log) == 2 * threads * each  # buffered across several flushes, none lost, none torn
+    assert (log["op"] == "malloc").sum() == threads * each and (log["result"] == 0).all()
+    assert sorted(log.loc[log["op"] == "malloc", "size_bytes"].astype(int)) == sorted(
+        4096 + i for _ in range(threads) for i in range(each)
+    )
+
+
+_PLUGGABLE = """
+import ctypes, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the runtime, as torch loads it
+shim = ctypes.CDLL(sys.argv[2])                     # no LD_PRELOAD: the CUDAPluggableAllocator route
+shim.uvmlab_malloc.restype = ctypes.c_void_p
+shim.uvmlab_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+shim.uvmlab_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+p = shim.uvmlab_malloc(65536, 0, None)
+print(hex(p))
+shim.uvmlab_free(p, 65536, 0, None)
+shim.uvmlab_flush_log()
+"""
+
+
+def test_pluggable_allocator_entry_points(built, tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLUGGABLE, str(built["cudart"]), str(built["shim"])],
+        env=_env(built, tmp_path, preload=False, UVMLAB_ADVISE="accessed_by"), capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ptr = proc.stdout.strip()
+    calls = (tmp_path / "cudart.log").read_text().splitlines()
+    assert calls == [
+        f"cudaMallocManaged ptr={ptr} size=65536 flags=1 -> 0",
+        f"cudaMemAdvise ptr={ptr} size=65536 advice=5 loc_type=1 loc_id=0 -> 0",
+        f"cudaFree ptr={ptr} size=65536 kind=managed -> 0",
+    ]
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert list(log["op"]) == ["pluggable_malloc", "advise", "pluggable_free"]
+
+
+def test_pytorch_libc10_cuda_binds_cudamalloc_to_the_shim(built, tmp_path) -> None:
+    """The real wheel: libc10_cuda.so's cudaMalloc@libcudart.so.13 binds to the shim; the shim finds the real
+    libcudart and forwards to its cudaMallocManaged (which fails here for want of a driver, and that is logged)."""
+    pytest.importorskip("torch")
+    code = (
+        "import torch, ctypes\n"
+        "lib = ctypes.CDLL(None)\n"
+        "lib.uvmlab_shim_real_library.restype = ctypes.c_char_p\n"
+        "print(lib.uvmlab_shim_real_library().decode())\n"
+        "p = ctypes.c_void_p()\n"
+        "print(lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)))\n"
+    )
+    env = _env(built, tmp_path, LD_BIND_NOW="1", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(tmp_path / "ld"))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    real, rc = proc.stdout.split()
+    assert "libcudart.so.13" in real and "nvidia" in real
+    bindings = "".join(p.read_text(errors="replace") for p in tmp_path.glob("ld.*"))
+    for sym in ("cudaMalloc", "cudaFree"):
+        assert re.search(rf"libc10_cuda\.so \[0\] to {re.escape(str(built['shim']))} \[0\]: normal symbol `{sym}'",
+                         bindings), f"{sym} of libc10_cuda.so is not bound to the shim"
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    assert list(log["op"]) == ["malloc"] and int(log["result"].iloc[0]) == int(rc) != 0
+
+
+def test_read_alloc_log_rejects_foreign_and_truncated_files(built, tmp_path) -> None:
+    bad = tmp_path / "x.bin"
+    bad.write_bytes(b"not a log at all" * 8)
+    with pytest.raises(InputError, match="not a uvmlab shim allocation log"):
+        shim.read_alloc_log(bad)
+    with pytest.raises(InputError, match="not found"):
+        shim.read_alloc_log(tmp_path / "missing.bin")
+    _run_main(built, tmp_path, "m1000", "m2000")
+    data = (tmp_path / "alloc.bin").read_bytes()
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(data[:-10])  # the last record cut short: the whole ones are kept
+    assert len(shim.read_alloc_log(cut)) == 1
+
+
+def test_shim_env_validation(tmp_path) -> None:
+    env = shim.shim_env("/x/lib.so", advise=("accessed_by",), prefetch="on_alloc", balloon_leave_bytes=10,
+                        alloc_log=tmp_path / "a.bin", existing_preload="/y.so")
+    assert env["LD_PRELOAD"] == "/x/lib.so:/y.so" and env["UVMLAB_BALLOON_LEAVE_BYTES"] == "10"
+    with pytest.raises(InputError, match="unknown advise policy"):
+        shim.shim_env("/x", advise=("everything",))
+    with pytest.raises(InputError, match="not both"):
+        shim.shim_env("/x", balloon_bytes=1, balloon_leave_bytes=1)
+    with pytest.raises(InputError, match="at most one preferred location"):
+        shim.shim_env("/x", advise=("preferred_location_gpu", "preferred_location_cpu"))
+
+
+def test_build_is_cached_and_keyed_by_source(built, tmp_path, monkeypatch) -> None:
+    cache = built["shim"].parents[1]
+    assert shim.build_shim(cache_dir=cache) == built["shim"]  # no rebuild: same path, same file
+    mtime = built["shim"].stat().st_mtime_ns
+    assert shim.build_shim(cache_dir=cache) == built["shim"] and built["shim"].stat().st_mtime_ns == mtime
+    changed = tmp_path / "uvmlab_shim.cpp"
+    changed.write_text(shim.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(shim, "SOURCE", changed)
+    assert shim.shim_path(cache) != built["shim"]

@@ -1,0 +1,177 @@
+"""CLI: ``uvmlab snapshot show`` (read a PyTorch memory snapshot safely) and ``uvmlab estimate``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from uvmlab.atomic import to_json
+from uvmlab.cli.options import workload_config, workload_options
+from uvmlab.config import ALLOCATORS
+from uvmlab.console import note, out, print_table
+from uvmlab.units import format_bytes
+
+FORMATS = click.Choice(["table", "json"])
+
+
+@click.group("snapshot")
+def snapshot_group() -> None:
+    """Read PyTorch CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles) safely."""
+
+
+@snapshot_group.command("show")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def snapshot_show(file: str, fmt: str) -> None:
+    """Summarize FILE: format generation, segments, reserved/allocated bytes and trace events per device.
+
+    The pickle is loaded with a restricted unpickler that refuses every global, so nothing in the file runs.
+    """
+    from uvmlab.trace.snapshot import read_snapshot
+
+    snap = read_snapshot(file)
+    rows = snap.summary()
+    if fmt == "json":
+        payload = {
+            "path": snap.path,
+            "format_generation": snap.format_generation,
+            "format_evidence": snap.format_evidence,
+            "allocator_settings": snap.allocator_settings,
+            "devices": rows,
+        }
+        click.echo(to_json(payload), nl=False)
+        return
+    conf = None if snap.allocator_settings is None else snap.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    out.print(f"{snap.path}\nformat {snap.format_generation} ({snap.format_evidence}); alloc conf: {conf!r}")
+    print_table(
+        "Snapshot per device",
+        ["device", "segments", "blocks", "reserved", "allocated", "peak reserved (trace)", "events", "actions"],
+        [
+            [
+                r["device"],
+                r["segments"],
+                r["blocks"],
+                format_bytes(r["reserved_bytes"]),
+                format_bytes(r["allocated_bytes"]),
+                format_bytes(r["peak_reserved_in_trace_bytes"]),
+                r["events"],
+                " ".join(f"{k}:{v}" for k, v in r["actions"].items()),
+            ]
+            for r in rows
+        ],
+    )
+
+
+@click.command("estimate")
+@click.argument("workload")
+@workload_options()
+@click.option("--gpu", "gpu_name", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 80GiB.")
+@click.option("--allocator", type=click.Choice(ALLOCATORS), default="pca", show_default=True)
+@click.option("--alloc-conf", default="", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
+@click.option(
+    "--margin-mb",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
+)
+@click.option("--output", "-o", "out_dir", default=None, metavar="DIR", help="Write a run directory here.")
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "carma"]), default="table", show_default=True)
+@click.option("--snapshot", "snapshot_out", default=None, metavar="OUT.pickle", help="Write the simulated run as a "
+              "PyTorch memory snapshot (open it at pytorch.org/memory_viz).")  # fmt: skip
+def estimate_cmd(
+    workload: str,
+    gpu_name: str,
+    gpu_memory: str | None,
+    allocator: str,
+    alloc_conf: str,
+    margin_mb: int | None,
+    out_dir: str | None,
+    force: bool,
+    fmt: str,
+    snapshot_out: str | None,
+    **kw: Any,
+) -> None:
+    """Estimate the peak GPU memory of training WORKLOAD on a GPU, on this CPU (no GPU needed).
+
+    Captures the workload on the meta device (cached), adds what only CUDA allocates (cuBLAS/cuDNN workspaces),
+    simulates the caching allocator (or none) and reports peak reserved/allocated memory, whether it fits
+    the GPU (capacity minus the CUDA context), and required_mb for a scheduler. --format carma prints only
+    the required MB line CARMA's task files take. Example:
+
+        uvmlab estimate gpt2 --gpu A100-80GB --format json
+    """
+    from uvmlab.estimate import estimate, plot_curve, snapshot_dicts
+    from uvmlab.gpus import get_gpu
+    from uvmlab.rundir import RunDir
+    from uvmlab.units import MiB
+
+    cfg = workload_config(workload, **kw)
+    gpu = get_gpu(gpu_name, gpu_memory)
+    rundir = None
+    if out_dir is not None:
+        rundir = RunDir(out_dir)
+        rundir.prepare(force=force)
+    est = estimate(
+        cfg,
+        gpu,
+        allocator=allocator,
+        alloc_conf=alloc_conf,
+        margin_bytes=None if margin_mb is None else margin_mb * MiB,
+        progress=lambda msg: note(f"[dim]{msg}[/dim]"),
+    )
+    result = est.to_json()
+    if snapshot_out is not None:
+        from uvmlab.trace.snapshot import write_snapshot
+
+        segments, traces = snapshot_dicts(est)
+        write_snapshot(snapshot_out, segments, traces, allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": alloc_conf})
+        note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
+    if rundir is not None:
+        import matplotlib.pyplot as plt
+
+        from uvmlab.simulate import env_info
+
+        config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes}
+        rundir.write_json(rundir.config_json, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
+        rundir.write_json(rundir.env_json, env_info())
+        rundir.write_table("memory_timeline", est.timeline)
+        fig = plot_curve(est)
+        rundir.write_figure("memory_curve", fig)
+        plt.close(fig)
+        rundir.write_json(rundir.result_json, result)
+        note(rundir.summary_line())
+    if fmt == "json":
+        click.echo(to_json(result), nl=False)
+        return
+    if fmt == "carma":
+        note(
+            f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context "
+            f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
+            "CARMA adds its own 2048 MB at placement"
+        )
+        click.echo(est.carma_text(), nl=False)
+        return
+    verdict = (
+        "fits" if not est.oom else f"OUT OF MEMORY at event {est.oom_seq} ({est.oom_phase}, it {est.oom_iteration})"
+    )
+    print_table(
+        f"{cfg.workload} on {gpu.name}, {allocator} allocator",
+        ["quantity", "value"],
+        [
+            ["peak reserved", format_bytes(est.peak_reserved_bytes)],
+            ["peak allocated", format_bytes(est.peak_allocated_bytes)],
+            ["peak live tensors (requested)", format_bytes(est.peak_live_bytes)],
+            ["CUDA context", format_bytes(est.context_bytes)],
+            ["usable on GPU", format_bytes(est.usable_bytes)],
+            ["verdict", verdict],
+            ["margin", f"{format_bytes(est.margin_bytes)} ({est.margin_rule})"],
+            ["required", f"{est.required_mb} MB (MiB)"],
+            ["time", f"{est.seconds['total']:.2f} s"],
+        ],
+    )
+
+
+COMMANDS = [snapshot_group, estimate_cmd]

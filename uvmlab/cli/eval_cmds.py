@@ -1,0 +1,286 @@
+"""CLI: ``uvmlab evaluate`` (xMem metrics), ``uvmlab fragmentation`` (STWeaver), ``uvmlab colocate`` (CARMA)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+from uvmlab.atomic import to_json
+from uvmlab.cli.options import workload_config, workload_options
+from uvmlab.console import err, note, out, print_table
+from uvmlab.units import format_bytes, parse_bytes
+
+FORMATS = click.Choice(["table", "json"])
+ESTIMATOR_NAMES = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+@click.command("evaluate")
+@click.argument("ground_truth", type=click.Path(exists=False, path_type=str))
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables/figure here.")
+@click.option(
+    "--estimator",
+    "estimators",
+    multiple=True,
+    type=click.Choice(ESTIMATOR_NAMES),
+    help="Estimators to evaluate (repeatable) [default: all four].",
+)
+@click.option(
+    "--gpu-memory",
+    default="80GiB",
+    show_default=True,
+    help="Device memory M_max for a folder of snapshots (their GPU is unrecorded).",
+)
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def evaluate_cmd(ground_truth: str, output: str | None, estimators: tuple[str, ...], gpu_memory: str, fmt: str) -> None:
+    """Score peak-memory estimators against GROUND_TRUTH with xMem's metrics (MRE, PEF, MCP).
+
+    GROUND_TRUTH is a CSV of measured runs (columns: id, source, config, gpu_memory, measured_peak_bytes, oom;
+    see docs/evaluation.md) or a folder of PyTorch memory snapshots (every snapshot whose trace covers the run
+    is a ground-truth run: its peak reserved bytes, its own alloc/free stream as the estimators' input).
+    Prints MRE, PEF (two-round rule), MCP per estimator; -o DIR also writes tables and the PEF-vs-MRE figure.
+    """
+    from uvmlab.evaluate.ground_truth import read_ground_truth, snapshot_cases
+    from uvmlab.evaluate.harness import evaluate, write_evaluation
+
+    src = Path(ground_truth)
+    skipped: list[tuple[str, str]] = []
+    if src.is_dir():
+        cases, skipped = snapshot_cases(src, parse_bytes(gpu_memory))
+    else:
+        cases = read_ground_truth(src)
+    names = estimators or ESTIMATOR_NAMES
+    with err.status("estimating...") as status:
+        ev = evaluate(cases, names, progress=lambda msg: status.update(f"estimating {msg}"))
+    if output:
+        write_evaluation(ev, output, {"ground_truth": str(src), "estimators": list(names), "n_cases": len(cases)})
+    if fmt == "json":
+        payload = {
+            "summary": ev.summary.to_dict("records"),
+            "per_run": ev.per_run.to_dict("records"),
+            "failures": [{"case_id": c, "estimator": e, "reason": r} for c, e, r in ev.failures],
+            "skipped": [{"source": s, "reason": r} for s, r in skipped],
+        }
+        click.echo(to_json(payload), nl=False)
+        return
+    if not ev.summary.empty:
+        print_table(
+            f"Estimators on {len(cases)} ground-truth runs (xMem metrics)",
+            ["estimator", "runs", "MRE", "PEF", "round-1 fail", "MCP", "quadrant", "s/estimate"],
+            [
+                [
+                    r["estimator"],
+                    r["n"],
+                    _pct(r["mre"]),
+                    _pct(r["pef"]),
+                    _pct(r["pef_round1"]),
+                    format_bytes(r["mcp_bytes"]),
+                    r["quadrant"],
+                    r["mean_runtime_s"],
+                ]
+                for r in ev.summary.to_dict("records")
+            ],
+        )
+        print_table(
+            "Per run",
+            ["run", "estimator", "estimate", "measured", "OOM", "error", "C2"],
+            [
+                [
+                    r["case_id"],
+                    r["estimator"],
+                    format_bytes(r["estimate_bytes"]),
+                    "OOM" if r["oom"] else format_bytes(r["measured_peak_bytes"]),
+                    "yes" if r["oom"] else "no",
+                    _pct(r["error_mre"]),
+                    "pass" if r["c2"] else "FAIL",
+                ]
+                for r in ev.per_run.to_dict("records")
+            ],
+        )
+    for c, e, r in ev.failures:
+        note(f"{e} on {c}: not estimated ({r})")
+    if skipped:
+        note(f"{len(skipped)} snapshot devices are not ground truth (e.g. {skipped[0][0]}: {skipped[0][1]})")
+    if output:
+        note(f"Wrote {output}")
+
+
+@click.command("fragmentation")
+@click.argument("source")
+@workload_options(iterations_default=3)
+@click.option("--device", type=int, default=None, help="Snapshot device [default: the one with most events].")
+@click.option("--gpu", default="A100-80GB", show_default=True, help="GPU whose CUDA rules shape a workload's trace.")
+@click.option(
+    "--grouping",
+    type=click.Choice(["best", "homophase", "none"]),
+    default="best",
+    show_default=True,
+    help="Planner grouping (HomoPhase groups, one group per request, or the smaller of both).",
+)
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables/figure here.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def fragmentation_cmd(
+    source: str, device: int | None, gpu: str, grouping: str, output: str | None, fmt: str, **kw
+) -> None:
+    """Memory efficiency and fragmentation (STWeaver) of SOURCE: PCA vs an offline plan vs the lower bound.
+
+    SOURCE is a workload (traced on the meta device, cached), a PyTorch snapshot pickle, or a trace directory.
+    Efficiency = peak live tensor bytes / peak reserved bytes; fragmentation ratio = 1 - efficiency.
+    """
+    from uvmlab.fragmentation import STWEAVER_REPORTED, write_fragmentation
+
+    frag = _fragmentation_source(source, device, grouping, gpu, kw)
+    if output:
+        write_fragmentation(frag, output, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
+    if fmt == "json":
+        payload = {
+            "name": frag.name,
+            "allocators": frag.table.to_dict("records"),
+            "fragmentation_reduction": frag.reduction(),
+            "plan": {"grouping": frag.plan.grouping, "groups": frag.plan.n_groups, "fusions": frag.plan.n_fusions},
+            "notes": frag.notes,
+        }
+        click.echo(to_json(payload), nl=False)
+        return
+    print_table(
+        f"Fragmentation of {frag.name}",
+        ["allocator", "peak reserved", "peak live", "efficiency", "fragmentation"],
+        [
+            [
+                r["allocator"],
+                format_bytes(r["peak_reserved_bytes"]),
+                format_bytes(r["peak_allocated_bytes"]),
+                _pct(r["efficiency"]),
+                _pct(r["fragmentation_ratio"]),
+            ]
+            for r in frag.table.to_dict("records")
+        ],
+    )
+    out.print(
+        f"planned vs PCA: fragmentation reduced by {_pct(frag.reduction())} "
+        f"(STWeaver reports {_pct(STWEAVER_REPORTED['mean_fragmentation_reduction'])} on average); "
+        f"plan: {frag.plan.grouping}, {frag.plan.n_groups} groups, {frag.plan.n_fusions} fusions"
+    )
+    for n in frag.notes:
+        note(n)
+    if output:
+        note(f"Wrote {output}")
+
+
+def _fragmentation_source(source: str, device: int | None, grouping: str, gpu: str, kw: dict):
+    from uvmlab.fragmentation import characterize, characterize_snapshot, workload_trace
+
+    src = Path(source)
+    if src.suffix in (".pickle", ".pkl") and src.is_file():
+        return characterize_snapshot(src, device, grouping)
+    if src.is_dir() and (src / "trace.json").is_file():
+        from uvmlab.trace.schema import read_trace
+
+        return characterize(read_trace(src), name=src.name, grouping=grouping)
+    cfg = workload_config(source, **kw)
+    trace, notes = workload_trace(cfg, gpu)
+    name = source if cfg.batch_size is None else f"{source}:{cfg.batch_size}"
+    frag = characterize(trace, name=name, grouping=grouping)
+    frag.notes.extend(notes)
+    return frag
+
+
+@click.command("colocate")
+@click.argument("jobs", nargs=-1, required=True)
+@click.option("--gpu", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
+@click.option("--gpu-memory", default=None, help="Override the GPU's memory, e.g. 24GiB.")
+@click.option("--margin", default="2GiB", show_default=True, help="Safety margin (CARMA uses 2 GB).")
+@click.option(
+    "--simulate",
+    type=click.Choice(["auto", "yes", "no"]),
+    default="auto",
+    show_default=True,
+    help="Simulate UVM oversubscription: auto = only when the jobs do not fit.",
+)
+@workload_options(iterations_default=2)
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables here.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def colocate_cmd(
+    jobs: tuple[str, ...],
+    gpu: str,
+    gpu_memory: str | None,
+    margin: str,
+    simulate: str,
+    output: str | None,
+    fmt: str,
+    **kw,
+) -> None:
+    """Do JOBS fit together on one GPU (CARMA)? If not, what would UVM oversubscription cost each job?
+
+    Each JOB is a workload name with an optional batch size: gpt2:8 resnet50:32. Fit when the sum of the jobs'
+    simulated peak reserved bytes, one CUDA context per job and the margin is at most the GPU memory. Otherwise
+    the jobs run interleaved (round-robin by kernel) on one simulated UVM GPU: faults, migrations, slowdown.
+    """
+    from uvmlab.colocate import colocate, parse_job, prepare_job, write_colocation
+    from uvmlab.gpus import get_gpu
+    from uvmlab.trace.cache import get_trace
+
+    spec = get_gpu(gpu, gpu_memory)
+    base = workload_config("jobs", **kw)
+    prepared = []
+    with err.status("tracing and placing jobs...") as status:
+        for text in jobs:
+            cfg = parse_job(text, base)
+            status.update(f"tracing {text}")
+            prepared.append(prepare_job(text, get_trace(cfg), spec, cfg=cfg))
+        status.update("simulating UVM")
+        res = colocate(prepared, spec, parse_bytes(margin), simulate)
+    if output:
+        write_colocation(res, output, {"jobs": list(jobs), "gpu": spec.name, "margin": margin})
+    if fmt == "json":
+        click.echo(to_json(res.to_dict()), nl=False)
+        return
+    print_table(
+        f"Collocation on {spec.name} ({format_bytes(spec.memory_bytes)})",
+        ["job", "peak reserved", "CUDA context", "needs"],
+        [
+            [
+                r["job"],
+                format_bytes(r["peak_reserved_bytes"]),
+                format_bytes(r["context_bytes"]),
+                format_bytes(r["need_bytes"]),
+            ]
+            for r in res.verdict.to_dict("records")
+        ],
+    )
+    verdict = "FIT" if res.fits else "DO NOT FIT"
+    out.print(
+        f"{verdict}: {format_bytes(res.need_bytes)} needed (incl. {format_bytes(res.margin_bytes)} margin) "
+        f"of {format_bytes(spec.memory_bytes)}"
+    )
+    if res.uvm is not None:
+        print_table(
+            f"UVM cost together (capacity {format_bytes(res.uvm_capacity_bytes)}, round-robin by kernel)",
+            ["job", "faults", "faults alone", "HtoD", "DtoH", "evictions", "stall (ms)", "compute (ms)", "slowdown"],
+            [
+                [
+                    r["job"],
+                    int(r["fault_count"]),
+                    int(r["fault_count_alone"]),
+                    format_bytes(r["htod_bytes"]),
+                    format_bytes(r["dtoh_bytes"]),
+                    int(r["eviction_count"]),
+                    r["stall_ns"] / 1e6,
+                    r["compute_ns"] / 1e6,
+                    f"{r['slowdown']:.2f}x",
+                ]
+                for r in res.uvm.to_dict("records")
+            ],
+        )
+    for n in res.notes:
+        note(n)
+    if output:
+        note(f"Wrote {output}")
+
+
+COMMANDS = [evaluate_cmd, fragmentation_cmd, colocate_cmd]

@@ -1,0 +1,219 @@
+"""``uvmlab run``: the main command (simulator on any machine, real GPU where one exists)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from uvmlab.cli.options import parse_options, workload_config, workload_options
+from uvmlab.errors import InputError
+
+FORMATS = ("table", "json")
+
+
+def _on_off(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("on", "true", "1", "yes"):
+        return True
+    if v in ("off", "false", "0", "no"):
+        return False
+    raise InputError(f"--pca takes on or off, not {value!r}")
+
+
+def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    from uvmlab.units import format_bytes
+
+    def b(key: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None else format_bytes(int(v))
+
+    def ms(key: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None or v != v else f"{v / 1e6:,.2f} ms"
+
+    slow = r.get("slowdown")
+    return [
+        ("workload", r.get("workload")),
+        ("mode", r.get("mode")),
+        ("PCA", "on" if r.get("pca") else "off"),
+        ("oversubscription", f"x{r.get('oversub'):g}"),
+        ("GPU", r.get("gpu")),
+        ("footprint (peak managed)", b("footprint_bytes")),
+        ("available to UVM", b("available_bytes")),
+        ("iterations", r.get("iterations")),
+        ("iteration time", ms("iteration_time_ns")),
+        ("baseline iteration (all resident)", ms("baseline_time_ns")),
+        ("slowdown", "n/a" if slow is None else f"{slow:,.2f}x"),
+        (
+            "page faults (read / write)",
+            f"{r.get('fault_count', 0):,} ({r.get('read_fault_count', 0):,} / {r.get('write_fault_count', 0):,})",
+        ),
+        ("fault batches", r.get("fault_batch_count")),
+        ("HtoD migrations", f"{r.get('htod_count', 0):,} ({b('htod_bytes')})"),
+        ("DtoH migrations", f"{r.get('dtoh_count', 0):,} ({b('dtoh_bytes')})"),
+        ("evicted chunks", r.get("eviction_count")),
+        ("zero-filled (no transfer)", b("zero_fill_bytes")),
+        ("retained cudaMemcpy HtoD", b("memcpy_htod_bytes")),
+    ]
+
+
+@click.command("run")
+@click.argument("workload")
+@click.option(
+    "--oversub",
+    "-f",
+    default="1",
+    show_default=True,
+    metavar="F",
+    help="Oversubscription factor: footprint / GPU memory available to UVM (<= 1: none).",
+)
+@click.option(
+    "--pca",
+    default="on",
+    show_default=True,
+    metavar="on|off",
+    help="PyTorch caching allocator on, or off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: one range per tensor).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(("sim", "gpu", "auto")),
+    default="auto",
+    show_default=True,
+    help="auto: the GPU where a CUDA device and the shim exist, else the simulator.",
+)
+@click.option("--gpu", "gpu_name", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 40GiB.")
+@workload_options(iterations_default=3)
+@click.option(
+    "--prefetch/--no-prefetch",
+    default=True,
+    show_default=True,
+    help="The driver's tree prefetcher (uvm_perf_prefetch_enable).",
+)
+@click.option(
+    "--sim-option",
+    "sim_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Simulator knob, e.g. --sim-option prefetch_threshold=75 (see docs/uvm-sim.md).",
+)
+@click.option(
+    "--params",
+    "params_file",
+    default=None,
+    metavar="FILE",
+    help="Simulator cost parameters (JSON written by uvmlab calibrate).",
+)
+@click.option("-o", "--out", default=None, metavar="DIR", help="Run directory [default: runs/<name>-x<F>-pca..].")
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="json: print result.json on stdout only.",
+)
+@click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
+@click.option(
+    "--footprint",
+    default=None,
+    metavar="measure|estimate|BYTES",
+    help="GPU mode: how to size the balloon (measure a warm-up, the simulator's estimate, or bytes).",
+)
+@click.option("--baseline", is_flag=True, help="GPU mode: also run without UVM for the slowdown baseline.")
+@click.option("--nsys", is_flag=True, help="GPU mode: profile with Nsight Systems (UM faults and migrations).")
+@click.option("--alloc-conf", default=None, metavar="CONF", help="GPU mode: PYTORCH_CUDA_ALLOC_CONF to set.")
+def run_command(
+    workload: str,
+    oversub: str,
+    pca: str,
+    mode: str,
+    gpu_name: str,
+    gpu_memory: str | None,
+    prefetch: bool,
+    sim_options: tuple[str, ...],
+    params_file: str | None,
+    out: str | None,
+    force: bool,
+    fmt: str,
+    dry_run: bool,
+    footprint: str | None,
+    baseline: bool,
+    nsys: bool,
+    alloc_conf: str | None,
+    **wl: Any,
+) -> None:
+    """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
+
+    Simulates the UVM driver on this machine (--mode sim), or runs on a real GPU through the shim (--mode gpu).
+    Writes a run directory (config.json, env.json, result.json, tables/*.parquet, figures/*.png) and prints a
+    summary.
+
+    Example: uvmlab run gpt2 --oversub 4 --pca off
+    """
+    from uvmlab.config import RunConfig
+    from uvmlab.console import note, print_table
+    from uvmlab.console import out as stdout
+    from uvmlab.run import run
+    from uvmlab.units import parse_bytes
+
+    cfg = RunConfig(
+        workload=workload_config(workload, **wl),
+        oversub=oversub,  # validated by check_oversub
+        pca=_on_off(pca),
+        mode=mode,
+        gpu=gpu_name,
+        gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
+        prefetch=prefetch,
+        params_file=params_file,
+        sim_options=parse_options(sim_options),
+    )
+    gpu_flags = {
+        "dry_run": dry_run,
+        "footprint": footprint,
+        "baseline": baseline,
+        "nsys": nsys,
+        "alloc_conf": alloc_conf,
+    }
+    res = run(cfg, out=out, force=force, gpu_options=gpu_flags, progress=_progress())
+    if fmt == "json":
+        click.echo(json.dumps(res.result, default=str))
+        note(f"Wrote {res.path}")
+        return
+    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
+    from uvmlab.rundir import RunDir
+
+    stdout.print(RunDir(res.path).summary_line())
+
+
+def _progress() -> Any:
+    """A progress callback drawing a rich bar on stderr (transient)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from uvmlab.console import err
+
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "p" not in state:
+            p = Progress(
+                TextColumn("simulating kernels"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            )
+            p.start()
+            state["p"], state["t"] = p, p.add_task("sim", total=total)
+        state["p"].update(state["t"], completed=done, total=total)
+        if done >= total:
+            state["p"].stop()
+
+    return update
+
+
+COMMANDS = [run_command]

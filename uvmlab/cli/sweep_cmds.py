@@ -1,0 +1,209 @@
+"""``uvmlab sweep`` (run a YAML grid of configurations; ``sweep collect``) and ``uvmlab report``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+class _SweepGroup(click.Group):
+    """``uvmlab sweep SPEC ...`` is short for ``uvmlab sweep run SPEC ...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_SweepGroup)
+def sweep() -> None:
+    """Run a characterization sweep from a YAML spec (each configuration in its own process, resumable).
+
+    \b
+    uvmlab sweep experiments/lin_jeon_2025.yaml -o sweeps/lin --jobs 2
+    uvmlab sweep SPEC -o DIR --executor slurm --dry-run   # show the job-array plan and sbatch script
+    uvmlab sweep collect DIR                              # rebuild DIR/results.parquet
+    """
+
+
+@sweep.command("run")
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Sweep folder (runs/<hash>/ per configuration, results.parquet).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "slurm", "submitit-local"]),
+    default="local",
+    show_default=True,
+    help="local processes, a Slurm job array (submitit), or submitit's local executor.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Simulation runs at once (local executor; GPU runs always go one at a time).",
+)
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan; run nothing.")
+@click.option("--retry-failed", is_flag=True, help="Run again the configurations whose outcome was 'error'.")
+@click.option("--configs-per-task", type=int, default=None, help="Configurations per Slurm array task.")
+@click.option("--time-min", type=int, default=None, help="Slurm time limit per configuration, minutes.")
+@click.option("--gpus", type=int, default=None, help="GPUs per Slurm array task.")
+@click.option("--partition", default=None, help="Slurm partition.")
+@click.option("--array-parallelism", type=int, default=None, help="Slurm array tasks running at once.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def sweep_run(
+    spec: Path,
+    out: Path,
+    executor: str,
+    jobs: int,
+    dry_run: bool,
+    retry_failed: bool,
+    configs_per_task: int | None,
+    time_min: int | None,
+    gpus: int | None,
+    partition: str | None,
+    array_parallelism: int | None,
+    fmt: str,
+) -> None:
+    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes)."""
+    from uvmlab.console import note, print_table
+    from uvmlab.errors import InputError
+    from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
+    from uvmlab.sweep.spec import load_spec
+
+    loaded = load_spec(spec)
+    overrides: dict[str, Any] = {
+        "configs_per_task": configs_per_task,
+        "time_min": time_min,
+        "gpus_per_task": gpus,
+        "partition": partition,
+        "array_parallelism": array_parallelism,
+    }
+    for key, value in overrides.items():
+        if isinstance(value, int) and value < (0 if key == "gpus_per_task" else 1):
+            raise InputError(f"--{key.replace('_', '-')} must be >= 1, not {value}")
+    slurm = replace(loaded.slurm, **{k: v for k, v in overrides.items() if v is not None})
+    if dry_run:
+        entries = plan_entries(loaded, out)
+        plan = None
+        if executor != "local":
+            cluster = "slurm" if executor == "slurm" else "local"
+            plan = submit_plan(entries, out.resolve(), slurm, cluster=cluster, name=f"uvmlab-{loaded.name}")
+        if fmt == "json":
+            click.echo(
+                json.dumps(
+                    {
+                        "name": loaded.name,
+                        "configs": [
+                            {"run_id": e.run_id, "status": e.status, "config": e.config.to_dict()} for e in entries
+                        ],
+                        "plan": plan.to_dict() if plan else None,
+                    },
+                    indent=2,
+                )
+            )
+            return
+        rows = [
+            (
+                e.run_id,
+                e.config.workload.workload,
+                e.config.workload.batch_size,
+                e.config.oversub,
+                "on" if e.config.pca else "off",
+                e.config.mode,
+                e.status,
+            )
+            for e in entries
+        ]
+        print_table(
+            f"{loaded.name}: {len(entries)} configurations ({loaded.duplicates} duplicates dropped)",
+            ["run", "workload", "batch", "oversub", "PCA", "mode", "status"],
+            rows,
+        )
+        if plan is not None:
+            click.echo(f"array of {len(plan.chunks)} tasks; submitit parameters: {json.dumps(plan.parameters)}")
+            if plan.cluster == "slurm" and plan.chunks:
+                click.echo(render_sbatch(plan))
+        return
+    summary = run_sweep(loaded, out, executor=executor, jobs=jobs, retry_failed=retry_failed, slurm=slurm)
+    if fmt == "json":
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+        return
+    print_table(
+        f"sweep {loaded.name} -> {out}",
+        ["configurations", "skipped (complete)", "ran", "outcomes", "wall time (s)"],
+        [
+            (
+                summary.total,
+                summary.skipped,
+                summary.ran,
+                ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "-",
+                round(summary.wall_time_s, 1),
+            )
+        ],
+    )
+    for line in summary.errors:
+        note(f"[yellow]{line}[/yellow]")
+    note(f"Wrote {summary.results_path}; next: uvmlab report {out}")
+
+
+@sweep.command("collect")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def sweep_collect(out: Path, fmt: str) -> None:
+    """Rebuild OUT/results.parquet from the run directories (one row per complete run)."""
+    import pandas as pd
+
+    from uvmlab.console import print_table
+    from uvmlab.sweep.aggregate import write_results
+
+    path = write_results(out)
+    df = pd.read_parquet(path)
+    counts = df["outcome"].value_counts().to_dict() if "outcome" in df else {}
+    if fmt == "json":
+        click.echo(json.dumps({"results": str(path), "rows": len(df), "outcomes": counts}))
+        return
+    print_table(f"{path}", ["rows", "outcomes"], [(len(df), ", ".join(f"{k} {v}" for k, v in counts.items()))])
+
+
+@click.command("report")
+@click.argument("sweep_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    "out_html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def report(sweep_dir: Path, out_html: Path | None, fmt: str) -> None:
+    """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
+    from uvmlab.console import note, print_table
+    from uvmlab.report import build_report
+
+    built = build_report(sweep_dir, out_html)
+    if fmt == "json":
+        click.echo(json.dumps(built.to_dict(), indent=2))
+        return
+    print_table(
+        f"report of {sweep_dir}", ["figure", "file", "runs"], [(f.key, str(f.path), f.runs) for f in built.figures]
+    )
+    for skipped in built.skipped:
+        note(f"[yellow]skipped: {skipped}[/yellow]")
+    note(f"Wrote {built.html}")
+
+
+COMMANDS = [sweep, report]

@@ -1,0 +1,298 @@
+"""Collocation (CARMA, seeds/002): do several training jobs fit on one GPU together, and if not, what would UVM
+oversubscription cost them?
+
+Verdict (CARMA section 2.4 / 3.1): the jobs fit when
+
+    sum over jobs of (simulated peak reserved bytes + one CUDA context) + margin <= GPU memory
+
+with CARMA's 2 GiB safety margin against fragmentation-induced OOMs (``DEFAULT_MARGIN_BYTES``) and the CUDA
+context of ``GpuSpec.context_bytes`` per job (reference/uvm.md section 3.3; each process has its own context).
+
+UVM cost (when they do not fit): every job's allocator segments become managed ranges (``cudaMallocManaged``
+instead of ``cudaMalloc``, the seed study's setup) on ONE simulated GPU (``uvmlab.sim.uvm.UvmSim``) whose
+capacity is the GPU memory minus the jobs' contexts. The jobs' kernels are interleaved round-robin, one kernel
+per job per turn (a model of time-slicing between processes: real GPUs switch between contexts by time slice,
+not per kernel; documented in docs/colocate.md); each job's allocations and frees happen in its own order between
+its kernels. As in ``uvmlab run`` (uvmlab.sim.uvm_replay), setup/data kernels that only write inputs and
+parameters are the retained host-to-device copies (``UvmSim.memcpy_htod``). Each job is also simulated alone on
+the whole GPU. Per job we report faults, migrations and the predicted UVM slowdown ``(compute + stall colocated) / (compute + stall alone)``, where compute is the native
+kernel time (``uvmlab.sim.timing.kernel_time_ns``) and stall the fault-servicing time the simulator charges.
+The time the jobs wait for each other's kernels (time-slicing) is not part of this slowdown.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError, UnavailableError
+from uvmlab.gpus import GpuSpec
+from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.units import GiB
+
+DEFAULT_MARGIN_BYTES = 2 * GiB
+"""CARMA's safety margin added to the memory requirements (seeds/002 section 3.1: 'We add a 2GB safety margin')."""
+
+
+def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
+    """``NAME[:BATCH]`` (``gpt2:8``, ``resnet50:32``, ``my_model.py:4``) -> WorkloadConfig (other fields from base)."""
+    name, sep, batch = text.rpartition(":")
+    if not sep or not batch.isdigit():
+        name, batch = text, ""
+    if not name:
+        raise InputError(f"job {text!r}: give a workload name, optionally with a batch size, e.g. gpt2:8")
+    kw: dict[str, Any] = {} if base is None else base.to_dict()
+    kw.pop("workload", None)
+    if batch:
+        kw["batch_size"] = int(batch)
+    if int(batch or 1) < 1:
+        raise InputError(f"job {text!r}: the batch size must be >= 1")
+    return WorkloadConfig(workload=name, **kw)
+
+
+def _optional(module: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise UnavailableError(f"{what} is not available in this uvmlab build ({module} is missing)") from None
+        raise
+
+
+@dataclass
+class Job:
+    """One job: its config, its CUDA-level trace and its allocator placement."""
+
+    name: str
+    cfg: WorkloadConfig | None
+    trace: Trace
+    placement: Any
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return int(self.placement.peak_reserved_bytes)
+
+
+def prepare_job(
+    name: str, trace: Trace, gpu: GpuSpec, allocator: str = "pca", cfg: WorkloadConfig | None = None
+) -> Job:
+    """Orchestrate ``trace`` for CUDA (when uvmlab.trace.orchestrate is present) and place it with ``allocator``."""
+    notes = []
+    try:
+        orch = _optional("uvmlab.trace.orchestrate", "CUDA orchestration")
+    except UnavailableError as exc:
+        notes.append(f"{exc}: the meta trace is used as is (no cuBLAS/cuDNN workspaces)")
+    else:
+        trace = orch.to_cuda(trace, gpu)
+    placement = _optional("uvmlab.sim.placement", "the allocator simulator (uvmlab.sim.placement)")
+    return Job(name, cfg, trace, placement.place(trace, allocator), notes)
+
+
+@dataclass
+class _Stream:
+    """A job's events in order: ('map', rid, size) / ('unmap', rid) / ('kernel', kid, accesses, flops, bytes) /
+    ('copy', kid, written accesses)."""
+
+    events: list[tuple]
+    pos: int = 0
+
+
+def _job_stream(job: Job, range_base: int) -> _Stream:
+    # the retained-copy rule of `uvmlab run` (one definition: uvmlab.sim.uvm_replay, private name)
+    from uvmlab.sim.uvm_replay import _copy_kernels
+    p = job.placement
+    ranges = p.ranges
+    blocks = p.blocks.set_index("alloc_id")
+    rng_addr = dict(zip(ranges["range_id"].astype(int), ranges["address"].astype(int), strict=True))
+    ev: list[tuple[int, int, tuple]] = []
+    end = int(job.trace.kernels["seq"].max()) + 1 if len(job.trace.kernels) else 0
+    for r in ranges.itertuples(index=False):
+        rid = range_base + int(r.range_id)
+        ev.append((int(r.alloc_seq), 0, ("map", rid, int(r.size_bytes))))
+        free_seq = int(r.free_seq)
+        if free_seq != NEVER_FREED and free_seq >= 0:
+            ev.append((free_seq, 2, ("unmap", rid)))
+        end = max(end, int(r.alloc_seq) + 1)
+    acc = job.trace.accesses
+    acc = acc[acc["alloc_id"].isin(blocks.index)]
+    b = blocks.loc[acc["alloc_id"].to_numpy()]
+    range_ids = b["range_id"].to_numpy(np.int64)
+    offsets = b["address"].to_numpy(np.int64) - np.array([rng_addr[int(x)] for x in range_ids], dtype=np.int64)
+    offsets = offsets + acc["offset_bytes"].to_numpy(np.int64)
+    per_kernel: dict[int, list[tuple[int, int, int, bool]]] = {}
+    for kid, rid, off, size, w in zip(
+        acc["kernel_id"].to_numpy(),
+        range_ids,
+        offsets,
+        acc["size_bytes"].to_numpy(),
+        acc["is_write"].to_numpy(),
+        strict=True,
+    ):
+        per_kernel.setdefault(int(kid), []).append((range_base + int(rid), int(off), int(size), bool(w)))
+    copies = set(_copy_kernels(job.trace).tolist())
+    for k in job.trace.kernels.itertuples(index=False):
+        kid = int(k.kernel_id)
+        accs = per_kernel.get(kid, [])
+        if kid in copies:  # a retained cudaMemcpy HtoD (uvmlab.sim.uvm_replay): only its writes, as copies
+            ev.append((int(k.seq), 1, ("copy", kid, [a for a in accs if a[3]])))
+            continue
+        nbytes = sum(a[2] for a in accs)
+        ev.append((int(k.seq), 1, ("kernel", kid, accs, float(k.flops), nbytes)))
+    ev.sort(key=lambda e: (e[0], e[1]))
+    return _Stream([e[2] for e in ev])
+
+
+def simulate_together(
+    jobs: list[Job],
+    capacity_bytes: int,
+    gpu: GpuSpec,
+    knobs: Any = None,
+    costs: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> pd.DataFrame:
+    """Run the jobs' kernels round-robin (one kernel per job per turn) on one UvmSim; per-job counters."""
+    from uvmlab.sim.timing import CostParams, kernel_time_ns
+    from uvmlab.sim.uvm import UvmCounters, UvmSim
+
+    sim = UvmSim(capacity_bytes, knobs, costs, gpu)
+    cost = (costs or CostParams()).for_gpu(gpu)
+    streams = [_job_stream(j, (i + 1) * 10**9) for i, j in enumerate(jobs)]
+    totals = [UvmCounters() for _ in jobs]
+    flops: list[list[float]] = [[] for _ in jobs]
+    nbytes: list[list[int]] = [[] for _ in jobs]
+    total_kernels = sum(sum(1 for e in s.events if e[0] == "kernel") for s in streams)
+    done = 0
+    active = list(range(len(jobs)))
+    while active:
+        for j in list(active):
+            s = streams[j]
+            ran = False
+            while s.pos < len(s.events) and not ran:
+                e = s.events[s.pos]
+                s.pos += 1
+                if e[0] == "map":
+                    sim.map_range(e[1], e[2])
+                elif e[0] == "unmap":
+                    sim.unmap_range(e[1])
+                elif e[0] == "copy":
+                    for rid, off, size, _w in e[2]:
+                        totals[j].add(sim.memcpy_htod(rid, off, size))
+                else:
+                    totals[j].add(sim.access(e[2]))
+                    flops[j].append(e[3])
+                    nbytes[j].append(e[4])
+                    ran = True
+                    done += 1
+            if s.pos >= len(s.events):
+                active.remove(j)
+        if progress:
+            progress(done, total_kernels)
+    sim.check_invariants()
+    rows = []
+    for j, job in enumerate(jobs):
+        dtype = job.cfg.dtype if job.cfg is not None else "fp32"
+        compute = float(kernel_time_ns(np.array(flops[j]), np.array(nbytes[j]), gpu, cost, dtype).sum())
+        rows.append({"job": job.name, "compute_ns": compute, "kernels": len(flops[j]), **totals[j].as_dict()})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Colocation:
+    """The verdict table, whether the jobs fit, and (when simulated) the UVM cost per job."""
+
+    gpu: GpuSpec
+    margin_bytes: int
+    verdict: pd.DataFrame
+    fits: bool
+    need_bytes: int
+    uvm: pd.DataFrame | None = None
+    uvm_capacity_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (result.json, ``--format json``)."""
+        return {
+            "gpu": self.gpu.name,
+            "gpu_memory_bytes": self.gpu.memory_bytes,
+            "margin_bytes": self.margin_bytes,
+            "fits": self.fits,
+            "need_bytes": self.need_bytes,
+            "jobs": self.verdict.to_dict("records"),
+            "uvm_capacity_bytes": self.uvm_capacity_bytes,
+            "uvm": None if self.uvm is None else self.uvm.to_dict("records"),
+            "notes": self.notes,
+        }
+
+
+def colocate(
+    jobs: list[Job],
+    gpu: GpuSpec,
+    margin_bytes: int = DEFAULT_MARGIN_BYTES,
+    simulate: str = "auto",
+    knobs: Any = None,
+    costs: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Colocation:
+    """Decide whether ``jobs`` fit on ``gpu`` together; simulate UVM when they do not (``simulate``: auto/yes/no)."""
+    if len(jobs) < 1:
+        raise InputError("colocate needs at least one job")
+    if simulate not in ("auto", "yes", "no"):
+        raise InputError(f"simulate must be auto, yes or no, not {simulate!r}")
+    if margin_bytes < 0:
+        raise InputError("the safety margin cannot be negative")
+    ctx = gpu.context_bytes
+    verdict = pd.DataFrame(
+        [
+            {
+                "job": j.name,
+                "peak_reserved_bytes": j.peak_reserved_bytes,
+                "context_bytes": ctx,
+                "need_bytes": j.peak_reserved_bytes + ctx,
+            }
+            for j in jobs
+        ]
+    )
+    need = int(verdict["need_bytes"].sum()) + int(margin_bytes)
+    fits = need <= gpu.memory_bytes
+    result = Colocation(gpu, int(margin_bytes), verdict, fits, need)
+    for j in jobs:
+        result.notes.extend(f"{j.name}: {n}" for n in j.notes)
+    if simulate == "no" or (simulate == "auto" and fits):
+        return result
+    capacity = gpu.memory_bytes - len(jobs) * ctx
+    if capacity <= 0:
+        raise InputError(
+            f"{len(jobs)} CUDA contexts ({len(jobs) * ctx} B) leave no memory on {gpu.name}; use fewer jobs"
+        )
+    together = simulate_together(jobs, capacity, gpu, knobs, costs, progress)
+    alone = pd.concat(
+        [simulate_together([j], gpu.memory_bytes - ctx, gpu, knobs, costs) for j in jobs], ignore_index=True
+    )
+    uvm = together.merge(
+        alone[["job", "stall_ns", "fault_count", "htod_bytes", "dtoh_bytes"]], on="job", suffixes=("", "_alone")
+    )
+    uvm["slowdown"] = (uvm["compute_ns"] + uvm["stall_ns"]) / (uvm["compute_ns"] + uvm["stall_ns_alone"])
+    result.uvm = uvm
+    result.uvm_capacity_bytes = capacity
+    return result
+
+
+def write_colocation(res: Colocation, out: str, config: dict[str, Any]) -> Any:
+    """Write config.json, tables (verdict, uvm) and result.json into ``out``."""
+    from uvmlab.rundir import RunDir
+
+    rd = RunDir(out)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    rd.write_json(rd.config_json, config)
+    rd.write_table("verdict", res.verdict)
+    if res.uvm is not None:
+        rd.write_table("uvm", res.uvm)
+    rd.write_json(rd.result_json, res.to_dict())
+    return rd.path

@@ -1,0 +1,285 @@
+"""Two run directories side by side: totals, per iteration, per kernel, footprint, with relative errors.
+
+RUN_A is the reference (e.g. the measured run, or PCA on); the relative error of a figure is (B - A) / |A|,
+null where either side is null or A is 0 (and B is not). Works for any pair of run directories with the tables
+of ``uvmlab.stats.schema`` (simulated, GPU, or measured via ``uvmlab nsys import``).
+
+Kernel matching: simulated kernels are aten ops while measured kernels are CUDA kernels, so names rarely agree.
+If at least half of the smaller run's kernel names occur in the other, kernels are matched by (name, occurrence
+number of that name); else, if both runs have the same number of kernels, by launch order; else not at all (with a
+note saying why).
+
+Footprint: for each run, the simulated/declared peak managed footprint (result.json ``footprint_bytes``), the peak
+of ``memory.reserved_bytes``, and, where the run has a shim allocation log in ``RUN/logs`` (uvmlab.gpu.shim
+format, recognised by its header), the log's peak live managed bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.atomic import atomic_write_json, atomic_write_with
+from uvmlab.errors import InputError
+from uvmlab.rundir import RunDir
+from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS
+
+NUMERIC_RESULT_KEYS = tuple(
+    k
+    for k in RESULT_KEYS
+    if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
+)
+PER_ITERATION_COLUMNS = ("duration_ns", *FAULT_COLUMNS)
+PER_KERNEL_COLUMNS = ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes")
+SHIM_LOG_MAGIC = b"UVMLBLOG"
+NAME_MATCH_SHARE = 0.5
+
+
+def rel_error(a: Any, b: Any) -> float | None:
+    """(b - a) / |a|; None where either is missing, or a is 0 and b is not (0 where both are 0)."""
+    if a is None or b is None:
+        return None
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(fa) or math.isnan(fb):
+        return None
+    if fa == 0:
+        return 0.0 if fb == 0 else None
+    return (fb - fa) / abs(fa)
+
+
+@dataclass
+class Run:
+    """One run directory as read for a comparison."""
+
+    path: Path
+    result: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+
+    @property
+    def label(self) -> str:
+        r = self.result
+        parts = [str(r.get("mode") or "?")]
+        if r.get("pca") is not None:
+            parts.append("pca on" if r["pca"] else "pca off")
+        if r.get("oversub") is not None:
+            parts.append(f"x{r['oversub']}")
+        return f"{self.path.name} ({', '.join(parts)})"
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """Read result.json and whichever run tables exist."""
+    rd = RunDir(path)
+    if not rd.path.is_dir():
+        raise InputError(f"{rd.path} is not a directory: give a run directory written by uvmlab run or nsys import")
+    if not rd.is_complete():
+        raise InputError(f"{rd.path} has no result.json: it is not a complete uvmlab run directory")
+    result = rd.read_result()
+    tables = {}
+    for name in ("iterations", "kernels", "migrations", "memory"):
+        if rd.table(name).is_file():
+            try:
+                tables[name] = rd.read_table(name)
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{rd.table(name)} cannot be read as Parquet ({exc})") from None
+    return Run(rd.path, result, tables)
+
+
+def shim_log_footprint(run_path: Path) -> int | None:
+    """Peak live managed bytes from a shim allocation log in RUN/logs, or None if there is none."""
+    logs = run_path / "logs"
+    if not logs.is_dir():
+        return None
+    for p in sorted(logs.rglob("*")):
+        if not p.is_file():
+            continue
+        with open(p, "rb") as fh:
+            if fh.read(len(SHIM_LOG_MAGIC)) != SHIM_LOG_MAGIC:
+                continue
+        from uvmlab.gpu.shim import managed_footprint_bytes, read_alloc_log  # torch-free; only when a log exists
+
+        return int(managed_footprint_bytes(read_alloc_log(p)))
+    return None
+
+
+def footprints(run: Run) -> dict[str, int | None]:
+    """The footprint figures of one run (see module docstring)."""
+    mem = run.tables.get("memory")
+    peak_mem = None
+    if mem is not None and len(mem) and "reserved_bytes" in mem and mem["reserved_bytes"].notna().any():
+        peak_mem = int(mem["reserved_bytes"].max())
+    fp = run.result.get("footprint_bytes")
+    return {
+        "footprint_bytes (result.json)": None if fp is None else int(fp),
+        "peak reserved_bytes (memory table)": peak_mem,
+        "peak managed bytes (shim log)": shim_log_footprint(run.path),
+    }
+
+
+def _cell(v: Any) -> Any:
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, float | np.floating) and np.isnan(v):
+        return None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
+def _side_by_side(a: pd.DataFrame, b: pd.DataFrame, key: list[str], cols: tuple[str, ...]) -> pd.DataFrame:
+    cols = tuple(c for c in cols if c in a.columns or c in b.columns)
+    left = a.reindex(columns=[*key, *cols])
+    right = b.reindex(columns=[*key, *cols])
+    left = left.assign(_order_a=np.arange(len(left)))
+    right = right.assign(_order_b=np.arange(len(right)))
+    m = left.merge(right, on=key, how="outer", suffixes=("_a", "_b"))
+    m = m.sort_values(["_order_a", "_order_b"], na_position="last").drop(columns=["_order_a", "_order_b"])
+    m = m.reset_index(drop=True)
+    for c in cols:
+        m[f"{c}_rel_error"] = [rel_error(_cell(x), _cell(y)) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"], strict=True)]
+    return m
+
+
+def match_kernels(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame | None, str]:
+    """Per-kernel side-by-side table, and how kernels were matched ("name", "order" or why not)."""
+    if a is None or b is None or a.empty or b.empty:
+        return None, "per-kernel comparison skipped: a run has no kernels table or no kernels"
+    na, nb = set(a["name"].astype(str)), set(b["name"].astype(str))
+    share = len(na & nb) / max(1, min(len(na), len(nb)))
+    if share >= NAME_MATCH_SHARE:
+        a2 = a.assign(occurrence=a.groupby("name").cumcount())
+        b2 = b.assign(occurrence=b.groupby("name").cumcount())
+        return _side_by_side(a2, b2, ["name", "occurrence"], PER_KERNEL_COLUMNS), "matched by (name, occurrence)"
+    if len(a) == len(b):
+        a2 = a.assign(position=np.arange(len(a)))
+        b2 = b.assign(position=np.arange(len(b)))
+        m = _side_by_side(a2.drop(columns=["name"]), b2.drop(columns=["name"]), ["position"], PER_KERNEL_COLUMNS)
+        m.insert(1, "name_a", a["name"].to_numpy())
+        m.insert(2, "name_b", b["name"].to_numpy())
+        return m, "matched by launch order (names differ, counts agree)"
+    return None, (
+        f"per-kernel comparison skipped: names share {share:.0%} (< {NAME_MATCH_SHARE:.0%}) and kernel counts differ "
+        f"({len(a)} vs {len(b)})"
+    )
+
+
+@dataclass
+class Comparison:
+    """The result of comparing two runs."""
+
+    a: Run
+    b: Run
+    totals: pd.DataFrame  # figure, a, b, rel_error
+    iterations: pd.DataFrame | None
+    kernels: pd.DataFrame | None
+    kernel_match: str
+    footprint: pd.DataFrame  # figure, a, b, rel_error
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def recs(df: pd.DataFrame | None, limit: int | None = None) -> list[dict[str, Any]] | None:
+            if df is None:
+                return None
+            d = df if limit is None else df.head(limit)
+            return [{k: _cell(v) for k, v in r.items()} for r in d.to_dict("records")]
+
+        return {
+            "run_a": str(self.a.path),
+            "run_b": str(self.b.path),
+            "label_a": self.a.label,
+            "label_b": self.b.label,
+            "totals": recs(self.totals),
+            "iterations": recs(self.iterations),
+            "kernel_match": self.kernel_match,
+            "kernels": recs(self.kernels),
+            "footprint": recs(self.footprint),
+            "notes": self.notes,
+        }
+
+    def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
+        """Printable tables: totals, footprint, per iteration, per kernel (first 20)."""
+        out = []
+        cols = ["figure", "A", "B", "rel_error"]
+        rows = [[r.figure, _cell(r.a), _cell(r.b), _cell(r.rel_error)] for r in self.totals.itertuples()]
+        out.append((f"Totals: A = {self.a.label}, B = {self.b.label}", cols, rows))
+        rows = [[r.figure, _cell(r.a), _cell(r.b), _cell(r.rel_error)] for r in self.footprint.itertuples()]
+        out.append(("Footprint (bytes)", cols, rows))
+        if self.iterations is not None and len(self.iterations):
+            c = ["iteration"]
+            for k in ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"):
+                c += [f"{k}_a", f"{k}_b", f"{k}_rel_error"]
+            c = [x for x in c if x in self.iterations.columns]
+            out.append(("Per iteration", c, [[_cell(v) for v in r] for r in self.iterations[c].itertuples(index=False)]))
+        if self.kernels is not None and len(self.kernels):
+            key = [x for x in ("name", "occurrence", "position", "name_a", "name_b") if x in self.kernels.columns]
+            c = key + [f"{k}{s}" for k in ("duration_ns", "fault_count") for s in ("_a", "_b", "_rel_error")]
+            c = [x for x in c if x in self.kernels.columns]
+            body = [[_cell(v) for v in r] for r in self.kernels[c].head(20).itertuples(index=False)]
+            out.append((f"Per kernel ({self.kernel_match}; first 20 of {len(self.kernels)})", c, body))
+        return out
+
+
+def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -> Comparison:
+    """Compare two run directories (A is the reference)."""
+    a, b = load_run(run_a), load_run(run_b)
+    notes: list[str] = []
+    rows = []
+    for k in NUMERIC_RESULT_KEYS:
+        va, vb = a.result.get(k), b.result.get(k)
+        if va is None and vb is None:
+            continue
+        rows.append({"figure": k, "a": va, "b": vb, "rel_error": rel_error(va, vb)})
+    totals = pd.DataFrame(rows, columns=["figure", "a", "b", "rel_error"])
+    ia, ib = a.tables.get("iterations"), b.tables.get("iterations")
+    iterations = None
+    if ia is not None and ib is not None and len(ia) and len(ib):
+        iterations = _side_by_side(ia, ib, ["iteration"], PER_ITERATION_COLUMNS)
+    else:
+        notes.append("per-iteration comparison skipped: a run has no iterations")
+    kernels, how = match_kernels(a.tables.get("kernels"), b.tables.get("kernels"))
+    if kernels is None:
+        notes.append(how)
+    fa, fb = footprints(a), footprints(b)
+    fp = pd.DataFrame(
+        [{"figure": k, "a": fa[k], "b": fb[k], "rel_error": rel_error(fa[k], fb[k])} for k in fa],
+        columns=["figure", "a", "b", "rel_error"],
+    )
+    return Comparison(a, b, totals, iterations, kernels, how, fp, notes)
+
+
+def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]:
+    """Write comparison.json, tables/*.parquet and figures/*.png into ``out``; return the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, df in (("totals", cmp.totals), ("footprint", cmp.footprint), ("iterations", cmp.iterations),
+                     ("kernels", cmp.kernels)):
+        if df is None:
+            continue
+        p = out / "tables" / f"{name}.parquet"
+        frame = df.copy()
+        for c in frame.columns:
+            if frame[c].dtype == object:
+                num = pd.to_numeric(frame[c], errors="coerce")
+                if num.notna().sum() == frame[c].notna().sum():
+                    frame[c] = num.astype(float)
+                else:
+                    frame[c] = frame[c].map(lambda v: None if v is None else str(v))
+        atomic_write_with(p, lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+        written.append(p)
+    from uvmlab.report.compare_figures import plot_comparison
+
+    written += plot_comparison(cmp, out / "figures")
+    atomic_write_json(out / "comparison.json", cmp.to_dict())
+    written.append(out / "comparison.json")
+    return written

@@ -1,0 +1,322 @@
+"""Peak GPU memory of a training workload, estimated on the CPU: trace -> orchestrate -> allocator simulation.
+
+``estimate(cfg, gpu, allocator="pca", alloc_conf="")``:
+
+1. the workload's trace, captured on ``meta`` (cached on disk: ``uvmlab.trace.cache.get_trace``);
+2. ``uvmlab.trace.orchestrate.to_cuda``: the CUDA allocation sequence (cuBLAS/cuDNN workspaces, lifetimes);
+3. ``uvmlab.sim.placement.place`` replays it through the simulated caching allocator (``pca``) or one cudaMalloc
+   per tensor (``nocache``, ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``), first with unlimited memory (what the job
+   reserves when it has room: ``peak_reserved_bytes``) and, when that does not fit, again with the GPU's
+   capacity minus the CUDA context, so the allocator's own OOM path (free the cache, retry) decides the verdict.
+
+``required_mb`` is what a scheduler should reserve for the job: peak reserved + CUDA context + a margin, in MiB
+(nvidia-smi's and CARMA's "MB"). The default margin is ``max(5 % of peak reserved, 256 MiB)``: our choice, to
+cover what the simulation does not model (cuDNN's real algorithm choice, allocator version differences, NCCL);
+unverified, overridable with ``margin_bytes``. Every JSON key is documented in docs/estimate.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.config import ALLOCATORS, WorkloadConfig
+from uvmlab.errors import InputError, OutOfMemoryError
+from uvmlab.gpus import GpuSpec
+from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
+from uvmlab.trace.schema import Trace
+from uvmlab.units import MiB
+
+MARGIN_FRACTION = 0.05
+"""Default margin: this fraction of peak reserved ... (our choice, unverified)."""
+MARGIN_MIN_BYTES = 256 * MiB
+"""... but at least this many bytes (our choice, unverified)."""
+MB_BYTES = MiB
+"""The "MB" of ``required_mb``: MiB, as nvidia-smi reports memory and CARMA compares it."""
+CARMA_PLACEMENT_MARGIN_MB = 2048
+"""CARMA adds its own 2048 MB at placement (``GPU_mem_available >= estimate + 2048``, reference/ecosystem.md 1.14)."""
+RESULT_SCHEMA = "uvmlab.estimate/1"
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass
+class Estimate:
+    """The result of :func:`estimate` (``to_json()`` is the documented JSON object)."""
+
+    workload: str
+    config: dict[str, Any]
+    gpu: str
+    gpu_memory_bytes: int
+    context_bytes: int
+    allocator: str
+    alloc_conf: str
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    peak_live_bytes: int
+    peak_reserved_on_gpu_bytes: int
+    oom: bool
+    oom_seq: int | None
+    oom_phase: str | None
+    oom_iteration: int | None
+    margin_bytes: int
+    margin_rule: str
+    orchestration: dict[str, Any]
+    seconds: dict[str, float]
+    trace_events: int
+    timeline: pd.DataFrame = field(repr=False)
+    trace: Trace | None = field(default=None, repr=False)
+    """The orchestrated (CUDA) trace that was simulated."""
+    settings: Any = field(default=None, repr=False)
+    gpu_spec: GpuSpec | None = field(default=None, repr=False)
+    constrained: bool = False
+    """True when the verdict came from a second run with the GPU's capacity (the unlimited run did not fit)."""
+
+    @property
+    def usable_bytes(self) -> int:
+        """GPU memory the allocator may use: capacity minus the CUDA context."""
+        return self.gpu_memory_bytes - self.context_bytes
+
+    @property
+    def required_bytes(self) -> int:
+        """Peak reserved + CUDA context + margin."""
+        return self.peak_reserved_bytes + self.context_bytes + self.margin_bytes
+
+    @property
+    def required_mb(self) -> int:
+        """``required_bytes`` in MiB, rounded up."""
+        return -(-self.required_bytes // MB_BYTES)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ``uvmlab estimate --format json`` and result.json (keys in docs/estimate.md)."""
+        ws = self.orchestration
+        return {
+            "schema": RESULT_SCHEMA,
+            "workload": self.workload,
+            "config": self.config,
+            "gpu": self.gpu,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "context_bytes": self.context_bytes,
+            "usable_bytes": self.usable_bytes,
+            "allocator": self.allocator,
+            "alloc_conf": self.alloc_conf,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_live_bytes": self.peak_live_bytes,
+            "peak_reserved_on_gpu_bytes": self.peak_reserved_on_gpu_bytes,
+            "fits": not self.oom,
+            "oom": self.oom,
+            "oom_seq": self.oom_seq,
+            "oom_phase": self.oom_phase,
+            "oom_iteration": self.oom_iteration,
+            "margin_bytes": self.margin_bytes,
+            "margin_rule": self.margin_rule,
+            "required_bytes": self.required_bytes,
+            "required_mb": self.required_mb,
+            "workspace_bytes": {
+                "cublas": ws.get("cublas_workspace_bytes"),
+                "cublaslt": ws.get("cublaslt_workspace_bytes"),
+            },
+            "orchestration_changes": ws.get("changes", {}),
+            "trace_events": self.trace_events,
+            "seconds": self.seconds,
+        }
+
+    def carma_text(self) -> str:
+        """What CARMA's task file takes: one integer line in MB (CARMA reads ``int(float(line))``)."""
+        return f"{self.required_mb}\n"
+
+
+def default_margin(peak_reserved_bytes: int) -> int:
+    """``max(MARGIN_FRACTION * peak reserved, MARGIN_MIN_BYTES)``."""
+    return max(int(MARGIN_FRACTION * peak_reserved_bytes), MARGIN_MIN_BYTES)
+
+
+def _place(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None) -> Any:
+    """The one integration point with the allocator simulators (``uvmlab.sim.placement.place``).
+
+    ``gpu=None``: unlimited memory; otherwise the GPU's capacity with its CUDA context taken off the top.
+    """
+    from uvmlab.sim.placement import place
+
+    if gpu is None:
+        return place(trace, allocator=allocator, settings=settings)
+    return place(
+        trace, allocator=allocator, settings=settings, capacity_bytes=gpu.memory_bytes, context_bytes=gpu.context_bytes
+    )
+
+
+def recorded_run(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None) -> Any:
+    """Replay ``trace`` through a simulator that records PyTorch-style trace entries; returns the simulator.
+
+    ``place()`` does not keep its simulator, so ``--snapshot`` replays once more with ``record_events=True``
+    (same models, same event order; :func:`estimate` checks the peaks agree).
+    """
+    from uvmlab.errors import InvariantError
+    from uvmlab.sim.caching import CachingAllocatorSim
+    from uvmlab.sim.device import DeviceSim
+    from uvmlab.sim.nocache import NoCacheAllocatorSim
+
+    device = DeviceSim(None) if gpu is None else DeviceSim(gpu.memory_bytes, gpu.context_bytes)
+    if allocator == "pca":
+        sim: Any = CachingAllocatorSim(settings, device, record_events=True)
+    else:
+        sim = NoCacheAllocatorSim(device, record_events=True)
+    blocks: dict[int, Any] = {}
+    ev = trace.events()
+    cols = [ev[c].tolist() for c in ("seq", "alloc_id", "size_bytes", "is_alloc", "stream")]
+    for _seq, aid, size, is_alloc, stream in zip(*cols, strict=True):
+        if is_alloc:
+            if size <= 0:
+                continue
+            try:
+                blocks[aid] = sim.malloc(size, stream)
+            except OutOfMemoryError:
+                break  # the snapshot then shows the state at the OOM, with its ``oom`` trace entry
+        elif aid in blocks:
+            sim.free(blocks.pop(aid))
+    sim.check_invariants()
+    if not hasattr(sim, "to_snapshot_dicts"):
+        raise InvariantError(f"the {allocator} simulator cannot export snapshot dicts")
+    return sim
+
+
+def _where(trace: Trace, seq: int | None) -> tuple[str | None, int | None]:
+    """Phase and iteration of the allocation made at ``seq``."""
+    if seq is None:
+        return None, None
+    row = trace.allocations[trace.allocations["alloc_seq"] == seq]
+    if row.empty:
+        return None, None
+    return str(row["phase"].iloc[0]), int(row["iteration"].iloc[0])
+
+
+def estimate(
+    cfg: WorkloadConfig,
+    gpu: GpuSpec,
+    allocator: str = "pca",
+    alloc_conf: str = "",
+    *,
+    margin_bytes: int | None = None,
+    rules: OrchestrationRules | None = None,
+    trace: Trace | None = None,
+    progress: ProgressFn | None = None,
+) -> Estimate:
+    """Estimate peak reserved/allocated memory, the OOM verdict and ``required_mb`` of ``cfg`` on ``gpu``.
+
+    ``trace`` skips the capture (tests, callers that already hold one). See the module docstring for the steps.
+    """
+    from uvmlab.sim.allocconf import AllocatorSettings
+
+    if allocator not in ALLOCATORS:
+        raise InputError(f"allocator must be one of {', '.join(ALLOCATORS)}, not {allocator!r}")
+    if margin_bytes is not None and margin_bytes < 0:
+        raise InputError(f"the margin cannot be negative ({margin_bytes} B); pass 0 or more")
+    settings = AllocatorSettings.parse(alloc_conf or "")
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    if trace is None:
+        from uvmlab.trace.cache import get_trace
+
+        say(f"trace of {cfg.workload} (cached after the first capture)")
+        trace = get_trace(cfg)
+    t1 = time.perf_counter()
+    say(f"orchestrating for {gpu.name}")
+    cuda = to_cuda(trace, gpu, rules)
+    t2 = time.perf_counter()
+    say(f"simulating the {allocator} allocator")
+    free_run = _place(cuda, allocator, settings, None)
+    usable = gpu.memory_bytes - gpu.context_bytes
+    on_gpu = free_run
+    if free_run.peak_reserved_bytes > usable:
+        on_gpu = _place(cuda, allocator, settings, gpu)
+    t3 = time.perf_counter()
+    oom_seq = on_gpu.oom_seq
+    phase, iteration = _where(cuda, oom_seq)
+    peak_reserved = int(free_run.peak_reserved_bytes)
+    if margin_bytes is None:
+        margin = default_margin(peak_reserved)
+        rule = f"max({MARGIN_FRACTION:g} x peak reserved, {MARGIN_MIN_BYTES // MiB} MiB)"
+    else:
+        margin, rule = int(margin_bytes), "given"
+    return Estimate(
+        workload=cfg.workload,
+        config=cfg.to_dict(),
+        gpu=gpu.name,
+        gpu_memory_bytes=gpu.memory_bytes,
+        context_bytes=gpu.context_bytes,
+        allocator=allocator,
+        alloc_conf=alloc_conf or "",
+        peak_reserved_bytes=peak_reserved,
+        peak_allocated_bytes=int(free_run.peak_allocated_bytes),
+        peak_live_bytes=int(cuda.live_bytes().max()) if len(cuda.allocations) else 0,
+        peak_reserved_on_gpu_bytes=int(on_gpu.peak_reserved_bytes),
+        oom=oom_seq is not None,
+        oom_seq=None if oom_seq is None else int(oom_seq),
+        oom_phase=phase,
+        oom_iteration=iteration,
+        margin_bytes=margin,
+        margin_rule=rule,
+        orchestration=cuda.header.get("orchestration", {}),
+        seconds={
+            "trace": round(t1 - t0, 3),
+            "orchestrate": round(t2 - t1, 3),
+            "simulate": round(t3 - t2, 3),
+            "total": round(t3 - t0, 3),
+        },
+        trace_events=2 * len(cuda.allocations),
+        timeline=on_gpu.timeline,
+        trace=cuda,
+        settings=settings,
+        gpu_spec=gpu,
+        constrained=on_gpu is not free_run,
+    )
+
+
+def snapshot_dicts(est: Estimate) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """(segments, device_traces) of the simulated run (as judged on the GPU), for ``write_snapshot``."""
+    from uvmlab.errors import InvariantError
+
+    if est.trace is None:
+        raise InputError("this estimate carries no trace to export; run estimate() again")
+    sim = recorded_run(est.trace, est.allocator, est.settings, est.gpu_spec if est.constrained else None)
+    if sim.peak_reserved_bytes != est.peak_reserved_on_gpu_bytes:
+        raise InvariantError(
+            f"snapshot replay peak reserved {sim.peak_reserved_bytes} B != "
+            f"the estimate's {est.peak_reserved_on_gpu_bytes} B"
+        )
+    return sim.to_snapshot_dicts()
+
+
+def plot_curve(est: Estimate, path: str | Path | None = None) -> Any:
+    """The memory curve: allocated and reserved GiB vs event sequence number; a matplotlib Figure (Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gib = float(1 << 30)
+    tl = est.timeline
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot(tl["seq"], tl["reserved_bytes"] / gib, label="reserved (segments)", drawstyle="steps-post")
+    ax.plot(tl["seq"], tl["allocated_bytes"] / gib, label="allocated (blocks)", drawstyle="steps-post")
+    ax.axhline(est.usable_bytes / gib, color="red", linestyle="--", label=f"{est.gpu} usable (capacity - context)")
+    ax.axhline(
+        (est.required_bytes - est.context_bytes) / gib, color="gray", linestyle=":", label="peak reserved + margin"
+    )
+    if est.oom_seq is not None:
+        ax.axvline(est.oom_seq, color="black", label="simulated OOM")
+    ax.set_xlabel("event (allocation/free sequence number)")
+    ax.set_ylabel("GPU memory (GiB)")
+    ax.set_title(f"{est.workload}: {est.allocator} allocator on {est.gpu}")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig

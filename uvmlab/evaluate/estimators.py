@@ -1,0 +1,159 @@
+"""Peak-memory estimators behind one interface, ``estimate(case) -> bytes``, for the evaluation harness.
+
+- ``uvmlab-pca``: uvmlab's PyTorch caching-allocator simulator (``uvmlab.sim.placement.place(trace, "pca")``;
+  for a workload case ``uvmlab.estimate.estimate(cfg, gpu, "pca")``): peak reserved bytes.
+- ``uvmlab-nocache``: the same with caching off (one cudaMalloc per tensor, ``PYTORCH_NO_CUDA_MEMORY_CACHING``).
+- ``shape-inference``: the peak of the sum of live tensor bytes (what Horus-style formulas and FakeTensor memory
+  counters report): no rounding, no allocator, no framework memory.
+- ``dnnmem``: DNNMem-style analytic liveness (the trace's alloc/free order) with a plain BFC arena
+  (``uvmlab.evaluate.bfc``) and none of PyTorch's allocator rules.
+
+The uvmlab estimators are imported lazily, so this module imports without torch. A workload case captures its
+trace with ``uvmlab.trace.cache.get_trace`` (torch) the first time a baseline needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError, UnavailableError
+from uvmlab.evaluate.bfc import BfcArena
+from uvmlab.trace.schema import Trace
+
+
+@dataclass
+class EvalCase:
+    """One ground-truth run: what the estimators see (a trace, or a workload to trace) and what was measured."""
+
+    case_id: str
+    gpu_memory_bytes: int
+    oom: bool
+    measured_peak_bytes: float
+    """Peak reserved bytes of the real run (NaN when it went out of memory)."""
+    trace: Trace | None = None
+    workload: WorkloadConfig | None = None
+    alloc_conf: str = ""
+    group: str = ""
+    source: str = ""
+    round2_oom: bool | None = None
+    round2_peak_bytes: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def get_trace(self) -> Trace:
+        """The trace estimators see; a workload case is captured (meta device, cached) on first use."""
+        if self.trace is None:
+            if self.workload is None:
+                raise InputError(f"case {self.case_id}: neither a trace nor a workload to estimate")
+            cache = _optional("uvmlab.trace.cache", "trace capture (uvmlab.trace.cache.get_trace)")
+            self.trace = cache.get_trace(self.workload)
+        return self.trace
+
+
+class Estimator(Protocol):
+    """A peak-memory estimator: ``estimate(case)`` returns predicted peak bytes."""
+
+    name: str
+
+    def estimate(self, case: EvalCase) -> int: ...
+
+
+def _optional(module: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise UnavailableError(f"{what} is not available in this uvmlab build ({module} is missing)") from None
+        raise
+
+
+def shape_inference_peak(trace: Trace) -> int:
+    """Peak of the sum of live requested tensor bytes over the trace."""
+    if trace.allocations.empty:
+        return 0
+    return int(max(0, trace.live_bytes().max()))
+
+
+def bfc_peak(trace: Trace) -> int:
+    """Replay the trace's alloc/free order through :class:`BfcArena`; return the arena's high-water mark."""
+    arena = BfcArena()
+    addr: dict[int, int] = {}
+    for ev in trace.events().itertuples(index=False):
+        if ev.is_alloc:
+            addr[int(ev.alloc_id)] = arena.malloc(int(ev.size_bytes))
+        else:
+            arena.free(addr.pop(int(ev.alloc_id)))
+    return int(arena.peak_bytes)
+
+
+class ShapeInferenceEstimator:
+    """Peak of live tensor bytes (Horus / FakeTensor counters)."""
+
+    name = "shape-inference"
+
+    def estimate(self, case: EvalCase) -> int:
+        return shape_inference_peak(case.get_trace())
+
+
+class DnnMemEstimator:
+    """DNNMem-style: liveness from the trace and a plain BFC arena, no caching-allocator rules."""
+
+    name = "dnnmem"
+
+    def estimate(self, case: EvalCase) -> int:
+        return bfc_peak(case.get_trace())
+
+
+class UvmlabEstimator:
+    """uvmlab's allocator simulator (``pca`` or ``nocache``): peak reserved bytes."""
+
+    def __init__(self, allocator: str = "pca") -> None:
+        if allocator not in ("pca", "nocache"):
+            raise InputError(f"uvmlab estimator allocator must be pca or nocache, not {allocator!r}")
+        self.allocator = allocator
+        self.name = f"uvmlab-{allocator}"
+
+    def estimate(self, case: EvalCase) -> int:
+        if case.trace is None and case.workload is not None:
+            from uvmlab.gpus import GpuSpec, get_gpu
+
+            est_mod = _optional("uvmlab.estimate", "the workload estimator (uvmlab.estimate.estimate)")
+            base = get_gpu("A100-80GB")
+            gpu: GpuSpec = base
+            if case.gpu_memory_bytes > base.context_bytes:
+                gpu = base.with_memory(case.gpu_memory_bytes)
+            est = est_mod.estimate(case.workload, gpu, allocator=self.allocator, alloc_conf=case.alloc_conf)
+            return int(est.peak_reserved_bytes)
+        return placement_peak(case.get_trace(), self.allocator, case.alloc_conf)
+
+
+def placement_peak(trace: Trace, allocator: str, alloc_conf: str = "") -> int:
+    """Peak reserved bytes of ``uvmlab.sim.placement.place(trace, allocator)`` (settings from ``alloc_conf``)."""
+    placement = _optional("uvmlab.sim.placement", "the allocator simulator (uvmlab.sim.placement.place)")
+    settings = None
+    if alloc_conf:
+        allocconf = _optional("uvmlab.sim.allocconf", "PYTORCH_CUDA_ALLOC_CONF parsing (uvmlab.sim.allocconf)")
+        settings = allocconf.AllocatorSettings.parse(alloc_conf)
+    result = placement.place(trace, allocator, settings=settings)
+    return int(result.peak_reserved_bytes)
+
+
+ESTIMATORS = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
+
+
+def get_estimators(names: tuple[str, ...] | list[str] = ESTIMATORS) -> list[Estimator]:
+    """Estimator objects by name (``ESTIMATORS``)."""
+    table: dict[str, Any] = {
+        "uvmlab-pca": lambda: UvmlabEstimator("pca"),
+        "uvmlab-nocache": lambda: UvmlabEstimator("nocache"),
+        "shape-inference": ShapeInferenceEstimator,
+        "dnnmem": DnnMemEstimator,
+    }
+    out = []
+    for n in names:
+        if n not in table:
+            raise InputError(f"unknown estimator {n!r}; known: {', '.join(ESTIMATORS)}")
+        out.append(table[n]())
+    return out

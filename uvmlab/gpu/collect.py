@@ -1,0 +1,196 @@
+"""Turn what the GPU steps left in RUNDIR/logs into the run directory simulation mode writes.
+
+Inputs: ``<role>.worker.json`` and ``<role>.samples.parquet`` (uvmlab.gpu.worker), ``<role>.alloc.bin`` (the shim),
+``profile.sqlite`` (nsys export, when ``--nsys``). Outputs:
+
+* ``tables/iterations``: from the nsys export's NVTX ranges (``uvmlab.nsys.measured.to_run_tables``) when there is
+  one, with fault and migration columns; otherwise from the worker's wall times, fault columns null
+  (not collected).
+* ``tables/kernels``, ``tables/migrations``: from the export only.
+* ``tables/memory``: the export's alloc/free log, else the worker's samples (``allocated_bytes`` =
+  torch.cuda.memory_allocated, ``reserved_bytes`` = memory_reserved; ``resident_bytes`` null: NVML's used memory
+  includes the balloon and the context, it is kept as ``nvml_used_bytes``).
+* ``tables/shim_allocations``: every shim log record of every step, with a ``role`` column.
+* ``result.json``: RESULT_KEYS with ``mode = "gpu"``; ``slowdown`` = run iteration time / baseline iteration time
+  (mean over iterations after the first) when ``--baseline`` ran; plus a ``gpu_run`` block with the balloon plan
+  and what the shim actually reserved.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.config import RunConfig
+from uvmlab.errors import InputError
+from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
+
+RESULT_SCHEMA_VERSION = 1
+
+
+def which(program: str) -> str | None:
+    """Path of ``program`` on PATH (None if absent)."""
+    return shutil.which(program)
+
+
+def tool_version(argv: list[str]) -> str | None:
+    """First line of ``argv`` (e.g. ``nsys --version``); None if the program is absent or fails."""
+    if which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (proc.stdout or proc.stderr).strip()
+    return text.splitlines()[0] if text and proc.returncode == 0 else None
+
+
+def read_worker(logs: Path, role: str) -> dict[str, Any] | None:
+    """The worker's JSON for ``role`` (None if that step did not run)."""
+    path = logs / f"{role}.worker.json"
+    if not path.is_file():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc.msg}); the worker was interrupted") from None
+
+
+def mean_iteration_ns(worker: dict[str, Any] | None) -> float | None:
+    """Mean iteration wall time after the first (warm-up) iteration; the only one if there is one."""
+    if not worker or not worker.get("iterations"):
+        return None
+    d = [it["duration_ns"] for it in worker["iterations"]]
+    rest = d[1:] if len(d) > 1 else d
+    return float(sum(rest) / len(rest))
+
+
+def iterations_from_worker(worker: dict[str, Any]) -> pd.DataFrame:
+    """The iterations table from wall times; fault and migration columns null (not collected without nsys)."""
+    df = pd.DataFrame(worker.get("iterations") or [], columns=["iteration", "start_ns", "end_ns", "duration_ns"])
+    for c in FAULT_COLUMNS:
+        df[c] = pd.Series([float("nan")] * len(df), dtype="float64")
+    return df[list(ITERATION_COLUMNS)]
+
+
+def memory_from_samples(path: Path) -> pd.DataFrame:
+    """The memory table from the worker's samples (resident_bytes null; NVML used memory kept as an extra)."""
+    s = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    out = pd.DataFrame(
+        {
+            "time_ns": s.get("time_ns", pd.Series([], dtype="int64")),
+            "allocated_bytes": s.get("allocated_bytes", pd.Series([], dtype="float64")),
+            "reserved_bytes": s.get("reserved_bytes", pd.Series([], dtype="float64")),
+            "resident_bytes": pd.Series([float("nan")] * len(s), dtype="float64"),
+        }
+    )
+    if "nvml_used_bytes" in s:
+        out["nvml_used_bytes"] = s["nvml_used_bytes"]
+    return out[list(MEMORY_COLUMNS) + [c for c in out.columns if c not in MEMORY_COLUMNS]]
+
+
+def shim_allocations(logs: Path) -> pd.DataFrame:
+    """Every step's shim log, with a ``role`` column."""
+    from uvmlab.gpu.shim import read_alloc_log
+
+    frames = []
+    for path in sorted(logs.glob("*.alloc.bin")):
+        df = read_alloc_log(path)
+        df.insert(0, "role", path.name.split(".")[0])
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def balloon_actual(allocs: pd.DataFrame, role: str = "run") -> dict[str, Any]:
+    """What the shim reserved in ``role``: balloon bytes, free memory it measured before, and the CUDA result."""
+    if allocs.empty:
+        return {"balloon_bytes": None, "free_before_bytes": None, "result": None}
+    b = allocs[(allocs["role"] == role) & (allocs["op"] == "balloon_alloc")]
+    if b.empty:
+        return {"balloon_bytes": 0, "free_before_bytes": None, "result": None}
+    ok = b[b["result"] == 0]
+    free_before = int(b["arg"].iloc[0])
+    return {
+        "balloon_bytes": int(ok["size_bytes"].sum()),
+        "free_before_bytes": free_before if free_before >= 0 else None,
+        "result": int(b["result"].iloc[0]),
+    }
+
+
+def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: Any) -> dict[str, Any]:
+    """Write tables, env.json and (last) result.json of a finished GPU run; return the result."""
+    logs: Path = rundir.logs
+    run = read_worker(logs, "run")
+    if run is None:
+        raise InputError(f"{logs}/run.worker.json is missing: the run step did not finish")
+    baseline = read_worker(logs, "baseline")
+    allocs = shim_allocations(logs)
+    if not allocs.empty:
+        rundir.write_table("shim_allocations", allocs)
+    export = logs / "profile.sqlite"
+    nsys_result: dict[str, Any] = {}
+    if export.is_file():
+        from uvmlab.nsys.measured import result_of, to_run_tables
+        from uvmlab.nsys.read import open_export
+        from uvmlab.nsys.stats import summarize
+
+        with open_export(export) as ex:
+            summary = summarize(ex)
+            tables = to_run_tables(ex, summary=summary)
+            nsys_result = result_of(ex, summary, tables)
+        for name, df in tables.items():
+            rundir.write_table(name, df)
+    else:
+        rundir.write_table("iterations", iterations_from_worker(run))
+        rundir.write_table("memory", memory_from_samples(logs / "run.samples.parquet"))
+
+    b = plan.balloon
+    it_ns = mean_iteration_ns(run)
+    base_ns = mean_iteration_ns(baseline)
+    res: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
+    res.update(
+        schema_version=RESULT_SCHEMA_VERSION,
+        mode="gpu",
+        outcome=run["outcome"],
+        error=run["error"],
+        workload=cfg.workload.workload,
+        pca=cfg.pca,
+        oversub=cfg.oversub,
+        gpu=plan.gpu_name,
+        footprint_bytes=b.footprint_bytes,
+        available_bytes=b.available_bytes,
+        peak_allocated_bytes=run.get("peak_allocated_bytes"),
+        peak_reserved_bytes=run.get("peak_reserved_bytes"),
+        iterations=len(run.get("iterations") or []),
+        iteration_time_ns=it_ns,
+        total_time_ns=sum(i["duration_ns"] for i in run.get("iterations") or []) or None,
+        baseline_time_ns=base_ns,
+        slowdown=(it_ns / base_ns) if it_ns and base_ns else None,
+    )
+    for c in FAULT_COLUMNS:
+        res[c] = nsys_result.get(c)
+    res["gpu_run"] = {
+        "footprint_source": plan.footprint_source,
+        "balloon_plan": b.to_dict(),
+        "balloon_actual": balloon_actual(allocs),
+        "nsys": nsys_result.get("nsys"),
+    }
+    rundir.write_json(
+        rundir.env_json,
+        {
+            "gpu": status.to_dict() if hasattr(status, "to_dict") else None,
+            "torch": run.get("torch"),
+            "torch_cuda": run.get("torch_cuda"),
+            "device_name": run.get("device_name"),
+            "worker_env": run.get("env"),
+            "PYTORCH_CUDA_ALLOC_CONF": plan.alloc_conf,
+            "nsys_version": tool_version([opts.nsys_path, "--version"]) if opts.nsys else None,
+        },
+    )
+    rundir.write_json(rundir.result_json, res)
+    return res

@@ -1,0 +1,201 @@
+"""The child process of a GPU run: ``python -m uvmlab.gpu.worker RUNDIR --role run|baseline|calibrate``.
+
+It reads ``RUNDIR/config.json`` (the RunConfig the parent wrote), builds the workload on the device, and runs
+``workloads.train.train_step`` (the same loop trace capture uses) with NVTX ranges ``iteration N`` around each
+iteration and one range per phase (data, forward, backward, optimizer, zero_grad), so an nsys export lines up
+with the trace. Each iteration ends with a device synchronisation; its wall time is measured with
+``time.monotonic_ns`` (the clock of the shim's allocation log). At every phase boundary it samples
+``torch.cuda.memory_allocated`` / ``memory_reserved`` and NVML's used memory.
+
+Outputs (under RUNDIR/logs/): ``<role>.worker.json`` (outcome, iteration times, peaks, versions) and
+``<role>.samples.parquet``. Exit code 0 also for an out-of-memory outcome (it is a result), 2 for a bad setup.
+``--device cpu`` runs the same code on the CPU (tests; no NVTX tool attached, no NVML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from uvmlab.atomic import atomic_write_json
+from uvmlab.config import RunConfig
+from uvmlab.errors import UvmlabError
+
+
+class _Nvtx:
+    """NVTX push/pop through the ``nvtx`` package (a no-op when no profiler is attached or it is missing)."""
+
+    def __init__(self) -> None:
+        try:
+            import nvtx
+
+            self._push, self._pop = nvtx.push_range, nvtx.pop_range
+        except ImportError:  # pragma: no cover - nvtx is a dependency
+            self._push, self._pop = (lambda *a, **k: None), (lambda *a, **k: None)
+        self.depth = 0
+
+    def push(self, name: str) -> None:
+        self._push(name)
+        self.depth += 1
+
+    def pop(self) -> None:
+        if self.depth > 0:
+            self._pop()
+            self.depth -= 1
+
+
+class _Nvml:
+    """NVML used-memory sampler of the run's GPU (None values where NVML is absent)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.handle = None
+        self.mod: Any = None
+        if not enabled:
+            return
+        try:
+            import pynvml
+        except ImportError:
+            return
+        try:
+            pynvml.nvmlInit()
+            index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+            self.handle, self.mod = pynvml.nvmlDeviceGetHandleByIndex(index), pynvml
+        except (pynvml.NVMLError, ValueError):
+            return
+
+    def used(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self.mod.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+
+def _flush_shim_log() -> None:
+    """Ask a preloaded shim to write its buffered allocation records now (it also does at exit)."""
+    try:
+        fn = ctypes.CDLL(None).uvmlab_flush_log
+    except (AttributeError, OSError):
+        return
+    fn()
+
+
+def run_worker(rundir: Path, role: str, iterations: int | None = None, device: str = "cuda") -> dict[str, Any]:
+    """Run the configured job in this process; write ``logs/<role>.worker.json`` and return its content."""
+    import pandas as pd
+    import torch
+
+    from workloads.registry import load_workload
+    from workloads.train import PHASE_END, make_optimizer, train_step
+
+    doc = json.loads((rundir / "config.json").read_text())
+    doc.pop("gpu_options", None)
+    cfg = RunConfig.from_dict(doc)
+    wcfg = cfg.workload
+    n_iter = iterations or wcfg.iterations
+    is_cuda = device.startswith("cuda")
+    if is_cuda and not torch.cuda.is_available():
+        raise UvmlabError("the worker found no CUDA device (torch.cuda.is_available() is False)")
+    sync = torch.cuda.synchronize if is_cuda else (lambda: None)
+    nvtx = _Nvtx()
+    nvml = _Nvml(is_cuda)
+    samples: list[dict[str, Any]] = []
+    its: list[dict[str, Any]] = []
+    outcome, error = "ok", None
+
+    def sample(phase: str, iteration: int) -> None:
+        samples.append(
+            {
+                "time_ns": time.monotonic_ns(),
+                "iteration": iteration,
+                "phase": phase,
+                "allocated_bytes": torch.cuda.memory_allocated() if is_cuda else None,
+                "reserved_bytes": torch.cuda.memory_reserved() if is_cuda else None,
+                "nvml_used_bytes": nvml.used(),
+            }
+        )
+
+    def hook(phase: str, iteration: int) -> None:
+        if nvtx.depth > 1:  # close the previous phase (depth 1 is the iteration range)
+            nvtx.pop()
+        sample(phase, iteration)
+        if phase != PHASE_END:
+            nvtx.push(phase)
+
+    t_build = time.monotonic_ns()
+    try:
+        workload = load_workload(wcfg.workload).build(wcfg, device)
+        optimizer = make_optimizer(workload.model, wcfg)
+        sync()
+        sample("built", -1)
+        for it in range(n_iter):
+            start = time.monotonic_ns()
+            nvtx.push(f"iteration {it}")
+            train_step(workload, optimizer, wcfg, hook, it)
+            sync()
+            while nvtx.depth:
+                nvtx.pop()
+            end = time.monotonic_ns()
+            its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
+    except torch.OutOfMemoryError as exc:
+        outcome, error = "oom", str(exc).splitlines()[0]
+    while nvtx.depth:
+        nvtx.pop()
+    _flush_shim_log()
+    logs = rundir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(samples).to_parquet(logs / f"{role}.samples.parquet", index=False)
+    result = {
+        "role": role,
+        "device": device,
+        "outcome": outcome,
+        "error": error,
+        "iterations": its,
+        "build_ns": (its[0]["start_ns"] if its else time.monotonic_ns()) - t_build,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if is_cuda else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if is_cuda else None,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "device_name": torch.cuda.get_device_name() if is_cuda else None,
+        "env": {k: os.environ.get(k) for k in _RECORDED_ENV},
+    }
+    atomic_write_json(logs / f"{role}.worker.json", result)
+    return result
+
+
+_RECORDED_ENV = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "LD_PRELOAD",
+    "UVMLAB_SHIM_MODE",
+    "UVMLAB_ADVISE",
+    "UVMLAB_PREFETCH",
+    "UVMLAB_BALLOON_BYTES",
+    "UVMLAB_BALLOON_LEAVE_BYTES",
+    "UVMLAB_ALLOC_LOG",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_MODULE_LOADING",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uvmlab.gpu.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("rundir", type=Path)
+    parser.add_argument("--role", choices=("run", "baseline", "calibrate"), default="run")
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    try:
+        run_worker(args.rundir, args.role, args.iterations, args.device)
+    except UvmlabError as exc:
+        print(f"uvmlab worker: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,526 @@
+"""Summaries of an nsys export: UM fault and migration totals, per-kernel and per-iteration attribution.
+
+Counting rules (reference/nsys.md §0, §2.3, §4):
+
+* GPU faults = Σ ``numberOfPageFaults`` (what NVIDIA's reports count), not rows; ``fault_records`` is the row count.
+* CPU faults = ``count(*)`` (one row is one fault).
+* Migrations = MEMCPY rows with copyKind 11 (htod), 12 (dtoh), 13 (dtod); bytes from ``bytes``.
+* A figure whose source was not collected (or cannot be known) is ``None`` and prints "n/a", never 0
+  (status rules in ``uvmlab.nsys.schema``).
+
+Totals are aggregated in SQLite; attribution reads the fault table in chunks of ``chunk_rows`` rows (bounded
+memory) and assigns each chunk with ``uvmlab.nsys.attribute.assign``.
+
+Iterations come from NVTX ranges whose text matches ``iteration_pattern`` (default ``iteration N``, as uvmlab's
+GPU runner emits). NVTX ranges are CPU-side, so a kernel belongs to the iteration whose range contains the CPU
+call that launched it (RUNTIME row with the same correlationId and pid; any thread, since PyTorch launches backward
+kernels from the autograd thread); without a correlation, the kernel's own start time is used. An event inside a
+kernel takes that kernel's iteration; an event outside kernels takes the iteration whose GPU window (first kernel
+start to last kernel end, or the CPU range if it has no kernels) it overlaps. Phases ("forward", "backward",
+"optimizer", ...) are attributed to kernels the same way (innermost range).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.errors import InputError
+from uvmlab.nsys import schema as S
+from uvmlab.nsys.attribute import assign, group_key
+from uvmlab.nsys.read import Export
+
+DEFAULT_ITERATION_PATTERN = r"^\s*iteration[\s_#:-]*(\d+)\s*$"
+PHASE_NAMES = ("data", "forward", "loss", "backward", "optimizer", "zero_grad")
+TOP_N = 10
+CHUNK_ROWS = 1_000_000
+OUTSIDE = "(outside any kernel)"
+
+
+def _none_if(status: str, value: Any) -> Any:
+    return value if status in ("collected", "zero") else None
+
+
+@dataclass
+class Summary:
+    """Everything `uvmlab nsys summarize` prints; ``to_dict()`` is its JSON form."""
+
+    export: dict[str, Any]
+    collection: dict[str, dict[str, str]]
+    faults: dict[str, Any]
+    migrations: dict[str, Any]
+    um_total_sum: dict[str, Any]
+    um_sum: list[dict[str, Any]]
+    attribution: dict[str, Any]
+    memory: dict[str, Any]
+    iterations: pd.DataFrame
+    kernels: pd.DataFrame  # per kernel launch (uvmlab.stats.schema KERNEL_COLUMNS + device/stream/pid)
+    top_kernels: pd.DataFrame  # per kernel name, by faults
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+            return [{k: _py(v) for k, v in r.items()} for r in df.to_dict("records")]
+
+        return {
+            "export": self.export,
+            "collection": self.collection,
+            "faults": self.faults,
+            "migrations": self.migrations,
+            "um_total_sum": self.um_total_sum,
+            "um_sum": self.um_sum,
+            "attribution": self.attribution,
+            "memory": self.memory,
+            "iterations": records(self.iterations),
+            "top_kernels": records(self.top_kernels),
+            "warnings": self.warnings,
+        }
+
+
+def _py(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        return None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return None if np.isnan(v) else float(v)
+    return v
+
+
+# -- totals (SQL) --------------------------------------------------------------------------------------------------
+def fault_totals(ex: Export) -> dict[str, Any]:
+    """GPU fault totals by access type and CPU fault count (None where not collected)."""
+    gst, _ = ex.status(S.GPU_FAULTS)
+    cst, _ = ex.status(S.CPU_FAULTS)
+    by_access = {name: 0 for name in S.ACCESS_TYPE.values()}
+    records = total = addresses = 0
+    if ex.has(S.GPU_FAULTS):
+        acc = ex.col(S.GPU_FAULTS, "faultAccessType", "0")
+        for a, n, rows in ex.query(
+            f"SELECT {acc}, sum(numberOfPageFaults), count(*) FROM {S.GPU_FAULTS} GROUP BY 1"
+        ):
+            by_access[S.ACCESS_TYPE.get(a, "unknown")] += int(n or 0)
+            total += int(n or 0)
+            records += int(rows)
+        if "address" in ex.columns(S.GPU_FAULTS):
+            addresses = int(ex.query(f"SELECT count(DISTINCT address) FROM {S.GPU_FAULTS}")[0][0])
+    cpu = ex.row_count(S.CPU_FAULTS) or 0
+    return {
+        "gpu_fault_count": _none_if(gst, total),
+        "gpu_fault_records": _none_if(gst, records),
+        "gpu_fault_distinct_pages": _none_if(gst, addresses),
+        "read_fault_count": _none_if(gst, by_access["read"]),
+        "write_fault_count": _none_if(gst, by_access["write"]),
+        "atomic_fault_count": _none_if(gst, by_access["atomic"]),
+        "prefetch_fault_count": _none_if(gst, by_access["prefetch"]),
+        "unknown_access_fault_count": _none_if(gst, by_access["unknown"]),
+        "cpu_fault_count": _none_if(cst, cpu),
+    }
+
+
+def migration_totals(ex: Export) -> dict[str, Any]:
+    """UM migration count and bytes, by direction and by cause (None where unknown)."""
+    st, _ = ex.status(S.MEMCPY)
+    directions = {d: {"count": 0, "bytes": 0} for d in S.UM_DIRECTION.values()}
+    causes = {c: {"count": 0, "bytes": 0} for c in S.MIGRATION_CAUSE.values()}
+    by_both: list[dict[str, Any]] = []
+    if ex.has(S.MEMCPY):
+        cause_col = ex.col(S.MEMCPY, "migrationCause")
+        kinds = ",".join(str(k) for k in S.UM_COPY_KINDS)
+        for kind, cause, n, b in ex.query(
+            f"SELECT copyKind, {cause_col}, count(*), sum(bytes) FROM {S.MEMCPY} "
+            f"WHERE copyKind IN ({kinds}) GROUP BY 1, 2 ORDER BY 1, 2"
+        ):
+            d = S.UM_DIRECTION[int(kind)]
+            c = S.MIGRATION_CAUSE.get(cause, "unknown") if cause is not None else "unknown"
+            for bucket in (directions[d], causes[c]):
+                bucket["count"] += int(n)
+                bucket["bytes"] += int(b or 0)
+            by_both.append({"direction": d, "cause": c, "count": int(n), "bytes": int(b or 0)})
+    total_n = sum(v["count"] for v in directions.values())
+    total_b = sum(v["bytes"] for v in directions.values())
+    known = st in ("collected", "zero")
+    return {
+        "count": total_n if known else None,
+        "bytes": total_b if known else None,
+        "by_direction": directions if known else None,
+        "by_cause": causes if known else None,
+        "by_direction_and_cause": by_both if known else None,
+    }
+
+
+def um_total_sum(ex: Export) -> dict[str, Any]:
+    """The figures of NVIDIA's ``um_total_sum`` report (reference/nsys.md §2.3), and whether that report would run.
+
+    NVIDIA's script refuses unless MEMCPY, CPU-fault and GPU-fault tables all exist; uvmlab computes the figures
+    anyway and gives None for a source that was not collected.
+    """
+    missing = [t for t in (S.MEMCPY, S.CPU_FAULTS, S.GPU_FAULTS) if not ex.has(t)]
+    f = fault_totals(ex)
+    m = migration_totals(ex)
+    return {
+        "nvidia_report_runs": not missing,
+        "nvidia_report_refuses_because_missing": missing,
+        "total_htod_migration_bytes": None if m["by_direction"] is None else m["by_direction"]["htod"]["bytes"],
+        "total_dtoh_migration_bytes": None if m["by_direction"] is None else m["by_direction"]["dtoh"]["bytes"],
+        "total_cpu_page_faults": f["cpu_fault_count"],
+        "total_gpu_page_faults": f["gpu_fault_count"],
+    }
+
+
+def um_sum(ex: Export, rows: int = TOP_N) -> list[dict[str, Any]]:
+    """NVIDIA ``um_sum``'s per-address rows: CPU faults, GPU faults, HtoD/DtoH bytes and throughput, top ``rows``.
+
+    Throughput reproduces the report's SQLite integer arithmetic
+    ``(dtoh + htod) * (1000000000 / (dur_dtoh + dur_htod))`` (truncated; 0 once the summed duration exceeds 1 s),
+    ordered by it descending, as the report does.
+    """
+    parts = []
+    if ex.has(S.CPU_FAULTS) and "address" in ex.columns(S.CPU_FAULTS):
+        parts.append(f"SELECT address AS a, count(*) AS cpu, 0 AS gpu, 0 AS d2h, 0 AS h2d, 0 AS dd, 0 AS hd "
+                     f"FROM {S.CPU_FAULTS} GROUP BY address")
+    if ex.has(S.GPU_FAULTS) and "address" in ex.columns(S.GPU_FAULTS):
+        parts.append(f"SELECT address AS a, 0 AS cpu, sum(numberOfPageFaults) AS gpu, 0 AS d2h, 0 AS h2d, 0 AS dd, 0 AS hd FROM {S.GPU_FAULTS} GROUP BY address")
+    if ex.has(S.MEMCPY) and "virtualAddress" in ex.columns(S.MEMCPY):
+        parts.append(f'SELECT virtualAddress AS a, 0 AS cpu, 0 AS gpu, sum(bytes) AS d2h, 0 AS h2d, sum("end" - start) AS dd, 0 AS hd FROM {S.MEMCPY} '
+                     f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress")
+        parts.append(f'SELECT virtualAddress AS a, 0 AS cpu, 0 AS gpu, 0 AS d2h, sum(bytes) AS h2d, 0 AS dd, sum("end" - start) AS hd FROM {S.MEMCPY} '
+                     f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress")
+    if not parts:
+        return []
+    sql = (
+        "SELECT a, sum(cpu), sum(gpu), sum(d2h), sum(h2d), "
+        "(sum(d2h) + sum(h2d)) * (1000000000 / (sum(dd) + sum(hd))) AS thr "
+        f"FROM ({' UNION ALL '.join(parts)}) GROUP BY a ORDER BY thr DESC, a LIMIT {int(rows)}"
+    )
+    keys = ("address", "cpu_faults", "gpu_faults", "dtoh_bytes", "htod_bytes", "throughput_bytes_per_s")
+    return [dict(zip(keys, (_py(v) for v in r), strict=True)) for r in ex.query(sql)]
+
+
+# -- attribution -----------------------------------------------------------------------------------------------------
+def _iteration_ranges(nvtx: pd.DataFrame, pattern: str) -> pd.DataFrame:
+    try:
+        rx = re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise InputError(f"iteration pattern {pattern!r} is not a valid regular expression ({exc})") from None
+    if nvtx.empty:
+        return pd.DataFrame(columns=["iteration", "start_ns", "end_ns", "pid"])
+    text = nvtx["text"].fillna("").astype(str)
+    m = text.str.extract(rx) if rx.groups else None
+    hit = text.map(lambda t: rx.search(t) is not None).astype(bool)
+    its = nvtx[hit].copy()
+    if m is not None:
+        its["iteration"] = pd.to_numeric(m[0][hit], errors="coerce")
+    else:
+        its["iteration"] = np.arange(len(its))
+    its = its.dropna(subset=["iteration"]).sort_values("start_ns")
+    its["iteration"] = its["iteration"].astype(np.int64)
+    return its[["iteration", "start_ns", "end_ns", "pid"]].reset_index(drop=True)
+
+
+def _kernel_cpu_time(kernels: pd.DataFrame, api: pd.DataFrame) -> np.ndarray:
+    """CPU time of each kernel's launch call (by correlationId and pid), else the kernel start."""
+    t = kernels["start_ns"].to_numpy(dtype=np.int64).copy()
+    if api.empty or kernels.empty or kernels["correlation_id"].isna().all():
+        return t
+    launches = api.dropna(subset=["correlation_id"])[["pid", "correlation_id", "start_ns"]]
+    launches = launches.drop_duplicates(["pid", "correlation_id"])
+    k = kernels[["pid", "correlation_id"]].reset_index()
+    j = k.merge(launches, on=["pid", "correlation_id"], how="left")
+    found = j["start_ns"].notna().to_numpy()
+    t[j.loc[found, "index"].to_numpy()] = j.loc[found, "start_ns"].to_numpy(dtype=np.int64)
+    return t
+
+
+def _pid_arr(s: pd.Series) -> np.ndarray:
+    return pd.to_numeric(s, errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+
+
+@dataclass
+class _Acc:
+    """Per-bucket accumulators for events."""
+
+    n_kernels: int
+    n_iters: int
+
+    def __post_init__(self) -> None:
+        self.k = {c: np.zeros(self.n_kernels + 1, dtype=np.int64) for c in _EVENT_COLS}
+        self.i = {c: np.zeros(self.n_iters + 1, dtype=np.int64) for c in _EVENT_COLS}
+        self.outside: dict[str, dict[str, int]] = {}
+
+    def add(self, col: str, kidx: np.ndarray, iidx: np.ndarray, w: np.ndarray) -> None:
+        self.k[col] += np.bincount(kidx + 1, weights=w, minlength=self.n_kernels + 1).astype(np.int64)
+        self.i[col] += np.bincount(iidx + 1, weights=w, minlength=self.n_iters + 1).astype(np.int64)
+
+
+_EVENT_COLS = (
+    "fault_records",
+    "fault_count",
+    "read_fault_count",
+    "write_fault_count",
+    "htod_count",
+    "htod_bytes",
+    "dtoh_count",
+    "dtoh_bytes",
+)
+
+
+def attribute(
+    ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, chunk_rows: int = CHUNK_ROWS
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Per-kernel and per-iteration fault/migration statistics, and the outside-any-kernel buckets.
+
+    Returns (kernels, iterations, buckets): ``kernels`` has one row per kernel launch with the columns of
+    ``uvmlab.stats.schema.KERNEL_COLUMNS`` (plus pid, device_id, stream_id); ``iterations`` one row per NVTX
+    iteration; ``buckets`` = {"inside_kernels": {...}, "outside": {api name or "none": {...}}}.
+    """
+    kernels = ex.kernels()
+    api = ex.api_calls()
+    nvtx = ex.nvtx_ranges()
+    its = _iteration_ranges(nvtx, iteration_pattern)
+    n_k, n_i = len(kernels), len(its)
+
+    k_s = kernels["start_ns"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
+    k_e = kernels["end_ns"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
+    k_pid = _pid_arr(kernels["pid"]) if n_k else np.zeros(0, np.int64)
+    k_dev = kernels["device_id"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
+    k_grp = group_key(k_pid, k_dev)
+
+    # kernels -> iteration and phase through the CPU time of their launch
+    k_iter = np.full(n_k, -1, dtype=np.int64)
+    phase = np.array([""] * n_k, dtype=object)
+    if n_k and not nvtx.empty:
+        cpu_t = _kernel_cpu_time(kernels, api)
+        if n_i:
+            idx = assign(cpu_t, cpu_t, k_pid, its["start_ns"].to_numpy(np.int64),
+                         its["end_ns"].to_numpy(np.int64), _pid_arr(its["pid"]))
+            k_iter = np.where(idx >= 0, its["iteration"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
+        ph = nvtx[nvtx["text"].isin(PHASE_NAMES)].reset_index(drop=True)
+        if len(ph):
+            idx = assign(cpu_t, cpu_t, k_pid, ph["start_ns"].to_numpy(np.int64),
+                         ph["end_ns"].to_numpy(np.int64), _pid_arr(ph["pid"]))
+            phase = np.where(idx >= 0, ph["text"].to_numpy(object)[np.maximum(idx, 0)], "")
+
+    # iteration windows on the GPU timeline (or the CPU range where an iteration launched no kernel)
+    it_s = its["start_ns"].to_numpy(np.int64).copy() if n_i else np.zeros(0, np.int64)
+    it_e = its["end_ns"].to_numpy(np.int64).copy() if n_i else np.zeros(0, np.int64)
+    it_pid = _pid_arr(its["pid"]) if n_i else np.zeros(0, np.int64)
+    it_pos = {int(v): p for p, v in enumerate(its["iteration"])} if n_i else {}
+    if n_i and n_k:
+        kdf = pd.DataFrame({"it": k_iter, "s": k_s, "e": k_e})
+        win = kdf[kdf["it"] >= 0].groupby("it").agg(s=("s", "min"), e=("e", "max"))
+        for it, row in win.iterrows():
+            p = it_pos.get(int(it))
+            if p is not None:
+                it_s[p], it_e[p] = int(row["s"]), int(row["e"])
+    # kernel index -> iteration position
+    k_itpos = np.array([it_pos.get(int(v), -1) for v in k_iter], dtype=np.int64)
+
+    # API calls for the outside bucket: runtime calls first, then driver calls
+    api_sets = []
+    if not api.empty:
+        ec = pd.to_numeric(api["event_class"], errors="coerce")
+        rt = api[ec == S.EVENT_CLASS_RUNTIME]
+        other = api[ec != S.EVENT_CLASS_RUNTIME]
+        api_sets = [d.reset_index(drop=True) for d in (rt, other) if len(d)]
+
+    acc = _Acc(n_k, n_i)
+    outside: dict[str, dict[str, int]] = {}
+
+    def route(s: np.ndarray, e: np.ndarray, pid: np.ndarray, dev: np.ndarray, weights: dict[str, np.ndarray]):
+        kidx = assign(s, e, group_key(pid, dev), k_s, k_e, k_grp)
+        iidx = np.where(kidx >= 0, k_itpos[np.maximum(kidx, 0)] if n_k else -1, -1)
+        out_mask = kidx < 0
+        if n_i and out_mask.any():
+            o = np.flatnonzero(out_mask)
+            iidx[o] = assign(s[o], e[o], pid[o], it_s, it_e, it_pid)
+        for col, w in weights.items():
+            acc.add(col, kidx, iidx, w)
+        if out_mask.any():
+            o = np.flatnonzero(out_mask)
+            names = np.array(["none"] * len(o), dtype=object)
+            rest = np.ones(len(o), dtype=bool)
+            for a in api_sets:
+                r = np.flatnonzero(rest)
+                if not len(r):
+                    break
+                aidx = assign(s[o][r], e[o][r], pid[o][r], a["start_ns"].to_numpy(np.int64),
+                              a["end_ns"].to_numpy(np.int64), _pid_arr(a["pid"]))
+                hit = aidx >= 0
+                names[r[hit]] = a["name"].to_numpy(object)[aidx[hit]]
+                rest[r[hit]] = False
+            frame = pd.DataFrame({"name": names, **{c: w[o] for c, w in weights.items()}})
+            for name, grp in frame.groupby("name"):
+                b = outside.setdefault(str(name), dict.fromkeys(_EVENT_COLS, 0))
+                for c in weights:
+                    b[c] += int(grp[c].sum())
+
+    # GPU faults, in chunks
+    if ex.has(S.GPU_FAULTS):
+        t = S.GPU_FAULTS
+        sql = (f'SELECT start, {ex.col(t, "end", "start")}, globalPid, deviceId, numberOfPageFaults, '
+               f'{ex.col(t, "faultAccessType", "0")} FROM {t}')
+        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "n", "a")])
+        for rows in ex.iter_rows(sql, chunk_rows):
+            arr = np.fromiter(((*r[:5], r[5] if r[5] is not None else 0) for r in rows), dtype=dt, count=len(rows))
+            pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
+            n = arr["n"]
+            route(arr["s"], arr["e"], pid, arr["d"], {
+                "fault_records": np.ones(len(arr), np.int64),
+                "fault_count": n,
+                "read_fault_count": np.where(arr["a"] == S.ACCESS_READ, n, 0),
+                "write_fault_count": np.where(arr["a"] == S.ACCESS_WRITE, n, 0),
+            })
+    # migrations, in chunks
+    if ex.has(S.MEMCPY):
+        t = S.MEMCPY
+        kinds = ",".join(str(k) for k in (S.COPY_KIND_UVM_HTOD, S.COPY_KIND_UVM_DTOH))
+        sql = (f'SELECT start, "end", {ex.col(t, "globalPid", "0")}, deviceId, bytes, copyKind FROM {t} '
+               f"WHERE copyKind IN ({kinds})")
+        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "b", "k")])
+        for rows in ex.iter_rows(sql, chunk_rows):
+            arr = np.fromiter(((r[0], r[1], r[2] or 0, r[3], r[4] or 0, r[5]) for r in rows), dtype=dt,
+                              count=len(rows))
+            pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
+            h = arr["k"] == S.COPY_KIND_UVM_HTOD
+            route(arr["s"], arr["e"], pid, arr["d"], {
+                "htod_count": h.astype(np.int64),
+                "htod_bytes": np.where(h, arr["b"], 0),
+                "dtoh_count": (~h).astype(np.int64),
+                "dtoh_bytes": np.where(~h, arr["b"], 0),
+            })
+
+    kdf = _kernel_table(kernels, k_iter, phase, acc, ex)
+    idf = _iteration_table(its, it_s, it_e, acc, ex)
+    inside = {c: int(acc.k[c][1:].sum()) for c in _EVENT_COLS}
+    buckets = {"inside_kernels": inside, "outside": dict(sorted(outside.items(), key=lambda kv: -kv[1]["fault_records"]))}
+    return kdf, idf, buckets
+
+
+def _statused(ex: Export, df: pd.DataFrame) -> pd.DataFrame:
+    """Null the columns whose source was not collected."""
+    gst, _ = ex.status(S.GPU_FAULTS)
+    mst, _ = ex.status(S.MEMCPY)
+    for c in ("fault_count", "read_fault_count", "write_fault_count", "fault_records"):
+        if gst not in ("collected", "zero"):
+            df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
+    for c in ("htod_count", "htod_bytes", "dtoh_count", "dtoh_bytes"):
+        if mst not in ("collected", "zero"):
+            df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
+    for c in ("fault_batch_count", "eviction_count"):  # not observable in an export (sim only)
+        df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
+    return df
+
+
+def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
+    df = pd.DataFrame({
+        "kernel_id": kernels["kernel_id"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+        "name": kernels["name"].astype(str).to_numpy() if len(kernels) else np.zeros(0, dtype=object),
+        "iteration": k_iter,
+        "phase": phase.astype(str) if len(phase) else np.zeros(0, dtype=object),
+        "start_ns": kernels["start_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+        "end_ns": kernels["end_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+    })
+    df["duration_ns"] = df["end_ns"] - df["start_ns"]
+    df["kernel_bytes"] = np.nan  # not observable in an nsys export
+    df["allocated_bytes"] = np.nan  # tensor-level bytes are not in an export; see reserved_bytes
+    for c in _EVENT_COLS:
+        df[c] = acc.k[c][1:]
+    df = _statused(ex, df)
+    if len(kernels):
+        df["pid"] = kernels["pid"].to_numpy()
+        df["device_id"] = kernels["device_id"].to_numpy()
+        df["stream_id"] = kernels["stream_id"].to_numpy()
+    else:
+        df["pid"] = df["device_id"] = df["stream_id"] = np.zeros(0, np.int64)
+    return df
+
+
+def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
+    df = pd.DataFrame({
+        "iteration": its["iteration"].to_numpy(np.int64) if len(its) else np.zeros(0, np.int64),
+        "start_ns": it_s,
+        "end_ns": it_e,
+    })
+    df["duration_ns"] = df["end_ns"] - df["start_ns"]
+    for c in _EVENT_COLS:
+        df[c] = acc.i[c][1:]
+    return _statused(ex, df)
+
+
+def top_kernels(kernels: pd.DataFrame, n: int = TOP_N) -> pd.DataFrame:
+    """Per kernel name: launches, total time and fault/migration sums, the ``n`` with most faults first."""
+    if kernels.empty:
+        return pd.DataFrame(columns=["name", "launches", "duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"])
+    g = kernels.groupby("name", sort=False).agg(
+        launches=("kernel_id", "size"),
+        duration_ns=("duration_ns", "sum"),
+        fault_count=("fault_count", lambda s: s.sum(min_count=1)),
+        read_fault_count=("read_fault_count", lambda s: s.sum(min_count=1)),
+        write_fault_count=("write_fault_count", lambda s: s.sum(min_count=1)),
+        htod_bytes=("htod_bytes", lambda s: s.sum(min_count=1)),
+        dtoh_bytes=("dtoh_bytes", lambda s: s.sum(min_count=1)),
+    ).reset_index()
+    key = g["fault_count"].fillna(-1).astype(float) * 1.0
+    g = g.assign(_k=key).sort_values(["_k", "htod_bytes", "name"], ascending=[False, False, True])
+    return g.drop(columns="_k").head(n).reset_index(drop=True)
+
+
+def memory_summary(ex: Export) -> dict[str, Any]:
+    """From CUDA_GPU_MEMORY_USAGE_EVENTS: alloc/free counts, peak live bytes (per device and by memory kind)."""
+    st, reason = ex.status(S.MEMORY_USAGE)
+    if st not in ("collected", "zero"):
+        return {"status": st, "reason": reason, "peak_live_bytes": None}
+    mem = ex.memory_usage()
+    if mem.empty:
+        return {"status": st, "reason": reason, "peak_live_bytes": 0, "allocs": 0, "frees": 0}
+    by_kind = {}
+    for kind, grp in mem.groupby("mem_kind"):
+        live = grp["delta_bytes"].cumsum()
+        by_kind[str(kind)] = int(live.max()) if len(live) else 0
+    return {
+        "status": st,
+        "reason": reason,
+        "allocs": int((mem["op"] == "alloc").sum()),
+        "frees": int((mem["op"] == "free").sum()),
+        "pre_capture_allocs": int(((mem["op"] == "alloc") & (mem["time_ns"] == 0)).sum()),
+        "peak_live_bytes": int(mem.groupby("device_id")["live_bytes"].max().max()),
+        "peak_live_bytes_by_kind": by_kind,
+    }
+
+
+def summarize(ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, chunk_rows: int = CHUNK_ROWS) -> Summary:
+    """All figures of `uvmlab nsys summarize` for one export."""
+    collection = {}
+    for key, table in (
+        ("gpu_faults", S.GPU_FAULTS),
+        ("cpu_faults", S.CPU_FAULTS),
+        ("migrations", S.MEMCPY),
+        ("memory_usage", S.MEMORY_USAGE),
+        ("nvtx", S.NVTX),
+    ):
+        st, why = ex.status(table)
+        collection[key] = {"status": st, "reason": why}
+    kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows)
+    return Summary(
+        export=ex.describe(),
+        collection=collection,
+        faults=fault_totals(ex),
+        migrations=migration_totals(ex),
+        um_total_sum=um_total_sum(ex),
+        um_sum=um_sum(ex),
+        attribution={
+            "kernels": len(kernels),
+            "inside_kernels": buckets["inside_kernels"],
+            "outside_kernels": buckets["outside"],
+        },
+        memory=memory_summary(ex),
+        iterations=iterations,
+        kernels=kernels,
+        top_kernels=top_kernels(kernels),
+        warnings=list(ex.warnings),
+    )

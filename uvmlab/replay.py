@@ -1,0 +1,290 @@
+"""Replay a real PyTorch memory snapshot through CachingAllocatorSim and compare with what the GPU did.
+
+``replay_snapshot(path)`` reads the snapshot with :func:`uvmlab.trace.snapshot.read_snapshot`, and for every
+device with a trace:
+
+1. **Initial state** (allocator.md 2.20). The trace ring buffer may start mid-run, so the state at its start is
+   rebuilt from the final ``segments`` by undoing the trace backwards: segments ``segment_alloc``-ed in the trace
+   are removed, ``segment_free``-d ones restored; blocks allocated in the trace are un-allocated, blocks freed
+   in it re-allocated. The sizes of blocks freed in the trace but allocated before it are not recorded
+   (``free_*`` entries carry the requested size). They are ``round_size(requested)`` plus, in the large pool
+   (non-expandable), the unsplit slack PyTorch leaves when <= 1 MiB would remain: every free large-pool block is
+   > 1 MiB, so a gap of <= 1 MiB after such a block belongs to it; and the first trace allocation that lands
+   in the gap after such a block (before the block is freed) marks where the free block began, because
+   allocations always take the lowest part of a free block (:func:`uvmlab.replay_state.initial_state`).
+2. **Replay.** ``alloc`` entries are replayed with ``malloc(requested size, stream)``; ``free_requested`` frees the
+   block the real allocator put at that address. A ``segment_free``/``segment_unmap`` burst that the simulator
+   did not produce itself is modelled as ``empty_cache()`` (release_cached_blocks: the same release rules as the
+   OOM path). Device addresses of NEW segments come from the snapshot (the driver's placement is not modelled,
+   see :mod:`uvmlab.sim.device`): the k-th simulated ``segment_alloc`` (or the VA reservation behind the k-th
+   ``segment_map``) gets the address of the k-th real one if the sizes agree; everything else - which block
+   serves which request, splits, merges, when segments are created and released - is the simulator's.
+   An ``oom`` entry marks a malloc that failed on the GPU: the simulator (unlimited device) is not asked.
+3. **Report**: % identical allocation addresses, identical segment event sequence (action, address, size),
+   peak reserved and peak requested bytes (real values rebuilt from the trace), the final state compared block
+   by block with the snapshot's segments, and the first divergence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uvmlab.errors import InputError, OutOfMemoryError
+from uvmlab.replay_state import DeviceEvents, InitialState, device_events, initial_state
+from uvmlab.sim.allocconf import AllocatorSettings
+from uvmlab.sim.caching import CachingAllocatorSim
+from uvmlab.sim.device import DeviceSim
+from uvmlab.sim.seed import seed_segment
+
+CREATE_ACTIONS = ("segment_alloc", "segment_map")
+RELEASE_ACTIONS = ("segment_free", "segment_unmap")
+SEGMENT_ACTIONS = CREATE_ACTIONS + RELEASE_ACTIONS
+
+
+@dataclass
+class DeviceReplay:
+    """Replay result of one device's trace (byte counts in bytes)."""
+
+    device: int
+    events: int
+    allocs: int
+    allocs_matched: int
+    frees: int
+    frees_unknown: int
+    segment_events_real: int
+    segment_events_sim: int
+    segment_sequence_equal: bool
+    release_bursts: int
+    peak_reserved_real: int
+    peak_reserved_sim: int
+    peak_requested_real: int
+    peak_requested_sim: int
+    peak_allocated_sim: int
+    final_reserved_real: int
+    final_reserved_sim: int
+    final_allocated_real: int
+    final_allocated_sim: int
+    final_blocks_equal: bool
+    ooms_real: int
+    initial_segments: int
+    initial_reserved: int
+    initial_blocks_inferred: int
+    first_divergence: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def address_match_pct(self) -> float:
+        """Share of ``alloc`` entries that got the real address (100 when there are none)."""
+        return 100.0 * self.allocs_matched / self.allocs if self.allocs else 100.0
+
+    @property
+    def identical(self) -> bool:
+        """Every address, the segment sequence, peak reserved and the final blocks are identical."""
+        return (
+            self.allocs_matched == self.allocs
+            and self.segment_sequence_equal
+            and self.peak_reserved_real == self.peak_reserved_sim
+            and self.peak_requested_real == self.peak_requested_sim
+            and self.final_blocks_equal
+            and self.frees_unknown == 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready), with the derived fields."""
+        d = asdict(self)
+        d["address_match_pct"] = round(self.address_match_pct, 3)
+        d["identical"] = self.identical
+        return d
+
+
+@dataclass
+class ReplayReport:
+    """Replay of a whole snapshot: one DeviceReplay per device with a trace."""
+
+    path: str
+    format_generation: str
+    alloc_conf: str
+    devices: list[DeviceReplay]
+
+    @property
+    def identical(self) -> bool:
+        """True when every replayed device is identical."""
+        return all(d.identical for d in self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready)."""
+        return {
+            "path": self.path,
+            "format_generation": self.format_generation,
+            "alloc_conf": self.alloc_conf,
+            "identical": self.identical,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+
+class _Oracle:
+    """Gives the k-th simulated segment creation the address of the k-th real one when the sizes agree."""
+
+    def __init__(self, creations: list[tuple[int, str, int, int]], sim_ref: list[CachingAllocatorSim]):
+        self.creations = creations  # (event index, action, addr, size)
+        self.sim_ref = sim_ref
+
+    def __call__(self, kind: str, size: int) -> int | None:
+        sim = self.sim_ref[0]
+        k = sum(1 for e in sim.segment_events if e[1] in CREATE_ACTIONS)
+        if k >= len(self.creations):
+            return None
+        _, action, addr, real_size = self.creations[k]
+        if kind == "malloc":
+            if action != "segment_alloc" or real_size != size or sim.device.in_use(addr):
+                return None
+            return addr
+        # "reserve": a new expandable segment; its VA base is where the next real mapping starts
+        # (the simulated VA size, 9/8 of an assumed device size, may overlap the next real reservation: harmless,
+        # the unmapped tail of a segment is never touched)
+        if action != "segment_map" or addr in sim.expandable_segments:
+            return None
+        return addr
+
+
+def _make_sim(settings: AllocatorSettings, ev: DeviceEvents, device: int) -> CachingAllocatorSim:
+    creations = [(i, a, addr, size) for i, a, addr, size in ev.segment_events if a in CREATE_ACTIONS]
+    ref: list[CachingAllocatorSim] = []
+    lowest = min([addr for _, _, addr, _ in ev.segment_events] + [s[0] for s in ev.final_segments] + [2**47])
+    dev = DeviceSim(va_top=max(lowest - 2**40, 2**41), oracle=_Oracle(creations, ref))
+    sim = CachingAllocatorSim(settings, dev, device_index=device)
+    ref.append(sim)
+    return sim
+
+
+def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0) -> DeviceReplay:
+    """Replay one device's events (see the module docstring)."""
+    init: InitialState = initial_state(ev, settings)
+    sim = _make_sim(settings, ev, device)
+    real2block: dict[int, Any] = {}
+    for seg in init.segments:
+        blocks = seed_segment(sim, seg.address, seg.size, seg.stream, seg.small, seg.allocated)
+        for b in blocks:
+            real2block[b.ptr] = b
+    sim.segment_events.clear()
+    allocs = matched = frees = unknown = bursts = ooms = 0
+    real_released = 0
+    first: dict[str, Any] | None = None
+    notes = list(init.notes)
+    requested = init.requested_bytes
+    peak_requested = requested
+    for idx, action, addr, size, stream in ev.events:
+        if action == "alloc":
+            allocs += 1
+            requested += size
+            peak_requested = max(peak_requested, requested)
+            try:
+                b = sim.malloc(size, stream)
+            except OutOfMemoryError:
+                first = first or {"event": idx, "action": action, "expected": addr, "got": "OOM"}
+                continue
+            if b.ptr == addr:
+                matched += 1
+            elif first is None:
+                first = {"event": idx, "action": "alloc", "size": size, "expected": addr, "got": b.ptr}
+            if addr in real2block:
+                notes.append(f"event {idx}: alloc at {addr:#x} which is still allocated in the real trace")
+            real2block[addr] = b
+        elif action == "free_requested":
+            frees += 1
+            b = real2block.pop(addr, None)
+            if b is None:
+                unknown += 1
+                if first is None:
+                    first = {"event": idx, "action": action, "expected": addr, "got": "no such allocation"}
+                continue
+            requested -= b.requested_size
+            sim.free(b)
+        elif action in RELEASE_ACTIONS:
+            real_released += 1
+            sim_released = sum(1 for e in sim.segment_events if e[1] in RELEASE_ACTIONS)
+            if sim_released < real_released:
+                bursts += 1
+                sim.empty_cache()
+        elif action == "oom":
+            ooms += 1
+    sim.check_invariants()
+    real_seq = [(a, addr, size) for _, a, addr, size in ev.segment_events]
+    sim_seq = [(a, addr, size) for _, a, addr, size, _ in sim.segment_events]
+    seq_equal = real_seq == sim_seq
+    if not seq_equal:
+        k = next((i for i, (r, s) in enumerate(zip(real_seq, sim_seq)) if r != s), min(len(real_seq), len(sim_seq)))
+        where = ev.segment_events[k][0] if k < len(ev.segment_events) else (ev.events[-1][0] if ev.events else 0)
+        d = {
+            "event": where,
+            "action": "segment sequence",
+            "expected": list(real_seq[k]) if k < len(real_seq) else None,
+            "got": list(sim_seq[k]) if k < len(sim_seq) else None,
+        }
+        if first is None or where < first["event"]:
+            first = d
+    peak_real = max([init.reserved_bytes, *ev.reserved_after()])
+    final_real = {(a, s, alloc) for a, s, alloc in ev.final_blocks}
+    final_sim = {(b.ptr, b.size, b.allocated) for b in sim.all_blocks() if b.mapped}
+    blocks_equal = final_real == final_sim
+    if not blocks_equal:
+        diff = sorted(final_real ^ final_sim)[:3]
+        notes.append(f"final blocks differ ({len(final_real ^ final_sim)} differences), e.g. {diff}")
+    return DeviceReplay(
+        device=device,
+        events=len(ev.events),
+        allocs=allocs,
+        allocs_matched=matched,
+        frees=frees,
+        frees_unknown=unknown,
+        segment_events_real=len(real_seq),
+        segment_events_sim=len(sim_seq),
+        segment_sequence_equal=seq_equal,
+        release_bursts=bursts,
+        peak_reserved_real=peak_real,
+        peak_reserved_sim=sim.peak_reserved_bytes,
+        peak_requested_real=peak_requested,
+        peak_requested_sim=sim.peak_requested_bytes,
+        peak_allocated_sim=sim.peak_allocated_bytes,
+        final_reserved_real=sum(s[1] for s in ev.final_segments),
+        final_reserved_sim=sim.reserved_bytes,
+        final_allocated_real=sum(s for _, s, alloc in ev.final_blocks if alloc),
+        final_allocated_sim=sim.allocated_bytes,
+        final_blocks_equal=blocks_equal,
+        ooms_real=ooms,
+        initial_segments=len(init.segments),
+        initial_reserved=init.reserved_bytes,
+        initial_blocks_inferred=init.inferred_blocks,
+        first_divergence=first,
+        notes=notes[:20],
+    )
+
+
+def replay_snapshot(
+    path: str | Path, device: int | None = None, alloc_conf: str | None = None, **settings_extra: Any
+) -> ReplayReport:
+    """Replay every device with a trace (or only ``device``); ``alloc_conf`` overrides the snapshot's settings."""
+    from uvmlab.trace.snapshot import read_snapshot
+
+    snap = read_snapshot(path)
+    if alloc_conf is not None:
+        settings = AllocatorSettings.parse(alloc_conf, **settings_extra)
+    else:
+        settings = AllocatorSettings.from_snapshot(snap.allocator_settings, **settings_extra)
+    ev = snap.events
+    replayable = ev[ev["action"].isin(["alloc", "free_requested", *SEGMENT_ACTIONS])]
+    traced = sorted({int(d) for d in replayable["device"].unique()})
+    if device is not None:
+        if device not in snap.devices:
+            raise InputError(f"{path}: device {device} is not in the snapshot (devices: {snap.devices})")
+        traced = [d for d in traced if d == device]
+    if not traced:
+        raise InputError(
+            f"{path}: the snapshot has no alloc/free trace to replay"
+            + (f" for device {device}" if device is not None else "")
+            + " (record it with torch.cuda.memory._record_memory_history() before _dump_snapshot())"
+        )
+    results = [replay_device(device_events(snap, d), settings, d) for d in traced]
+    return ReplayReport(str(path), snap.format_generation, settings.raw, results)

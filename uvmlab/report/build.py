@@ -1,0 +1,176 @@
+"""``build_report(sweep_dir, out_html)``: every figure of the study the sweep can support, captions, HTML."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.atomic import atomic_write_text, atomic_write_with
+from uvmlab.report import captions, figures
+from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs
+from uvmlab.report.html import Section, relative, render
+
+
+@dataclass(frozen=True)
+class FigureFile:
+    """One written PNG."""
+
+    key: str
+    title: str
+    path: Path
+    runs: int
+    caption: str
+
+
+@dataclass
+class Report:
+    """What build_report wrote."""
+
+    html: Path
+    figures: list[FigureFile] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``--format json``)."""
+        return {
+            "html": str(self.html),
+            "figures": [
+                {"key": f.key, "path": str(f.path), "runs": f.runs, "caption": f.caption} for f in self.figures
+            ],
+            "skipped": list(self.skipped),
+        }
+
+
+def _save(fig: Any, path: Path) -> None:
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+
+
+def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[str] | None = None) -> Report:
+    """Write the figures (PNG, in ``figures/`` beside the page) and the HTML page for sweep ``sweep_dir``."""
+    sweep_dir = Path(sweep_dir)
+    df = load_results(sweep_dir)
+    html_path = Path(out_html) if out_html else sweep_dir / "report" / "report.html"
+    fig_dir = html_path.parent / "figures"
+    report = Report(html=html_path)
+    ok = ok_runs(df)
+    runs_text = captions.describe_runs(df)
+    sims = ok_runs(df, measured=False)
+    study_df = sims if not sims.empty else ok  # the study figures: simulated runs, or measured if only those
+
+    kernel_runs = pick_kernel_runs(df)
+    pca_ratio = figures.pca_ratio_table(study_df)
+    plan: list[tuple[str, str, Callable[[], Any], int]] = [
+        (
+            "fig3_slowdown",
+            "Figure 3: slowdown vs oversubscription factor",
+            lambda: figures.fig3_slowdown(study_df),
+            len(study_df),
+        ),
+        (
+            "fig4_pca_ratio",
+            "Figure 4: without PCA vs with PCA",
+            lambda: figures.fig4_pca_ratio(study_df),
+            len(study_df),
+        ),
+        (
+            "fig5_kernel_memory",
+            "Figure 5: memory per kernel over time",
+            lambda: figures.fig5_kernel_memory(kernel_runs),
+            len(kernel_runs),
+        ),
+        ("fig6_faults", "Figure 6: page faults", lambda: figures.fig6_faults(study_df), len(study_df)),
+        (
+            "fig7_read_write",
+            "Figure 7: read / write page faults",
+            lambda: figures.fig7_read_write(study_df),
+            len(study_df),
+        ),
+        (
+            "fig8_migration_count",
+            "Figure 8: migration transactions",
+            lambda: figures.fig8_migration_count(study_df),
+            len(study_df),
+        ),
+        (
+            "fig9_migration_bytes",
+            "Figure 9: migration size",
+            lambda: figures.fig9_migration_bytes(study_df),
+            len(study_df),
+        ),
+        (
+            "fig_sim_vs_measured",
+            "Simulated vs measured",
+            lambda: figures.fig_sim_vs_measured(df),
+            len(paired_sim_measured(df)),
+        ),
+    ]
+    sections: list[Section] = []
+    for key, title, draw, nruns in plan:
+        fig = draw()
+        if fig is None:
+            report.skipped.append(f"{title}: the sweep has no runs with the needed values")
+            continue
+        path = fig_dir / f"{key}.png"
+        _save(fig, path)
+        what = runs_text if key != "fig5_kernel_memory" else _kernel_caption(kernel_runs)
+        caption = f"{captions.FIGURE_TEXT[key]} What was run: {what}"
+        report.figures.append(FigureFile(key, title, path, nruns, caption))
+        table = None
+        if key == "fig4_pca_ratio":
+            table = pca_ratio.pivot(index="workload", columns="oversub", values="ratio").reset_index()
+            table.columns = [str(c) for c in table.columns]
+        if key == "fig_sim_vs_measured":
+            table = _error_table(df)
+        sections.append(Section(title, caption, relative(path, html_path.parent), table))
+    sections.insert(
+        0,
+        Section(
+            "Headline numbers",
+            "The study's numbers (seeds/003 section 4.2, measured on an A100 80GB) beside this sweep's.",
+            table=captions.headlines(study_df, pca_ratio),
+        ),
+    )
+    failed = df[df["outcome"] != "ok"]
+    if not failed.empty:
+        cols = [c for c in ("run_id", "workload", "oversub", "pca", "mode", "outcome", "error") if c in failed]
+        sections.append(
+            Section(
+                "Runs that did not finish",
+                "Outcome oom or error, with the error sentence.",
+                table=failed[cols].astype(object).reset_index(drop=True),
+            )
+        )
+    intro = (
+        f"Sweep {sweep_dir}: {len(df)} runs ({len(ok)} ok, {len(failed)} oom/error). {runs_text} "
+        "Figures follow Lin & Jeon, 'Understanding Oversubscribed Memory Management for Deep Learning "
+        "Training' (EuroMLSys '25), figures 3-9."
+    )
+    atomic_write_text(html_path, render("uvmlab sweep report", intro, sections))
+    return report
+
+
+def _kernel_caption(runs: dict[str, pd.Series]) -> str:
+    parts = []
+    for workload, row in runs.items():
+        pca = "on" if bool(row.get("pca")) else "off"
+        parts.append(f"{workload} (run {row['run_id']}, mode {row.get('mode')}, factor {row['oversub']:g}, PCA {pca})")
+    return "; ".join(parts) + "."
+
+
+def _error_table(df: pd.DataFrame) -> pd.DataFrame:
+    pairs = paired_sim_measured(df)
+    rows = []
+    for _, p in pairs.iterrows():
+        row: dict[str, Any] = {"workload": p["workload"], "oversub": p["oversub"], "pca": bool(p["pca"])}
+        for metric, _label in figures.SIM_VS_MEASURED_METRICS:
+            m, s = p[f"{metric}_measured"], p[f"{metric}_sim"]
+            row[f"{metric} measured"] = m
+            row[f"{metric} sim"] = s
+            row[f"{metric} error %"] = 100 * (s - m) / m if m == m and s == s and m else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)

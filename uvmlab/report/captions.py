@@ -1,0 +1,98 @@
+"""Figure captions: what was run (simulated or measured, GPU, versions, runs) under each figure, and the
+study's headline numbers next to ours."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from uvmlab.report.data import MEASURED_MODES, ok_runs, workload_order
+
+STUDY_HEADLINES = {
+    "mean_slowdown_pca": 7.29,
+    "max_slowdown_pca": 57.74,
+    "mean_slowdown_nopca": 1.75,
+    "max_slowdown_nopca": 17.85,
+    "nopca_over_pca_at_1": 7.22,
+}
+"""seeds/003 section 4.2: slowdowns over factors 1.25-10 (A100 80GB, measured) and no-PCA/PCA without oversub."""
+
+
+def _uniq(values: pd.Series) -> list[str]:
+    return [str(v) for v in dict.fromkeys(values.dropna().tolist())]
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def describe_runs(df: pd.DataFrame) -> str:
+    """One sentence: simulated/measured, GPU(s), workloads, factors, iterations, versions."""
+    runs = ok_runs(df)
+    if runs.empty:
+        return "No successful runs."
+    modes = set(runs["mode"].dropna().astype(str))
+    kinds = []
+    if modes - set(MEASURED_MODES):
+        kinds.append("simulated (uvmlab sim: PyTorch caching allocator + UVM driver model, no GPU)")
+    if modes & set(MEASURED_MODES):
+        kinds.append("measured on a GPU")
+    gpus = _uniq(runs["gpu"]) if "gpu" in runs else _uniq(runs.get("cfg_gpu", pd.Series(dtype=str)))
+    factors = sorted(runs["oversub"].dropna().unique())
+    iters = _uniq(runs["iterations"]) if "iterations" in runs else []
+    pca = sorted({("on" if v else "off") for v in runs["pca"].dropna()})
+    versions = []
+    for col in sorted(c for c in runs.columns if c.startswith("env_") and "version" in c):
+        vals = _uniq(runs[col])
+        if vals:
+            versions.append(f"{col[4:]} {'/'.join(vals)}")
+    text = (
+        f"{_upper_first(' and '.join(kinds))}; GPU {', '.join(gpus) or 'n/a'}; {len(runs)} runs of "
+        f"{', '.join(workload_order(runs['workload']))}; factors {', '.join(f'{f:g}' for f in factors)}; "
+        f"PCA {'/'.join(pca)}; iterations per run {', '.join(iters) or 'n/a'}."
+    )
+    if versions:
+        text += f" Versions: {'; '.join(versions)}."
+    return text
+
+
+def headlines(df: pd.DataFrame, pca_ratio: pd.DataFrame) -> pd.DataFrame:
+    """Our headline numbers beside the study's (section 4.2); NaN where the sweep lacks the runs."""
+    runs = ok_runs(df)
+    over = runs[runs["oversub"] > 1.0]
+    ours = {
+        "mean_slowdown_pca": over.loc[over["pca"] == True, "slowdown"].mean(),  # noqa: E712 (nullable boolean)
+        "max_slowdown_pca": over.loc[over["pca"] == True, "slowdown"].max(),  # noqa: E712
+        "mean_slowdown_nopca": over.loc[over["pca"] == False, "slowdown"].mean(),  # noqa: E712
+        "max_slowdown_nopca": over.loc[over["pca"] == False, "slowdown"].max(),  # noqa: E712
+        "nopca_over_pca_at_1": pca_ratio.loc[pca_ratio["oversub"] <= 1.0, "ratio"].mean()
+        if not pca_ratio.empty
+        else float("nan"),
+    }
+    labels = {
+        "mean_slowdown_pca": "mean slowdown with PCA, factors > 1",
+        "max_slowdown_pca": "max slowdown with PCA",
+        "mean_slowdown_nopca": "mean slowdown without PCA, factors > 1",
+        "max_slowdown_nopca": "max slowdown without PCA",
+        "nopca_over_pca_at_1": "iteration time without / with PCA at factor 1",
+    }
+    return pd.DataFrame(
+        [{"quantity": labels[k], "this sweep": ours[k], "study (measured, A100)": STUDY_HEADLINES[k]} for k in labels]
+    )
+
+
+FIGURE_TEXT = {
+    "fig3_slowdown": "Slowdown = iteration time at the factor / iteration time of the same job without "
+    "oversubscription (the run's baseline_time_ns), with (a) and without (b) the PyTorch caching allocator.",
+    "fig4_pca_ratio": "Iteration time without PCA divided by iteration time with PCA at the same factor; "
+    "bars above the red line mean PCA is faster.",
+    "fig5_kernel_memory": "Bytes of the distinct storages each kernel reads or writes (kernels table, column "
+    "kernel_bytes), in launch order; red dotted lines are iteration boundaries. One run per workload: "
+    "PCA on, the smallest factor of the sweep.",
+    "fig6_faults": "GPU page faults over all iterations (result.json fault_count).",
+    "fig7_read_write": "Share of page faults caused by reads and by writes (read_fault_count, write_fault_count).",
+    "fig8_migration_count": "Migration transactions in both directions (htod_count + dtoh_count), in units "
+    "of 10^7 as in the study.",
+    "fig9_migration_bytes": "Migrated bytes in both directions (htod_bytes + dtoh_bytes).",
+    "fig_sim_vs_measured": "Each point is one configuration run both ways; the dashed line is y = x; titles "
+    "give the median relative error |sim - measured| / measured.",
+}

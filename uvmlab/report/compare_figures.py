@@ -1,0 +1,117 @@
+"""Figures of `uvmlab compare` (matplotlib, Agg backend): totals with relative errors, per-iteration series,
+per-kernel scatter, footprint bars. Every axis is labelled with its unit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uvmlab.atomic import atomic_write_with
+
+if TYPE_CHECKING:
+    from uvmlab.compare import Comparison
+
+GIB = float(1 << 30)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    return path
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return f
+
+
+def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
+    """Write the comparison figures into ``folder``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    out: list[Path] = []
+    la, lb = cmp.a.label, cmp.b.label
+
+    # 1. relative error of every total both runs have
+    t = cmp.totals[cmp.totals["rel_error"].notna()]
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.35 * len(t) + 1)))
+    if len(t):
+        vals = np.array([_num(v) * 100 for v in t["rel_error"]])
+        ax.barh(t["figure"], vals, color=np.where(vals >= 0, "tab:red", "tab:blue"))
+        ax.axvline(0, color="black", lw=0.8)
+    else:
+        ax.text(0.5, 0.5, "no figure present in both runs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("relative error (B - A) / |A|  [%]")
+    ax.set_ylabel("figure")
+    ax.set_title(f"A = {la}\nB = {lb}", fontsize=9)
+    out.append(_save(fig, folder / "totals_rel_error.png"))
+    plt.close(fig)
+
+    # 2. footprint: simulated peak managed footprint vs measured footprint
+    fp = cmp.footprint
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = np.arange(len(fp))
+    a = np.array([_num(v) / GIB for v in fp["a"]])
+    b = np.array([_num(v) / GIB for v in fp["b"]])
+    ax.bar(x - 0.2, np.nan_to_num(a), 0.4, label=f"A: {la}")
+    ax.bar(x + 0.2, np.nan_to_num(b), 0.4, label=f"B: {lb}")
+    for i, (va, vb) in enumerate(zip(a, b, strict=True)):
+        for dx, v in ((-0.2, va), (0.2, vb)):
+            if np.isnan(v):
+                ax.text(i + dx, 0, "n/a", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [str(f) for f in fp["figure"]], fontsize=8, rotation=10)
+    ax.set_ylabel("footprint [GiB]")
+    ax.set_title("Peak managed footprint: simulated vs measured")
+    ax.legend(fontsize=8)
+    out.append(_save(fig, folder / "footprint.png"))
+    plt.close(fig)
+
+    # 3. per iteration
+    it = cmp.iterations
+    if it is not None and len(it):
+        cols = [c for c in ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes") if f"{c}_a" in it.columns]
+        units = {"duration_ns": ("time [ms]", 1e6), "fault_count": ("GPU page faults [count]", 1.0),
+                 "htod_bytes": ("HtoD migrated [GiB]", GIB), "dtoh_bytes": ("DtoH migrated [GiB]", GIB)}
+        fig, axes = plt.subplots(len(cols), 1, figsize=(7, 2.3 * len(cols)), sharex=True, squeeze=False)
+        for ax, c in zip(axes[:, 0], cols, strict=True):
+            label, scale = units[c]
+            ax.plot(it["iteration"], [_num(v) / scale for v in it[f"{c}_a"]], "o-", label="A")
+            ax.plot(it["iteration"], [_num(v) / scale for v in it[f"{c}_b"]], "s--", label="B")
+            ax.set_ylabel(label, fontsize=8)
+        axes[-1, 0].set_xlabel("iteration")
+        axes[0, 0].legend(fontsize=8)
+        axes[0, 0].set_title(f"Per iteration: A = {la}, B = {lb}", fontsize=9)
+        out.append(_save(fig, folder / "per_iteration.png"))
+        plt.close(fig)
+
+    # 4. per kernel scatter
+    k = cmp.kernels
+    if k is not None and len(k):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+        for ax, c, (label, scale) in zip(
+            axes, ("duration_ns", "fault_count"), (("kernel time [µs]", 1e3), ("GPU page faults [count]", 1.0)),
+            strict=True,
+        ):
+            xa = np.array([_num(v) / scale for v in k[f"{c}_a"]]) if f"{c}_a" in k else np.array([])
+            yb = np.array([_num(v) / scale for v in k[f"{c}_b"]]) if f"{c}_b" in k else np.array([])
+            ok = ~(np.isnan(xa) | np.isnan(yb)) if len(xa) else np.array([], bool)
+            if ok.any():
+                ax.scatter(xa[ok], yb[ok], s=8, alpha=0.6)
+                hi = max(xa[ok].max(), yb[ok].max(), 1e-9)
+                ax.plot([0, hi], [0, hi], color="gray", lw=0.8)
+            else:
+                ax.text(0.5, 0.5, "n/a in a run", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xlabel(f"A: {label}")
+            ax.set_ylabel(f"B: {label}")
+        fig.suptitle(f"Per kernel ({cmp.kernel_match})", fontsize=9)
+        out.append(_save(fig, folder / "per_kernel.png"))
+        plt.close(fig)
+    return out

@@ -1,0 +1,118 @@
+"""``uvmlab run``: one workload under UVM at one oversubscription factor, PCA on or off, simulated or on a GPU.
+
+Mode ``auto`` runs on the GPU only where ``uvmlab.gpu.detect.gpu_status()`` reports a CUDA device and the shim;
+otherwise it runs the simulator and says so in one line on stderr. Mode ``gpu`` without a GPU is an
+UnavailableError naming what is missing. Both modes write the same run directory (uvmlab.rundir.RunDir).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from uvmlab.config import RunConfig
+from uvmlab.console import note
+from uvmlab.errors import InputError, UnavailableError
+from uvmlab.rundir import RunDir
+from uvmlab.units import parse_bytes
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the mode that ran, its directory and its result.json content."""
+
+    mode: str
+    path: Path
+    result: dict[str, Any]
+
+
+@dataclass
+class GpuAvailability:
+    available: bool
+    reason: str
+
+
+def gpu_availability() -> GpuAvailability:
+    """Whether GPU mode can run here (``uvmlab.gpu.detect.gpu_status``; missing module: unavailable)."""
+    try:
+        from uvmlab.gpu.detect import gpu_status
+    except ModuleNotFoundError:
+        return GpuAvailability(False, "GPU support (uvmlab.gpu.detect) is not installed in this uvmlab")
+    status = gpu_status()
+    return GpuAvailability(bool(getattr(status, "available", False)), str(getattr(status, "reason", "")))
+
+
+def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:
+    """``runs/<workload>-x<F>-pca<on|off>-<hash>``."""
+    name = Path(cfg.workload.workload).stem if "/" in cfg.workload.workload else cfg.workload.workload
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "workload"
+    return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}-{cfg.config_hash()[:8]}"
+
+
+def choose_mode(cfg: RunConfig, quiet: bool = False) -> str:
+    """Resolve ``cfg.mode`` to "sim" or "gpu" (auto: gpu only where available); say which on stderr."""
+    if cfg.mode == "sim":
+        return "sim"
+    avail = gpu_availability()
+    if cfg.mode == "gpu":
+        if not avail.available:
+            raise UnavailableError(
+                f"--mode gpu needs a CUDA device and the uvmlab shim: {avail.reason or 'none found'}; "
+                "use --mode sim to simulate instead"
+            )
+        return "gpu"
+    if avail.available:
+        if not quiet:
+            note("CUDA device and shim found: running on the GPU (--mode gpu)")
+        return "gpu"
+    if not quiet:
+        why = avail.reason or "no CUDA device found"
+        note(f"{why}: running the simulator (--mode sim)")
+    return "sim"
+
+
+def run(
+    cfg: RunConfig,
+    out: Path | str | None = None,
+    force: bool = False,
+    gpu_options: Any = None,
+    progress: Any = None,
+    quiet: bool = False,
+) -> RunResult:
+    """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
+    mode = choose_mode(cfg, quiet=quiet)
+    path = Path(out) if out is not None else default_run_dir(cfg)
+    rundir = RunDir(path)
+    if mode == "gpu":
+        from uvmlab.gpu.runner import GpuRunOptions, run_gpu
+
+        if gpu_options is None:
+            opts = GpuRunOptions()
+        elif isinstance(gpu_options, dict):
+            given = {k: v for k, v in gpu_options.items() if v not in (None, False)}
+            fp = given.get("footprint")
+            if isinstance(fp, str) and fp not in ("measure", "estimate"):
+                given["footprint"] = parse_bytes(fp)
+            try:
+                opts = GpuRunOptions(**given)
+            except TypeError as exc:
+                raise InputError(
+                    f"GPU run options {sorted(given)} are not all understood by the GPU runner: {exc}"
+                ) from None
+        else:
+            opts = gpu_options
+        if not getattr(opts, "dry_run", False):
+            rundir.prepare(force=force)
+        result = run_gpu(cfg, opts, rundir)
+        return RunResult("gpu", path, result)
+    if isinstance(gpu_options, dict) and not quiet:
+        used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
+        if used:
+            note(f"{', '.join('--' + k.replace('_', '-') for k in used)} only apply to --mode gpu; ignored")
+    from uvmlab.simulate import simulate_run
+
+    rundir.prepare(force=force)
+    result = simulate_run(cfg, rundir, progress=progress)
+    return RunResult("sim", path, result)

@@ -1,0 +1,190 @@
+"""place(): replay a Trace through an allocator model and return where every tensor lives.
+
+Both the UVM simulator and the estimator call this, so every PCA mode goes through the same code.
+
+- ``blocks``: alloc_id, address, block_bytes (the allocator block: rounded, possibly with unsplit slack; the
+  exact size for ``nocache``; 0 for a 0-byte tensor, which PyTorch never passes to the allocator), range_id
+  (-1 for 0-byte tensors). Allocations after an OOM are not placed (no row).
+- ``ranges``: the device ranges the driver manages (what UVM would see as cudaMallocManaged ranges):
+  one per PCA segment (cudaMalloc), one per tensor for ``nocache``; for expandable segments one per mapping
+  (``segment_map``); an unmap that cuts a mapping closes it and re-opens the mapped remainder as new ranges.
+  Columns range_id, address, size_bytes, alloc_seq, free_seq (-1: still mapped at the end).
+- ``timeline``: seq, allocated_bytes, reserved_bytes after each event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.errors import InputError, OutOfMemoryError
+from uvmlab.sim.allocconf import AllocatorSettings
+from uvmlab.sim.caching import CachingAllocatorSim
+from uvmlab.sim.device import DeviceSim
+from uvmlab.sim.nocache import NoCacheAllocatorSim
+
+ALLOCATORS = ("pca", "nocache")
+NEVER_FREED = -1
+
+
+@dataclass
+class Placement:
+    """Result of :func:`place` (tables described in the module docstring)."""
+
+    blocks: pd.DataFrame
+    ranges: pd.DataFrame
+    timeline: pd.DataFrame
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom_seq: int | None
+    allocator: str
+    settings: AllocatorSettings | None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class _Ranges:
+    """Open/closed device ranges keyed by start address."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []  # [range_id, address, size, alloc_seq, free_seq]
+        self.open: dict[int, int] = {}  # address -> row index
+
+    def add(self, addr: int, size: int, seq: int) -> int:
+        rid = len(self.rows)
+        self.rows.append([rid, addr, size, seq, NEVER_FREED])
+        self.open[addr] = rid
+        return rid
+
+    def close(self, addr: int, seq: int) -> None:
+        rid = self.open.pop(addr)
+        self.rows[rid][4] = seq
+
+    def unmap(self, addr: int, size: int, seq: int) -> None:
+        """Close every open range overlapping [addr, addr+size); re-open the parts outside it."""
+        end = addr + size
+        for start in [s for s in self.open if s < end and s + self.rows[self.open[s]][2] > addr]:
+            rid = self.open[start]
+            rsize = self.rows[rid][2]
+            self.close(start, seq)
+            if start < addr:
+                self.add(start, addr - start, seq)
+            if start + rsize > end:
+                self.add(end, start + rsize - end, seq)
+
+    def find(self, addr: int) -> int:
+        """The open range containing addr (few ranges: a linear scan over starts below addr is fine)."""
+        best = -1
+        for start, rid in self.open.items():
+            if start <= addr < start + self.rows[rid][2]:
+                best = rid
+                break
+        return best
+
+
+def place(
+    trace: Any,
+    allocator: str = "pca",
+    settings: AllocatorSettings | str | None = None,
+    capacity_bytes: int | None = None,
+    context_bytes: int = 0,
+) -> Placement:
+    """Replay ``trace`` (a uvmlab Trace) through the ``pca`` or ``nocache`` model; see the module docstring.
+
+    With ``capacity_bytes`` the device is that big (minus ``context_bytes``) and the OOM path runs as on a real
+    device; ``oom_seq`` is the seq of the allocation that failed (the replay stops there).
+    """
+    if allocator not in ALLOCATORS:
+        raise InputError(f"unknown allocator {allocator!r}; use one of {ALLOCATORS}")
+    if isinstance(settings, str):
+        settings = AllocatorSettings.parse(settings)
+    device = DeviceSim(capacity_bytes, context_bytes)
+    if allocator == "pca":
+        sim: Any = CachingAllocatorSim(settings, device)
+        settings = sim.settings
+    else:
+        sim = NoCacheAllocatorSim(device)
+        settings = None
+    ev = trace.events()
+    ranges = _Ranges()
+    seg_rid: dict[int, int] = {}  # id(Segment) -> range id for cudaMalloc'd segments
+    live: dict[int, Any] = {}
+    b_ids: list[int] = []
+    b_addr: list[int] = []
+    b_bytes: list[int] = []
+    b_rid: list[int] = []
+    t_seq: list[int] = []
+    t_alloc: list[int] = []
+    t_res: list[int] = []
+    oom_seq: int | None = None
+    seen = 0
+    seg_events = sim.segment_events
+    expandable = settings is not None and settings.expandable_segments
+    for seq, alloc_id, size, is_alloc, stream in zip(
+        ev["seq"].tolist(), ev["alloc_id"].tolist(), ev["size_bytes"].tolist(), ev["is_alloc"].tolist(), ev["stream"].tolist()
+    ):
+        if is_alloc:
+            if size <= 0:
+                b_ids.append(alloc_id)
+                b_addr.append(0)
+                b_bytes.append(0)
+                b_rid.append(-1)
+                live[alloc_id] = None
+            else:
+                try:
+                    b = sim.malloc(size, stream)
+                except OutOfMemoryError:
+                    oom_seq = seq
+                    _sync_ranges(seg_events, seen, ranges, seq)
+                    break
+                live[alloc_id] = b
+                seen = _sync_ranges(seg_events, seen, ranges, seq)
+                b_ids.append(alloc_id)
+                b_addr.append(b.ptr)
+                b_bytes.append(b.size)
+                if expandable:
+                    b_rid.append(ranges.find(b.ptr))
+                else:
+                    key = id(b.segment)
+                    rid = seg_rid.get(key)
+                    if rid is None:
+                        rid = seg_rid[key] = ranges.open[b.segment.address]
+                    b_rid.append(rid)
+        else:
+            b = live.pop(alloc_id, None)
+            if b is not None:
+                sim.free(b)
+                if len(seg_events) > seen:
+                    seen = _sync_ranges(seg_events, seen, ranges, seq)
+        t_seq.append(seq)
+        t_alloc.append(sim.allocated_bytes)
+        t_res.append(sim.reserved_bytes)
+    blocks = pd.DataFrame(
+        {"alloc_id": b_ids, "address": b_addr, "block_bytes": b_bytes, "range_id": b_rid}, dtype="int64"
+    )
+    rng = pd.DataFrame(ranges.rows, columns=["range_id", "address", "size_bytes", "alloc_seq", "free_seq"], dtype="int64")
+    timeline = pd.DataFrame({"seq": t_seq, "allocated_bytes": t_alloc, "reserved_bytes": t_res}, dtype="int64")
+    return Placement(
+        blocks=blocks,
+        ranges=rng,
+        timeline=timeline,
+        peak_allocated_bytes=sim.peak_allocated_bytes,
+        peak_reserved_bytes=sim.peak_reserved_bytes,
+        oom_seq=oom_seq,
+        allocator=allocator,
+        settings=settings,
+        stats=sim.stats,
+    )
+
+
+def _sync_ranges(seg_events: list, seen: int, ranges: _Ranges, seq: int) -> int:
+    """Apply the allocator's new segment events to the range table."""
+    for _, action, addr, size, _ in seg_events[seen:]:
+        if action in ("segment_alloc", "segment_map"):
+            ranges.add(addr, size, seq)
+        elif action == "segment_free":
+            ranges.close(addr, seq)
+        else:
+            ranges.unmap(addr, size, seq)
+    return len(seg_events)

@@ -1,0 +1,93 @@
+"""Geometry constants of the NVIDIA UVM driver and the simulator's knobs (its module parameters).
+
+Every constant names its unit and its source: [OGKM] = NVIDIA/open-gpu-kernel-modules 595.45.04,
+``kernel-open/nvidia-uvm/``; section numbers refer to ``reference/uvm.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from uvmlab.errors import InputError
+
+PAGE_BYTES = 4096
+"""x86 ``PAGE_SIZE``: the unit of faults and residency (uvm.md 1.2)."""
+BIG_PAGE_BYTES = 64 * 1024
+"""``UVM_BIG_PAGE_SIZE`` (uvm_va_block_types.h:52): the prefetcher's minimum growth unit."""
+VA_BLOCK_BYTES = 2 * 1024 * 1024
+"""``1 << UVM_VA_BLOCK_BITS`` (21, uvm_va_block_types.h:42): VA block and GPU root chunk size."""
+PAGES_PER_BLOCK = VA_BLOCK_BYTES // PAGE_BYTES  # 512
+PAGES_PER_BIG_PAGE = BIG_PAGE_BYTES // PAGE_BYTES  # 16
+PMA_BATCH_CHUNKS = 1 << 6
+"""Root chunks PMM takes from PMA at once: ``1 << uvm_perf_pma_batch_nonpinned_order`` (6), uvm_pmm_gpu.c:188-194."""
+
+REPLAY_POLICIES = {"block": 0, "batch": 1, "batch_flush": 2, "once": 3}
+"""``uvm_perf_fault_replay_policy`` values (uvm_gpu_replayable_faults.h)."""
+
+
+@dataclass(frozen=True)
+class UvmKnobs:
+    """The driver's module parameters the simulator honours (uvm.md 1.11), plus one model parameter.
+
+    Defaults are the 595.45.04 defaults; names drop the ``uvm_perf_`` prefix.
+    """
+
+    prefetch_enable: bool = True
+    """``uvm_perf_prefetch_enable`` (uvm_perf_prefetch.c:39), default 1."""
+    prefetch_threshold: int = 51
+    """``uvm_perf_prefetch_threshold`` in percent, 1-100 (uvm_perf_prefetch.c:40-48); a subtree qualifies when
+    strictly more than this share of its pages is marked."""
+    prefetch_min_faults: int = 1
+    """``uvm_perf_prefetch_min_faults`` 1-20 (uvm_perf_prefetch.c:50-56)."""
+    fault_batch_count: int = 256
+    """``uvm_perf_fault_batch_count`` (uvm_gpu_replayable_faults.c:72-78): max fault entries fetched per batch."""
+    fault_replay_policy: str = "batch_flush"
+    """``uvm_perf_fault_replay_policy`` (default 2 = BATCH_FLUSH). Changes only raw-entry counts and turnaround;
+    the simulator records it and charges one replay per batch for every policy except ``once``."""
+    fault_max_batches_per_service: int = 20
+    """``uvm_perf_fault_max_batches_per_service`` (:103-109); reported, has no effect on which pages move."""
+    fault_coalesce: bool = True
+    """``uvm_perf_fault_coalesce`` (:115-116): same-page entries of a uTLB merge; the simulator counts unique
+    pages, i.e. it always reports coalesced faults."""
+    batch_unique_pages: int = 43
+    """MODEL parameter, not a driver one: unique faulting pages that arrive in one batch (the fault concurrency
+    of a busy kernel). Default 43 = 256 - 212.7 mean duplicates per 256-entry batch in the uvm-eval cuBLAS log
+    (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= int(self.prefetch_threshold) <= 100:
+            raise InputError(f"prefetch_threshold must be 1-100 (percent), not {self.prefetch_threshold!r}")
+        if not 1 <= int(self.prefetch_min_faults) <= 20:
+            raise InputError(f"prefetch_min_faults must be 1-20, not {self.prefetch_min_faults!r}")
+        if int(self.fault_batch_count) < 1:
+            raise InputError(f"fault_batch_count must be >= 1, not {self.fault_batch_count!r}")
+        if int(self.batch_unique_pages) < 1:
+            raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
+        if self.fault_replay_policy not in REPLAY_POLICIES:
+            raise InputError(
+                f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"
+            )
+
+    @property
+    def pages_per_batch(self) -> int:
+        """Unique pages serviced per batch: min(batch_unique_pages, fault_batch_count)."""
+        return min(int(self.batch_unique_pages), int(self.fault_batch_count))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None, prefetch: bool | None = None) -> UvmKnobs:
+        """Knobs from ``RunConfig.sim_options`` (unknown keys are an InputError) and the ``--prefetch`` flag."""
+        options = dict(options or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InputError(f"unknown simulator options {unknown}; known: {sorted(known)}")
+        if prefetch is not None:
+            options.setdefault("prefetch_enable", bool(prefetch))
+        try:
+            return cls(**options)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"bad simulator option: {exc}") from None

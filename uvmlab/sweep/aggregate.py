@@ -1,0 +1,124 @@
+"""The sweep-level table ``DIR/results.parquet``: one row per complete run, rebuilt from run directories.
+
+Columns: ``run_id`` (the configuration hash, also the folder name), ``run_dir``; the configuration as
+``cfg_<field>`` (workload fields, run fields, ``cfg_option.<key>``, ``cfg_sim.<knob>``); every scalar of
+result.json under its own name (uvmlab.stats.schema.RESULT_KEYS and any extra scalar key, nested mappings
+flattened one level as ``key.sub``); scalars of env.json as ``env_<key>``. Runs without result.json (pending or
+interrupted) are not rows; :func:`collect` never reads temporary files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.atomic import atomic_write_with
+from uvmlab.errors import InputError
+from uvmlab.rundir import RunDir
+
+RESULTS_NAME = "results.parquet"
+
+
+def _scalars(d: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            if depth > 0:
+                row.update(_scalars(value, f"{name}.", depth - 1))
+        elif isinstance(value, list | tuple):
+            continue
+        else:
+            row[name] = value
+    return row
+
+
+def config_columns(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Flatten a RunConfig dict into ``cfg_*`` columns."""
+    row: dict[str, Any] = {}
+    wl = dict(cfg.get("workload") or {})
+    options = wl.pop("options", {}) or {}
+    for key, value in wl.items():
+        row[f"cfg_{key}"] = value
+    for key, value in cfg.items():
+        if key in ("workload", "sim_options"):
+            continue
+        row[f"cfg_{key}"] = value
+    for key, value in sorted(options.items()):
+        row[f"cfg_option.{key}"] = value if not isinstance(value, dict | list) else json.dumps(value)
+    for key, value in sorted((cfg.get("sim_options") or {}).items()):
+        row[f"cfg_sim.{key}"] = value if not isinstance(value, dict | list) else json.dumps(value)
+    return row
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_dirs(out: str | os.PathLike[str]) -> list[Path]:
+    """Run directories of a sweep folder (``DIR/runs/*``), sorted by name."""
+    runs = Path(out) / "runs"
+    if not runs.is_dir():
+        raise InputError(f"{out} is not a sweep folder (no runs/ inside); run `uvmlab sweep SPEC -o {out}` first")
+    return sorted(p for p in runs.iterdir() if p.is_dir())
+
+
+def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
+    """One row per complete run of sweep folder ``out`` (see the module docstring for the columns)."""
+    rows = []
+    for path in run_dirs(out):
+        rundir = RunDir(path)
+        if not rundir.is_complete():
+            continue
+        result = _read_json(rundir.result_json)
+        if result is None:
+            continue  # result.json is written atomically; an unreadable one was not written by uvmlab
+        row: dict[str, Any] = {"run_id": path.name, "run_dir": str(path)}
+        cfg = _read_json(rundir.config_json)
+        if cfg is not None:
+            if isinstance(cfg.get("config"), dict) and "workload" not in cfg:
+                cfg = cfg["config"]
+            row.update(config_columns(cfg))
+        row.update(_scalars(result))
+        env = _read_json(rundir.env_json)
+        if env is not None:
+            row.update({f"env_{k}": v for k, v in _scalars(env, depth=0).items()})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame({"run_id": pd.Series(dtype="string"), "outcome": pd.Series(dtype="string")})
+    for col in df.columns:
+        if df[col].dtype == object:
+            kinds = {type(v) for v in df[col] if v is not None and v == v}
+            if len(kinds) > 1 and not kinds <= {int, float}:
+                df[col] = df[col].map(lambda v: None if v is None or v != v else str(v))
+    return df
+
+
+def write_results(out: str | os.PathLike[str]) -> Path:
+    """Rebuild ``out/results.parquet`` from the run directories (atomic); return its path."""
+    df = collect(out)
+    path = Path(out) / RESULTS_NAME
+    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    return path
+
+
+def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
+    """``out/results.parquet``, rebuilt first when missing or older than a run's result.json."""
+    path = Path(out) / RESULTS_NAME
+    newest = 0.0
+    for p in run_dirs(out):
+        r = p / "result.json"
+        if r.is_file():
+            newest = max(newest, r.stat().st_mtime)
+    if not path.is_file() or path.stat().st_mtime < newest:
+        write_results(out)
+    return pd.read_parquet(path)

@@ -1,0 +1,440 @@
+"""Sweep specifications: a YAML grid of run configurations, validated before any run starts.
+
+A spec (``experiments/*.yaml``, documented in docs/sweeps.md)::
+
+    version: 1
+    name: lin_jeon_2025
+    defaults: {mode: sim, iterations: 3}          # applied to every configuration
+    grid:                                         # Cartesian product of the axes
+      workload: [{workload: alexnet, batch_size: 128}, gpt2]
+      oversub: [1.0, 2, 4]
+      pca: [on, off]
+      sim.prefetch_threshold: [51, 100]           # a simulator knob (RunConfig.sim_options)
+    include: [{workload: bert, oversub: 3}]       # extra configurations (lists inside expand as a small grid)
+    exclude: [{workload: alexnet, oversub: [4]}]  # drop configurations matching every field given
+    slurm: {partition: gpu, time_min: 60, gpus_per_task: 1, configs_per_task: 4}
+
+The YAML is *composed* (not just loaded) so every error names the file, the line and the field
+(``lin.yaml line 7, grid.oversubb: unknown field; known fields: ...``). Configurations become
+:class:`uvmlab.config.RunConfig` objects; duplicates (same ``config_hash()``) are kept once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from uvmlab.config import ATTENTION_IMPLS, DTYPES, MODES, OPTIMIZERS, ZERO_GRAD_POSITIONS, RunConfig, WorkloadConfig
+from uvmlab.config import check_oversub as _check_oversub
+from uvmlab.errors import InputError
+from uvmlab.units import parse_bytes
+
+SPEC_VERSION = 1
+TOP_KEYS = ("version", "name", "description", "defaults", "grid", "include", "exclude", "slurm")
+
+WORKLOAD_FIELDS = ("workload", "batch_size", "optimizer", "zero_grad", "attention", "dtype", "iterations", "options")
+RUN_FIELDS = ("oversub", "pca", "mode", "gpu", "gpu_memory", "prefetch", "params_file", "sim_options")
+CONFIG_FIELDS = WORKLOAD_FIELDS + RUN_FIELDS
+"""Fields of one configuration; also ``sim.<knob>`` (into sim_options) and ``option.<key>`` (into options)."""
+
+SLURM_FIELDS = {
+    "partition": str,
+    "time_min": int,
+    "gpus_per_task": int,
+    "cpus_per_task": int,
+    "mem_gb": (int, float),
+    "configs_per_task": int,
+    "array_parallelism": int,
+    "account": str,
+    "qos": str,
+    "constraint": str,
+    "exclusive": bool,
+    "setup": list,
+    "additional": dict,
+}
+
+# The seed study's workloads (seeds/003 table 1), used when the workload registry (workloads/registry.py,
+# helper H1) is not importable; the registry is the source of truth when present.
+STUDY_WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
+
+
+def known_workloads() -> tuple[str, ...]:
+    """Built-in workload names: ``workloads.registry.WORKLOADS`` when importable, else the study's six."""
+    try:
+        from workloads.registry import WORKLOADS  # may import torch: only the sweep (not the report) does this
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("workloads", "workloads.registry"):
+            raise
+        return STUDY_WORKLOADS
+    return tuple(WORKLOADS)
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """Resources asked of Slurm (spec ``slurm:`` section; the command line overrides)."""
+
+    partition: str | None = None
+    time_min: int = 60
+    gpus_per_task: int | None = None
+    """None: 1 for GPU-mode configurations, 0 for simulation-only sweeps."""
+    cpus_per_task: int = 2
+    mem_gb: float | None = None
+    configs_per_task: int = 1
+    array_parallelism: int = 64
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool | None = None
+    setup: tuple[str, ...] = ()
+    additional: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep: its configurations in a deterministic order, and Slurm options."""
+
+    name: str
+    configs: tuple[RunConfig, ...]
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    description: str = ""
+    source: str = ""
+    duplicates: int = 0
+    """Configurations produced more than once by grid/include (kept once)."""
+
+
+# -- YAML with line numbers --------------------------------------------------------------------------------
+
+
+class _Where:
+    """Formats 'FILE line N, FIELD: ' prefixes."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, node: yaml.Node | None, path: str, message: str) -> InputError:
+        line = f" line {node.start_mark.line + 1}" if node is not None else ""
+        where = f", {path}" if path else ""
+        return InputError(f"{self.source}{line}{where}: {message}")
+
+
+def _construct(node: yaml.Node) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _mapping_items(node: yaml.Node, where: _Where, path: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        raise where.error(node, path, f"must be a mapping (key: value), not {_kind(node)}")
+    items = []
+    seen: set[str] = set()
+    for key_node, value_node in node.value:
+        key = _construct(key_node)
+        if not isinstance(key, str):
+            raise where.error(key_node, path, f"keys must be text, not {key!r}")
+        if key in seen:
+            raise where.error(key_node, _join(path, key), "appears twice")
+        seen.add(key)
+        items.append((key, key_node, value_node))
+    return items
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{_construct(node)!r}"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _seq(node: yaml.Node) -> list[yaml.Node]:
+    """A list node's items; a single value counts as a one-item list."""
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else [node]
+
+
+# -- field validation --------------------------------------------------------------------------------------
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_field(name: str, value: Any, base_dir: Path) -> Any:
+    """Validate and normalize one configuration field; raise InputError(message) without location."""
+    if name.startswith("sim."):
+        if not name[4:]:
+            raise InputError("a simulator knob needs a name after 'sim.'")
+        if not isinstance(value, str | int | float | bool) and value is not None:
+            raise InputError(f"simulator knobs take a number, text or true/false, not {value!r}")
+        return value
+    if name.startswith("option."):
+        if not name[7:]:
+            raise InputError("a workload option needs a name after 'option.'")
+        return value
+    if name == "workload":
+        if not isinstance(value, str) or not value:
+            raise InputError(f"must be a workload name or a .py file, not {value!r}")
+        if value.endswith(".py"):
+            path = Path(value) if Path(value).is_absolute() else base_dir / value
+            if not path.is_file():
+                raise InputError(f"workload file {str(path)!r} does not exist")
+            return str(path.resolve())
+        known = known_workloads()
+        if value not in known:
+            raise InputError(f"unknown workload {value!r}; known workloads: {', '.join(known)} (or a .py file)")
+        return value
+    if name in ("batch_size", "iterations"):
+        if value is None and name == "batch_size":
+            return None
+        if not _is_int(value) or value < 1:
+            raise InputError(f"must be a whole number >= 1, not {value!r}")
+        return value
+    choices = {"optimizer": OPTIMIZERS, "zero_grad": ZERO_GRAD_POSITIONS, "attention": ATTENTION_IMPLS}
+    choices |= {"dtype": DTYPES, "mode": MODES}
+    if name in choices:
+        if value not in choices[name]:
+            raise InputError(f"must be one of {', '.join(choices[name])}, not {value!r}")
+        return value
+    if name == "oversub":
+        if isinstance(value, bool):
+            raise InputError(f"must be a number > 0, not {value!r}")
+        return _check_oversub(value)
+    if name in ("pca", "prefetch"):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("on", "off"):
+            return value.lower() == "on"
+        raise InputError(f"must be on/off or true/false, not {value!r}")
+    if name == "gpu":
+        from uvmlab.gpus import get_gpu
+
+        if not isinstance(value, str):
+            raise InputError(f"must be a GPU name, not {value!r}")
+        get_gpu(value)
+        return value
+    if name == "gpu_memory":
+        if value is None:
+            return None
+        return parse_bytes(value)
+    if name == "params_file":
+        if value is None:
+            return None
+        path = Path(str(value)) if Path(str(value)).is_absolute() else base_dir / str(value)
+        if not path.is_file():
+            raise InputError(f"parameter file {str(path)!r} does not exist")
+        return str(path.resolve())
+    if name in ("options", "sim_options"):
+        if not isinstance(value, dict):
+            raise InputError(f"must be a mapping, not {value!r}")
+        return value
+    raise InputError(f"unknown field; known fields: {', '.join(CONFIG_FIELDS)}, sim.<knob>, option.<key>")
+
+
+def _is_field(name: str) -> bool:
+    return name in CONFIG_FIELDS or name.startswith(("sim.", "option."))
+
+
+def _unknown_field(where: _Where, key_node: yaml.Node, path: str) -> InputError:
+    return where.error(
+        key_node, path, f"unknown field; known fields: {', '.join(CONFIG_FIELDS)}, sim.<knob>, option.<key>"
+    )
+
+
+def _field_value(where: _Where, key: str, key_node: yaml.Node, value_node: yaml.Node, path: str, base: Path) -> Any:
+    if not _is_field(key):
+        raise _unknown_field(where, key_node, path)
+    try:
+        return _check_field(key, _construct(value_node), base)
+    except InputError as exc:
+        raise where.error(value_node, path, str(exc)) from None
+
+
+def _config_mapping(where: _Where, node: yaml.Node, path: str, base: Path, expand: bool) -> list[dict[str, Any]]:
+    """A mapping of fields -> list of flat dicts (lists of values expand as a product when ``expand``)."""
+    axes: list[list[Any]] = []
+    names: list[str] = []
+    for key, key_node, value_node in _mapping_items(node, where, path):
+        p = _join(path, key)
+        if not _is_field(key):
+            raise _unknown_field(where, key_node, p)
+        if expand and isinstance(value_node, yaml.SequenceNode):
+            values = [_field_value(where, key, key_node, v, p, base) for v in value_node.value]
+            if not values:
+                raise where.error(value_node, p, "an empty list selects nothing; remove the field or give values")
+        else:
+            values = [_field_value(where, key, key_node, value_node, p, base)]
+        names.append(key)
+        axes.append(values)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
+
+
+def build_config(flat: dict[str, Any]) -> RunConfig:
+    """Turn validated flat fields (``workload``, ``oversub``, ``sim.knob``, ...) into a RunConfig."""
+    wl: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    sim_options: dict[str, Any] = dict(flat.get("sim_options") or {})
+    options: dict[str, Any] = dict(flat.get("options") or {})
+    for key, value in flat.items():
+        if key.startswith("sim."):
+            sim_options[key[4:]] = value
+        elif key.startswith("option."):
+            options[key[7:]] = value
+        elif key in ("options", "sim_options"):
+            continue
+        elif key == "gpu_memory":
+            run["gpu_memory_bytes"] = value
+        elif key in WORKLOAD_FIELDS:
+            wl[key] = value
+        else:
+            run[key] = value
+    if "workload" not in wl:
+        raise InputError("no workload: give one in defaults, grid or include")
+    return RunConfig(workload=WorkloadConfig(**wl, options=options), sim_options=sim_options, **run)
+
+
+def _matches(flat: dict[str, Any], rule: dict[str, list[Any]]) -> bool:
+    return all(flat.get(k) in values for k, values in rule.items())
+
+
+def _parse_slurm(where: _Where, node: yaml.Node) -> SlurmOptions:
+    values: dict[str, Any] = {}
+    for key, key_node, value_node in _mapping_items(node, where, "slurm"):
+        p = _join("slurm", key)
+        if key not in SLURM_FIELDS:
+            raise where.error(key_node, p, f"unknown field; known fields: {', '.join(SLURM_FIELDS)}")
+        value = _construct(value_node)
+        want = SLURM_FIELDS[key]
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            raise where.error(value_node, p, f"has the wrong type ({value!r})")
+        if want is int and value < (0 if key == "gpus_per_task" else 1):
+            raise where.error(value_node, p, f"must be >= {0 if key == 'gpus_per_task' else 1}, not {value!r}")
+        if key == "setup":
+            if not all(isinstance(s, str) for s in value):
+                raise where.error(value_node, p, "must be a list of shell lines")
+            value = tuple(value)
+        values[key] = value
+    return SlurmOptions(**values)
+
+
+def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
+    """Read and validate a sweep spec; every error names the file, line and field (InputError, exit 2)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"sweep spec {str(path)!r} not found") from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise InputError(f"sweep spec {str(path)!r} is not a readable YAML text file ({exc})") from None
+    return parse_spec(text, source=str(path), base_dir=path.parent)
+
+
+def parse_spec(text: str, source: str = "<spec>", base_dir: Path | None = None) -> SweepSpec:
+    """Validate the YAML text of a spec (see the module docstring)."""
+    where = _Where(source)
+    base = (base_dir or Path.cwd()).resolve()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        line = f" line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        raise InputError(f"{source}{line}: not valid YAML ({exc.problem})") from None
+    if root is None:
+        raise InputError(f"{source}: the spec is empty; see experiments/README.md for the format")
+    top = {k: (kn, vn) for k, kn, vn in _mapping_items(root, where, "")}
+    for key, (key_node, _) in top.items():
+        if key not in TOP_KEYS:
+            raise where.error(key_node, key, f"unknown section; known sections: {', '.join(TOP_KEYS)}")
+    if "version" in top:
+        version = _construct(top["version"][1])
+        if version != SPEC_VERSION:
+            raise where.error(top["version"][1], "version", f"must be {SPEC_VERSION}, not {version!r}")
+    name = str(_construct(top["name"][1])) if "name" in top else Path(source).stem
+    description = str(_construct(top["description"][1])) if "description" in top else ""
+
+    defaults: dict[str, Any] = {}
+    if "defaults" in top:
+        (defaults,) = _config_mapping(where, top["defaults"][1], "defaults", base, expand=False)
+
+    bases: list[tuple[dict[str, Any], yaml.Node]] = []
+    if "grid" in top:
+        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base))
+    if "include" in top:
+        for i, item in enumerate(_seq(top["include"][1])):
+            rows = _config_mapping(where, item, f"include[{i}]", base, expand=True)
+            bases.extend((row, item) for row in rows)
+    if not bases:
+        raise InputError(f"{source}: no configurations: give a 'grid' or an 'include' section")
+
+    excludes: list[dict[str, list[Any]]] = []
+    if "exclude" in top:
+        for i, item in enumerate(_seq(top["exclude"][1])):
+            rule: dict[str, list[Any]] = {}
+            for key, key_node, value_node in _mapping_items(item, where, f"exclude[{i}]"):
+                p = f"exclude[{i}].{key}"
+                rule[key] = [_field_value(where, key, key_node, v, p, base) for v in _seq(value_node)]
+            excludes.append(rule)
+
+    configs: dict[str, RunConfig] = {}
+    duplicates = 0
+    for row, node in bases:
+        flat = {**defaults, **row}
+        if any(_matches(flat, rule) for rule in excludes):
+            continue
+        try:
+            cfg = build_config(flat)
+        except InputError as exc:
+            raise where.error(node, "", f"configuration {flat} is invalid: {exc}") from None
+        h = cfg.config_hash()
+        if h in configs:
+            duplicates += 1
+        else:
+            configs[h] = cfg
+    if not configs:
+        raise InputError(f"{source}: every configuration is excluded; nothing to run")
+    slurm = _parse_slurm(where, top["slurm"][1]) if "slurm" in top else SlurmOptions()
+    return SweepSpec(
+        name=name,
+        configs=tuple(configs.values()),
+        slurm=slurm,
+        description=description,
+        source=source,
+        duplicates=duplicates,
+    )
+
+
+def _grid(where: _Where, node: yaml.Node, base: Path) -> list[dict[str, Any]]:
+    """Expand the grid: each axis is a list; ``workload`` items may be mappings bundling fields (batch size...)."""
+    axes: list[list[dict[str, Any]]] = []
+    for key, key_node, value_node in _mapping_items(node, where, "grid"):
+        p = _join("grid", key)
+        if not _is_field(key):
+            raise _unknown_field(where, key_node, p)
+        choices: list[dict[str, Any]] = []
+        for i, item in enumerate(_seq(value_node)):
+            if key == "workload" and isinstance(item, yaml.MappingNode):
+                (bundle,) = _config_mapping(where, item, f"{p}[{i}]", base, expand=False)
+                if "workload" not in bundle:
+                    raise where.error(item, f"{p}[{i}]", "a workload entry given as a mapping needs 'workload:'")
+                choices.append(bundle)
+            else:
+                choices.append({key: _field_value(where, key, key_node, item, p, base)})
+        if not choices:
+            raise where.error(value_node, p, "an empty list selects nothing; remove the axis or give values")
+        axes.append(choices)
+    rows = []
+    for combo in itertools.product(*axes):
+        row: dict[str, Any] = {}
+        for part in combo:
+            row.update(part)
+        rows.append(row)
+    return rows

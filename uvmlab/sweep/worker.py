@@ -1,0 +1,220 @@
+"""The per-configuration child: ``python -m uvmlab.sweep.worker RUNDIR`` runs one configuration in a fresh process.
+
+It reads ``RUNDIR/config.json``, takes an exclusive lock on ``RUNDIR/.worker.lock`` (``fcntl.flock``: released by
+the kernel when the process dies, even on ``kill -9``), and, if the run is not complete yet, clears what a killed
+earlier attempt left behind and calls ``uvmlab.run.run(cfg, out=RUNDIR, force=True)``. A run that fails with an
+uvmlab error (OOM, bad input, unavailable GPU) gets a ``result.json`` with ``outcome`` "oom" or "error" and the
+error sentence; a crash (a bug, a signal) leaves no result and the parent (:func:`run_one`) records it.
+
+Exactly one result per configuration: two workers of the same run directory (e.g. an orphan of a killed sweep and
+the resumed sweep) serialize on the lock, and the second one finds ``result.json`` and exits. ``result.json`` is
+written last and atomically (uvmlab.atomic), so a partial file is never taken for a result.
+
+``run_chunk(rundirs)`` is what one Slurm array task (submitit) executes: each configuration in its own process.
+
+``UVMLAB_SWEEP_RUN_FN=module:function`` replaces ``uvmlab.run.run`` (same signature): tests use it to exercise
+the sweep machinery with a tiny stand-in; nothing else should set it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from uvmlab.atomic import atomic_write_json
+from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
+from uvmlab.rundir import RunDir
+from uvmlab.stats.schema import RESULT_KEYS
+
+LOCK_NAME = ".worker.lock"
+KEEP = {"config.json", "logs", LOCK_NAME}
+"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the lock."""
+RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
+RESULT_SCHEMA_VERSION = 1
+
+
+@contextmanager
+def run_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock of run directory ``path`` (blocks while another worker holds it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def read_config(rundir: RunDir) -> Any:
+    """The RunConfig of a run directory's config.json (written by the sweep before the run starts)."""
+    from uvmlab.config import RunConfig
+
+    data = rundir.read_json(rundir.config_json)
+    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "workload" not in data:
+        data = data["config"]  # tolerate a wrapped form {"config": {...}, ...}
+    if not isinstance(data, dict):
+        raise InputError(f"{rundir.config_json} does not hold a run configuration")
+    return RunConfig.from_dict(data)
+
+
+def failure_result(cfg: Any, outcome: str, error: str) -> dict[str, Any]:
+    """A result.json for a run that did not finish: every RESULT_KEYS scalar, not-collected ones null."""
+    result: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
+    result.update(
+        schema_version=RESULT_SCHEMA_VERSION,
+        mode=cfg.mode,
+        outcome=outcome,
+        error=error,
+        workload=cfg.workload.workload,
+        pca=cfg.pca,
+        oversub=cfg.oversub,
+        gpu=cfg.gpu,
+        iterations=cfg.workload.iterations,
+    )
+    return result
+
+
+def clear_partial(path: Path) -> None:
+    """Remove what an interrupted attempt left (tables, figures, env.json, temp files); keep config and logs."""
+    for child in path.iterdir():
+        if child.name in KEEP:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _run_fn() -> Callable[..., Any]:
+    spec = os.environ.get(RUN_FN_ENV)
+    if not spec:
+        from uvmlab.run import run
+
+        return run
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def _log_attempt(rundir: RunDir, event: str) -> None:
+    rundir.logs.mkdir(parents=True, exist_ok=True)
+    with open(rundir.logs / "attempts.log", "a") as fh:
+        fh.write(f"{time.time():.6f} {os.getpid()} {event}\n")
+
+
+def run_in_process(path: Path) -> str:
+    """Run the configuration of run directory ``path`` in this process; return its outcome."""
+    rundir = RunDir(path)
+    cfg = read_config(rundir)
+    with run_lock(path):
+        if rundir.is_complete():
+            return str(rundir.read_result().get("outcome", "ok"))
+        clear_partial(path)
+        _log_attempt(rundir, "start")
+        try:
+            _run_fn()(cfg, out=path, force=True)
+        except OutOfMemoryError as exc:
+            atomic_write_json(rundir.result_json, failure_result(cfg, "oom", str(exc)))
+        except UvmlabError as exc:
+            atomic_write_json(rundir.result_json, failure_result(cfg, "error", str(exc)))
+        if not rundir.is_complete():
+            atomic_write_json(
+                rundir.result_json, failure_result(cfg, "error", "the run returned without writing result.json")
+            )
+        _log_attempt(rundir, "end")
+        return str(rundir.read_result().get("outcome", "ok"))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"the worker process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the worker process was killed by signal {-code}"
+    return f"the worker process exited with code {code}"
+
+
+def _last_line(path: Path, offset: int) -> str:
+    """The last non-empty line the child wrote to ``path`` after byte ``offset`` (this attempt only)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else ""
+
+
+def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: float | None = None) -> str:
+    """Run one configuration in a fresh ``python -m uvmlab.sweep.worker`` process; return its outcome.
+
+    The child's stdout/stderr go to ``RUNDIR/logs/worker.{stdout,stderr}`` (appended, one header per attempt).
+    If the child dies without a result (crash, signal, timeout), a result.json with outcome "error" records it.
+    """
+    path = Path(path)
+    rundir = RunDir(path)
+    if rundir.is_complete():
+        return str(rundir.read_result().get("outcome", "ok"))
+    rundir.logs.mkdir(parents=True, exist_ok=True)
+    out_log, err_log = rundir.logs / "worker.stdout", rundir.logs / "worker.stderr"
+    header = f"--- attempt at {time.strftime('%Y-%m-%dT%H:%M:%S')} ---\n"
+    argv = [python or sys.executable, "-m", "uvmlab.sweep.worker", str(path)]
+    with open(out_log, "a") as out, open(err_log, "a") as err:
+        out.write(header)
+        err.write(header)
+        out.flush()
+        err.flush()
+        offset = err.tell()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            code = proc.wait(timeout=timeout_s)
+            reason = _describe_exit(code)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code, reason = -9, f"the run exceeded its time limit of {timeout_s:g} s and was killed"
+    if rundir.is_complete():
+        return str(rundir.read_result().get("outcome", "ok"))
+    detail = _last_line(err_log, offset)
+    with run_lock(path):
+        if not rundir.is_complete():
+            cfg = read_config(rundir)
+            message = f"{reason}" + (f": {detail}" if detail and code != 0 else "")
+            atomic_write_json(rundir.result_json, failure_result(cfg, "error", message))
+    return str(rundir.read_result().get("outcome", "error"))
+
+
+def run_chunk(rundirs: list[str]) -> dict[str, str]:
+    """One array task: run each configuration in its own fresh process, one after another; outcome per run."""
+    return {path: run_one(path) for path in rundirs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m uvmlab.sweep.worker RUNDIR``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m uvmlab.sweep.worker RUNDIR", file=sys.stderr)
+        return 2
+    try:
+        outcome = run_in_process(Path(args[0]))
+    except InputError as exc:  # an unreadable config.json: the parent records this sentence
+        print(f"uvmlab: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps({"rundir": args[0], "outcome": outcome}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

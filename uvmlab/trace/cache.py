@@ -1,0 +1,82 @@
+"""On-disk cache of captured traces, so sweeps and runs capture each workload once.
+
+Location: ``$UVMLAB_CACHE/traces/<key>`` if ``UVMLAB_CACHE`` is set, else ``~/.cache/uvmlab/traces/<key>``.
+The key is a stable hash of the WorkloadConfig, the capture device, the torch version, the uvmlab trace schema
+version, ``CAPTURE_VERSION`` (bumped when capture's rules change) and, for user workload files, the file's
+SHA-256. Entries are written to a temporary folder and renamed into place, so a killed capture leaves no
+entry; an entry that cannot be read (corrupt, truncated, older schema) is captured again and replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from uvmlab import SCHEMA_VERSION
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError
+from uvmlab.trace.schema import Trace, read_trace, write_trace
+
+ProgressFn = Callable[[int, int], None]
+CAPTURE_VERSION = 1
+"""Version of the capture rules (recorder, categories, emulation); part of the cache key."""
+
+
+def cache_root() -> Path:
+    """The folder holding cached traces."""
+    env = os.environ.get("UVMLAB_CACHE")
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "uvmlab"
+    return base / "traces"
+
+
+def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True) -> str:
+    """Stable hash naming the cache entry of ``cfg`` captured on ``device``."""
+    import torch
+
+    from workloads.registry import load_workload
+
+    spec = load_workload(cfg.workload)
+    blob = {
+        "config": cfg.to_dict(),
+        "device": device,
+        "emulate_cuda": emulate_cuda,
+        "torch": torch.__version__,
+        "schema": SCHEMA_VERSION,
+        "capture": CAPTURE_VERSION,
+        "source": spec.source_digest,
+    }
+    text = json.dumps(blob, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def get_trace(
+    cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True, progress: ProgressFn | None = None
+) -> Trace:
+    """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable."""
+    from uvmlab.trace.capture import capture_trace
+
+    entry = cache_root() / cache_key(cfg, device, emulate_cuda)
+    if (entry / "trace.json").is_file():
+        try:
+            return read_trace(entry)
+        except InputError:
+            shutil.rmtree(entry, ignore_errors=True)  # corrupt: capture again
+    trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=emulate_cuda)
+    if entry.exists():
+        shutil.rmtree(entry, ignore_errors=True)  # an incomplete entry (no trace.json)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        write_trace(trace, tmp)
+        # another process may have stored the same entry first (a non-empty folder cannot be replaced)
+        with contextlib.suppress(OSError):
+            os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return trace

@@ -1,0 +1,203 @@
+"""Emulate CUDA's choices while capturing on the meta device (see DESIGN.md "Traps").
+
+* SDPA: on meta, ``F.scaled_dot_product_attention`` takes the math path (materializing B x H x T x T); on CUDA
+  it takes flash attention (fp16/bf16, no mask, head dim <= 256) or memory-efficient attention (otherwise),
+  which keep only a logsumexp. :class:`SdpaEmulation` routes the call to
+  ``aten._scaled_dot_product_flash_attention`` / ``aten._scaled_dot_product_efficient_attention`` (both have
+  meta kernels and autograd formulas). A boolean mask becomes an additive float bias first, as CUDA's
+  ``convert_boolean_attn_mask`` does. Not emulated: CUDA's padding of the bias's last dimension to a multiple of
+  16, the cuDNN attention backend, and the math fallback CUDA takes for unsupported shapes.
+* bf16 autocast: autocast has no meta backend, so :class:`AutocastEmulation` (a TorchFunctionMode) applies
+  CUDA autocast's op lists at the Python function level: ``LOWER_PRECISION`` functions get floating inputs cast
+  to bf16, ``FP32`` functions get them cast to fp32; casts of leaf tensors that require grad (parameters) are
+  cached for the duration of the autocast region, as autocast's weight cache does. Approximation: autocast works
+  at the dispatcher level and also reaches ops called inside C++ composites; this emulation sees only functions
+  called from Python (which covers nn.Linear/Conv/LayerNorm/softmax/cross_entropy in the built-in models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+FLASH_MAX_HEAD_DIM = 256
+"""Flash attention's largest head dimension (PyTorch sdp_utils.cpp check_head_dim_size_flash)."""
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+"""Flash attention's dtypes (sdp_utils.cpp check_flash_attention_dtype)."""
+
+LOWER_PRECISION = frozenset(
+    {
+        "linear",
+        "matmul",
+        "__matmul__",
+        "__rmatmul__",
+        "mm",
+        "mv",
+        "bmm",
+        "addmm",
+        "addmv",
+        "addr",
+        "baddbmm",
+        "addbmm",
+        "einsum",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "prelu",
+        "scaled_dot_product_attention",
+    }
+)
+"""CUDA autocast's lower-precision ops (PyTorch aten/src/ATen/autocast_mode.cpp, AT_FORALL_LOWER_PRECISION_FP)."""
+FP32 = frozenset(
+    {
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "group_norm",
+        "cross_entropy",
+        "cross_entropy_loss",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "binary_cross_entropy_with_logits",
+        "kl_div",
+        "exp",
+        "expm1",
+        "log",
+        "log1p",
+        "log2",
+        "log10",
+        "pow",
+        "reciprocal",
+        "rsqrt",
+        "softplus",
+        "cumsum",
+        "cumprod",
+        "prod",
+        "sum",
+        "norm",
+        "normalize",
+        "acos",
+        "asin",
+        "cosh",
+        "sinh",
+        "tan",
+        "erfinv",
+    }
+)
+"""CUDA autocast's fp32 ops (autocast_mode.cpp, AT_FORALL_FP32)."""
+
+
+def _cast(x: Any, dtype: torch.dtype, cache: dict[int, torch.Tensor] | None) -> Any:
+    if isinstance(x, torch.Tensor):
+        if not x.is_floating_point() or x.dtype == dtype or x.dtype == torch.float64:
+            return x
+        use_cache = cache is not None and x.is_leaf and x.requires_grad
+        if use_cache and id(x) in cache:
+            return cache[id(x)]
+        y = x.to(dtype)
+        if use_cache:
+            cache[id(x)] = y
+        return y
+    if isinstance(x, list | tuple):
+        return type(x)(_cast(v, dtype, cache) for v in x)
+    return x
+
+
+class AutocastEmulation(TorchFunctionMode):
+    """bf16 autocast at the Python function level (see the module docstring)."""
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.cache: dict[int, torch.Tensor] = {}
+        self.counts: Counter[str] = Counter()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in LOWER_PRECISION:
+            self.counts["lower"] += 1
+            args = _cast(args, self.dtype, self.cache)
+            kwargs = {k: _cast(v, self.dtype, self.cache) for k, v in kwargs.items()}
+        elif name in FP32:
+            self.counts["fp32"] += 1
+            args = _cast(args, torch.float32, None)
+            kwargs = {k: _cast(v, torch.float32, None) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def region(self) -> Iterator[None]:
+        """One autocast region: the weight cast cache lives until it ends (as autocast's does)."""
+        with self:
+            try:
+                yield
+            finally:
+                self.cache.clear()
+
+
+def _bool_mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # CUDA: convert_boolean_attn_mask -> at::where(attn_mask.logical_not(), -inf, 0.0)
+    return torch.where(mask.logical_not(), float("-inf"), 0.0).to(dtype)
+
+
+class SdpaEmulation(TorchFunctionMode):
+    """Route F.scaled_dot_product_attention to CUDA's flash or memory-efficient kernel (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self._sdpa(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        if enable_gqa and key.size(-3) != query.size(-3):
+            groups = query.size(-3) // key.size(-3)
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        if query.dim() != 4:
+            self.counts["math (not 4-D)"] += 1
+            return F.scaled_dot_product_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            )
+        head_dim = query.size(-1)
+        if query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM:
+            self.counts["flash"] += 1
+            out = torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )
+            return out[0]
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = _bool_mask_to_bias(attn_mask, query.dtype)
+        if attn_mask is not None:
+            attn_mask = attn_mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
+        self.counts["efficient"] += 1
+        need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, need_grad, dropout_p, is_causal, scale=scale
+        )
+        return out[0]

@@ -1,0 +1,331 @@
+"""The memory orchestrator: turn a capture-device trace into the allocation sequence CUDA would see.
+
+The trace captured on ``meta`` (uvmlab/trace/capture.py) already runs the same Python program a GPU would, with
+CUDA's choices emulated at capture time (foreach Adam/AdamW, efficient/flash SDPA: see ``trace.header["notes"]``),
+so this module does NOT touch those. What a capture device cannot show, and what this module adds or enforces,
+follows xMem's "Memory Orchestrator" (seed /work/shared/seeds/000_c806bc4d9cb08112.txt, section 3.3) and
+reference/allocator.md sections 2.18 and 6:
+
+- ``persist_parameters``: parameters live for the whole run (xMem rule 1, ``model.to(device)``).
+- ``gradients_until_zero_grad``: parameter gradients live until the next ``optimizer.zero_grad()`` (xMem rule 4).
+- ``optimizer_state_persists``: optimizer state allocated at the first step lives to the end (xMem rule 5).
+- ``cublas_workspace``: one cuBLAS workspace per stream, allocated THROUGH the caching allocator at the first
+  cuBLAS call on that stream and kept for the life of the process (PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp
+  ``setWorkspaceForHandle`` / ``getChosenWorkspaceSize``; size from ``CUBLAS_WORKSPACE_CONFIG`` or the default
+  ``:4096:2:16:8`` = 8 MiB + 128 KiB, 32 MiB on sm90 / Hopper).
+- ``cublaslt_workspace``: one cuBLASLt workspace per stream (``getCUDABlasLtWorkspace``), default
+  ``CUBLASLT_WORKSPACE_SIZE`` = 1024 KiB capped at the cuBLAS workspace, allocated at the first addmm-like op
+  (``addmm``/``_addmm_activation``/``_scaled_mm``: the ops that take the Lt path; APPROXIMATION: the real choice
+  depends on shapes, dtypes and bias layout).
+- ``cudnn_workspace``: a temporary workspace around each convolution kernel (cuDNN allocates it through the caching
+  allocator and frees it after the call). APPROXIMATION, unverified: its size depends on the algorithm cuDNN picks;
+  we take the largest tensor the kernel touches, capped at ``cudnn_workspace_cap_bytes``, which is at the high end
+  for implicit-GEMM algorithms and in the range of FFT/Winograd ones.
+- CUDA context: NOT an allocator allocation; it is recorded as ``header["orchestration"]["context_bytes"]``
+  (``gpu.context_bytes``) so that device-level accounting (estimate, UVM sim) subtracts it from the capacity.
+
+The "extend only" rules (params, grads, optimizer state) never shorten a lifetime the capture recorded; on
+uvmlab's own meta captures they are expected to change nothing (the counts are in ``header["orchestration"]
+["changes"]``), and they matter for traces whose lifetimes come from elsewhere (CPU profiles, user files).
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.errors import InputError
+from uvmlab.gpus import GpuSpec
+from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.units import KiB, MiB
+
+CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""``:4096:2:16:8`` = 8,519,680 B: PyTorch ``parseChosenWorkspaceSize`` default for non-sm90 GPUs."""
+CUBLAS_SM90_WORKSPACE_BYTES = 4096 * 8 * 1024
+"""32 MiB: the same function's default on sm90 (H100/H200/GH200)."""
+CUBLASLT_DEFAULT_WORKSPACE_BYTES = 1024 * KiB
+"""``parseCUDABlasLtWorkspaceSize`` default (1024 KiB, PyTorch issue #73328), capped at the cuBLAS workspace."""
+CUDNN_WORKSPACE_CAP_BYTES = 256 * MiB
+"""Cap on the approximated per-convolution cuDNN workspace (our choice, unverified)."""
+SM90_PREFIXES = ("H100", "H200", "GH200")
+"""GpuSpec names of compute capability 9.0 GPUs (uvmlab/gpus.py)."""
+CUBLAS_OPS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "addr", "_addmm_activation",
+     "_scaled_mm", "matmul", "linear", "_int_mm"}
+)  # fmt: skip
+"""Leaf aten ops that call cuBLAS/cuBLASLt on CUDA (aten/src/ATen/native/cuda/Blas.cpp)."""
+CUBLASLT_OPS = frozenset({"addmm", "_addmm_activation", "_scaled_mm"})
+"""Ops that go through ``gemm_and_bias``/cuBLASLt (approximation, see the module docstring)."""
+CONV_OPS = frozenset(
+    {"convolution", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose", "convolution_backward",
+     "conv1d", "conv2d", "conv3d", "cudnn_convolution_relu", "cudnn_convolution_add_relu"}
+)  # fmt: skip
+"""Leaf aten ops that run cuDNN convolutions on CUDA."""
+_OP_RE = re.compile(r"^(?:aten(?:::|\.))?([A-Za-z0-9_]+)")
+
+
+def op_base(name: str) -> str:
+    """``"aten::mm"`` / ``"aten.mm.default"`` / ``"mm"`` -> ``"mm"``."""
+    m = _OP_RE.match(name)
+    return m.group(1) if m else name
+
+
+def parse_cublas_workspace_config(config: str) -> int:
+    """Bytes of a ``CUBLAS_WORKSPACE_CONFIG`` value (``":SIZE_KIB:COUNT"`` repeated), as PyTorch parses it."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:
+        raise InputError(
+            f"CUBLAS_WORKSPACE_CONFIG {config!r} has no ':SIZE:COUNT' pair; use e.g. ':4096:8' (KiB x count)"
+        )
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def cublas_workspace_bytes(gpu: GpuSpec, config: str | None = None) -> int:
+    """The cuBLAS workspace size PyTorch picks on ``gpu`` (``getChosenWorkspaceSize``)."""
+    if config:
+        return parse_cublas_workspace_config(config)
+    is_sm90 = gpu.name.startswith(SM90_PREFIXES)
+    return CUBLAS_SM90_WORKSPACE_BYTES if is_sm90 else CUBLAS_DEFAULT_WORKSPACE_BYTES
+
+
+@dataclass(frozen=True)
+class OrchestrationRules:
+    """Which orchestration rules run (each documented in the module docstring) and their knobs."""
+
+    persist_parameters: bool = True
+    gradients_until_zero_grad: bool = True
+    optimizer_state_persists: bool = True
+    cublas_workspace: bool = True
+    cublaslt_workspace: bool = True
+    cudnn_workspace: bool = True
+    cublas_workspace_config: str | None = None
+    """A ``CUBLAS_WORKSPACE_CONFIG`` value (e.g. ``":4096:8"``); None: PyTorch's default for the GPU."""
+    cublaslt_workspace_bytes: int = CUBLASLT_DEFAULT_WORKSPACE_BYTES
+    cudnn_workspace_cap_bytes: int = CUDNN_WORKSPACE_CAP_BYTES
+
+    @classmethod
+    def none(cls) -> OrchestrationRules:
+        """All rules off: ``to_cuda`` then only renumbers and records the context size."""
+        return cls(False, False, False, False, False, False)
+
+
+class _Builder:
+    """Collects lifetime changes and inserted allocations, then renumbers every event densely."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.a = trace.allocations.reset_index(drop=True).copy()
+        self.k = trace.kernels.reset_index(drop=True).copy()
+        self.acc = trace.accesses
+        self.alloc_key = self.a["alloc_seq"].astype("float64").to_numpy().copy()
+        free = self.a["free_seq"].to_numpy()
+        self.free_key = np.where(free == NEVER_FREED, np.nan, free.astype("float64"))
+        self.free_tie = np.zeros(len(self.a), dtype=np.int64)
+        self.new_rows: list[dict[str, Any]] = []
+        self.new_alloc_key: list[float] = []
+        self.new_free_key: list[float] = []
+        self.new_access: list[dict[str, Any]] = []
+        self.next_id = int(self.a["alloc_id"].max()) + 1 if len(self.a) else 0
+
+    def insert(self, row: dict[str, Any], before_seq: int, free_after_seq: int | None, order: int) -> int:
+        """Add an allocation just before event ``before_seq`` (freed just after ``free_after_seq`` or never)."""
+        alloc_id = self.next_id
+        self.next_id += 1
+        self.new_rows.append({"alloc_id": alloc_id, "alloc_seq": 0, "free_seq": NEVER_FREED, **row})
+        self.new_alloc_key.append(before_seq - 0.5 + order * 1e-3)
+        self.new_free_key.append(np.nan if free_after_seq is None else free_after_seq + 0.25)
+        return alloc_id
+
+    def build(self, header: dict[str, Any]) -> Trace:
+        new = pd.DataFrame(self.new_rows, columns=list(self.a.columns)) if self.new_rows else self.a.iloc[:0]
+        allocs = pd.concat([self.a, new], ignore_index=True) if len(new) else self.a
+        akey = np.concatenate([self.alloc_key, np.asarray(self.new_alloc_key, dtype="float64")])
+        fkey = np.concatenate([self.free_key, np.asarray(self.new_free_key, dtype="float64")])
+        ftie = np.concatenate([self.free_tie, np.zeros(len(new), dtype=np.int64)])
+        kkey = self.k["seq"].astype("float64").to_numpy()
+        n_a, n_k = len(allocs), len(kkey)
+        freed = ~np.isnan(fkey)
+        keys = np.concatenate([akey, fkey[freed], kkey])
+        ties = np.concatenate([np.zeros(n_a, np.int64), ftie[freed], np.zeros(n_k, np.int64)])
+        kind = np.concatenate([np.zeros(n_a, np.int64), np.ones(int(freed.sum()), np.int64), np.full(n_k, 2)])
+        ref = np.concatenate([np.arange(n_a), np.flatnonzero(freed), np.arange(n_k)])
+        order = np.lexsort((ref, kind, ties, keys))
+        new_seq = np.empty(len(order), dtype=np.int64)
+        new_seq[order] = np.arange(len(order), dtype=np.int64)
+        allocs = allocs.copy()
+        allocs["alloc_seq"] = new_seq[:n_a]
+        free_seq = np.full(n_a, NEVER_FREED, dtype=np.int64)
+        free_seq[np.flatnonzero(freed)] = new_seq[n_a : n_a + int(freed.sum())]
+        allocs["free_seq"] = free_seq
+        kernels = self.k.copy()
+        kernels["seq"] = new_seq[n_a + int(freed.sum()) :]
+        accesses = self.acc
+        if self.new_access:
+            accesses = pd.concat([self.acc, pd.DataFrame(self.new_access)], ignore_index=True)
+        for df, src in ((allocs, self.a), (kernels, self.k), (accesses, self.acc)):
+            for col in src.columns:
+                if col in df.columns and df[col].dtype != src[col].dtype:
+                    df[col] = df[col].astype(src[col].dtype)
+        return Trace(allocations=allocs, kernels=kernels, accesses=accesses, header=header)
+
+
+def _iteration_bounds(trace: Trace) -> pd.DataFrame:
+    """Per (iteration, phase): first and last seq of any allocation or kernel."""
+    a = trace.allocations[["iteration", "phase", "alloc_seq"]].rename(columns={"alloc_seq": "seq"})
+    k = trace.kernels[["iteration", "phase", "seq"]]
+    ev = pd.concat([a, k], ignore_index=True)
+    return ev.groupby(["iteration", "phase"])["seq"].agg(["min", "max"])
+
+
+def rule_persist_parameters(b: _Builder) -> int:
+    """xMem rule 1: parameters (``model.to(device)``) persist through the whole run. Returns changes made."""
+    mask = (b.a["category"] == "parameter").to_numpy() & ~np.isnan(b.free_key)
+    b.free_key[mask] = np.nan
+    return int(mask.sum())
+
+
+def rule_optimizer_state_persists(b: _Builder) -> int:
+    """xMem rule 5: optimizer state (Adam's exp_avg/exp_avg_sq, momentum) lives from the first step to the end."""
+    mask = (b.a["category"] == "optimizer_state").to_numpy() & ~np.isnan(b.free_key)
+    b.free_key[mask] = np.nan
+    return int(mask.sum())
+
+
+def rule_gradients_until_zero_grad(b: _Builder, trace: Trace, zero_grad: str) -> int:
+    """xMem rule 4: a parameter gradient lives until the next ``optimizer.zero_grad()``.
+
+    Parameter gradients are the ``gradient`` allocations still alive at the first event after their iteration's
+    backward phase (the optimizer step, or the next iteration); gradients of activations die inside backward
+    and are left alone. The zero_grad point of iteration i+1 is after the last event of iteration i
+    (``zero_grad="iteration_start"``) or after the last data/forward event of iteration i+1
+    (``"before_backward"``). A gradient freed before that point is moved to it; one freed later (or never) is
+    left as captured. Events here are allocations and kernels (frees carry no phase).
+    """
+    bounds = _iteration_bounds(trace)
+    if bounds.empty:
+        return 0
+    by_iter = bounds.groupby(level="iteration").agg({"min": "min", "max": "max"})
+    a = b.a
+    changed = 0
+    for idx in np.flatnonzero((a["category"] == "gradient").to_numpy() & ~np.isnan(b.free_key)):
+        it = int(a.at[idx, "iteration"])
+        if (it, "backward") not in bounds.index or it + 1 not in by_iter.index:
+            continue  # no backward phase to anchor on, or no next iteration: the capture's free stands
+        after_bwd = [bounds.loc[(it, p), "min"] for p in ("optimizer",) if (it, p) in bounds.index]
+        after = min(after_bwd) if after_bwd else by_iter.loc[it + 1, "min"]
+        if b.free_key[idx] < after:
+            continue  # died inside backward: an activation gradient
+        if zero_grad == "before_backward":
+            pre = [bounds.loc[(it + 1, p), "max"] for p in ("data", "forward") if (it + 1, p) in bounds.index]
+            point = max(pre) if pre else by_iter.loc[it, "max"]
+        else:
+            point = by_iter.loc[it, "max"]
+        if b.free_key[idx] <= point:
+            b.free_key[idx] = point + 0.5
+            b.free_tie[idx] = int(a.at[idx, "alloc_id"])
+            changed += 1
+    return changed
+
+
+def _first_kernels(kernels: pd.DataFrame, ops: frozenset[str]) -> pd.DataFrame:
+    """The first kernel of each stream whose op is in ``ops``."""
+    base = kernels["name"].map(op_base)
+    hits = kernels[base.isin(ops)]
+    return hits.sort_values("seq", kind="stable").groupby("stream", sort=True).head(1)
+
+
+def rule_cublas_workspace(b: _Builder, trace: Trace, size: int, ops: frozenset[str], op_label: str) -> int:
+    """One persistent workspace per stream, allocated right before the first kernel that needs it."""
+    first = _first_kernels(trace.kernels, ops)
+    for _, kern in first.iterrows():
+        row = {
+            "size_bytes": size,
+            "category": "workspace",
+            "phase": kern["phase"],
+            "iteration": int(kern["iteration"]),
+            "op": op_label,
+            "stream": int(kern["stream"]),
+        }
+        b.insert(row, int(kern["seq"]), None, order=0 if op_label == "cublas_workspace" else 1)
+    return len(first)
+
+
+def rule_cudnn_workspace(b: _Builder, trace: Trace, cap: int) -> int:
+    """A temporary workspace around each convolution kernel: largest operand it touches, capped (approximation)."""
+    k = trace.kernels
+    convs = k[k["name"].map(op_base).isin(CONV_OPS)]
+    if convs.empty:
+        return 0
+    acc = trace.accesses
+    largest = acc[acc["kernel_id"].isin(convs["kernel_id"])].groupby("kernel_id")["size_bytes"].max()
+    added = 0
+    for _, kern in convs.iterrows():
+        size = min(int(largest.get(kern["kernel_id"], 0)), cap)
+        if size <= 0:
+            continue
+        row = {
+            "size_bytes": size,
+            "category": "workspace",
+            "phase": kern["phase"],
+            "iteration": int(kern["iteration"]),
+            "op": "cudnn_workspace",
+            "stream": int(kern["stream"]),
+        }
+        alloc_id = b.insert(row, int(kern["seq"]), int(kern["seq"]), order=2)
+        b.new_access.append(
+            {
+                "kernel_id": kern["kernel_id"],
+                "alloc_id": alloc_id,
+                "offset_bytes": 0,
+                "size_bytes": size,
+                "is_write": True,
+            }
+        )
+        added += 1
+    return added
+
+
+def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None) -> Trace:
+    """The CUDA allocation sequence of ``trace`` on ``gpu`` (a new Trace; the input is not modified).
+
+    Applies the enabled :class:`OrchestrationRules`, renumbers all events densely (seq 0..n-1, same relative
+    order for the original events), adds workspaces as category ``workspace``, and records what it did in
+    ``header["orchestration"]`` (rules, change counts, workspace sizes, ``context_bytes``).
+    """
+    rules = rules or OrchestrationRules()
+    trace.validate("trace given to the orchestrator")
+    cfg = trace.header.get("config") or {}
+    zero_grad = cfg.get("zero_grad", "iteration_start") if isinstance(cfg, dict) else "iteration_start"
+    b = _Builder(trace)
+    changes: dict[str, int] = {}
+    if rules.persist_parameters:
+        changes["persist_parameters"] = rule_persist_parameters(b)
+    if rules.optimizer_state_persists:
+        changes["optimizer_state_persists"] = rule_optimizer_state_persists(b)
+    if rules.gradients_until_zero_grad:
+        changes["gradients_until_zero_grad"] = rule_gradients_until_zero_grad(b, trace, zero_grad)
+    ws = cublas_workspace_bytes(gpu, rules.cublas_workspace_config)
+    lt = min(rules.cublaslt_workspace_bytes, ws)
+    if rules.cublas_workspace:
+        changes["cublas_workspace"] = rule_cublas_workspace(b, trace, ws, CUBLAS_OPS, "cublas_workspace")
+    if rules.cublaslt_workspace:
+        changes["cublaslt_workspace"] = rule_cublas_workspace(b, trace, lt, CUBLASLT_OPS, "cublaslt_workspace")
+    if rules.cudnn_workspace:
+        changes["cudnn_workspace"] = rule_cudnn_workspace(b, trace, rules.cudnn_workspace_cap_bytes)
+    header = dict(trace.header)
+    header["orchestration"] = {
+        "gpu": gpu.name,
+        "rules": asdict(rules),
+        "changes": changes,
+        "cublas_workspace_bytes": ws if rules.cublas_workspace else None,
+        "cublaslt_workspace_bytes": lt if rules.cublaslt_workspace else None,
+        "context_bytes": gpu.context_bytes,
+        "zero_grad": zero_grad,
+    }
+    out = b.build(header)
+    out.validate("orchestrated trace")
+    return out

@@ -1,0 +1,297 @@
+"""The recorder: a TorchDispatchMode that turns the aten ops of a training run into Trace tables.
+
+Storage lifetimes: every tensor output of an op whose storage (``untyped_storage()``) has not been seen is a new
+allocation of ``storage.nbytes()`` bytes, made by that op. PyTorch preserves a storage's Python object for as
+long as its C++ StorageImpl lives (PyObject preservation), so a ``weakref.ref`` callback on it fires exactly when
+the StorageImpl dies: that is the free (verified by tests/test_trace_recorder.py; torch.distributed._tools.
+mem_tracker uses the same mechanism). Only storages on the capture device are recorded (the CPU ``step`` scalars
+of Adam are not GPU memory). Zero-byte storages are not allocations (the CUDA caching allocator returns nullptr).
+
+Kernels: one per leaf aten op the mode sees that touches a storage on the capture device, except view and
+metadata ops (``NO_KERNEL`` and every op whose schema is a view), which launch nothing on CUDA. This
+approximates CUDA kernels: a CUDA op may launch several kernels (e.g. a reduction's two passes) or none (a
+no-op copy); foreach ops are one "kernel" per call. Accesses: for each kernel, the byte range of each storage
+it reads (tensor arguments) and writes (outputs and arguments the schema marks as mutated; in-place ops also
+read their ``self`` unless they only overwrite it, like ``copy_``/``fill_``/``zero_``/``out=``). A view's range
+starts at ``storage_offset * itemsize`` and spans its strided extent.
+
+One global sequence counter orders allocations, frees and kernels.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from uvmlab.trace.flops import estimate_flops
+from uvmlab.trace.schema import NEVER_FREED, SCHEMAS
+
+aten = torch.ops.aten
+NO_KERNEL = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "detach",
+        "alias",
+        "lift_fresh",
+        "set_",
+        "resize_",
+        "_local_scalar_dense",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_contiguous",
+        "sym_is_contiguous",
+        "record_stream",
+        "_version",
+        "_conj",
+        "_neg_view",
+        "resolve_conj",
+        "resolve_neg",
+        "_unsafe_view",
+    }
+)
+"""Ops that launch no kernel (allocation, aliasing and metadata only)."""
+WRITE_ONLY = frozenset(
+    {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_", "_foreach_zero_"}
+)
+"""In-place ops that overwrite their ``self`` without reading it."""
+
+
+def _arg_info(func: torch._ops.OpOverload) -> tuple[tuple[str, bool], ...]:
+    """(name, is_mutated) of each schema argument."""
+    return tuple((a.name, a.alias_info is not None and a.alias_info.is_write) for a in func._schema.arguments)
+
+
+class Recorder(TorchDispatchMode):
+    """Records allocations, frees, kernels and accesses of everything run under it (see the module docstring)."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.seq = 0
+        self.phase = "setup"
+        self.iteration = -1
+        self.closed = False
+        self.boundaries: list[tuple[int, str, int]] = []
+        # allocation columns, indexed by alloc_id
+        self.a_size: list[int] = []
+        self.a_alloc_seq: list[int] = []
+        self.a_free_seq: list[int] = []
+        self.a_phase: list[str] = []
+        self.a_iter: list[int] = []
+        self.a_op: list[str] = []
+        self._live: dict[int, int] = {}  # StorageImpl address -> alloc_id
+        self._refs: dict[int, weakref.ref] = {}  # StorageImpl address -> weakref with the free callback
+        # kernel and access columns
+        self.k_seq: list[int] = []
+        self.k_name: list[str] = []
+        self.k_phase: list[str] = []
+        self.k_iter: list[int] = []
+        self.k_flops: list[float] = []
+        self.x_kernel: list[int] = []
+        self.x_alloc: list[int] = []
+        self.x_offset: list[int] = []
+        self.x_size: list[int] = []
+        self.x_write: list[bool] = []
+        self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
+        self._skip_cache: dict[Any, bool] = {}
+
+    # ---- phases --------------------------------------------------------------------------------------------
+    def set_phase(self, phase: str, iteration: int) -> None:
+        """Label what follows with ``phase`` and ``iteration`` (records the boundary's sequence number)."""
+        self.phase, self.iteration = phase, iteration
+        self.boundaries.append((self.seq, phase, iteration))
+
+    def _next(self) -> int:
+        s = self.seq
+        self.seq += 1
+        return s
+
+    # ---- storages ------------------------------------------------------------------------------------------
+    def alloc_id(self, t: torch.Tensor) -> int | None:
+        """The allocation holding tensor ``t``'s storage (None if not recorded)."""
+        return self._live.get(t.untyped_storage()._cdata)
+
+    def _on_free(self, key: int, _ref: weakref.ref) -> None:
+        if self.closed:
+            return
+        aid = self._live.pop(key, None)
+        self._refs.pop(key, None)
+        if aid is not None:
+            self.a_free_seq[aid] = self._next()
+
+    def _track(self, t: torch.Tensor, op: str) -> int | None:
+        if t.device.type != self.device_type:
+            return None
+        st = t.untyped_storage()
+        key = st._cdata
+        aid = self._live.get(key)
+        nbytes = st.nbytes()
+        if aid is not None:
+            if nbytes == self.a_size[aid]:
+                return aid
+            # the storage was resized in place: on CUDA that is a new allocation and a free of the old one
+            self.a_free_seq[aid] = self._next()
+            del self._live[key]
+        if nbytes == 0:
+            return None
+        aid = len(self.a_size)
+        self.a_size.append(nbytes)
+        self.a_alloc_seq.append(self._next())
+        self.a_free_seq.append(NEVER_FREED)
+        self.a_phase.append(self.phase)
+        self.a_iter.append(self.iteration)
+        self.a_op.append(op)
+        self._live[key] = aid
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
+        return aid
+
+    def track_tensors(self, tensors: Any, op: str = "<external>") -> None:
+        """Record the storages of tensors made outside the mode (first sight counts as allocation)."""
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                self._track(t, op)
+
+    # ---- dispatch ------------------------------------------------------------------------------------------
+    def _is_skip(self, func: torch._ops.OpOverload) -> bool:
+        skip = self._skip_cache.get(func)
+        if skip is None:
+            skip = func._opname in NO_KERNEL or func.is_view
+            self._skip_cache[func] = skip
+        return skip
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.closed or not isinstance(func, torch._ops.OpOverload):
+            return out
+        opname = f"{func.namespace}::{func._opname}"
+        out_tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for t in out_tensors:
+            self._track(t, opname)
+        if self._is_skip(func):
+            return out
+        self._record_kernel(func, opname, args, kwargs, out, out_tensors)
+        return out
+
+    def _range(self, t: torch.Tensor, aid: int) -> tuple[int, int] | None:
+        n = t.numel()
+        if n == 0:
+            return None
+        span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+        item = t.element_size()
+        off = t.storage_offset() * item
+        return off, max(0, min(span * item, self.a_size[aid] - off))
+
+    def _record_kernel(
+        self, func: Any, opname: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, outs: list[Any]
+    ) -> None:
+        info = self._arg_cache.get(func)
+        if info is None:
+            info = self._arg_cache[func] = _arg_info(func)
+        rows: dict[tuple[int, int, int, bool], None] = {}
+        inplace_reads = func._opname not in WRITE_ONLY
+        for i, (name, mutated) in enumerate(info):
+            if i < len(args):
+                value = args[i]
+            elif name in kwargs:
+                value = kwargs[name]
+            else:
+                continue
+            for t in tree_leaves(value):
+                if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                    continue
+                aid = self._track(t, "<external>")
+                if aid is None:
+                    continue
+                r = self._range(t, aid)
+                if r is None:
+                    continue
+                if mutated:
+                    rows[(aid, r[0], r[1], True)] = None
+                    if inplace_reads and name != "out":
+                        rows[(aid, r[0], r[1], False)] = None
+                else:
+                    rows[(aid, r[0], r[1], False)] = None
+        for t in outs:
+            aid = self._track(t, opname)
+            if aid is None:
+                continue
+            r = self._range(t, aid)
+            if r is not None:
+                rows[(aid, r[0], r[1], True)] = None
+        if not rows:
+            return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
+        kid = len(self.k_seq)
+        self.k_seq.append(self._next())
+        self.k_name.append(opname)
+        self.k_phase.append(self.phase)
+        self.k_iter.append(self.iteration)
+        self.k_flops.append(estimate_flops(func, args, kwargs, out))
+        for aid, off, size, w in rows:
+            self.x_kernel.append(kid)
+            self.x_alloc.append(aid)
+            self.x_offset.append(off)
+            self.x_size.append(size)
+            self.x_write.append(w)
+
+    # ---- results -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop recording: later frees (tearing down the model) are not part of the trace."""
+        self.closed = True
+
+    def tables(self, categories: list[str]) -> dict[str, pd.DataFrame]:
+        """The three trace tables (``categories`` gives each allocation's category, by alloc_id)."""
+        n = len(self.a_size)
+        allocations = pd.DataFrame(
+            {
+                "alloc_id": range(n),
+                "size_bytes": self.a_size,
+                "alloc_seq": self.a_alloc_seq,
+                "free_seq": self.a_free_seq,
+                "category": categories,
+                "phase": self.a_phase,
+                "iteration": self.a_iter,
+                "op": self.a_op,
+                "stream": [0] * n,
+            }
+        )
+        kernels = pd.DataFrame(
+            {
+                "kernel_id": range(len(self.k_seq)),
+                "seq": self.k_seq,
+                "name": self.k_name,
+                "phase": self.k_phase,
+                "iteration": self.k_iter,
+                "flops": self.k_flops,
+                "stream": [0] * len(self.k_seq),
+            }
+        )
+        accesses = pd.DataFrame(
+            {
+                "kernel_id": self.x_kernel,
+                "alloc_id": self.x_alloc,
+                "offset_bytes": self.x_offset,
+                "size_bytes": self.x_size,
+                "is_write": self.x_write,
+            }
+        )
+        out = {"allocations": allocations, "kernels": kernels, "accesses": accesses}
+        for name, df in out.items():
+            schema = SCHEMAS[name]
+            for f in schema:
+                df[f.name] = df[f.name].astype(f.type.to_pandas_dtype())
+        return out

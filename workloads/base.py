@@ -1,0 +1,97 @@
+"""The workload interface: what a built-in or user workload provides.
+
+A workload module (built-in or a user file) provides ``build(cfg, device) -> Workload``. The returned
+:class:`Workload` holds the model (already on ``device``), a batch maker that creates one batch directly on the
+device, and a loss function. ``WorkloadSpec`` describes a workload for the registry: its name, its default batch
+size and the workload-specific ``options`` it understands (with their defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from uvmlab.errors import InputError
+
+if TYPE_CHECKING:  # torch is imported by the model modules only when a workload is built
+    import torch
+
+    from uvmlab.config import WorkloadConfig
+
+
+@dataclass
+class Workload:
+    """A built workload: ``loss_fn(model, make_batch())`` is one forward pass plus loss.
+
+    ``make_batch()`` returns the batch (any structure of tensors) created on ``device``.
+    ``attention`` records which attention implementation the model was built with (None: no attention).
+    """
+
+    name: str
+    model: torch.nn.Module
+    make_batch: Callable[[], Any]
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
+    device: torch.device
+    attention: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload the registry knows: a built-in model family member or a user file."""
+
+    name: str
+    description: str
+    default_batch_size: int
+    build_fn: Callable[[WorkloadConfig, str, dict[str, Any]], Workload]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Workload-specific options and their defaults (``WorkloadConfig.options`` may override them)."""
+    source: str = "builtin"
+    """``builtin`` or the path of the user file."""
+    source_digest: str | None = None
+    """SHA-256 of the user file (part of the trace cache key), None for built-ins."""
+
+    def resolve_options(self, cfg: WorkloadConfig) -> dict[str, Any]:
+        """The defaults overridden by ``cfg.options``; unknown keys are an InputError naming the known ones."""
+        return resolve_options(self.name, self.options, cfg.options)
+
+    def batch_size(self, cfg: WorkloadConfig) -> int:
+        """The configured batch size, or this workload's default."""
+        return cfg.batch_size if cfg.batch_size is not None else self.default_batch_size
+
+    def build(self, cfg: WorkloadConfig, device: str = "meta") -> Workload:
+        """Build the model on ``device`` with random weights, plus its batch maker and loss."""
+        return self.build_fn(cfg, device, self.resolve_options(cfg))
+
+
+def resolve_options(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``given`` into ``defaults``; refuse keys the workload does not know, and wrongly typed values."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        known = ", ".join(sorted(defaults)) or "none"
+        raise InputError(f"workload {name} has no option {', '.join(unknown)}; its options are: {known}")
+    merged = dict(defaults)
+    for key, value in given.items():
+        default = defaults[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = default is None or isinstance(value, type(default))
+        if not ok:
+            raise InputError(
+                f"workload {name} option {key} must be a {type(default).__name__} like {default!r}, not {value!r}"
+            )
+        merged[key] = value
+    return merged
+
+
+def positive(name: str, opts: Mapping[str, Any], *keys: str) -> None:
+    """Refuse non-positive integer options (one sentence naming the option)."""
+    for key in keys:
+        if opts[key] < 1:
+            raise InputError(f"workload {name} option {key} must be >= 1, not {opts[key]!r}")

@@ -1,0 +1,59 @@
+"""BERT-base for masked LM (``BertForMaskedLM``) from ``transformers.BertConfig`` with random weights.
+
+Inputs: (B, seq_len) token ids; labels are the ids themselves at every position (an approximation of MLM that
+keeps the memory the same: the vocabulary-sized logits are computed for every position either way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError
+from workloads.base import Workload, positive
+
+BERT_OPTIONS: dict[str, Any] = {
+    "seq_len": 512,
+    "n_layer": 12,
+    "n_head": 12,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "vocab_size": 30522,
+}
+MAX_POSITIONS = 512
+"""BertConfig.max_position_embeddings of BERT-base."""
+
+
+def build_bert(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
+    """Build BertForMaskedLM on ``device`` (attention implementation from ``cfg.attention``)."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    positive("bert", opts, *BERT_OPTIONS)
+    if opts["seq_len"] > MAX_POSITIONS:
+        raise InputError(f"bert seq_len must be <= {MAX_POSITIONS}, not {opts['seq_len']}")
+    if opts["hidden_size"] % opts["n_head"]:
+        raise InputError(f"bert hidden_size {opts['hidden_size']} must be a multiple of n_head {opts['n_head']}")
+    config = BertConfig(
+        vocab_size=opts["vocab_size"],
+        hidden_size=opts["hidden_size"],
+        num_hidden_layers=opts["n_layer"],
+        num_attention_heads=opts["n_head"],
+        intermediate_size=opts["intermediate_size"],
+        max_position_embeddings=MAX_POSITIONS,
+        attn_implementation=cfg.attention,
+    )
+    dev = torch.device(device)
+    with dev:
+        model = BertForMaskedLM(config)
+    model.train()
+    batch = cfg.batch_size if cfg.batch_size is not None else 16
+    seq, vocab = opts["seq_len"], opts["vocab_size"]
+
+    def make_batch() -> torch.Tensor:
+        return torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=ids, labels=ids).loss
+
+    return Workload("bert", model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)

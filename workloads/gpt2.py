@@ -1,0 +1,57 @@
+"""GPT-2 (124M by default) from ``transformers.GPT2Config`` with random weights; causal LM loss on random tokens.
+
+Inputs: (B, seq_len) token ids, ``labels = input_ids`` (the model shifts them). Options change the size, e.g.
+``n_layer=2`` for a small model that also runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError
+from workloads.base import Workload, positive
+
+GPT2_OPTIONS: dict[str, Any] = {
+    "seq_len": 1024,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_embd": 768,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+}
+
+
+def build_gpt2(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
+    """Build GPT2LMHeadModel on ``device`` (attention implementation from ``cfg.attention``)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    positive("gpt2", opts, *GPT2_OPTIONS)
+    if opts["seq_len"] > opts["n_positions"]:
+        raise InputError(f"gpt2 seq_len {opts['seq_len']} exceeds n_positions {opts['n_positions']}")
+    if opts["n_embd"] % opts["n_head"]:
+        raise InputError(f"gpt2 n_embd {opts['n_embd']} must be a multiple of n_head {opts['n_head']}")
+    config = GPT2Config(
+        vocab_size=opts["vocab_size"],
+        n_positions=opts["n_positions"],
+        n_embd=opts["n_embd"],
+        n_layer=opts["n_layer"],
+        n_head=opts["n_head"],
+        attn_implementation=cfg.attention,
+    )
+    dev = torch.device(device)
+    with dev:
+        model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # what transformers falls back to anyway, minus its warning
+    model.train()
+    batch = cfg.batch_size if cfg.batch_size is not None else 8
+    seq, vocab = opts["seq_len"], opts["vocab_size"]
+
+    def make_batch() -> torch.Tensor:
+        return torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=ids, labels=ids).loss
+
+    return Workload("gpt2", model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)
