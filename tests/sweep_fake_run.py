@@ -4,12 +4,13 @@ It tests the sweep machinery (processes, resume, locking, aggregation) and the r
 simulator: numbers are synthetic but shaped like real run directories (uvmlab.stats.schema), and they depend on
 the configuration so figures have something to show. Behaviour switches come from ``cfg.sim_options``:
 ``sleep_s`` (seconds to sleep, in steps, between writing tables and result.json), ``fail`` ("oom", "error",
-"crash"), ``mode_override`` (write this result mode, e.g. "measured").
+"crash", "sigterm"), ``mode_override`` (write this result mode, e.g. "measured").
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ def run(cfg: Any, out: Path, force: bool = False) -> dict[str, Any]:
         raise InputError("fake run refused this configuration")
     if fail == "crash":
         os.abort()
+    if fail == "sigterm":  # what scancel / a Slurm time limit / Ctrl-C of the sweep does to the child
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
     f, pca = cfg.oversub, cfg.pca
     n_iter = cfg.workload.iterations
     per_iter = 20

@@ -8,6 +8,8 @@ and that every free returns the block's bytes to the pool.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -46,7 +48,7 @@ def make_machine(conf: str, capacity: int | None, nocache: bool = False, **extra
             except OutOfMemoryError:
                 assert capacity is not None  # only a bounded device can run out
                 return
-            assert b.size >= size and b.allocated and b.stream == (stream if not nocache else stream)
+            assert b.size >= size and b.allocated and b.stream == stream
             assert self.a.allocated_bytes == before + b.size
             self.live.append(b)
 
@@ -69,7 +71,7 @@ def make_machine(conf: str, capacity: int | None, nocache: bool = False, **extra
             self.a.check_invariants()
             assert self.a.reserved_bytes >= self.a.allocated_bytes
             spans = sorted((b.ptr, b.ptr + b.size) for b in self.live)
-            assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:])), "live blocks overlap"
+            assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(spans)), "live blocks overlap"
 
     return AllocatorMachine
 

@@ -60,6 +60,13 @@ def test_next_division_source_example() -> None:
     assert roundup_power2_next_division(5, 8) == 8  # step 0 -> next power of two
 
 
+def test_roundup_bypass_threshold_20() -> None:
+    s = AllocatorSettings.parse("roundup_power2_divisions:4,roundup_bypass_threshold_mb:100")
+    assert s.roundup_bypass_threshold_bytes == 100 * MiB
+    assert round_size(300 * MiB + 1, s.roundup_power2_divisions, s.roundup_bypass_threshold_bytes) == 300 * MiB + 512
+    assert round_size(5000, s.roundup_power2_divisions, s.roundup_bypass_threshold_bytes) == 5120
+
+
 def test_divisions_index_by_power_of_two() -> None:
     div = tuple(range(16))
     assert divisions_for(512, div) == 0  # below 1 MiB -> entry 0

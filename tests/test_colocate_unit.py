@@ -55,12 +55,21 @@ def synthetic_job(name: str, n_tensors: int, tensor_bytes: int, n_kernels: int) 
     )
     trace = Trace(allocations=alloc, kernels=kernels, accesses=acc)
     blocks = pd.DataFrame(
-        {"alloc_id": range(n_tensors), "address": [i * tensor_bytes for i in range(n_tensors)],
-         "block_bytes": tensor_bytes, "range_id": range(n_tensors)}
+        {
+            "alloc_id": range(n_tensors),
+            "address": [i * tensor_bytes for i in range(n_tensors)],
+            "block_bytes": tensor_bytes,
+            "range_id": range(n_tensors),
+        }
     )
     ranges = pd.DataFrame(
-        {"range_id": range(n_tensors), "address": blocks["address"], "size_bytes": tensor_bytes,
-         "alloc_seq": range(n_tensors), "free_seq": NEVER_FREED}
+        {
+            "range_id": range(n_tensors),
+            "address": blocks["address"],
+            "size_bytes": tensor_bytes,
+            "alloc_seq": range(n_tensors),
+            "free_seq": NEVER_FREED,
+        }
     )
     return Job(name, None, trace, FakePlacement(blocks, ranges, n_tensors * tensor_bytes))
 
@@ -69,6 +78,12 @@ def test_parse_job() -> None:
     assert parse_job("gpt2:8").batch_size == 8
     assert parse_job("resnet50").batch_size is None
     assert parse_job("dir/my_model.py:4").workload == "dir/my_model.py"
+    cfg = parse_job("resnet50:8,image_size=64,num_classes=10")
+    assert cfg.batch_size == 8 and cfg.options == {"image_size": 64, "num_classes": 10}
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_job("gpt2:2,n_layer")
+    with pytest.raises(InputError, match=">= 1"):
+        parse_job("gpt2:0")
     with pytest.raises(InputError):
         parse_job(":8")
 

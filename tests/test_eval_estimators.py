@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_planner_plan import make_trace
 from uvmlab.errors import InputError
 from uvmlab.evaluate.bfc import BFC_ROUND_BYTES, BfcArena, round_bfc
 from uvmlab.evaluate.estimators import EvalCase, bfc_peak, get_estimators, shape_inference_peak
-from tests.test_planner_plan import make_trace
 
 
 def test_round_bfc() -> None:
@@ -57,3 +57,18 @@ def test_unknown_estimator() -> None:
 def test_bfc_never_below_live_bytes(ops) -> None:
     trace = make_trace(ops)
     assert bfc_peak(trace) >= shape_inference_peak(trace)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 10**5), st.integers(0, 10**6)), max_size=60))
+def test_bfc_invariants_hold(ops) -> None:
+    a = BfcArena()
+    live: list[int] = []
+    for is_free, size, pick in ops:
+        if is_free and live:
+            a.free(live.pop(pick % len(live)))
+        else:
+            live.append(a.malloc(size))
+        a.check_invariants()
+        assert a.allocated_bytes <= a.top_bytes <= a.peak_bytes
+    assert len(set(live)) == len(live)  # no two live chunks share an address

@@ -3,6 +3,7 @@ records every call, and in front of the real PyTorch libraries (symbol binding o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,11 +32,28 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("stubs")
     lib = shim.build_shim(cache_dir=d / "cache")
     cudart = d / "libcudart.so.13"
-    _cc("-O1", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-Wl,-soname,libcudart.so.13",
-        "-o", str(cudart), str(STUBS / "fake_cudart.c"), "-lpthread")
+    _cc(
+        "-O1",
+        "-shared",
+        "-fPIC",
+        f"-Wl,--version-script={STUBS / 'libcudart.map'}",
+        "-Wl,-soname,libcudart.so.13",
+        "-o",
+        str(cudart),
+        str(STUBS / "fake_cudart.c"),
+        "-lpthread",
+    )
     client = d / "libfake_client.so"
-    _cc("-shared", "-fPIC", "-o", str(client), str(STUBS / "fake_client.c"), f"-L{d}", "-l:libcudart.so.13",
-        "-Wl,-rpath,$ORIGIN")
+    _cc(
+        "-shared",
+        "-fPIC",
+        "-o",
+        str(client),
+        str(STUBS / "fake_client.c"),
+        f"-L{d}",
+        "-l:libcudart.so.13",
+        "-Wl,-rpath,$ORIGIN",
+    )
     main = d / "client_main"
     _cc("-o", str(main), str(STUBS / "client_main.c"), f"-L{d}", "-lfake_client", "-Wl,-rpath,$ORIGIN")
     return {"dir": d, "shim": lib, "cudart": cudart, "client": client, "main": main}
@@ -114,8 +132,12 @@ def test_balloon_uses_real_cudamalloc_and_is_freed_at_exit(built, tmp_path) -> N
 def test_balloon_leave_measures_free_memory(built, tmp_path) -> None:
     total, context, leave = 16 * GiB, 256 * MiB, 3 * GiB + 5  # leave is not a 2 MiB multiple: rounding is tested
     proc, calls = _run_main(
-        built, tmp_path, "m4096",
-        UVMLAB_BALLOON_LEAVE_BYTES=str(leave), FAKE_CUDART_TOTAL_BYTES=str(total), FAKE_CUDART_CONTEXT_BYTES=str(context),
+        built,
+        tmp_path,
+        "m4096",
+        UVMLAB_BALLOON_LEAVE_BYTES=str(leave),
+        FAKE_CUDART_TOTAL_BYTES=str(total),
+        FAKE_CUDART_CONTEXT_BYTES=str(context),
     )
     assert proc.returncode == 0, proc.stderr
     free = total - context
@@ -169,8 +191,13 @@ def test_allocation_log_records_every_call_and_parses_back(built, tmp_path) -> N
 )
 def test_advise_and_prefetch_policies_issue_the_calls(built, tmp_path, version, advise, expected) -> None:
     proc, calls = _run_main(
-        built, tmp_path, "m4194304",
-        UVMLAB_ADVISE=advise, UVMLAB_PREFETCH="on_alloc", FAKE_CUDART_DEVICE="1", FAKE_CUDART_VERSION=version,
+        built,
+        tmp_path,
+        "m4194304",
+        UVMLAB_ADVISE=advise,
+        UVMLAB_PREFETCH="on_alloc",
+        FAKE_CUDART_DEVICE="1",
+        FAKE_CUDART_VERSION=version,
     )
     assert proc.returncode == 0, proc.stderr
     ptr = _ptrs(proc.stdout)[0]
@@ -198,8 +225,12 @@ def test_passthrough_mode_keeps_cudamalloc(built, tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("UVMLAB_ADVISE", "bogus"), ("UVMLAB_PREFETCH", "always"), ("UVMLAB_BALLOON_BYTES", "12GB"),
-     ("UVMLAB_SHIM_MODE", "fast")],
+    [
+        ("UVMLAB_ADVISE", "bogus"),
+        ("UVMLAB_PREFETCH", "always"),
+        ("UVMLAB_BALLOON_BYTES", "12GB"),
+        ("UVMLAB_SHIM_MODE", "fast"),
+    ],
 )
 def test_invalid_environment_stops_the_program_with_one_sentence(built, tmp_path, var, value) -> None:
     proc, calls = _run_main(built, tmp_path, "m4096", **{var: value})
@@ -231,7 +262,9 @@ def test_interposition_wins_for_a_locally_loaded_versioned_client_and_logging_is
     threads, each = 8, 150
     proc = subprocess.run(
         [sys.executable, "-c", _PY_CLIENT, str(built["client"]), str(threads), str(each)],
-        env=_env(built, tmp_path), capture_output=True, text=True,
+        env=_env(built, tmp_path),
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(built["cudart"])  # found among the loaded objects, not via RTLD_NEXT
@@ -263,7 +296,9 @@ shim.uvmlab_flush_log()
 def test_pluggable_allocator_entry_points(built, tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _PLUGGABLE, str(built["cudart"]), str(built["shim"])],
-        env=_env(built, tmp_path, preload=False, UVMLAB_ADVISE="accessed_by"), capture_output=True, text=True,
+        env=_env(built, tmp_path, preload=False, UVMLAB_ADVISE="accessed_by"),
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     ptr = proc.stdout.strip()
@@ -296,8 +331,9 @@ def test_pytorch_libc10_cuda_binds_cudamalloc_to_the_shim(built, tmp_path) -> No
     assert "libcudart.so.13" in real and "nvidia" in real
     bindings = "".join(p.read_text(errors="replace") for p in tmp_path.glob("ld.*"))
     for sym in ("cudaMalloc", "cudaFree"):
-        assert re.search(rf"libc10_cuda\.so \[0\] to {re.escape(str(built['shim']))} \[0\]: normal symbol `{sym}'",
-                         bindings), f"{sym} of libc10_cuda.so is not bound to the shim"
+        assert re.search(
+            rf"libc10_cuda\.so \[0\] to {re.escape(str(built['shim']))} \[0\]: normal symbol `{sym}'", bindings
+        ), f"{sym} of libc10_cuda.so is not bound to the shim"
     log = shim.read_alloc_log(tmp_path / "alloc.bin")
     assert list(log["op"]) == ["malloc"] and int(log["result"].iloc[0]) == int(rc) != 0
 
@@ -317,8 +353,14 @@ def test_read_alloc_log_rejects_foreign_and_truncated_files(built, tmp_path) -> 
 
 
 def test_shim_env_validation(tmp_path) -> None:
-    env = shim.shim_env("/x/lib.so", advise=("accessed_by",), prefetch="on_alloc", balloon_leave_bytes=10,
-                        alloc_log=tmp_path / "a.bin", existing_preload="/y.so")
+    env = shim.shim_env(
+        "/x/lib.so",
+        advise=("accessed_by",),
+        prefetch="on_alloc",
+        balloon_leave_bytes=10,
+        alloc_log=tmp_path / "a.bin",
+        existing_preload="/y.so",
+    )
     assert env["LD_PRELOAD"] == "/x/lib.so:/y.so" and env["UVMLAB_BALLOON_LEAVE_BYTES"] == "10"
     with pytest.raises(InputError, match="unknown advise policy"):
         shim.shim_env("/x", advise=("everything",))
@@ -337,3 +379,117 @@ def test_build_is_cached_and_keyed_by_source(built, tmp_path, monkeypatch) -> No
     changed.write_text(shim.SOURCE.read_text() + "\n// changed\n")
     monkeypatch.setattr(shim, "SOURCE", changed)
     assert shim.shim_path(cache) != built["shim"]
+
+
+def test_top_level_csrc_is_the_packaged_source_and_its_makefile_uses_the_same_flags() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    assert (repo / "csrc" / "uvmlab_shim.cpp").resolve() == shim.SOURCE
+    make = (repo / "csrc" / "Makefile").read_text()
+    flags = re.search(r"^CXXFLAGS = (.*)$", make, re.M).group(1).split()
+    libs = re.search(r"^LDLIBS = (.*)$", make, re.M).group(1).split()
+    assert tuple(flags) == shim.CXX_FLAGS and tuple(libs) == shim.LINK_FLAGS
+
+
+_FAKE_WORKER = """#!{python}
+# Stands in for `python -m uvmlab.gpu.worker RUNDIR --role ROLE` on a machine without a GPU: it allocates through
+# the global cudaMalloc (the preloaded shim, in front of the stub runtime) and writes what the real worker writes.
+import ctypes, json, sys
+from pathlib import Path
+import pandas as pd
+args = sys.argv[1:]
+assert args[:2] == ["-m", "uvmlab.gpu.worker"], args
+rundir, role = Path(args[2]), args[args.index("--role") + 1]
+ctypes.CDLL({cudart!r}, mode=ctypes.RTLD_GLOBAL)
+lib = ctypes.CDLL(None)
+ptrs = []
+for size in (700 << 20, 500 << 20):
+    p = ctypes.c_void_p()
+    assert lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+    ptrs.append(p)
+for p in ptrs:
+    lib.cudaFree(p)
+ms = {{"calibrate": 5, "baseline": 10, "run": 30}}[role]
+its = [dict(iteration=i, start_ns=i * 10**9, end_ns=i * 10**9 + ms * 10**6, duration_ns=ms * 10**6) for i in range(3)]
+(rundir / "logs").mkdir(parents=True, exist_ok=True)
+doc = dict(role=role, outcome="ok", error=None, iterations=its, peak_allocated_bytes=None, peak_reserved_bytes=None)
+(rundir / "logs" / (role + ".worker.json")).write_text(json.dumps(doc))
+pd.DataFrame(dict(time_ns=[1], iteration=[0], phase=["end"], allocated_bytes=[None], reserved_bytes=[None],
+                  nvml_used_bytes=[None])).to_parquet(rundir / "logs" / (role + ".samples.parquet"))
+"""
+
+
+def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) -> None:
+    """The whole GPU pipeline minus the GPU: plan -> calibrate (real shim, real log) -> measured footprint ->
+    re-plan -> baseline + run (balloon reserved by the shim in leave mode) -> collect -> result.json."""
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.gpu import runner
+    from uvmlab.gpu.detect import GpuStatus
+    from uvmlab.rundir import RunDir
+
+    total, context = 16 * GiB, 256 * MiB
+    monkeypatch.setattr(runner, "gpu_status", lambda: GpuStatus(True, "", "Stub GPU", total, "0", "13.0", 0, 1))
+    monkeypatch.setenv("UVMLAB_CACHE", str(built["dir"] / "cache"))  # the shim the fixture built
+    for k in [k for k in os.environ if k.startswith(("UVMLAB_", "FAKE_CUDART_")) and k != "UVMLAB_CACHE"]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("FAKE_CUDART_TOTAL_BYTES", str(total))
+    monkeypatch.setenv("FAKE_CUDART_CONTEXT_BYTES", str(context))
+    fake = tmp_path / "fake_python"
+    fake.write_text(_FAKE_WORKER.format(python=sys.executable, cudart=str(built["cudart"])))
+    fake.chmod(0o755)
+    cfg = RunConfig(WorkloadConfig("gpt2"), oversub=2.0, pca=True, mode="gpu")
+    opts = runner.GpuRunOptions(footprint="measure", baseline=True, python=str(fake), host_memory_bytes=64 * GiB)
+    rd = RunDir(tmp_path / "run")
+    rd.prepare()
+    res = runner.run_gpu(cfg, opts, rd)
+
+    footprint = 1200 * MiB  # both allocations live at once: the calibrate step's peak managed bytes
+    capacity = 600 * MiB
+    leave = capacity + 256 * MiB
+    free = total - context
+    assert res["footprint_bytes"] == footprint and res["available_bytes"] == capacity
+    assert res["gpu_run"]["footprint_source"].startswith("measured")
+    assert res["gpu_run"]["balloon_actual"] == {
+        "balloon_bytes": (free - leave) // (2 * MiB) * (2 * MiB),
+        "free_before_bytes": free,
+        "result": 0,
+    }
+    assert res["iteration_time_ns"] == 30e6 and res["baseline_time_ns"] == 10e6 and res["slowdown"] == 3.0
+    allocs = rd.read_table("shim_allocations")
+    assert sorted(set(allocs["role"])) == ["baseline", "calibrate", "run"]
+    by_role = {r: list(g["op"]) for r, g in allocs.groupby("role")}
+    assert by_role["calibrate"] == ["malloc", "malloc", "free", "free"]
+    assert by_role["baseline"] == ["malloc_device", "malloc_device", "free", "free"]  # passthrough: no UVM
+    assert by_role["run"] == ["balloon_alloc", "malloc", "malloc", "free", "free", "balloon_free"]
+    assert rd.is_complete() and json.loads(rd.config_json.read_text())["gpu_options"]["footprint"] == "measure"
+
+
+_PARENT_AND_CHILD = """
+import ctypes, subprocess, sys
+client = ctypes.CDLL(sys.argv[1])
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+p = ctypes.c_void_p()
+assert client.client_malloc(ctypes.byref(p), 4096) == 0  # inflates the balloon in this process
+subprocess.run([sys.argv[2], "m8192"], check=True)       # inherits LD_PRELOAD and the balloon variables
+"""
+
+
+def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PARENT_AND_CHILD, str(built["client"]), str(built["main"])],
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "cudart.log").read_text().splitlines()
+    assert sum(c.startswith("cudaMalloc ") and f"size={GiB}" in c for c in calls) == 1
+    assert sum(c.startswith("cudaMallocManaged") for c in calls) == 2  # parent 4096 and child 8192
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")  # both processes append to the same log
+    assert log["pid"].nunique() == 2 and (log["op"] == "balloon_alloc").sum() == 1
+
+
+def test_an_unwritable_log_disables_logging_but_not_the_program(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", "f", UVMLAB_ALLOC_LOG=str(tmp_path / "no" / "such" / "a.bin"))
+    assert proc.returncode == 0
+    assert "cannot open UVMLAB_ALLOC_LOG" in proc.stderr and "allocation log disabled" in proc.stderr
+    assert calls[0].startswith("cudaMallocManaged")

@@ -21,9 +21,7 @@ def brute(es, ee, eg, ks, ke, kg):
     return out
 
 
-intervals = st.lists(
-    st.tuples(st.integers(0, 200), st.integers(0, 60), st.integers(0, 1)), min_size=0, max_size=25
-)
+intervals = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60), st.integers(0, 1)), min_size=0, max_size=25)
 
 
 @settings(max_examples=150, deadline=None)
@@ -52,7 +50,9 @@ def test_point_event_at_kernel_start_is_inside_and_at_end_is_outside() -> None:
 
 def test_long_earlier_kernel_found_behind_short_later_one() -> None:
     # kernel 0 spans 0..100, kernel 1 spans 10..20; an event at 50 is only inside kernel 0
-    got = assign(np.array([50]), np.array([51]), np.array([0]), np.array([0, 10]), np.array([100, 20]), np.array([0, 0]))
+    got = assign(
+        np.array([50]), np.array([51]), np.array([0]), np.array([0, 10]), np.array([100, 20]), np.array([0, 0])
+    )
     assert got.tolist() == [0]
 
 

@@ -34,8 +34,9 @@ def test_summarize_table_prints_na_for_not_collected(real_data: Path) -> None:
     f = real_data / "nsys" / "easycuda_rtx4060_um_migrations_nsys2023.4.4.sqlite"
     if not f.is_file():
         pytest.skip("missing")
-    proc = subprocess.run([sys.executable, "-m", "uvmlab", "nsys", "summarize", str(f)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "uvmlab", "nsys", "summarize", str(f)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if "gpu_fault_count" in ln)
     assert "n/a" in line and " 0 " not in line

@@ -129,3 +129,31 @@ def test_cli_formats(synth, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nsys", "summarize", str(path)]) == 0
     out = capsys.readouterr().out
     assert "Per iteration" in out and "Top kernels by faults" in out
+
+
+CPU_FAULT_DDL = (  # documented 2024 DDL (reference/nsys.md §1.3): no real export with CPU faults exists
+    "CREATE TABLE CUDA_UM_CPU_PAGE_FAULT_EVENTS (start INTEGER NOT NULL, globalPid INTEGER NOT NULL, "
+    "address INTEGER NOT NULL, originalFaultPc INTEGER, CpuInstruction INTEGER NOT NULL, module INTEGER NOT NULL, "
+    "unresolvedFaultPc INTEGER)"
+)
+
+
+def test_cpu_faults_counted_as_rows(tmp_path: Path) -> None:
+    db = tmp_path / "cpu.sqlite"
+    write_synthetic_export(db, faults=100, migrations=20)
+    con = sqlite3.connect(db)
+    con.execute(CPU_FAULT_DDL)
+    con.executemany(
+        "INSERT INTO CUDA_UM_CPU_PAGE_FAULT_EVENTS VALUES (?, 0, ?, 0, 1, 1, 0)",
+        [(1000 + i, (1 << 40) + (i % 7) * 4096) for i in range(50)],
+    )
+    con.commit()
+    con.close()
+    with open_export(db) as ex:
+        s = summarize(ex)
+        assert len(ex.cpu_faults()) == 50
+    assert s.faults["cpu_fault_count"] == 50
+    assert s.um_total_sum["nvidia_report_runs"] is True
+    assert s.um_total_sum["total_cpu_page_faults"] == 50
+    cpu_rows = {r["address"]: r["cpu_faults"] for r in s.um_sum if r["cpu_faults"]}
+    assert all(v in (7, 8) for v in cpu_rows.values())

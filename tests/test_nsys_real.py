@@ -119,8 +119,9 @@ def test_a100_migration_totals_by_cause(real_data: Path) -> None:
     with open_export(path) as ex:
         s = summarize(ex)
     want = {}
-    for cause, n, b in sql(path, f"SELECT migrationCause, count(*), sum(bytes) FROM {S.MEMCPY} "
-                                 "WHERE copyKind IN (11, 12, 13) GROUP BY 1"):
+    for cause, n, b in sql(
+        path, f"SELECT migrationCause, count(*), sum(bytes) FROM {S.MEMCPY} WHERE copyKind IN (11, 12, 13) GROUP BY 1"
+    ):
         want[S.MIGRATION_CAUSE[cause]] = {"count": n, "bytes": b}
     got = {k: v for k, v in s.migrations["by_cause"].items() if v["count"]}
     assert got == want
@@ -176,3 +177,33 @@ def test_gemm_memory_usage_peak_device_bytes(real_data: Path) -> None:
     assert s.memory["allocs"] + s.memory["frees"] == len(mem) == 25
     # the cuBLAS range has its text in textId only
     assert "cublasCreate_v2" in set(nvtx["text"])
+
+
+UM_SUM_SQL = """
+SELECT a, sum(cpu), sum(gpu), sum(d2h), sum(h2d),
+       (sum(d2h) + sum(h2d)) * (1000000000 / (sum(dd) + sum(hd))) AS thr
+FROM (
+  SELECT address AS a, 0 AS cpu, sum(numberOfPageFaults) AS gpu, 0 AS d2h, 0 AS h2d, 0 AS dd, 0 AS hd
+    FROM CUDA_UM_GPU_PAGE_FAULT_EVENTS GROUP BY address
+  UNION ALL SELECT virtualAddress, 0, 0, sum(bytes), 0, sum("end" - start), 0
+    FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 12 GROUP BY virtualAddress
+  UNION ALL SELECT virtualAddress, 0, 0, 0, sum(bytes), 0, sum("end" - start)
+    FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 11 GROUP BY virtualAddress
+) GROUP BY a ORDER BY thr DESC, a LIMIT 10
+"""
+
+
+@pytest.mark.parametrize("name", [GH200, A100, EZ])
+def test_um_sum_matches_nvidia_style_sql(real_data: Path, tmp_path: Path, name: str) -> None:
+    """um_sum's rows equal a plain-SQL version of NVIDIA's query (integer throughput, LIMIT 10)."""
+    path = nsys_file(real_data, name)
+    q = UM_SUM_SQL
+    if S.GPU_FAULTS not in tables(path):
+        q = q.replace(
+            "FROM CUDA_UM_GPU_PAGE_FAULT_EVENTS GROUP BY address",
+            "FROM (SELECT 0 AS address, 0 AS numberOfPageFaults WHERE 0) GROUP BY address",
+        )
+    want = [tuple(r) for r in sql(path, q)]
+    with open_export(path) as ex:
+        got = [tuple(r.values()) for r in summarize(ex).um_sum]
+    assert got == want

@@ -243,3 +243,17 @@ def test_order_of_original_events_is_preserved(iterations: int, grad_opt: bool, 
     assert (k_old == k_new).all()
     # live bytes never lower than the capture's at the same original event (workspaces only add)
     assert out.live_bytes().max() >= t.live_bytes().max()
+
+
+def test_snapshot_orchestrate_estimate_are_torch_free() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import uvmlab.trace.snapshot, uvmlab.trace.safe_pickle, uvmlab.trace.orchestrate, uvmlab.estimate\n"
+        "import uvmlab.cli.estimate_cmds\n"
+        "sys.exit(1 if 'torch' in sys.modules else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, f"torch was imported: {proc.stderr}"

@@ -117,3 +117,26 @@ def test_empty_trace() -> None:
     t = make_trace([(1, 0)])
     t.allocations = t.allocations.iloc[0:0]
     assert plan(t).pool_bytes == 0
+
+
+def test_fusion_fills_a_bubble_and_is_kept() -> None:
+    # A (forward -> backward): a1 1 MiB over [0, 10), a2 1 MiB over [0, 5): TMP = 15/20 = 0.75, area 20
+    # B (backward -> backward): b1 1 MiB over [6, 10): TMP = 1.0, area 4; weighted average 19/24 = 0.79
+    # fused: b1 reuses a2's slot after time 5 -> height 2 MiB over [0, 10): TMP = 19/20 = 0.95 > 0.79: kept
+    import numpy as np
+
+    from uvmlab.sim.planner import _fuse, _Local
+
+    mib = 2**20
+    size = np.array([mib, mib, mib])
+    ts = np.array([0, 0, 6])
+    te = np.array([10, 5, 10])
+    a = _Local([0, 1], {0: 0, 1: mib}, "0:forward", "0:backward")
+    b = _Local([2], {2: 0}, "0:backward", "0:backward")
+    out, fused = _fuse([a, b], size, ts, te)
+    assert fused == 1 and len(out) == 1
+    assert out[0].offsets[2] == mib and out[0].extent(size, ts, te) == (2 * mib, 0, 10)
+    # not adjacent (B starts in another phase): nothing fused
+    c = _Local([2], {2: 0}, "0:optimizer", "0:optimizer")
+    out, fused = _fuse([a, c], size, ts, te)
+    assert fused == 0 and len(out) == 2

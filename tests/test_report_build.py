@@ -158,7 +158,17 @@ def test_report_does_not_import_torch(sweep_dir: Path, tmp_path: Path) -> None:
 def test_results_table_has_config_and_result_columns(sweep_dir: Path) -> None:
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == 12
-    for col in ("run_id", "cfg_workload", "cfg_batch_size", "cfg_oversub", "cfg_pca", "cfg_mode", "outcome",
-                "slowdown", "htod_bytes", "env_uvmlab_version"):
+    for col in (
+        "run_id",
+        "cfg_workload",
+        "cfg_batch_size",
+        "cfg_oversub",
+        "cfg_pca",
+        "cfg_mode",
+        "outcome",
+        "slowdown",
+        "htod_bytes",
+        "env_uvmlab_version",
+    ):
         assert col in df.columns, col
     assert df.loc[df["cfg_workload"] == "alexnet", "cfg_batch_size"].eq(2).all()

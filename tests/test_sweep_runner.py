@@ -81,6 +81,15 @@ def test_local_sweep_records_failures_and_resumes(tmp_path: Path, fake_env: dict
     assert retry.ran == 2  # the two outcome-"error" runs; oom is a result, not a failure
 
 
+def test_interrupted_child_records_no_result(tmp_path: Path, fake_env: dict[str, str]) -> None:
+    from uvmlab.sweep.runner import prepare
+    from uvmlab.sweep.worker import run_one
+
+    (entry,) = prepare(parse_spec("grid: {workload: [gpt2], sim.fail: [sigterm]}\n"), tmp_path / "out")
+    assert run_one(entry.path) == "interrupted"
+    assert not RunDir(entry.path).is_complete(), "an interrupted run must be run again on resume"
+
+
 def test_partial_files_are_never_results(tmp_path: Path, fake_env: dict[str, str]) -> None:
     spec = parse_spec(SPEC)
     out = tmp_path / "out"
@@ -197,8 +206,21 @@ def test_cli_dry_run_lists_configs(tmp_path: Path, capsys: pytest.CaptureFixture
     spec_path.write_text(SPEC)
     from uvmlab.cli import main
 
-    code = main(["sweep", str(spec_path), "-o", str(tmp_path / "out"), "--dry-run", "--executor", "slurm",
-                 "--configs-per-task", "4", "--format", "json"])
+    code = main(
+        [
+            "sweep",
+            str(spec_path),
+            "-o",
+            str(tmp_path / "out"),
+            "--dry-run",
+            "--executor",
+            "slurm",
+            "--configs-per-task",
+            "4",
+            "--format",
+            "json",
+        ]
+    )
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["configs"]) == 8 and {c["status"] for c in data["configs"]} == {"pending"}

@@ -57,6 +57,8 @@ def make_trace(n_iter: int = 3, param_mb: int = 8, act_mb: int = 4, n_layers: in
     for p in params:
         kernel("normal_", "setup", -1, [], [p])
     state = [alloc(param_mb * MiB, "optimizer_state", "setup", -1) for _ in range(n_layers)]
+    for st in state:
+        kernel("zero_", "setup", -1, [], [st])
     for it in range(n_iter):
         x = alloc(act_mb * MiB, "input", "data", it)
         kernel("copy_", "data", it, [], [x])

@@ -18,12 +18,14 @@ Fits (approximations, also in docs/nsys.md):
     fitted link bandwidth); the median over batches, floored at 0, is the fitted turnaround.
 ``compute_efficiency`` and ``memory_efficiency`` (the kernel time scale)
     Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
-    matched kernels without faults on either side, ``scale = median(measured / simulated duration)``; both
+    matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
+    (the kernels table's ``native_ns`` where present, else ``duration_ns``); both
     efficiencies are divided by ``scale`` (the native kernel time is inversely proportional to them).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import asdict, fields, replace
@@ -67,15 +69,17 @@ def fit_link_bandwidth(ex: Export) -> tuple[float | None, dict[str, Any]]:
     link = 1.0 / inv
     buckets = []
     edges = (0, *SIZE_BUCKETS, math.inf)
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         m = (b > lo) & (b <= hi)
         if m.any():
-            buckets.append({
-                "size_bytes_max": None if hi == math.inf else int(hi),
-                "count": int(m.sum()),
-                "median_measured_bytes_per_s": float(np.median(b[m] / t[m])),
-                "model_bytes_per_s_at_median_size": float(link * _shape(np.median(b[m]))),
-            })
+            buckets.append(
+                {
+                    "size_bytes_max": None if hi == math.inf else int(hi),
+                    "count": int(m.sum()),
+                    "median_measured_bytes_per_s": float(np.median(b[m] / t[m])),
+                    "model_bytes_per_s_at_median_size": float(link * _shape(np.median(b[m]))),
+                }
+            )
     return link, {"migrations": len(rows), "by_size": buckets}
 
 
@@ -86,7 +90,7 @@ def fit_batch_turnaround(ex: Export, base: CostParams, link: float | None) -> tu
         return None, {"reason": f"no GPU fault records ({status}: {why})"}
     t = S.GPU_FAULTS
     rows = ex.query(
-        f'SELECT deviceId, start, {ex.col(t, "end", "start")}, {ex.col(t, "address", "0")}, numberOfPageFaults '
+        f"SELECT deviceId, start, {ex.col(t, 'end', 'start')}, {ex.col(t, 'address', '0')}, numberOfPageFaults "
         f"FROM {t} ORDER BY deviceId, start LIMIT {MAX_FAULT_ROWS}"
     )
     f = pd.DataFrame(rows, columns=["dev", "s", "e", "addr", "n"]).fillna(0)
@@ -134,8 +138,11 @@ def fit_kernel_scale(ex: Export, sim_run: str | os.PathLike[str]) -> tuple[float
     sim = load_run(sim_run)
     if "kernels" not in sim.tables:
         return None, {"reason": f"{sim_run} has no kernels table"}
+    sk = sim.tables["kernels"]
+    if "native_ns" in sk.columns:  # the simulator's all-resident time, without its fault stalls
+        sk = sk.assign(duration_ns=sk["native_ns"])
     meas = to_run_tables(ex)["kernels"]
-    m, how = match_kernels(sim.tables["kernels"], meas)
+    m, how = match_kernels(sk, meas)
     if m is None:
         return None, {"reason": how}
     ok = m["duration_ns_a"].notna() & m["duration_ns_b"].notna() & (m["duration_ns_a"] > 0)
@@ -146,8 +153,12 @@ def fit_kernel_scale(ex: Export, sim_run: str | os.PathLike[str]) -> tuple[float
     if ok.sum() < MIN_SAMPLES:
         return None, {"reason": f"{int(ok.sum())} matched fault-free kernels (< {MIN_SAMPLES}); {how}"}
     ratio = m.loc[ok, "duration_ns_b"].astype(float) / m.loc[ok, "duration_ns_a"].astype(float)
-    return float(ratio.median()), {"matched_kernels": int(ok.sum()), "match": how,
-                                   "ratio_p10": float(ratio.quantile(0.1)), "ratio_p90": float(ratio.quantile(0.9))}
+    return float(ratio.median()), {
+        "matched_kernels": int(ok.sum()),
+        "match": how,
+        "ratio_p10": float(ratio.quantile(0.1)),
+        "ratio_p90": float(ratio.quantile(0.9)),
+    }
 
 
 def calibrate(
@@ -170,7 +181,9 @@ def calibrate(
         if turnaround is not None:
             fitted["batch_turnaround_ns"] = turnaround
             if details["batch_turnaround_ns"].get("floored_at_zero"):
-                notes.append("batch_turnaround_ns: the other modelled terms exceed the measured batch time; floored at 0")
+                notes.append(
+                    "batch_turnaround_ns: the other modelled terms exceed the measured batch time; floored at 0"
+                )
         if sim_run is not None:
             scale, details["kernel_time_scale"] = fit_kernel_scale(ex, sim_run)
             if scale is not None and scale > 0:

@@ -31,9 +31,7 @@ from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS
 
 NUMERIC_RESULT_KEYS = tuple(
-    k
-    for k in RESULT_KEYS
-    if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
+    k for k in RESULT_KEYS if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
 )
 PER_ITERATION_COLUMNS = ("duration_ns", *FAULT_COLUMNS)
 PER_KERNEL_COLUMNS = ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes")
@@ -94,10 +92,11 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
 
 def shim_log_footprint(run_path: Path) -> int | None:
-    """Peak live managed bytes from a shim allocation log in RUN/logs, or None if there is none."""
+    """Peak live managed bytes from the shim allocation logs in RUN/logs (max over the logs), or None if none."""
     logs = run_path / "logs"
     if not logs.is_dir():
         return None
+    peaks = []
     for p in sorted(logs.rglob("*")):
         if not p.is_file():
             continue
@@ -106,8 +105,8 @@ def shim_log_footprint(run_path: Path) -> int | None:
                 continue
         from uvmlab.gpu.shim import managed_footprint_bytes, read_alloc_log  # torch-free; only when a log exists
 
-        return int(managed_footprint_bytes(read_alloc_log(p)))
-    return None
+        peaks.append(int(managed_footprint_bytes(read_alloc_log(p))))
+    return max(peaks) if peaks else None
 
 
 def footprints(run: Run) -> dict[str, int | None]:
@@ -219,7 +218,9 @@ class Comparison:
             for k in ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"):
                 c += [f"{k}_a", f"{k}_b", f"{k}_rel_error"]
             c = [x for x in c if x in self.iterations.columns]
-            out.append(("Per iteration", c, [[_cell(v) for v in r] for r in self.iterations[c].itertuples(index=False)]))
+            out.append(
+                ("Per iteration", c, [[_cell(v) for v in r] for r in self.iterations[c].itertuples(index=False)])
+            )
         if self.kernels is not None and len(self.kernels):
             key = [x for x in ("name", "occurrence", "position", "name_a", "name_b") if x in self.kernels.columns]
             c = key + [f"{k}{s}" for k in ("duration_ns", "fault_count") for s in ("_a", "_b", "_rel_error")]
@@ -262,8 +263,12 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, df in (("totals", cmp.totals), ("footprint", cmp.footprint), ("iterations", cmp.iterations),
-                     ("kernels", cmp.kernels)):
+    for name, df in (
+        ("totals", cmp.totals),
+        ("footprint", cmp.footprint),
+        ("iterations", cmp.iterations),
+        ("kernels", cmp.kernels),
+    ):
         if df is None:
             continue
         p = out / "tables" / f"{name}.parquet"

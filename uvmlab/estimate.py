@@ -64,6 +64,7 @@ class Estimate:
     oom_seq: int | None
     oom_phase: str | None
     oom_iteration: int | None
+    alloc_retries_on_gpu: int | None
     margin_bytes: int
     margin_rule: str
     orchestration: dict[str, Any]
@@ -114,6 +115,7 @@ class Estimate:
             "oom_seq": self.oom_seq,
             "oom_phase": self.oom_phase,
             "oom_iteration": self.oom_iteration,
+            "alloc_retries_on_gpu": self.alloc_retries_on_gpu,
             "margin_bytes": self.margin_bytes,
             "margin_rule": self.margin_rule,
             "required_bytes": self.required_bytes,
@@ -260,6 +262,7 @@ def estimate(
         oom_seq=None if oom_seq is None else int(oom_seq),
         oom_phase=phase,
         oom_iteration=iteration,
+        alloc_retries_on_gpu=(on_gpu.stats or {}).get("num_alloc_retries"),
         margin_bytes=margin,
         margin_rule=rule,
         orchestration=cuda.header.get("orchestration", {}),
@@ -305,12 +308,24 @@ def plot_curve(est: Estimate, path: str | Path | None = None) -> Any:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.plot(tl["seq"], tl["reserved_bytes"] / gib, label="reserved (segments)", drawstyle="steps-post")
     ax.plot(tl["seq"], tl["allocated_bytes"] / gib, label="allocated (blocks)", drawstyle="steps-post")
-    ax.axhline(est.usable_bytes / gib, color="red", linestyle="--", label=f"{est.gpu} usable (capacity - context)")
-    ax.axhline(
-        (est.required_bytes - est.context_bytes) / gib, color="gray", linestyle=":", label="peak reserved + margin"
-    )
+    with_margin = (est.required_bytes - est.context_bytes) / gib
+    ax.axhline(with_margin, color="gray", linestyle=":", label="peak reserved + margin")
+    usable = est.usable_bytes / gib
+    top = max(with_margin, float(tl["reserved_bytes"].max()) / gib if len(tl) else 0.0) * 1.15
+    if usable <= 3 * top:
+        ax.axhline(usable, color="red", linestyle="--", label=f"{est.gpu} usable (capacity - context)")
+    else:  # far above the curve: keep the curve readable and say where the capacity is
+        ax.set_ylim(0, top)
+        ax.text(0.99, 0.97, f"{est.gpu} usable: {usable:.1f} GiB (off scale)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=8, color="red")  # fmt: skip
     if est.oom_seq is not None:
         ax.axvline(est.oom_seq, color="black", label="simulated OOM")
+    if est.trace is not None and len(est.trace.allocations):
+        starts = est.trace.allocations.groupby("iteration")["alloc_seq"].min()
+        for it, seq in starts.items():
+            if it >= 1:
+                ax.axvline(seq, color="gray", linewidth=0.6, alpha=0.6)
+                ax.annotate(f"it {it}", (seq, 0), fontsize=7, color="gray", xytext=(2, 2), textcoords="offset points")
     ax.set_xlabel("event (allocation/free sequence number)")
     ax.set_ylabel("GPU memory (GiB)")
     ax.set_title(f"{est.workload}: {est.allocator} allocator on {est.gpu}")

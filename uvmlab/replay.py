@@ -35,6 +35,7 @@ from uvmlab.errors import InputError, OutOfMemoryError
 from uvmlab.replay_state import DeviceEvents, InitialState, device_events, initial_state
 from uvmlab.sim.allocconf import AllocatorSettings
 from uvmlab.sim.caching import CachingAllocatorSim
+from uvmlab.sim.constants import K_SMALL_SIZE_BYTES
 from uvmlab.sim.device import DeviceSim
 from uvmlab.sim.seed import seed_segment
 
@@ -56,6 +57,7 @@ class DeviceReplay:
     segment_events_real: int
     segment_events_sim: int
     segment_sequence_equal: bool
+    segment_sizes_equal: bool
     release_bursts: int
     peak_reserved_real: int
     peak_reserved_sim: int
@@ -68,6 +70,8 @@ class DeviceReplay:
     final_allocated_sim: int
     final_blocks_equal: bool
     ooms_real: int
+    ooms_sim: int
+    capacity_bytes: int | None
     initial_segments: int
     initial_reserved: int
     initial_blocks_inferred: int
@@ -89,6 +93,7 @@ class DeviceReplay:
             and self.peak_requested_real == self.peak_requested_sim
             and self.final_blocks_equal
             and self.frees_unknown == 0
+            and (self.capacity_bytes is None or self.ooms_sim == self.ooms_real)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,20 +154,83 @@ class _Oracle:
         return addr
 
 
-def _make_sim(settings: AllocatorSettings, ev: DeviceEvents, device: int) -> CachingAllocatorSim:
+def _inferred_capacity(ev: DeviceEvents, init_reserved: int) -> int | None:
+    """Bytes the device had for PyTorch at the first real OOM: reserved then + cudaMemGetInfo free (device_free)."""
+    reserved = init_reserved
+    for _, action, addr, size, _ in ev.events:
+        if action in ("segment_alloc", "segment_map"):
+            reserved += size
+        elif action in RELEASE_ACTIONS:
+            reserved -= size
+        elif action == "oom":
+            return reserved + addr if addr >= 0 else None
+    return None
+
+
+def _make_sim(
+    settings: AllocatorSettings, ev: DeviceEvents, device: int, real_addresses: bool, capacity: int | None
+) -> CachingAllocatorSim:
     creations = [(i, a, addr, size) for i, a, addr, size in ev.segment_events if a in CREATE_ACTIONS]
     ref: list[CachingAllocatorSim] = []
     lowest = min([addr for _, _, addr, _ in ev.segment_events] + [s[0] for s in ev.final_segments] + [2**47])
-    dev = DeviceSim(va_top=max(lowest - 2**40, 2**41), oracle=_Oracle(creations, ref))
+    oracle = _Oracle(creations, ref) if real_addresses else None
+    dev = DeviceSim(capacity, va_top=max(lowest - 2**40, 2**41), oracle=oracle)
     sim = CachingAllocatorSim(settings, dev, device_index=device)
     ref.append(sim)
     return sim
 
 
-def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0) -> DeviceReplay:
-    """Replay one device's events (see the module docstring)."""
-    init: InitialState = initial_state(ev, settings)
-    sim = _make_sim(settings, ev, device)
+def replay_device(
+    ev: DeviceEvents,
+    settings: AllocatorSettings,
+    device: int = 0,
+    real_addresses: bool = True,
+    infer_capacity: bool = True,
+) -> DeviceReplay:
+    """Replay one device's events (see the module docstring).
+
+    ``real_addresses=False`` gives new segments made-up addresses (what a CPU-only simulation of a new workload
+    has to do): allocation addresses then differ, but segment sizes and peaks can still be compared.
+    ``infer_capacity``: when the trace has an ``oom`` entry, the device gets the capacity PyTorch had then
+    (reserved + device_free at the OOM) and the simulator must decide the OOM itself: release what the real
+    allocator released (its OOM path, not an emulated empty_cache), then fail the same request.
+    """
+    extra: dict[int, int] = {}
+    for _ in range(MAX_SLACK_REPAIRS + 1):
+        init = initial_state(ev, settings, extra)
+        result, blame = _replay_once(ev, settings, device, real_addresses, infer_capacity, init)
+        if blame is None:
+            break
+        ptr, need = blame
+        if extra.get(ptr, 0) + need > K_SMALL_SIZE_BYTES:  # larger slack would have been split off
+            break
+        extra[ptr] = extra.get(ptr, 0) + need
+    if extra:
+        result.notes.insert(
+            0,
+            f"{len(extra)} pre-trace block size(s) refined from replay divergences (the trace did not record them)",
+        )
+    return result
+
+
+MAX_SLACK_REPAIRS = 32
+"""Replays retried with refined pre-trace block sizes (allocator.md 2.20: the ring buffer drops them)."""
+
+
+def _replay_once(
+    ev: DeviceEvents,
+    settings: AllocatorSettings,
+    device: int,
+    real_addresses: bool,
+    infer_capacity: bool,
+    init: InitialState,
+) -> tuple[DeviceReplay, tuple[int, int] | None]:
+    """One replay from ``init``; the second value names a pre-trace block whose slack explains the first
+    divergence (ptr, slack bytes) when there is one: the simulator took the free gap right after a block of
+    unknown size, while the real allocator did not, so that gap must have been smaller by at least the excess."""
+    blame: tuple[int, int] | None = None
+    capacity = _inferred_capacity(ev, init.reserved_bytes) if infer_capacity else None
+    sim = _make_sim(settings, ev, device, real_addresses, capacity)
     real2block: dict[int, Any] = {}
     for seg in init.segments:
         blocks = seed_segment(sim, seg.address, seg.size, seg.stream, seg.small, seg.allocated)
@@ -175,7 +243,8 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
     notes = list(init.notes)
     requested = init.requested_bytes
     peak_requested = requested
-    for idx, action, addr, size, stream in ev.events:
+    events = ev.events
+    for pos, (idx, action, addr, size, stream) in enumerate(events):
         if action == "alloc":
             allocs += 1
             requested += size
@@ -189,6 +258,13 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
                 matched += 1
             elif first is None:
                 first = {"event": idx, "action": "alloc", "size": size, "expected": addr, "got": b.ptr}
+                owner = init.ambiguous.get(b.ptr)
+                if owner is not None:
+                    nxt = b.next
+                    found = b.size + (nxt.size if nxt is not None and not nxt.allocated and nxt.mapped else 0)
+                    need = found - sim.round_size(size) + 512
+                    if 0 < need <= K_SMALL_SIZE_BYTES:
+                        blame = (owner, need)
             if addr in real2block:
                 notes.append(f"event {idx}: alloc at {addr:#x} which is still allocated in the real trace")
             real2block[addr] = b
@@ -205,17 +281,28 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
         elif action in RELEASE_ACTIONS:
             real_released += 1
             sim_released = sum(1 for e in sim.segment_events if e[1] in RELEASE_ACTIONS)
-            if sim_released < real_released:
+            if sim_released < real_released and not (capacity is not None and _oom_path_burst(events, pos)):
                 bursts += 1
                 sim.empty_cache()
         elif action == "oom":
             ooms += 1
+            if capacity is not None:
+                try:
+                    b = sim.malloc(size, stream)
+                except OutOfMemoryError:
+                    continue
+                sim.free(b)
+                if first is None:
+                    first = {"event": idx, "action": "oom", "expected": "OOM", "got": b.ptr}
     sim.check_invariants()
     real_seq = [(a, addr, size) for _, a, addr, size in ev.segment_events]
     sim_seq = [(a, addr, size) for _, a, addr, size, _ in sim.segment_events]
     seq_equal = real_seq == sim_seq
     if not seq_equal:
-        k = next((i for i, (r, s) in enumerate(zip(real_seq, sim_seq)) if r != s), min(len(real_seq), len(sim_seq)))
+        k = next(
+            (i for i, (r, s) in enumerate(zip(real_seq, sim_seq, strict=False)) if r != s),
+            min(len(real_seq), len(sim_seq)),
+        )
         where = ev.segment_events[k][0] if k < len(ev.segment_events) else (ev.events[-1][0] if ev.events else 0)
         d = {
             "event": where,
@@ -232,7 +319,7 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
     if not blocks_equal:
         diff = sorted(final_real ^ final_sim)[:3]
         notes.append(f"final blocks differ ({len(final_real ^ final_sim)} differences), e.g. {diff}")
-    return DeviceReplay(
+    result = DeviceReplay(
         device=device,
         events=len(ev.events),
         allocs=allocs,
@@ -242,6 +329,7 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
         segment_events_real=len(real_seq),
         segment_events_sim=len(sim_seq),
         segment_sequence_equal=seq_equal,
+        segment_sizes_equal=[(a, n) for a, _, n in real_seq] == [(a, n) for a, _, n in sim_seq],
         release_bursts=bursts,
         peak_reserved_real=peak_real,
         peak_reserved_sim=sim.peak_reserved_bytes,
@@ -254,18 +342,35 @@ def replay_device(ev: DeviceEvents, settings: AllocatorSettings, device: int = 0
         final_allocated_sim=sim.allocated_bytes,
         final_blocks_equal=blocks_equal,
         ooms_real=ooms,
+        ooms_sim=sim.num_ooms,
+        capacity_bytes=capacity,
         initial_segments=len(init.segments),
         initial_reserved=init.reserved_bytes,
         initial_blocks_inferred=init.inferred_blocks,
         first_divergence=first,
         notes=notes[:20],
     )
+    return result, blame
+
+
+def _oom_path_burst(events: list, pos: int) -> bool:
+    """A release burst the allocator's OOM path makes: followed by a new segment or by an ``oom`` entry."""
+    n = len(events)
+    while pos < n and events[pos][1] in RELEASE_ACTIONS:
+        pos += 1
+    return pos < n and events[pos][1] in ("oom", *CREATE_ACTIONS)
 
 
 def replay_snapshot(
-    path: str | Path, device: int | None = None, alloc_conf: str | None = None, **settings_extra: Any
+    path: str | Path,
+    device: int | None = None,
+    alloc_conf: str | None = None,
+    real_addresses: bool = True,
+    infer_capacity: bool = True,
+    **settings_extra: Any,
 ) -> ReplayReport:
-    """Replay every device with a trace (or only ``device``); ``alloc_conf`` overrides the snapshot's settings."""
+    """Replay every device with a trace (or only ``device``); ``alloc_conf`` overrides the snapshot's settings;
+    ``settings_extra`` sets AllocatorSettings fields such as ``tie_break``."""
     from uvmlab.trace.snapshot import read_snapshot
 
     snap = read_snapshot(path)
@@ -286,5 +391,5 @@ def replay_snapshot(
             + (f" for device {device}" if device is not None else "")
             + " (record it with torch.cuda.memory._record_memory_history() before _dump_snapshot())"
         )
-    results = [replay_device(device_events(snap, d), settings, d) for d in traced]
+    results = [replay_device(device_events(snap, d), settings, d, real_addresses, infer_capacity) for d in traced]
     return ReplayReport(str(path), snap.format_generation, settings.raw, results)

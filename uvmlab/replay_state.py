@@ -59,6 +59,7 @@ class InitialState:
     requested_bytes: int
     inferred_blocks: int
     notes: list[str]
+    ambiguous: dict[int, int] = field(default_factory=dict)  # gap start -> ptr of the pre-trace block before it
 
 
 def _int(x: Any, default: int = 0) -> int:
@@ -79,6 +80,7 @@ def device_events(snap: Any, device: int) -> DeviceEvents:
         ev["size"].tolist(),
         ev["stream"].tolist(),
         ev["device_free"].tolist(),
+        strict=True,
     ):
         a = _int(dfree, -1) if action == "oom" else _int(addr, -1)
         events.append((int(idx), str(action), a, int(size), int(stream)))
@@ -92,11 +94,14 @@ def device_events(snap: Any, device: int) -> DeviceEvents:
             segs["stream"].tolist(),
             segs["segment_type"].tolist(),
             segs["is_expandable"].fillna(False).tolist(),
+            strict=True,
         )
     ]
     bl = snap.blocks[snap.blocks["device"] == device]
     final_blocks, final_req = [], {}
-    for a, s, r, st in zip(bl["address"].tolist(), bl["size"].tolist(), bl["requested_size"].tolist(), bl["state"]):
+    for a, s, r, st in zip(
+        bl["address"].tolist(), bl["size"].tolist(), bl["requested_size"].tolist(), bl["state"], strict=True
+    ):
         alloc = st in ("active_allocated", "active_pending_free")
         final_blocks.append((int(a), int(s), alloc))
         if alloc:
@@ -104,11 +109,20 @@ def device_events(snap: Any, device: int) -> DeviceEvents:
     return DeviceEvents(device, events, seg_events, final_segments, final_blocks, final_req)
 
 
-def initial_state(ev: DeviceEvents, settings: AllocatorSettings) -> InitialState:
-    """Undo the trace on the final state (allocator.md 2.20), inferring the sizes of blocks freed in the trace."""
+def initial_state(
+    ev: DeviceEvents, settings: AllocatorSettings, extra_slack: dict[int, int] | None = None
+) -> InitialState:
+    """Undo the trace on the final state (allocator.md 2.20), inferring the sizes of blocks freed in the trace.
+
+    ``extra_slack`` (block ptr -> bytes) adds slack to blocks whose size the trace did not pin down (the replay
+    learns it from a divergence, see :func:`uvmlab.replay.replay_device`); ``ambiguous`` in the result names them.
+    """
+    extra_slack = extra_slack or {}
     notes: list[str] = []
     divisions = settings.roundup_power2_divisions if any(settings.roundup_power2_divisions) else None
-    expandable = any(s[4] for s in ev.final_segments) or any(a in ("segment_map", "segment_unmap") for _, a, _, _ in ev.segment_events)
+    expandable = any(s[4] for s in ev.final_segments) or any(
+        a in ("segment_map", "segment_unmap") for _, a, _, _ in ev.segment_events
+    )
     segs: dict[int, tuple[int, int, bool]] = {a: (t, s, sm) for a, t, s, sm, _ in ev.final_segments}
     sizes = {a: s for a, s, alloc in ev.final_blocks if alloc}
     allocated: dict[int, tuple[int | None, int]] = {a: (sizes[a], r) for a, r in ev.final_requested.items()}
@@ -141,11 +155,12 @@ def initial_state(ev: DeviceEvents, settings: AllocatorSettings) -> InitialState
             raise InputError(f"block {addr:#x} allocated at the start of the trace lies in no segment")
         seed = seeds[starts[i]]
         if bsize is None:
-            bsize = round_size(req, divisions)
+            bsize = round_size(req, divisions, settings.roundup_bypass_threshold_bytes)
             unknown.append((addr, seed.address))
         seed.allocated.append((addr, bsize, req))
     # slack of unknown-size large-pool blocks (every free large-pool block is > 1 MiB)
     alloc_addrs = [(i, a) for i, act, a, _, _ in ev.events if act == "alloc"]
+    ambiguous: dict[int, int] = {}
     for addr, seg_addr in unknown:
         seed = seeds[seg_addr]
         if seed.small:
@@ -153,6 +168,12 @@ def initial_state(ev: DeviceEvents, settings: AllocatorSettings) -> InitialState
         seed.allocated.sort()
         j = next(k for k, b in enumerate(seed.allocated) if b[0] == addr)
         ptr, bsize, req = seed.allocated[j]
+        if settings.max_split_set and bsize >= settings.max_split_size_bytes:
+            # an over-size request is never split: it holds a whole segment (a fresh one, or a cached whole
+            # segment within the max_non_split_rounding slack; free over-size blocks are always whole segments)
+            if ptr == seed.address and len(seed.allocated) == 1:
+                seed.allocated[j] = (ptr, seed.size, req)
+            continue
         end = ptr + bsize
         nxt = seed.allocated[j + 1][0] if j + 1 < len(seed.allocated) else seed.address + seed.size
         gap = nxt - end
@@ -164,9 +185,12 @@ def initial_state(ev: DeviceEvents, settings: AllocatorSettings) -> InitialState
             x = next((a for i, a in alloc_addrs if i < until and end <= a < nxt), None)
             if x is not None and 0 < x - end <= K_SMALL_SIZE_BYTES:
                 slack = x - end
+            elif x is None:
+                slack = min(extra_slack.get(ptr, 0), gap)
+                ambiguous[end + slack] = ptr
         if slack:
             seed.allocated[j] = (ptr, bsize + slack, req)
     for seed in seeds.values():
         seed.allocated.sort()
     requested = sum(r for _, r in allocated.values())
-    return InitialState(list(seeds.values()), reserved, requested, len(unknown), notes)
+    return InitialState(list(seeds.values()), reserved, requested, len(unknown), notes, ambiguous)

@@ -6,8 +6,8 @@ A workload file defines ``build(cfg, device, options)`` returning a ``workloads.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import torch  # noqa: TID251 (a workload file needs torch)
+import torch.nn.functional as F  # noqa: TID251
 
 from workloads.base import Workload
 

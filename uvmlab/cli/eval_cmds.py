@@ -36,8 +36,17 @@ def _pct(x: float) -> str:
     show_default=True,
     help="Device memory M_max for a folder of snapshots (their GPU is unrecorded).",
 )
+@click.option(
+    "--max-warm",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Snapshot folders: admit traces that began with at most this share of their peak already reserved.",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def evaluate_cmd(ground_truth: str, output: str | None, estimators: tuple[str, ...], gpu_memory: str, fmt: str) -> None:
+def evaluate_cmd(
+    ground_truth: str, output: str | None, estimators: tuple[str, ...], gpu_memory: str, max_warm: float, fmt: str
+) -> None:
     """Score peak-memory estimators against GROUND_TRUTH with xMem's metrics (MRE, PEF, MCP).
 
     GROUND_TRUTH is a CSV of measured runs (columns: id, source, config, gpu_memory, measured_peak_bytes, oom;
@@ -51,7 +60,7 @@ def evaluate_cmd(ground_truth: str, output: str | None, estimators: tuple[str, .
     src = Path(ground_truth)
     skipped: list[tuple[str, str]] = []
     if src.is_dir():
-        cases, skipped = snapshot_cases(src, parse_bytes(gpu_memory))
+        cases, skipped = snapshot_cases(src, parse_bytes(gpu_memory), max_warm)
     else:
         cases = read_ground_truth(src)
     names = estimators or ESTIMATOR_NAMES
@@ -134,7 +143,8 @@ def fragmentation_cmd(
     """
     from uvmlab.fragmentation import STWEAVER_REPORTED, write_fragmentation
 
-    frag = _fragmentation_source(source, device, grouping, gpu, kw)
+    with err.status(f"tracing, simulating and planning {source}..."):
+        frag = _fragmentation_source(source, device, grouping, gpu, kw)
     if output:
         write_fragmentation(frag, output, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
     if fmt == "json":
@@ -217,7 +227,8 @@ def colocate_cmd(
 ) -> None:
     """Do JOBS fit together on one GPU (CARMA)? If not, what would UVM oversubscription cost each job?
 
-    Each JOB is a workload name with an optional batch size: gpt2:8 resnet50:32. Fit when the sum of the jobs'
+    Each JOB is a workload name with an optional batch size and per-job options: gpt2:8 resnet50:32
+    resnet50:8,image_size=64 (--option values apply to every job). Fit when the sum of the jobs'
     simulated peak reserved bytes, one CUDA context per job and the margin is at most the GPU memory. Otherwise
     the jobs run interleaved (round-robin by kernel) on one simulated UVM GPU: faults, migrations, slowdown.
     """
@@ -261,7 +272,18 @@ def colocate_cmd(
     if res.uvm is not None:
         print_table(
             f"UVM cost together (capacity {format_bytes(res.uvm_capacity_bytes)}, round-robin by kernel)",
-            ["job", "faults", "faults alone", "HtoD", "DtoH", "evictions", "stall (ms)", "compute (ms)", "slowdown"],
+            [
+                "job",
+                "faults",
+                "faults alone",
+                "HtoD",
+                "DtoH",
+                "evictions",
+                "stall (ms)",
+                "compute (ms)",
+                "slowdown",
+                "vs native",
+            ],
             [
                 [
                     r["job"],
@@ -273,6 +295,7 @@ def colocate_cmd(
                     r["stall_ns"] / 1e6,
                     r["compute_ns"] / 1e6,
                     f"{r['slowdown']:.2f}x",
+                    f"{r['slowdown_vs_native']:.2f}x",
                 ]
                 for r in res.uvm.to_dict("records")
             ],

@@ -33,6 +33,10 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
     Figures that were not collected print n/a (null in JSON), never 0. Also gives the totals of
     `nsys stats -r um_total_sum,um_sum`, including where those reports refuse to run.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from uvmlab.console import err
+    from uvmlab.nsys import schema as S
     from uvmlab.nsys.read import open_export
     from uvmlab.nsys.stats import DEFAULT_ITERATION_PATTERN, summarize
     from uvmlab.nsys.tables import summary_csv_rows, summary_tables
@@ -40,7 +44,11 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
     with open_export(report) as ex:
         for w in ex.warnings:
             note(f"warning: {w}")
-        s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN)
+        total = (ex.row_count(S.GPU_FAULTS) or 0) + (ex.row_count(S.MEMCPY) or 0)
+        columns = (TextColumn("reading fault and copy rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=True, disable=total < 1_000_000) as bar:
+            task = bar.add_task("rows", total=total)
+            s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN, progress=lambda n: bar.advance(task, n))
     if fmt == "json":
         click.echo(json.dumps(s.to_dict(), indent=2, default=str))
     elif fmt == "csv":
@@ -63,7 +71,9 @@ def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | No
     from uvmlab.nsys.measured import import_export
     from uvmlab.nsys.stats import DEFAULT_ITERATION_PATTERN
 
-    rd, result = import_export(report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN)
+    rd, result = import_export(
+        report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN
+    )
     if fmt == "json":
         click.echo(json.dumps(result, indent=2, default=str))
         return
@@ -102,14 +112,23 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
 @click.command("calibrate")
 @click.argument("report", type=click.Path(path_type=Path), required=False)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Parameter file to write (JSON).")
-@click.option("--sim-run", type=click.Path(path_type=Path), default=None,
-              help="A simulated run of the same job: fits the kernel time scale from matched kernels.")
-@click.option("--base", type=click.Path(path_type=Path), default=None,
-              help="Start from this parameter file instead of the built-in defaults.")
+@click.option(
+    "--sim-run",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A simulated run of the same job: fits the kernel time scale from matched kernels.",
+)
+@click.option(
+    "--base",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Start from this parameter file instead of the built-in defaults.",
+)
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def calibrate_cmd(report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool,
-                  fmt: str) -> None:
+def calibrate_cmd(
+    report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool, fmt: str
+) -> None:
     """Fit the simulator's cost parameters (uvmlab.sim.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
@@ -128,8 +147,11 @@ def calibrate_cmd(report: Path | None, out: Path, sim_run: Path | None, base: Pa
         click.echo(json.dumps(doc, indent=2, default=str))
         return
     fitted = doc.get("fitted", {})
-    print_table("Cost parameters", ["parameter", "value", "fitted"],
-                [[k, v, "fitted" if k in fitted else "default"] for k, v in doc["params"].items()])
+    print_table(
+        "Cost parameters",
+        ["parameter", "value", "fitted"],
+        [[k, v, "fitted" if k in fitted else "default"] for k, v in doc["params"].items()],
+    )
     for n in doc.get("notes", []):
         note(n)
     note(f"Wrote {out}")

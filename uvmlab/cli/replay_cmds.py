@@ -77,7 +77,15 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
                 "initial segments (inferred blocks)",
                 [f"{d.initial_segments} ({d.initial_blocks_inferred})" for d in devs],
             ),
-            ("empty_cache bursts / real OOMs", [f"{d.release_bursts} / {d.ooms_real}" for d in devs]),
+            ("emulated empty_cache bursts", [d.release_bursts for d in devs]),
+            (
+                "OOMs sim/real (device capacity)",
+                [
+                    f"{d.ooms_sim}/{d.ooms_real}"
+                    + (f" ({format_bytes(d.capacity_bytes)} inferred)" if d.capacity_bytes is not None else "")
+                    for d in devs
+                ],
+            ),
             ("identical", ["yes" if d.identical else "NO" for d in devs]),
             ("first divergence", [_fmt_div(d.first_divergence) for d in devs]),
         ]

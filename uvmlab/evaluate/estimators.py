@@ -6,7 +6,12 @@
 - ``shape-inference``: the peak of the sum of live tensor bytes (what Horus-style formulas and FakeTensor memory
   counters report): no rounding, no allocator, no framework memory.
 - ``dnnmem``: DNNMem-style analytic liveness (the trace's alloc/free order) with a plain BFC arena
-  (``uvmlab.evaluate.bfc``) and none of PyTorch's allocator rules.
+  (``uvmlab.evaluate.bfc``) and none of PyTorch's allocator rules. Like DNNMem it sees the cuDNN/cuBLAS
+  workspaces (a workload's trace is orchestrated with ``uvmlab.trace.orchestrate.to_cuda``); shape inference
+  does not.
+
+A workload case is estimated for an A100 with the case's ``gpu_memory`` (the GPU model only changes the
+orchestrator's workspace rules).
 
 The uvmlab estimators are imported lazily, so this module imports without torch. A workload case captures its
 trace with ``uvmlab.trace.cache.get_trace`` (torch) the first time a baseline needs it.
@@ -50,6 +55,22 @@ class EvalCase:
             cache = _optional("uvmlab.trace.cache", "trace capture (uvmlab.trace.cache.get_trace)")
             self.trace = cache.get_trace(self.workload)
         return self.trace
+
+    def get_cuda_trace(self) -> Trace:
+        """The CUDA-level trace: a workload's trace orchestrated (workspaces) for an A100 of the case's memory;
+        a snapshot or trace-directory case is already CUDA-level."""
+        trace = self.get_trace()
+        if self.workload is None:
+            return trace
+        orch = _optional("uvmlab.trace.orchestrate", "CUDA orchestration (uvmlab.trace.orchestrate.to_cuda)")
+        return orch.to_cuda(trace, _case_gpu(self))
+
+
+def _case_gpu(case: EvalCase) -> Any:
+    from uvmlab.gpus import get_gpu
+
+    base = get_gpu("A100-80GB")
+    return base.with_memory(case.gpu_memory_bytes) if case.gpu_memory_bytes > base.context_bytes else base
 
 
 class Estimator(Protocol):
@@ -98,12 +119,12 @@ class ShapeInferenceEstimator:
 
 
 class DnnMemEstimator:
-    """DNNMem-style: liveness from the trace and a plain BFC arena, no caching-allocator rules."""
+    """DNNMem-style: liveness from the (CUDA-level) trace and a plain BFC arena, no caching-allocator rules."""
 
     name = "dnnmem"
 
     def estimate(self, case: EvalCase) -> int:
-        return bfc_peak(case.get_trace())
+        return bfc_peak(case.get_cuda_trace())
 
 
 class UvmlabEstimator:
@@ -116,15 +137,11 @@ class UvmlabEstimator:
         self.name = f"uvmlab-{allocator}"
 
     def estimate(self, case: EvalCase) -> int:
-        if case.trace is None and case.workload is not None:
-            from uvmlab.gpus import GpuSpec, get_gpu
-
+        if case.workload is not None:
             est_mod = _optional("uvmlab.estimate", "the workload estimator (uvmlab.estimate.estimate)")
-            base = get_gpu("A100-80GB")
-            gpu: GpuSpec = base
-            if case.gpu_memory_bytes > base.context_bytes:
-                gpu = base.with_memory(case.gpu_memory_bytes)
-            est = est_mod.estimate(case.workload, gpu, allocator=self.allocator, alloc_conf=case.alloc_conf)
+            est = est_mod.estimate(
+                case.workload, _case_gpu(case), allocator=self.allocator, alloc_conf=case.alloc_conf, trace=case.trace
+            )
             return int(est.peak_reserved_bytes)
         return placement_peak(case.get_trace(), self.allocator, case.alloc_conf)
 

@@ -183,8 +183,8 @@ def snapshot_alloc_conf(snap: Any) -> str:
     return str(conf)
 
 
-def admissible(summary_row: dict[str, Any]) -> tuple[bool, str]:
-    """Whether a snapshot device can be ground truth, and why not (see ``MAX_WARM_FRACTION``)."""
+def admissible(summary_row: dict[str, Any], max_warm: float = MAX_WARM_FRACTION) -> tuple[bool, str]:
+    """Whether a snapshot device can be ground truth, and why not (``max_warm``: see ``MAX_WARM_FRACTION``)."""
     actions = summary_row["actions"]
     if not actions.get("alloc"):
         return False, "no alloc events in the trace (state-only snapshot)"
@@ -192,7 +192,7 @@ def admissible(summary_row: dict[str, Any]) -> tuple[bool, str]:
     start = summary_row["reserved_at_trace_start_bytes"]
     if peak <= 0:
         return False, "nothing reserved"
-    if start > MAX_WARM_FRACTION * peak:
+    if start > max_warm * peak:
         return False, f"trace starts mid-run ({start / peak:.0%} of the peak already reserved)"
     return True, ""
 
@@ -238,8 +238,14 @@ def snapshot_case(
     return case
 
 
-def snapshot_cases(directory: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES) -> tuple[list, list]:
-    """Every admissible (snapshot, device) in ``directory``; returns (cases, skipped [(file:device, reason)])."""
+def snapshot_cases(
+    directory: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES, max_warm: float = MAX_WARM_FRACTION
+) -> tuple[list, list]:
+    """Every admissible (snapshot, device) in ``directory``; returns (cases, skipped [(file:device, reason)]).
+
+    ``max_warm`` (0-1) is the largest share of the peak already reserved when the trace began."""
+    if not 0 <= max_warm <= 1:
+        raise InputError(f"the warm-trace limit must be between 0 and 1, not {max_warm}")
     from uvmlab.trace.snapshot import read_snapshot
 
     folder = Path(directory)
@@ -254,7 +260,7 @@ def snapshot_cases(directory: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSH
             skipped.append((f.name, str(exc)))
             continue
         for row in snap.summary():
-            ok, why = admissible(row)
+            ok, why = admissible(row, max_warm)
             if not ok:
                 skipped.append((f"{f.name}:{row['device']}", why))
                 continue

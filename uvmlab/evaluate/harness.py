@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.errors import UnavailableError, UvmlabError
+from uvmlab.errors import InputError, UnavailableError, UvmlabError
 from uvmlab.evaluate.estimators import ESTIMATORS, EvalCase, get_estimators
 from uvmlab.evaluate.metrics import QUADRANT_THRESHOLD, evaluate_runs, quadrant, summarize
 
@@ -44,7 +44,9 @@ def run_estimators(
             t0 = time.perf_counter()
             try:
                 value = est.estimate(case)
-            except (UnavailableError, UvmlabError) as exc:
+            except InputError as exc:  # a bad row (unknown workload, bad option): the user must fix the input
+                raise InputError(f"ground-truth run {case.case_id!r}: {exc}") from None
+            except (UnavailableError, UvmlabError) as exc:  # this estimator cannot do this case: record, go on
                 failures.append((case.case_id, est.name, str(exc)))
                 continue
             rows.append(
@@ -93,13 +95,12 @@ def quadrant_figure(ev: Evaluation, title: str = "Estimators: PEF vs MRE (xMem F
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     markers = "osD^v<>p*h"
     for i, (name, g) in enumerate(ev.by_group.groupby("estimator", sort=True)):
+        color, marker = f"C{i % 10}", markers[i % len(markers)]
         g = g.dropna(subset=["mre"])
-        ax.scatter(100 * g["pef"], 100 * g["mre"], marker=markers[i % len(markers)], alpha=0.5, label=f"{name}")
+        ax.scatter(100 * g["pef"], 100 * g["mre"], marker=marker, color=color, alpha=0.45, label=f"{name}")
         s = ev.summary[ev.summary["estimator"] == name]
         if len(s) and not math.isnan(s["mre"].iloc[0]):
-            ax.scatter(
-                100 * s["pef"], 100 * s["mre"], marker=markers[i % len(markers)], s=160, edgecolors="black", zorder=3
-            )
+            ax.scatter(100 * s["pef"], 100 * s["mre"], marker=marker, color=color, s=160, edgecolors="black", zorder=3)
     t = 100 * QUADRANT_THRESHOLD
     ax.axvline(t, color="grey", lw=0.8, ls="--")
     ax.axhline(t, color="grey", lw=0.8, ls="--")
@@ -112,7 +113,13 @@ def quadrant_figure(ev: Evaluation, title: str = "Estimators: PEF vs MRE (xMem F
     ax.text(0.98, 0.02, "underestimation", transform=ax.transAxes, fontsize=8, color="grey", ha="right")
     ax.text(0.02, 0.97, "overestimation", transform=ax.transAxes, fontsize=8, color="grey", va="top")
     ax.text(0.98, 0.97, "worst", transform=ax.transAxes, fontsize=8, color="grey", ha="right", va="top")
-    ax.legend(fontsize=8, title="small: per model; large: all runs", title_fontsize=7, loc="center right")
+    ax.legend(
+        fontsize=8,
+        title="small: per model; large: all runs",
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     fig.tight_layout()
     return fig
 

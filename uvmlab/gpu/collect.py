@@ -179,6 +179,10 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: Any) 
         "balloon_plan": b.to_dict(),
         "balloon_actual": balloon_actual(allocs),
         "nsys": nsys_result.get("nsys"),
+        "timing_note": "iteration times include nsys tracing overhead (UM fault tracing is costly); the baseline "
+        "ran without nsys: for timing and slowdown, run without --nsys"
+        if opts.nsys
+        else None,
     }
     rundir.write_json(
         rundir.env_json,

@@ -5,6 +5,7 @@ its ``reason`` (one sentence naming what is missing) when there is none.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,7 +102,5 @@ def gpu_status(env: dict[str, str] | None = None) -> GpuStatus:
     except pynvml.NVMLError as exc:
         return GpuStatus(False, f"NVML could not describe the GPU ({exc})")
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass

@@ -85,7 +85,9 @@ def checks() -> list[Check]:
         ver = f"{v // 1000}.{(v % 1000) // 10}" if v else "version unknown"
         rows.append(Check("CUDA runtime", v is not None, f"{ver} at {cudart}"))
     tv, tc = _package_version("torch"), torch_cuda_version()
-    rows.append(Check("torch", tv is not None and tc is not None, f"{tv or 'not installed'}, CUDA build {tc or 'none'}"))
+    rows.append(
+        Check("torch", tv is not None and tc is not None, f"{tv or 'not installed'}, CUDA build {tc or 'none'}")
+    )
     nsys_version = collect.tool_version(["nsys", "--version"])
     rows.append(Check("nsys", nsys_version is not None, nsys_version or "not on PATH (needed for --nsys)"))
     cxx = shim.find_compiler()

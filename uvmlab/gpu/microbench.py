@@ -32,7 +32,6 @@ listed in the result's ``notes`` (and in the parameter file's ``source``).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -123,8 +122,10 @@ def fit(timings: pd.DataFrame, link_bytes_per_s: float | None = None) -> Fit:
             notes.append(f"{name}: {why_missing}; kept the default {getattr(defaults, name):g}")
             return
         if value < 0:
-            notes.append(f"{name}: fitted {value:.0f} ns < 0, set to 0 (the data's per-block cost is below the model's"
-                         " transfer time: a lower link rate, or not every block migrating, would explain it)")
+            notes.append(
+                f"{name}: fitted {value:.0f} ns < 0, set to 0 (the data's per-block cost is below the model's"
+                " transfer time: a lower link rate, or not every block migrating, would explain it)"
+            )
             value = 0.0
         values[name] = value
 
@@ -135,7 +136,11 @@ def fit(timings: pd.DataFrame, link_bytes_per_s: float | None = None) -> Fit:
     put("block_first_gpu_ns", first, "needs touch_fresh rows")
     evict = per_block["touch_oversub"] - svc - 2 * t2 if "touch_oversub" in per_block and t2 else None
     put("evict_fixed_ns", evict, "needs touch_oversub rows and the link bandwidth")
-    turn = per_block["touch_random"] - per_block["touch_host"] if {"touch_random", "touch_host"} <= set(per_block) else None
+    turn = (
+        per_block["touch_random"] - per_block["touch_host"]
+        if {"touch_random", "touch_host"} <= set(per_block)
+        else None
+    )
     put("batch_turnaround_ns", turn, "needs touch_random and touch_host rows")
     params = replace(defaults, **values, link_bytes_per_s=link)
     return Fit(params=params, per_block_ns=per_block, link_bytes_per_s=link, notes=tuple(notes))
@@ -183,6 +188,8 @@ extern "C" __global__ void touch(unsigned char* p, const long long* order, long 
     if (i < npages) { long long page = order ? order[i] : i; p[page * stride] += 1; }
 }
 """
+CUDA_CPU_DEVICE_ID = -1
+"""cudaCpuDeviceId (driver_types.h)."""
 DEFAULT_SIZES = (2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB, 1024 * MiB)
 DEFAULT_FACTORS = (1.5, 2.0, 4.0)
 
@@ -194,11 +201,14 @@ def run_microbench(
     reserve_bytes: int = 256 * MiB,
     repeats: int = 3,
     seed: int = 0,
-) -> pd.DataFrame:
+    out: Any = None,
+) -> Any:
     """Measure the timings table on this machine's GPU (CuPy). Refuses with one sentence without a GPU or CuPy.
 
     Each row is the median of ``repeats`` runs. Run it on an otherwise idle GPU: the oversubscription rows put a
     balloon (real cudaMalloc) in front of UVM so that ``oversub_capacity_bytes`` remain for it.
+    Returns the timings DataFrame; with ``out`` (what ``uvmlab calibrate --microbench`` passes) it also fits them,
+    writes the CostParams file ``out`` and returns that file's content plus ``fitted``, ``notes`` and ``timings``.
     """
     from uvmlab.gpu.detect import gpu_status
 
@@ -227,9 +237,10 @@ def run_microbench(
     def touch(mem: Any, size: int, order: Any = None) -> None:
         npages = size // PAGE_BYTES
         threads = 256
-        kernel(((npages + threads - 1) // threads,), (threads,),
-               (mem.ptr, order.data.ptr if order is not None else 0, np.int64(npages), np.int64(PAGE_BYTES)),
-               stream=stream)
+        order_ptr = np.uint64(order.data.ptr if order is not None else 0)  # a null pointer: in-order touch
+        args = (np.uint64(mem.ptr), order_ptr, np.int64(npages), np.int64(PAGE_BYTES))
+        with stream:
+            kernel(((npages + threads - 1) // threads,), (threads,), args)
 
     def host_fill(mem: Any, size: int) -> None:
         import ctypes
@@ -250,13 +261,13 @@ def run_microbench(
                     order = cp.asarray(rng.permutation(size // PAGE_BYTES).astype(np.int64))
                 if kind != "touch_fresh":
                     host_fill(mem, size)
+                # ManagedMemory.prefetch picks the runtime's ABI (CUDA 13 takes a location; cupy PR #9289)
                 if kind == "prefetch_htod":
-                    times.append(timed(lambda m=mem, s=size: rt.memPrefetchAsync(m.ptr, s, dev, stream.ptr)))
+                    times.append(timed(lambda m=mem: m.mem.prefetch(stream, dev)))
                 elif kind == "prefetch_dtoh":
-                    rt.memPrefetchAsync(mem.ptr, size, dev, stream.ptr)
+                    mem.mem.prefetch(stream, dev)
                     stream.synchronize()
-                    times.append(timed(lambda m=mem, s=size: rt.memPrefetchAsync(m.ptr, s, rt.cudaCpuDeviceId,
-                                                                                  stream.ptr)))
+                    times.append(timed(lambda m=mem: m.mem.prefetch(stream, CUDA_CPU_DEVICE_ID)))
                 else:
                     times.append(timed(lambda m=mem, s=size, o=order: touch(m, s, o)))
                 del mem, order
@@ -279,5 +290,31 @@ def run_microbench(
     finally:
         if balloon:
             rt.free(balloon)
-    time.sleep(0)
-    return pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+    timings = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+    if out is None:
+        return timings
+    return write_fit(fit(timings), timings, out, f"uvmlab.gpu.microbench on {status.name} (driver {status.driver})")
+
+
+def write_fit(result: Fit, timings: pd.DataFrame, out: Any, source: str) -> dict[str, Any]:
+    """Write ``result.params`` as a CostParams file (notes appended to ``source``); return the file's content plus
+    ``fitted`` (the parameter names the data set), ``notes`` and ``timings`` (records)."""
+    import json
+    from pathlib import Path
+
+    if result.notes:
+        source += "; " + "; ".join(result.notes)
+    path = result.params.to_file(Path(out), source)
+    doc = json.loads(path.read_text())
+    kept = {n.split(":")[0] for n in result.notes}
+    if result.link_bytes_per_s is None:
+        kept.add("link_bytes_per_s")
+    doc["fitted"] = [n for n in param_names() if n not in kept]
+    doc["notes"] = list(result.notes)
+    doc["timings"] = timings.to_dict(orient="records")
+    return doc
+
+
+def calibrate_microbench(out: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run the microbenchmarks, fit, write the CostParams file ``out``; return its content (see run_microbench)."""
+    return dict(run_microbench(out=out, **kwargs))

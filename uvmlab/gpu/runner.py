@@ -96,10 +96,11 @@ class Plan:
     """Everything a GPU run will do, decided before anything runs."""
 
     steps: tuple[Step, ...]
-    balloon: BalloonPlan
+    balloon: BalloonPlan | None
+    """None until the footprint is known (``--footprint measure`` before calibration)."""
     gpu_name: str
     gpu_source: str
-    """'detected' or 'assumed (--gpu; no GPU here: <reason>)'."""
+    """'detected' or 'assumed from --gpu' (no GPU here; the reason is in ``notes``)."""
     footprint_source: str
     rundir: Path
     alloc_conf: str
@@ -108,8 +109,8 @@ class Plan:
     notes: tuple[str, ...] = ()
 
     @property
-    def balloon_bytes(self) -> int:
-        return self.balloon.balloon_bytes
+    def balloon_bytes(self) -> int | None:
+        return None if self.balloon is None else self.balloon.balloon_bytes
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -121,7 +122,7 @@ class Plan:
 def build_alloc_conf(extra: str) -> str:
     """PYTORCH_CUDA_ALLOC_CONF for a GPU run: the required native backend plus the user's additions."""
     parts = [REQUIRED_ALLOC_CONF]
-    for item in (p.strip() for p in extra.split(",")):
+    for item in (p.strip() for p in _split_top_level(extra)):
         if not item:
             continue
         key, sep, value = item.partition(":")
@@ -144,6 +145,20 @@ def build_alloc_conf(extra: str) -> str:
     return ",".join(parts)
 
 
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets (roundup_power2_divisions:[256:1,>:4] is one entry)."""
+    items, depth, cur = [], 0, []
+    for ch in text:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return items
+
+
 def host_memory_bytes() -> int | None:
     """MemTotal from /proc/meminfo (None where unreadable)."""
     try:
@@ -162,7 +177,7 @@ def _gpu_for(cfg: RunConfig, status: GpuStatus) -> tuple[GpuSpec, int, str, str]
         return spec, status.memory_bytes, status.name or cfg.gpu, "detected"
     if cfg.gpu_memory_bytes is not None:
         spec = spec.with_memory(cfg.gpu_memory_bytes)
-    return spec, spec.memory_bytes, spec.name, f"assumed from --gpu (no GPU here: {status.reason})"
+    return spec, spec.memory_bytes, spec.name, "assumed from --gpu"
 
 
 def _estimate_footprint(cfg: RunConfig) -> int:
@@ -179,10 +194,14 @@ def plan_run(
     status: GpuStatus | None = None,
     measured_footprint_bytes: int | None = None,
     estimate: Callable[[RunConfig], int] | None = None,
+    standin: bool = True,
 ) -> Plan:
     """Decide every command and number of a GPU run. Reads, never writes; no process is started.
 
-    ``status`` defaults to :func:`gpu_status`; ``estimate`` to ``uvmlab.simulate.footprint_bytes``.
+    ``status`` defaults to :func:`gpu_status`; ``estimate`` to ``uvmlab.simulate.footprint_bytes``. With
+    ``--footprint measure`` and no ``measured_footprint_bytes`` the plan starts with the ``calibrate`` step; the later
+    steps are shown with the estimate as a stand-in (``standin=False`` leaves them out, as ``run_gpu`` does), or
+    left out with a note when the estimate itself would be refused.
     """
     status = gpu_status() if status is None else status
     estimate = estimate or _estimate_footprint
@@ -190,24 +209,12 @@ def plan_run(
     logs = rundir / "logs"
     spec, total, gpu_name, gpu_source = _gpu_for(cfg, status)
     notes: list[str] = []
-
-    needs_measurement = False
-    if measured_footprint_bytes is not None:
-        footprint, fp_source = int(measured_footprint_bytes), "measured (calibration run under the shim)"
-    elif isinstance(opts.footprint, int):
-        footprint, fp_source = opts.footprint, "given (--footprint)"
-    elif opts.footprint == "estimate":
-        footprint, fp_source = estimate(cfg), "estimate (uvmlab.simulate.footprint_bytes)"
-    else:
-        needs_measurement = True
-        footprint = estimate(cfg)
-        fp_source = "to be measured by the calibrate step; the numbers below use the simulator's estimate until then"
-
+    if not status.available:
+        notes.append(f"no GPU here ({status.reason}); this plan assumes the {gpu_name} from --gpu")
     # Without a GPU here the run will happen on another host: this machine's RAM says nothing about it.
     host = opts.host_memory_bytes
     if host is None and status.available:
         host = host_memory_bytes()
-    balloon = plan_balloon(footprint, cfg.oversub, total, spec.context_bytes, opts.reserve_bytes, host)
     alloc_conf = build_alloc_conf(opts.alloc_conf)
 
     from uvmlab.gpu import shim as shim_mod
@@ -229,8 +236,64 @@ def plan_run(
             alloc_log=logs / ALLOC_LOG.format(role=role),
         )
 
+    def later_steps(footprint: int) -> tuple[BalloonPlan, list[Step]]:
+        balloon = plan_balloon(footprint, cfg.oversub, total, spec.context_bytes, opts.reserve_bytes, host)
+        steps: list[Step] = []
+        if opts.baseline:
+            if footprint > balloon.total_bytes - balloon.context_bytes - balloon.reserve_bytes:
+                raise InputError(
+                    f"--baseline runs the job without UVM, but its footprint {format_bytes(footprint)} does not fit "
+                    f"the {gpu_name}'s {format_bytes(total)}; drop --baseline"
+                )
+            steps.append(
+                Step(
+                    "baseline",
+                    (*worker, "--role", "baseline"),
+                    {**base_env, **shim_vars("baseline", "passthrough", None)},
+                    cwd,
+                    "the same job without UVM (shim in passthrough mode, logging only): the non-UVM time",
+                )
+            )
+        run_argv: tuple[str, ...] = (*worker, "--role", "run")
+        if opts.nsys:
+            run_argv = (opts.nsys_path, "profile", *NSYS_PROFILE_FLAGS, "-o", str(logs / "profile"), *run_argv)
+        steps.append(
+            Step(
+                "run",
+                run_argv,
+                {**base_env, **shim_vars("run", "managed", balloon.leave_bytes)},
+                cwd,
+                f"the job under UVM: cudaMalloc -> cudaMallocManaged; the balloon leaves "
+                f"{format_bytes(balloon.leave_bytes)} free (UVM capacity {format_bytes(balloon.available_bytes)} + "
+                f"reserve {format_bytes(balloon.reserve_bytes)})",
+            )
+        )
+        if opts.nsys:
+            export_argv = ("export", "--type", "sqlite", "--force-overwrite", "true", "-o")
+            steps.append(
+                Step(
+                    "export",
+                    (opts.nsys_path, *export_argv, str(logs / "profile.sqlite"), str(logs / "profile.nsys-rep")),
+                    {},
+                    cwd,
+                    "SQLite export of the report, read by uvmlab.nsys.measured.to_run_tables",
+                )
+            )
+        return balloon, steps
+
     steps: list[Step] = []
-    if needs_measurement:
+    balloon: BalloonPlan | None = None
+    needs_measurement = measured_footprint_bytes is None and opts.footprint == "measure"
+    if measured_footprint_bytes is not None:
+        fp_source = "measured (calibration run under the shim)"
+        balloon, steps = later_steps(int(measured_footprint_bytes))
+    elif isinstance(opts.footprint, int):
+        fp_source = "given (--footprint)"
+        balloon, steps = later_steps(opts.footprint)
+    elif opts.footprint == "estimate":
+        fp_source = "estimate (uvmlab.simulate.footprint_bytes)"
+        balloon, steps = later_steps(estimate(cfg))
+    else:
         steps.append(
             Step(
                 "calibrate",
@@ -241,58 +304,17 @@ def plan_run(
                 "gives the footprint",
             )
         )
-    if opts.baseline:
-        if footprint > balloon.total_bytes - balloon.context_bytes - balloon.reserve_bytes:
-            raise InputError(
-                f"--baseline runs the job without UVM, but its footprint {format_bytes(footprint)} does not fit the "
-                f"{gpu_name}'s {format_bytes(total)}; drop --baseline"
-            )
-        steps.append(
-            Step(
-                "baseline",
-                (*worker, "--role", "baseline"),
-                {**base_env, **shim_vars("baseline", "passthrough", None)},
-                cwd,
-                "the same job without UVM (shim in passthrough mode, logging only): the non-UVM time",
-            )
-        )
-    run_argv: tuple[str, ...] = (*worker, "--role", "run")
-    if opts.nsys:
-        run_argv = (opts.nsys_path, "profile", *NSYS_PROFILE_FLAGS, "-o", str(logs / "profile"), *run_argv)
-    steps.append(
-        Step(
-            "run",
-            run_argv,
-            {**base_env, **shim_vars("run", "managed", balloon.leave_bytes)},
-            cwd,
-            f"the job under UVM: cudaMalloc -> cudaMallocManaged; the balloon leaves "
-            f"{format_bytes(balloon.leave_bytes)} free (UVM capacity {format_bytes(balloon.available_bytes)} + "
-            f"reserve {format_bytes(balloon.reserve_bytes)})",
-        )
-    )
-    if opts.nsys:
-        steps.append(
-            Step(
-                "export",
-                (
-                    opts.nsys_path,
-                    "export",
-                    "--type",
-                    "sqlite",
-                    "--force-overwrite",
-                    "true",
-                    "-o",
-                    str(logs / "profile.sqlite"),
-                    str(logs / "profile.nsys-rep"),
-                ),
-                {},
-                cwd,
-                "SQLite export of the report, read by uvmlab.nsys.measured.to_run_tables",
-            )
-        )
-    if not status.available:
-        notes.append(f"no GPU here ({status.reason}); this plan assumes the {gpu_name} from --gpu")
-    notes.extend(balloon.notes)
+        fp_source = "to be measured by the calibrate step"
+        if standin:
+            try:
+                balloon, later = later_steps(estimate(cfg))
+            except InputError as exc:
+                notes.append(f"with the simulator's estimate the later steps would be refused ({exc})")
+            else:
+                steps.extend(later)
+                fp_source += "; the numbers below use the simulator's estimate until then"
+    if balloon is not None:
+        notes.extend(balloon.notes)
     return Plan(
         steps=tuple(steps),
         balloon=balloon,
@@ -309,20 +331,23 @@ def plan_run(
 def format_plan(plan: Plan) -> str:
     """The dry run's text: the balloon arithmetic, then each command shell-quoted with the variables it sets."""
     b = plan.balloon
-    lines = [
-        f"GPU: {plan.gpu_name} ({plan.gpu_source})",
-        f"footprint: {b.footprint_bytes} B ({format_bytes(b.footprint_bytes)}), {plan.footprint_source}",
-        "balloon arithmetic (bytes):",
-        f"  total memory               {b.total_bytes:>16}  {format_bytes(b.total_bytes)}",
-        f"  - CUDA context + driver    {b.context_bytes:>16}  {format_bytes(b.context_bytes)}",
-        f"  - reserve (non-UVM, PMA)   {b.reserve_bytes:>16}  {format_bytes(b.reserve_bytes)}",
-        f"  - UVM capacity C = M / f   {b.available_bytes:>16}  {format_bytes(b.available_bytes)}"
-        f"  (f = {b.oversub:g}, achieved {b.achieved_oversub:.4f})",
-        f"  = balloon (planned)        {b.balloon_bytes:>16}  {format_bytes(b.balloon_bytes)}",
-        f"  the shim leaves C + reserve = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time",
-        f"  factor over total memory (F_total): {b.oversub_total:.4f}",
-        f"PYTORCH_CUDA_ALLOC_CONF: {plan.alloc_conf}",
-    ]
+    lines = [f"GPU: {plan.gpu_name} ({plan.gpu_source})"]
+    if b is None:
+        lines.append(f"footprint: unknown, {plan.footprint_source}")
+    else:
+        lines += [
+            f"footprint: {b.footprint_bytes} B ({format_bytes(b.footprint_bytes)}), {plan.footprint_source}",
+            "balloon arithmetic (bytes):",
+            f"  total memory               {b.total_bytes:>16}  {format_bytes(b.total_bytes)}",
+            f"  - CUDA context + driver    {b.context_bytes:>16}  {format_bytes(b.context_bytes)}",
+            f"  - reserve (non-UVM, PMA)   {b.reserve_bytes:>16}  {format_bytes(b.reserve_bytes)}",
+            f"  - UVM capacity C = M / f   {b.available_bytes:>16}  {format_bytes(b.available_bytes)}"
+            f"  (f = {b.oversub:g}, achieved {b.achieved_oversub:.4f})",
+            f"  = balloon (planned)        {b.balloon_bytes:>16}  {format_bytes(b.balloon_bytes)}",
+            f"  the shim leaves C + reserve = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time",
+            f"  factor over total memory (F_total): {b.oversub_total:.4f}",
+        ]
+    lines.append(f"PYTORCH_CUDA_ALLOC_CONF: {plan.alloc_conf}")
     for note in plan.notes:
         lines.append(f"note: {note}")
     for i, step in enumerate(plan.steps, 1):
@@ -366,19 +391,20 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
     from uvmlab.gpu import collect
     from uvmlab.gpu.shim import build_shim, managed_footprint_bytes, read_alloc_log
 
+    if opts.dry_run:
+        return dry_run(cfg, opts, Path(rundir.path))
     status = gpu_status().require()
     library = str(build_shim())
     opts = replace(opts, shim_library=library)
     path = Path(rundir.path)
-    plan = plan_run(cfg, opts, path.resolve(), status=status)
+    plan = plan_run(cfg, opts, path.resolve(), status=status, standin=False)
     if opts.nsys and plan.steps and not collect.which(opts.nsys_path):
         raise UnavailableError(f"--nsys needs Nsight Systems: {opts.nsys_path} is not on PATH")
     rundir.logs.mkdir(parents=True, exist_ok=True)
     rundir.write_json(rundir.config_json, {**cfg.to_dict(), "gpu_options": _opts_dict(opts)})
     for old in rundir.logs.glob("*.alloc.bin"):
         old.unlink()
-    first = [s for s in plan.steps if s.name == "calibrate"] if plan.needs_measurement else list(plan.steps)
-    for step in first:
+    for step in plan.steps:  # with --footprint measure: only the calibrate step (standin=False)
         _run_checked(step, rundir.logs)
     if plan.needs_measurement:
         log = read_alloc_log(rundir.logs / ALLOC_LOG.format(role="calibrate"))
@@ -389,6 +415,28 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
         for step in plan.steps:
             _run_checked(step, rundir.logs)
     return collect.collect_run(cfg, opts, plan, rundir, status)
+
+
+def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]:
+    """Print the plan (works without a GPU: it assumes ``--gpu`` and says so) and return it; nothing runs or is
+    written."""
+    from uvmlab.console import out
+
+    status = gpu_status()
+    plan = plan_run(cfg, opts, rundir.resolve(), status=status)
+    text = format_plan(plan)
+    out.print(text, markup=False, highlight=False, end="")
+    return {
+        "mode": "gpu",
+        "dry_run": True,
+        "gpu": plan.gpu_name,
+        "gpu_source": plan.gpu_source,
+        "footprint_bytes": None if plan.balloon is None else plan.balloon.footprint_bytes,
+        "available_bytes": None if plan.balloon is None else plan.balloon.available_bytes,
+        "balloon": None if plan.balloon is None else plan.balloon.to_dict(),
+        "steps": [{"name": s.name, "argv": list(s.argv), "env": dict(s.env), "cwd": s.cwd} for s in plan.steps],
+        "plan": text,
+    }
 
 
 def _run_checked(step: Step, logs: Path) -> int:

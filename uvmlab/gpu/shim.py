@@ -13,6 +13,7 @@ load) followed by 56-byte records (t_ns, dur_ns, ptr, size, arg, pid, op, result
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -77,6 +78,7 @@ def find_compiler() -> str | None:
     return shutil.which(cxx)
 
 
+@functools.lru_cache(maxsize=8)
 def _compiler_version(cxx: str) -> str:
     try:
         proc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False)
@@ -195,7 +197,9 @@ def read_alloc_log(path: Path | str) -> pd.DataFrame:
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)") from None
+        raise InputError(
+            f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)"
+        ) from None
     if len(data) < LOG_HEADER_BYTES or data[:8] != LOG_MAGIC:
         raise InputError(f"{p} is not a uvmlab shim allocation log (no UVMLBLOG header)")
     version = int.from_bytes(data[8:12], "little")

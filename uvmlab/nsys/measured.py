@@ -53,8 +53,14 @@ def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
     it = np.full(len(mig), -1, dtype=np.int64)
     if len(k):
         kp = pd.to_numeric(k["pid"], errors="coerce").fillna(-1).to_numpy(np.int64)
-        idx = assign(s, e, group_key(m_pid, m_dev), k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64),
-                     group_key(kp, k["device_id"].to_numpy(np.int64)))
+        idx = assign(
+            s,
+            e,
+            group_key(m_pid, m_dev),
+            k["start_ns"].to_numpy(np.int64),
+            k["end_ns"].to_numpy(np.int64),
+            group_key(kp, k["device_id"].to_numpy(np.int64)),
+        )
         kid = np.where(idx >= 0, k["kernel_id"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
         it = np.where(idx >= 0, k["iteration"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
     its = summary.iterations
@@ -63,30 +69,40 @@ def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
         o = np.flatnonzero(out_mask)
         if len(o):
             # iteration windows are per process; an export of one training job has one process
-            widx = assign(s[o], e[o], np.zeros(len(o), np.int64), its["start_ns"].to_numpy(np.int64),
-                          its["end_ns"].to_numpy(np.int64), np.zeros(len(its), np.int64))
+            widx = assign(
+                s[o],
+                e[o],
+                np.zeros(len(o), np.int64),
+                its["start_ns"].to_numpy(np.int64),
+                its["end_ns"].to_numpy(np.int64),
+                np.zeros(len(its), np.int64),
+            )
             it[o] = np.where(widx >= 0, its["iteration"].to_numpy(np.int64)[np.maximum(widx, 0)], -1)
-    out = pd.DataFrame({
-        "start_ns": s,
-        "end_ns": e,
-        "bytes": mig["bytes"].to_numpy(np.int64),
-        "direction": mig["direction"].to_numpy(object),
-        "cause": mig["cause"].to_numpy(object),
-        "address": pd.array(mig["address"], dtype="Int64"),
-        "kernel_id": kid,
-        "iteration": it,
-    })
+    out = pd.DataFrame(
+        {
+            "start_ns": s,
+            "end_ns": e,
+            "bytes": mig["bytes"].to_numpy(np.int64),
+            "direction": mig["direction"].to_numpy(object),
+            "cause": mig["cause"].to_numpy(object),
+            "address": pd.array(mig["address"], dtype="Int64"),
+            "kernel_id": kid,
+            "iteration": it,
+        }
+    )
     return check_table("migrations", out)
 
 
 def _memory_table(ex: Export) -> pd.DataFrame:
     mem = ex.memory_usage()
-    out = pd.DataFrame({
-        "time_ns": mem["time_ns"].to_numpy(np.int64) if len(mem) else np.zeros(0, np.int64),
-        "allocated_bytes": np.full(len(mem), np.nan),
-        "reserved_bytes": mem["live_bytes"].to_numpy(np.int64) if len(mem) else np.zeros(0, np.int64),
-        "resident_bytes": np.full(len(mem), np.nan),
-    })
+    out = pd.DataFrame(
+        {
+            "time_ns": mem["time_ns"].to_numpy(np.int64) if len(mem) else np.zeros(0, np.int64),
+            "allocated_bytes": np.full(len(mem), np.nan),
+            "reserved_bytes": mem["live_bytes"].to_numpy(np.int64) if len(mem) else np.zeros(0, np.int64),
+            "resident_bytes": np.full(len(mem), np.nan),
+        }
+    )
     if len(mem):
         out["device_id"] = mem["device_id"].to_numpy()
         out["op"] = mem["op"].to_numpy(object)
@@ -154,8 +170,10 @@ def result_of(ex: Export, summary: Summary, tables: dict[str, pd.DataFrame]) -> 
         gpu=", ".join(gpus) if gpus else None,
         footprint_bytes=(int(managed["delta_bytes"].cumsum().max()) if len(managed) else 0) if mem_known else None,
         peak_reserved_bytes=summary.memory.get("peak_live_bytes") if mem_known else None,
-        iterations=int(len(its)) if len(its) else None,
-        iteration_time_ns=(float(its["duration_ns"].iloc[1:].mean()) if len(its) > 1 else float(its["duration_ns"].iloc[0]))
+        iterations=len(its) if len(its) else None,
+        iteration_time_ns=(
+            float(its["duration_ns"].iloc[1:].mean()) if len(its) > 1 else float(its["duration_ns"].iloc[0])
+        )
         if len(its)
         else None,
         total_time_ns=int(its["end_ns"].max() - its["start_ns"].min()) if len(its) else _gpu_activity_span(ex),
@@ -195,17 +213,23 @@ def import_export(
         tables = to_run_tables(ex, iteration_pattern, summary)
         result = result_of(ex, summary, tables)
         rd.prepare(force=force)
-        rd.write_json(rd.config_json, {
-            "mode": "measured",
-            "source": str(Path(path).resolve()),
-            "iteration_pattern": iteration_pattern,
-        })
-        rd.write_json(rd.env_json, {
-            "nsys_version": ex.version.nsys_version,
-            "nsys_schema_version": ex.version.schema_version,
-            "version_source": ex.version.source,
-            "gpus": _gpu_names(ex),
-        })
+        rd.write_json(
+            rd.config_json,
+            {
+                "mode": "measured",
+                "source": str(Path(path).resolve()),
+                "iteration_pattern": iteration_pattern,
+            },
+        )
+        rd.write_json(
+            rd.env_json,
+            {
+                "nsys_version": ex.version.nsys_version,
+                "nsys_schema_version": ex.version.schema_version,
+                "version_source": ex.version.source,
+                "gpus": _gpu_names(ex),
+            },
+        )
     for name, df in tables.items():
         rd.write_table(name, df)
     rd.write_json(rd.result_json, result)

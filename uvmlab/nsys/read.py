@@ -207,10 +207,10 @@ class Export:
         """GPU page fault records: start_ns, end_ns, pid, device_id, address, fault_count, access."""
         cols = ["start_ns", "end_ns", "pid", "device_id", "address", "fault_count", "access_id"]
         if not self.has(S.GPU_FAULTS):
-            return _empty(cols[:-1] + ["access"])
+            return _empty([*cols[:-1], "access"])
         t = S.GPU_FAULTS
         df = self._df(
-            f'SELECT start, {self.col(t, "end", "start")}, globalPid, deviceId, {self.col(t, "address")}, '
+            f"SELECT start, {self.col(t, 'end', 'start')}, globalPid, deviceId, {self.col(t, 'address')}, "
             f'numberOfPageFaults, {self.col(t, "faultAccessType")} FROM "{t}" ORDER BY start',
             cols,
         )
@@ -255,7 +255,7 @@ class Export:
         t = S.KERNEL
         df = self._df(
             f'SELECT start, "end", {self.col(t, "globalPid")}, deviceId, {self.col(t, "streamId")}, '
-            f'{self.col(t, "correlationId")}, {self.col(t, "shortName")}, {self.col(t, "demangledName")} '
+            f"{self.col(t, 'correlationId')}, {self.col(t, 'shortName')}, {self.col(t, 'demangledName')} "
             f'FROM "{t}" ORDER BY start, "end"',
             cols,
         )
@@ -319,7 +319,7 @@ class Export:
             return _empty(["time_ns", "pid", "device_id", "address", "bytes", "mem_kind", "op", "delta_bytes"])
         t = S.MEMORY_USAGE
         df = self._df(
-            f'SELECT start, {self.col(t, "globalPid")}, {self.col(t, "deviceId")}, {self.col(t, "address")}, bytes, '
+            f"SELECT start, {self.col(t, 'globalPid')}, {self.col(t, 'deviceId')}, {self.col(t, 'address')}, bytes, "
             f'{self.col(t, "memKind")}, memoryOperationType FROM "{t}" ORDER BY start, rowid',
             cols,
         )

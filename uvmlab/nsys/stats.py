@@ -23,6 +23,7 @@ start to last kernel end, or the CPU range if it has no kernels) it overlaps. Ph
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,22 +93,67 @@ def _py(v: Any) -> Any:
 
 
 # -- totals (SQL) --------------------------------------------------------------------------------------------------
-def fault_totals(ex: Export) -> dict[str, Any]:
-    """GPU fault totals by access type and CPU fault count (None where not collected)."""
+@dataclass
+class FaultScan:
+    """What one pass over the GPU fault table gathers (so the 10-million-row table is read once)."""
+
+    has_address: bool = True
+    records: int = 0
+    by_access: dict[str, int] = field(default_factory=lambda: {name: 0 for name in S.ACCESS_TYPE.values()})
+    address_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def add(self, access: np.ndarray, n: np.ndarray, address: np.ndarray) -> None:
+        self.records += len(n)
+        ids = np.clip(access, 0, len(S.ACCESS_TYPE))
+        sums = np.bincount(ids, weights=n, minlength=len(S.ACCESS_TYPE) + 1)
+        for i, v in enumerate(sums):
+            self.by_access[S.ACCESS_TYPE.get(i, "unknown")] += int(v)
+        self.address_parts.append(_sum_by_key(address, n))
+        if len(self.address_parts) > 8:  # keep memory bounded: fold the partial sums
+            self._fold()
+
+    def _fold(self) -> None:
+        keys = np.concatenate([k for k, _ in self.address_parts])
+        vals = np.concatenate([v for _, v in self.address_parts])
+        self.address_parts = [_sum_by_key(keys, vals)]
+
+    def by_address(self) -> pd.Series:
+        """GPU faults (Σ numberOfPageFaults) per faulting page address."""
+        if not self.address_parts:
+            return pd.Series([], dtype="int64")
+        if len(self.address_parts) > 1:
+            self._fold()
+        keys, vals = self.address_parts[0]
+        return pd.Series(vals, index=keys)
+
+
+def _sum_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, summed values), vectorized."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return uniq, np.bincount(inv, weights=values, minlength=len(uniq)).astype(np.int64)
+
+
+def fault_totals(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
+    """GPU fault totals by access type and CPU fault count (None where not collected).
+
+    Aggregated in SQLite, or taken from ``scan`` (the attribution pass) when given.
+    """
     gst, _ = ex.status(S.GPU_FAULTS)
     cst, _ = ex.status(S.CPU_FAULTS)
     by_access = {name: 0 for name in S.ACCESS_TYPE.values()}
-    records = total = addresses = 0
-    if ex.has(S.GPU_FAULTS):
+    records = addresses = 0
+    if scan is not None:
+        by_access = dict(scan.by_access)
+        records = scan.records
+        addresses = len(scan.by_address()) if scan.has_address else None
+    elif ex.has(S.GPU_FAULTS):
         acc = ex.col(S.GPU_FAULTS, "faultAccessType", "0")
-        for a, n, rows in ex.query(
-            f"SELECT {acc}, sum(numberOfPageFaults), count(*) FROM {S.GPU_FAULTS} GROUP BY 1"
-        ):
+        for a, n, rows in ex.query(f"SELECT {acc}, sum(numberOfPageFaults), count(*) FROM {S.GPU_FAULTS} GROUP BY 1"):
             by_access[S.ACCESS_TYPE.get(a, "unknown")] += int(n or 0)
-            total += int(n or 0)
             records += int(rows)
         if "address" in ex.columns(S.GPU_FAULTS):
             addresses = int(ex.query(f"SELECT count(DISTINCT address) FROM {S.GPU_FAULTS}")[0][0])
+    total = sum(by_access.values())
     cpu = ex.row_count(S.CPU_FAULTS) or 0
     return {
         "gpu_fault_count": _none_if(gst, total),
@@ -153,14 +199,14 @@ def migration_totals(ex: Export) -> dict[str, Any]:
     }
 
 
-def um_total_sum(ex: Export) -> dict[str, Any]:
+def um_total_sum(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
     """The figures of NVIDIA's ``um_total_sum`` report (reference/nsys.md §2.3), and whether that report would run.
 
     NVIDIA's script refuses unless MEMCPY, CPU-fault and GPU-fault tables all exist; uvmlab computes the figures
     anyway and gives None for a source that was not collected.
     """
     missing = [t for t in (S.MEMCPY, S.CPU_FAULTS, S.GPU_FAULTS) if not ex.has(t)]
-    f = fault_totals(ex)
+    f = fault_totals(ex, scan)
     m = migration_totals(ex)
     return {
         "nvidia_report_runs": not missing,
@@ -172,33 +218,60 @@ def um_total_sum(ex: Export) -> dict[str, Any]:
     }
 
 
-def um_sum(ex: Export, rows: int = TOP_N) -> list[dict[str, Any]]:
+def um_sum(ex: Export, rows: int = TOP_N, gpu_by_address: pd.Series | None = None) -> list[dict[str, Any]]:
     """NVIDIA ``um_sum``'s per-address rows: CPU faults, GPU faults, HtoD/DtoH bytes and throughput, top ``rows``.
 
     Throughput reproduces the report's SQLite integer arithmetic
     ``(dtoh + htod) * (1000000000 / (dur_dtoh + dur_htod))`` (truncated; 0 once the summed duration exceeds 1 s),
-    ordered by it descending, as the report does.
+    ordered by it descending (nulls last), then by address, as the report does. With ``gpu_by_address`` (from the
+    attribution pass) the GPU fault table is not scanned again.
     """
-    parts = []
+    parts: list[pd.DataFrame] = []
+    cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
+
+    def frame(sql: str) -> pd.DataFrame:
+        return pd.DataFrame(ex.query(sql), columns=cols)
+
     if ex.has(S.CPU_FAULTS) and "address" in ex.columns(S.CPU_FAULTS):
-        parts.append(f"SELECT address AS a, count(*) AS cpu, 0 AS gpu, 0 AS d2h, 0 AS h2d, 0 AS dd, 0 AS hd "
-                     f"FROM {S.CPU_FAULTS} GROUP BY address")
-    if ex.has(S.GPU_FAULTS) and "address" in ex.columns(S.GPU_FAULTS):
-        parts.append(f"SELECT address AS a, 0 AS cpu, sum(numberOfPageFaults) AS gpu, 0 AS d2h, 0 AS h2d, 0 AS dd, 0 AS hd FROM {S.GPU_FAULTS} GROUP BY address")
+        parts.append(frame(f"SELECT address, count(*), 0, 0, 0, 0, 0 FROM {S.CPU_FAULTS} GROUP BY address"))
+    if gpu_by_address is not None:
+        g = gpu_by_address
+        parts.append(
+            pd.DataFrame({"a": g.index.to_numpy(), "cpu": 0, "gpu": g.to_numpy(), "d2h": 0, "h2d": 0, "dd": 0, "hd": 0})
+        )
+    elif ex.has(S.GPU_FAULTS) and "address" in ex.columns(S.GPU_FAULTS):
+        parts.append(
+            frame(f"SELECT address, 0, sum(numberOfPageFaults), 0, 0, 0, 0 FROM {S.GPU_FAULTS} GROUP BY address")
+        )
     if ex.has(S.MEMCPY) and "virtualAddress" in ex.columns(S.MEMCPY):
-        parts.append(f'SELECT virtualAddress AS a, 0 AS cpu, 0 AS gpu, sum(bytes) AS d2h, 0 AS h2d, sum("end" - start) AS dd, 0 AS hd FROM {S.MEMCPY} '
-                     f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress")
-        parts.append(f'SELECT virtualAddress AS a, 0 AS cpu, 0 AS gpu, 0 AS d2h, sum(bytes) AS h2d, 0 AS dd, sum("end" - start) AS hd FROM {S.MEMCPY} '
-                     f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress")
+        parts.append(
+            frame(
+                f'SELECT virtualAddress, 0, 0, sum(bytes), 0, sum("end" - start), 0 FROM {S.MEMCPY} '
+                f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress"
+            )
+        )
+        parts.append(
+            frame(
+                f'SELECT virtualAddress, 0, 0, 0, sum(bytes), 0, sum("end" - start) FROM {S.MEMCPY} '
+                f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress"
+            )
+        )
+    parts = [p for p in parts if len(p)]
     if not parts:
         return []
-    sql = (
-        "SELECT a, sum(cpu), sum(gpu), sum(d2h), sum(h2d), "
-        "(sum(d2h) + sum(h2d)) * (1000000000 / (sum(dd) + sum(hd))) AS thr "
-        f"FROM ({' UNION ALL '.join(parts)}) GROUP BY a ORDER BY thr DESC, a LIMIT {int(rows)}"
-    )
+    df = pd.concat(parts, ignore_index=True)
+    df = df[df["a"].notna()].astype({c: "int64" for c in cols[1:]}).groupby("a", sort=True).sum()
+    dur = df["dd"] + df["hd"]
+    thr = pd.Series(pd.NA, index=df.index, dtype="Int64")
+    ok = dur > 0
+    thr[ok] = (df.loc[ok, "d2h"] + df.loc[ok, "h2d"]) * (1_000_000_000 // dur[ok])
+    df["thr"] = thr
+    df = df.reset_index().sort_values(["thr", "a"], ascending=[False, True], na_position="last").head(int(rows))
     keys = ("address", "cpu_faults", "gpu_faults", "dtoh_bytes", "htod_bytes", "throughput_bytes_per_s")
-    return [dict(zip(keys, (_py(v) for v in r), strict=True)) for r in ex.query(sql)]
+    return [
+        dict(zip(keys, (_py(v) for v in r), strict=True))
+        for r in df[["a", "cpu", "gpu", "d2h", "h2d", "thr"]].itertuples(index=False)
+    ]
 
 
 # -- attribution -----------------------------------------------------------------------------------------------------
@@ -270,13 +343,17 @@ _EVENT_COLS = (
 
 
 def attribute(
-    ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, chunk_rows: int = CHUNK_ROWS
+    ex: Export,
+    iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Per-kernel and per-iteration fault/migration statistics, and the outside-any-kernel buckets.
 
     Returns (kernels, iterations, buckets): ``kernels`` has one row per kernel launch with the columns of
     ``uvmlab.stats.schema.KERNEL_COLUMNS`` (plus pid, device_id, stream_id); ``iterations`` one row per NVTX
-    iteration; ``buckets`` = {"inside_kernels": {...}, "outside": {api name or "none": {...}}}.
+    iteration; ``buckets`` = {"inside_kernels": {...}, "outside": {api name or "none": {...}},
+    "fault_scan": FaultScan}.
     """
     kernels = ex.kernels()
     api = ex.api_calls()
@@ -296,13 +373,25 @@ def attribute(
     if n_k and not nvtx.empty:
         cpu_t = _kernel_cpu_time(kernels, api)
         if n_i:
-            idx = assign(cpu_t, cpu_t, k_pid, its["start_ns"].to_numpy(np.int64),
-                         its["end_ns"].to_numpy(np.int64), _pid_arr(its["pid"]))
+            idx = assign(
+                cpu_t,
+                cpu_t,
+                k_pid,
+                its["start_ns"].to_numpy(np.int64),
+                its["end_ns"].to_numpy(np.int64),
+                _pid_arr(its["pid"]),
+            )
             k_iter = np.where(idx >= 0, its["iteration"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
         ph = nvtx[nvtx["text"].isin(PHASE_NAMES)].reset_index(drop=True)
         if len(ph):
-            idx = assign(cpu_t, cpu_t, k_pid, ph["start_ns"].to_numpy(np.int64),
-                         ph["end_ns"].to_numpy(np.int64), _pid_arr(ph["pid"]))
+            idx = assign(
+                cpu_t,
+                cpu_t,
+                k_pid,
+                ph["start_ns"].to_numpy(np.int64),
+                ph["end_ns"].to_numpy(np.int64),
+                _pid_arr(ph["pid"]),
+            )
             phase = np.where(idx >= 0, ph["text"].to_numpy(object)[np.maximum(idx, 0)], "")
 
     # iteration windows on the GPU timeline (or the CPU range where an iteration launched no kernel)
@@ -348,8 +437,14 @@ def attribute(
                 r = np.flatnonzero(rest)
                 if not len(r):
                     break
-                aidx = assign(s[o][r], e[o][r], pid[o][r], a["start_ns"].to_numpy(np.int64),
-                              a["end_ns"].to_numpy(np.int64), _pid_arr(a["pid"]))
+                aidx = assign(
+                    s[o][r],
+                    e[o][r],
+                    pid[o][r],
+                    a["start_ns"].to_numpy(np.int64),
+                    a["end_ns"].to_numpy(np.int64),
+                    _pid_arr(a["pid"]),
+                )
                 hit = aidx >= 0
                 names[r[hit]] = a["name"].to_numpy(object)[aidx[hit]]
                 rest[r[hit]] = False
@@ -359,45 +454,72 @@ def attribute(
                 for c in weights:
                     b[c] += int(grp[c].sum())
 
-    # GPU faults, in chunks
+    # GPU faults, in chunks; one pass also gives the totals by access type and per address (FaultScan)
+    scan = FaultScan(has_address="address" in ex.columns(S.GPU_FAULTS))
     if ex.has(S.GPU_FAULTS):
         t = S.GPU_FAULTS
-        sql = (f'SELECT start, {ex.col(t, "end", "start")}, globalPid, deviceId, numberOfPageFaults, '
-               f'{ex.col(t, "faultAccessType", "0")} FROM {t}')
-        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "n", "a")])
+        sql = (
+            f"SELECT start, {ex.col(t, 'end', 'start')}, "
+            f"((globalPid >> {S.PID_SHIFT}) & {S.PID_MASK}) * 4096 + deviceId, "
+            f"numberOfPageFaults * 8 + coalesce({ex.col(t, 'faultAccessType', '0')}, 0), "
+            f"coalesce({ex.col(t, 'address', '0')}, 0) FROM {t}"
+        )
+        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "na", "addr")])
         for rows in ex.iter_rows(sql, chunk_rows):
-            arr = np.fromiter(((*r[:5], r[5] if r[5] is not None else 0) for r in rows), dtype=dt, count=len(rows))
-            pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
-            n = arr["n"]
-            route(arr["s"], arr["e"], pid, arr["d"], {
-                "fault_records": np.ones(len(arr), np.int64),
-                "fault_count": n,
-                "read_fault_count": np.where(arr["a"] == S.ACCESS_READ, n, 0),
-                "write_fault_count": np.where(arr["a"] == S.ACCESS_WRITE, n, 0),
-            })
+            if progress is not None:
+                progress(len(rows))
+            arr = np.fromiter(rows, dtype=dt, count=len(rows))
+            n, access = arr["na"] >> 3, arr["na"] & 7
+            pid, dev = arr["g"] // 4096, arr["g"] % 4096
+            scan.add(access, n, arr["addr"])
+            route(
+                arr["s"],
+                arr["e"],
+                pid,
+                dev,
+                {
+                    "fault_records": np.ones(len(arr), np.int64),
+                    "fault_count": n,
+                    "read_fault_count": np.where(access == S.ACCESS_READ, n, 0),
+                    "write_fault_count": np.where(access == S.ACCESS_WRITE, n, 0),
+                },
+            )
     # migrations, in chunks
     if ex.has(S.MEMCPY):
         t = S.MEMCPY
         kinds = ",".join(str(k) for k in (S.COPY_KIND_UVM_HTOD, S.COPY_KIND_UVM_DTOH))
-        sql = (f'SELECT start, "end", {ex.col(t, "globalPid", "0")}, deviceId, bytes, copyKind FROM {t} '
-               f"WHERE copyKind IN ({kinds})")
+        sql = (
+            f'SELECT start, "end", coalesce({ex.col(t, "globalPid", "0")}, 0), deviceId, coalesce(bytes, 0), '
+            f"copyKind FROM {t} WHERE copyKind IN ({kinds})"
+        )
         dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "b", "k")])
         for rows in ex.iter_rows(sql, chunk_rows):
-            arr = np.fromiter(((r[0], r[1], r[2] or 0, r[3], r[4] or 0, r[5]) for r in rows), dtype=dt,
-                              count=len(rows))
+            if progress is not None:
+                progress(len(rows))
+            arr = np.fromiter(rows, dtype=dt, count=len(rows))
             pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
             h = arr["k"] == S.COPY_KIND_UVM_HTOD
-            route(arr["s"], arr["e"], pid, arr["d"], {
-                "htod_count": h.astype(np.int64),
-                "htod_bytes": np.where(h, arr["b"], 0),
-                "dtoh_count": (~h).astype(np.int64),
-                "dtoh_bytes": np.where(~h, arr["b"], 0),
-            })
+            route(
+                arr["s"],
+                arr["e"],
+                pid,
+                arr["d"],
+                {
+                    "htod_count": h.astype(np.int64),
+                    "htod_bytes": np.where(h, arr["b"], 0),
+                    "dtoh_count": (~h).astype(np.int64),
+                    "dtoh_bytes": np.where(~h, arr["b"], 0),
+                },
+            )
 
     kdf = _kernel_table(kernels, k_iter, phase, acc, ex)
     idf = _iteration_table(its, it_s, it_e, acc, ex)
     inside = {c: int(acc.k[c][1:].sum()) for c in _EVENT_COLS}
-    buckets = {"inside_kernels": inside, "outside": dict(sorted(outside.items(), key=lambda kv: -kv[1]["fault_records"]))}
+    buckets = {
+        "inside_kernels": inside,
+        "outside": dict(sorted(outside.items(), key=lambda kv: -kv[1]["fault_records"])),
+        "fault_scan": scan,
+    }
     return kdf, idf, buckets
 
 
@@ -417,14 +539,16 @@ def _statused(ex: Export, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
-    df = pd.DataFrame({
-        "kernel_id": kernels["kernel_id"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
-        "name": kernels["name"].astype(str).to_numpy() if len(kernels) else np.zeros(0, dtype=object),
-        "iteration": k_iter,
-        "phase": phase.astype(str) if len(phase) else np.zeros(0, dtype=object),
-        "start_ns": kernels["start_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
-        "end_ns": kernels["end_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
-    })
+    df = pd.DataFrame(
+        {
+            "kernel_id": kernels["kernel_id"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+            "name": kernels["name"].astype(str).to_numpy() if len(kernels) else np.zeros(0, dtype=object),
+            "iteration": k_iter,
+            "phase": phase.astype(str) if len(phase) else np.zeros(0, dtype=object),
+            "start_ns": kernels["start_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+            "end_ns": kernels["end_ns"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
+        }
+    )
     df["duration_ns"] = df["end_ns"] - df["start_ns"]
     df["kernel_bytes"] = np.nan  # not observable in an nsys export
     df["allocated_bytes"] = np.nan  # tensor-level bytes are not in an export; see reserved_bytes
@@ -441,11 +565,13 @@ def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, 
 
 
 def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
-    df = pd.DataFrame({
-        "iteration": its["iteration"].to_numpy(np.int64) if len(its) else np.zeros(0, np.int64),
-        "start_ns": it_s,
-        "end_ns": it_e,
-    })
+    df = pd.DataFrame(
+        {
+            "iteration": its["iteration"].to_numpy(np.int64) if len(its) else np.zeros(0, np.int64),
+            "start_ns": it_s,
+            "end_ns": it_e,
+        }
+    )
     df["duration_ns"] = df["end_ns"] - df["start_ns"]
     for c in _EVENT_COLS:
         df[c] = acc.i[c][1:]
@@ -456,15 +582,19 @@ def top_kernels(kernels: pd.DataFrame, n: int = TOP_N) -> pd.DataFrame:
     """Per kernel name: launches, total time and fault/migration sums, the ``n`` with most faults first."""
     if kernels.empty:
         return pd.DataFrame(columns=["name", "launches", "duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"])
-    g = kernels.groupby("name", sort=False).agg(
-        launches=("kernel_id", "size"),
-        duration_ns=("duration_ns", "sum"),
-        fault_count=("fault_count", lambda s: s.sum(min_count=1)),
-        read_fault_count=("read_fault_count", lambda s: s.sum(min_count=1)),
-        write_fault_count=("write_fault_count", lambda s: s.sum(min_count=1)),
-        htod_bytes=("htod_bytes", lambda s: s.sum(min_count=1)),
-        dtoh_bytes=("dtoh_bytes", lambda s: s.sum(min_count=1)),
-    ).reset_index()
+    g = (
+        kernels.groupby("name", sort=False)
+        .agg(
+            launches=("kernel_id", "size"),
+            duration_ns=("duration_ns", "sum"),
+            fault_count=("fault_count", lambda s: s.sum(min_count=1)),
+            read_fault_count=("read_fault_count", lambda s: s.sum(min_count=1)),
+            write_fault_count=("write_fault_count", lambda s: s.sum(min_count=1)),
+            htod_bytes=("htod_bytes", lambda s: s.sum(min_count=1)),
+            dtoh_bytes=("dtoh_bytes", lambda s: s.sum(min_count=1)),
+        )
+        .reset_index()
+    )
     key = g["fault_count"].fillna(-1).astype(float) * 1.0
     g = g.assign(_k=key).sort_values(["_k", "htod_bytes", "name"], ascending=[False, False, True])
     return g.drop(columns="_k").head(n).reset_index(drop=True)
@@ -493,8 +623,13 @@ def memory_summary(ex: Export) -> dict[str, Any]:
     }
 
 
-def summarize(ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, chunk_rows: int = CHUNK_ROWS) -> Summary:
-    """All figures of `uvmlab nsys summarize` for one export."""
+def summarize(
+    ex: Export,
+    iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: Callable[[int], None] | None = None,
+) -> Summary:
+    """All figures of `uvmlab nsys summarize` for one export; ``progress(rows)`` is called per chunk read."""
     collection = {}
     for key, table in (
         ("gpu_faults", S.GPU_FAULTS),
@@ -505,14 +640,15 @@ def summarize(ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, ch
     ):
         st, why = ex.status(table)
         collection[key] = {"status": st, "reason": why}
-    kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows)
+    kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows, progress)
+    scan: FaultScan = buckets["fault_scan"]
     return Summary(
         export=ex.describe(),
         collection=collection,
-        faults=fault_totals(ex),
+        faults=fault_totals(ex, scan),
         migrations=migration_totals(ex),
-        um_total_sum=um_total_sum(ex),
-        um_sum=um_sum(ex),
+        um_total_sum=um_total_sum(ex, scan),
+        um_sum=um_sum(ex, gpu_by_address=scan.by_address() if scan.has_address else None),
         attribution={
             "kernels": len(kernels),
             "inside_kernels": buckets["inside_kernels"],

@@ -121,9 +121,7 @@ def write_synthetic_export(
             runtime.append((launch, launch + 2000, 0, MAIN_TID, corr, name_id["cudaLaunchKernel_v7000"], 0, None))
             ks = launch + 50_000
             kernels.append((ks, ks + k_ns // 2, 0, 1, None, 7, corr, GLOBAL_PID, name_id[kernel_names[j]]))
-    conn.executemany(
-        f"INSERT INTO {S.NVTX} (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", nvtx
-    )
+    conn.executemany(f"INSERT INTO {S.NVTX} (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", nvtx)
     conn.executemany(f"INSERT INTO {S.RUNTIME} VALUES (?, ?, ?, ?, ?, ?, ?, ?)", runtime)
     conn.executemany(
         f"INSERT INTO {S.KERNEL} (start, end, deviceId, contextId, greenContextId, streamId, correlationId, "

@@ -35,6 +35,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder = Path(folder)
     out: list[Path] = []
@@ -69,7 +70,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
                 ax.text(i + dx, 0, "n/a", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, [str(f) for f in fp["figure"]], fontsize=8, rotation=10)
     ax.set_ylabel("footprint [GiB]")
-    ax.set_title("Peak managed footprint: simulated vs measured")
+    ax.set_title("Peak managed footprint (simulated and/or measured)")
     ax.legend(fontsize=8)
     out.append(_save(fig, folder / "footprint.png"))
     plt.close(fig)
@@ -78,8 +79,12 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
     it = cmp.iterations
     if it is not None and len(it):
         cols = [c for c in ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes") if f"{c}_a" in it.columns]
-        units = {"duration_ns": ("time [ms]", 1e6), "fault_count": ("GPU page faults [count]", 1.0),
-                 "htod_bytes": ("HtoD migrated [GiB]", GIB), "dtoh_bytes": ("DtoH migrated [GiB]", GIB)}
+        units = {
+            "duration_ns": ("time [ms]", 1e6),
+            "fault_count": ("GPU page faults [count]", 1.0),
+            "htod_bytes": ("HtoD migrated [GiB]", GIB),
+            "dtoh_bytes": ("DtoH migrated [GiB]", GIB),
+        }
         fig, axes = plt.subplots(len(cols), 1, figsize=(7, 2.3 * len(cols)), sharex=True, squeeze=False)
         for ax, c in zip(axes[:, 0], cols, strict=True):
             label, scale = units[c]
@@ -87,6 +92,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
             ax.plot(it["iteration"], [_num(v) / scale for v in it[f"{c}_b"]], "s--", label="B")
             ax.set_ylabel(label, fontsize=8)
         axes[-1, 0].set_xlabel("iteration")
+        axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[0, 0].legend(fontsize=8)
         axes[0, 0].set_title(f"Per iteration: A = {la}, B = {lb}", fontsize=9)
         out.append(_save(fig, folder / "per_iteration.png"))
@@ -97,7 +103,9 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
     if k is not None and len(k):
         fig, axes = plt.subplots(1, 2, figsize=(9, 4))
         for ax, c, (label, scale) in zip(
-            axes, ("duration_ns", "fault_count"), (("kernel time [µs]", 1e3), ("GPU page faults [count]", 1.0)),
+            axes,
+            ("duration_ns", "fault_count"),
+            (("kernel time [µs]", 1e3), ("GPU page faults [count]", 1.0)),
             strict=True,
         ):
             xa = np.array([_num(v) / scale for v in k[f"{c}_a"]]) if f"{c}_a" in k else np.array([])

@@ -103,11 +103,15 @@ def _two_panels(
 
 
 def fig3_slowdown(df: pd.DataFrame) -> Figure | None:
-    """Figure 3: slowdown (iteration time / baseline) per workload and factor, (a) with and (b) without PCA."""
+    """Figure 3: slowdown per workload and factor > 1, (a) with and (b) without PCA.
+
+    Slowdown is the study's: iteration time / iteration time at factor 1.0 with the same PCA setting
+    (``study_slowdown`` in uvmlab.report.data).
+    """
     fig = _two_panels(
         df,
-        "slowdown",
-        "slowdown (x, iteration time / baseline)",
+        "study_slowdown",
+        "slowdown (x, vs factor 1.0 with the same PCA setting)",
         "Performance under oversubscription factors (study Fig. 3)",
         log=True,
         factor_filter=lambda f: f > 1.0,
@@ -194,7 +198,7 @@ def fig5_kernel_memory(runs: dict[str, pd.Series], max_iterations: int = 5) -> F
         ax.set_ylabel("memory per kernel (MiB)")
     for ax in axes[n:]:
         ax.set_visible(False)
-    fig.suptitle(f"Memory per kernel over time, first {max_iterations} iterations (study Fig. 5)")
+    fig.suptitle(f"Memory per kernel over time, up to the first {max_iterations} iterations (study Fig. 5)")
     return fig
 
 
@@ -272,7 +276,7 @@ def _pca_pairs(df: pd.DataFrame, value: str, ylabel: str, title: str, scale: flo
 def fig8_migration_count(df: pd.DataFrame) -> Figure | None:
     """Figure 8: migration transactions (host-to-device + device-to-host), with vs without PCA."""
     return _pca_pairs(
-        df, "migration_count", "migrations (x 10^7)", "Count of migration transactions (study Fig. 8)", scale=1e7
+        df, "migration_count", "migrations (count)", "Count of migration transactions (study Fig. 8)", scale=1.0
     )
 
 

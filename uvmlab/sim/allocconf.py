@@ -56,6 +56,7 @@ class AllocatorSettings:
     expandable_segments: bool = False
     large_segment_size_bytes: int = K_LARGE_BUFFER_BYTES
     memory_fraction: float | None = None
+    roundup_bypass_threshold_bytes: int | None = None
     tie_break: TieBreak = "address"
     version: str = "2.5"
     backend: str = "native"
@@ -124,8 +125,8 @@ class AllocatorSettings:
                 if val not in ("native", "cudaMallocAsync"):
                     raise InputError(f"PYTORCH_CUDA_ALLOC_CONF {conf!r}: backend must be native or cudaMallocAsync")
                 values["backend"] = val
-            elif key == "roundup_bypass_threshold_mb":  # PyTorch 1.13/2.0 only (PR #85940); no effect later
-                _number(key, val, conf)
+            elif key == "roundup_bypass_threshold_mb":  # PyTorch 1.13/2.0 only (PR #85940)
+                values["roundup_bypass_threshold_bytes"] = int(_number(key, val, conf) * MiB)
             elif key in _IGNORED_KEYS:
                 continue
             else:
@@ -140,6 +141,17 @@ class AllocatorSettings:
         settings = cls(**values)
         settings.validate()
         return settings
+
+    def to_snapshot(self) -> dict[str, Any]:
+        """The ``allocator_settings`` dict PyTorch writes into a snapshot (allocator.md 3.2)."""
+        return {
+            "PYTORCH_CUDA_ALLOC_CONF": self.raw,
+            "max_split_size": self.max_split_size_bytes if self.max_split_set else -1,
+            "garbage_collection_threshold": self.garbage_collection_threshold,
+            "expandable_segments": self.expandable_segments,
+            "release_lock_on_cudamalloc": False,
+            "roundup_power2_divisions": {str(1 << i): d for i, d in enumerate(self.roundup_power2_divisions)},
+        }
 
     @classmethod
     def from_snapshot(cls, allocator_settings: dict[str, Any] | None, **extra: Any) -> AllocatorSettings:

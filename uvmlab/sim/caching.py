@@ -14,10 +14,12 @@ rejection policy and MemPool fallback, ``mallocWithHint``.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import Any
 
 from uvmlab.errors import InputError, OutOfMemoryError
 from uvmlab.sim import expandable as _exp
+from uvmlab.sim import release as _rel
 from uvmlab.sim.allocconf import AllocatorSettings
 from uvmlab.sim.blocks import SEG_COUNTER_SHIFT, SIZE_SHIFT, Block, Pool, Segment
 from uvmlab.sim.checks import check_invariants as _check_invariants
@@ -63,7 +65,9 @@ class CachingAllocatorSim:
         self.expandable_segments: dict[int, Segment] = {}  # VA address -> expandable segment
         self._divisions = settings.roundup_power2_divisions if any(settings.roundup_power2_divisions) else None
         self._max_split = settings.max_split_size_bytes
+        self._bypass = settings.roundup_bypass_threshold_bytes
         self._tie = settings.tie_break
+        self._addr_tie = settings.tie_break == "address"
         self._gc_on = settings.memory_fraction is not None and settings.garbage_collection_threshold > 0
         self._allowed_max = (
             int(settings.memory_fraction * self.device.total_bytes) if settings.memory_fraction is not None else None
@@ -102,14 +106,18 @@ class CachingAllocatorSim:
 
     def _insert(self, pool: Pool, b: Block) -> None:
         """``insert_into_blocks``: put a free mapped block into its pool."""
-        key = (b.size << SIZE_SHIFT) | b.ptr if self._tie == "address" else self._key(b)
+        key = (b.size << SIZE_SHIFT) | b.ptr if self._addr_tie else self._key(b)
         b.key = key
         b.gc_base = pool.call_count
-        pool.stream_list(b.stream).add(key)
+        sl = pool.blocks.get(b.stream)
+        if sl is None:
+            sl = pool.stream_list(b.stream)
+        insort(sl, key)
         pool.by_key[key] = b
 
     def _remove(self, pool: Pool, b: Block) -> None:
-        pool.blocks[b.stream].remove(b.key)
+        sl = pool.blocks[b.stream]
+        del sl[bisect_left(sl, b.key)]
         del pool.by_key[b.key]
         b.key = -1
 
@@ -130,7 +138,7 @@ class CachingAllocatorSim:
 
     def round_size(self, size: int) -> int:
         """The block size PyTorch rounds ``size`` to under these settings."""
-        return round_size(size, self._divisions)
+        return round_size(size, self._divisions, self._bypass)
 
     # ------------------------------------------------------------------ public API
     def malloc(self, size: int, stream: int = 0) -> Block:
@@ -143,7 +151,7 @@ class CachingAllocatorSim:
         elif self._divisions is None:
             rsize = (size + 511) >> 9 << 9
         else:
-            rsize = round_size(size, self._divisions)
+            rsize = round_size(size, self._divisions, self._bypass)
         pool = self.small_pool if rsize <= K_SMALL_SIZE_BYTES else self.large_pool
         block = self._get_free_block(pool, stream, rsize)
         if block is None:
@@ -205,7 +213,10 @@ class CachingAllocatorSim:
             self.oversize_allocations += 1
         if self.record_events:
             self.events.append(("alloc", block.ptr, size, stream))
-        self._tick()
+        self.op_index += 1
+        if self.record_timeline:
+            self.timeline_allocated.append(self.allocated_bytes)
+            self.timeline_reserved.append(self.reserved_bytes)
         return block
 
     def free(self, block: Block) -> None:
@@ -243,7 +254,10 @@ class CachingAllocatorSim:
             if block.next is not None:
                 block.next.prev = block
         self._insert(pool, block)
-        self._tick()
+        self.op_index += 1
+        if self.record_timeline:
+            self.timeline_allocated.append(self.allocated_bytes)
+            self.timeline_reserved.append(self.reserved_bytes)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release_cached_blocks."""
@@ -257,7 +271,7 @@ class CachingAllocatorSim:
         sl = pool.blocks.get(stream)
         if not sl:
             return None
-        idx = sl.bisect_left(size << SIZE_SHIFT)
+        idx = bisect_left(sl, size << SIZE_SHIFT)
         if idx == len(sl):
             return None
         b = pool.by_key[sl[idx]]
@@ -297,92 +311,16 @@ class CachingAllocatorSim:
         return self._new_block(ptr, alloc_size, stream, seg)
 
     def _release_block(self, pool: Pool, b: Block) -> None:
-        """cudaFree a whole free non-expandable segment."""
-        seg = b.segment
-        if b.prev is not None or b.next is not None or seg.expandable or b.size != seg.size:
-            raise AssertionError(f"release_block on a split or expandable block {b!r}")  # PyTorch asserts too
-        self.num_device_free += 1
-        self._seg_log("segment_free", b.ptr, b.size, b.stream)
-        self.device.free(b.ptr)
-        self.reserved_bytes -= b.size
-        self.segment -= 1
-        if b.size >= self._max_split:
-            self.oversize_segments -= 1
-        self._remove(pool, b)
-        del self.segments[seg.address]
+        _rel.release_block(self, pool, b)
 
     def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
-        """Free one big-enough over-size cached block, or over-size blocks from the largest down (2.11)."""
-        if not self.settings.max_split_set:
-            return False
-        m = self._max_split
-        key_size = max(size, m)
-        sl = pool.blocks.get(stream)
-        if not sl:
-            return False
-        idx = sl.bisect_left(key_size << SIZE_SHIFT)
-        if idx < len(sl):
-            self._release_one(pool, pool.by_key[sl[idx]])
-            return True
-        released = 0
-        i = idx - 1
-        while i >= 0 and released < key_size:
-            b = pool.by_key[sl[i]]
-            if b.size < m:
-                break
-            released += b.size
-            self._release_one(pool, b)
-            i -= 1
-        return released >= key_size
-
-    def _release_one(self, pool: Pool, b: Block) -> None:
-        if b.segment.expandable:  # PR #134338 (2.5+): release_available_cached_blocks skips expandable blocks
-            return
-        self._release_block(pool, b)
+        return _rel.release_available_cached_blocks(self, pool, stream, size)
 
     def _release_cached_blocks(self) -> None:
-        self.num_sync_all_streams += 1
-        self._release_blocks(self.large_pool)
-        self._release_blocks(self.small_pool)
-
-    def _release_blocks(self, pool: Pool) -> None:
-        to_unmap = []
-        for b in pool.iter_blocks():
-            if b.segment.expandable:
-                to_unmap.append(b)
-            elif b.prev is None and b.next is None:
-                self._release_block(pool, b)
-        for b in to_unmap:
-            _exp.unmap_block(self, pool, b)
-            if b.prev is None and b.next is None:
-                _exp.release_expandable_segment(self, pool, b)
+        _rel.release_cached_blocks(self)
 
     def _garbage_collect(self) -> None:
-        """garbage_collect_cached_blocks (allocator.md 2.10): release old unsplit large blocks."""
-        threshold = int(self.settings.garbage_collection_threshold * self._allowed_max)
-        if self.reserved_bytes <= threshold:
-            return
-        target = self.reserved_bytes - threshold
-        pool = self.large_pool
-        cands = [b for b in pool.iter_blocks() if not b.is_split and not b.segment.expandable]
-        if not cands:
-            return
-        total_age = sum(pool.call_count - b.gc_base for b in cands)
-        count = len(cands)
-        reclaimed, freed = 0, True
-        while reclaimed < target and freed and count > 0:
-            threshold_age = total_age / count
-            freed = False
-            for b in pool.iter_blocks():
-                if b.is_split or b.segment.expandable:
-                    continue
-                age = pool.call_count - b.gc_base
-                if age >= threshold_age:
-                    freed = True
-                    reclaimed += b.size
-                    total_age -= age
-                    count -= 1
-                    self._release_block(pool, b)
+        _rel.garbage_collect(self)
 
     # ------------------------------------------------------------------ reporting
     @property

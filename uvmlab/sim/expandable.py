@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sortedcontainers import SortedList
-
 from uvmlab.errors import InvariantError
 from uvmlab.sim.blocks import Block, Pool, Segment
 from uvmlab.sim.constants import EXPANDABLE_VA_FACTOR_DEN, EXPANDABLE_VA_FACTOR_NUM, K_SMALL_BUFFER_BYTES
@@ -26,7 +24,7 @@ def _esize(b: Block) -> int:
     return b.size + (n.size if n is not None and not n.mapped else 0)
 
 
-def best_expandable_fit(pool: Pool, sl: SortedList, idx: int, b: Block) -> Block:
+def best_expandable_fit(pool: Pool, sl: list[int], idx: int, b: Block) -> Block:
     """get_free_block's walk: prefer a following block whose expandable size is smaller (allocator.md 2.7)."""
     n = len(sl)
     while b.segment.expandable and idx + 1 < n:

@@ -166,7 +166,13 @@ class NoCacheAllocatorSim:
                 "is_expandable": False,
                 "frames": [],
                 "blocks": [
-                    {"address": b.ptr, "size": b.size, "requested_size": b.size, "state": "active_allocated", "frames": []}
+                    {
+                        "address": b.ptr,
+                        "size": b.size,
+                        "requested_size": b.size,
+                        "state": "active_allocated",
+                        "frames": [],
+                    }
                 ],
             }
             for _, b in sorted(self.active_blocks.items())

@@ -8,6 +8,8 @@ Both the UVM simulator and the estimator call this, so every PCA mode goes throu
 - ``ranges``: the device ranges the driver manages (what UVM would see as cudaMallocManaged ranges):
   one per PCA segment (cudaMalloc), one per tensor for ``nocache``; for expandable segments one per mapping
   (``segment_map``); an unmap that cuts a mapping closes it and re-opens the mapped remainder as new ranges.
+  With expandable segments a block's ``range_id`` is the mapping holding its first byte; the block may run on
+  into the next mapping (the VA of one expandable segment is contiguous).
   Columns range_id, address, size_bytes, alloc_seq, free_seq (-1: still mapped at the end).
 - ``timeline``: seq, allocated_bytes, reserved_bytes after each event.
 """
@@ -108,62 +110,65 @@ def place(
         settings = None
     ev = trace.events()
     ranges = _Ranges()
-    seg_rid: dict[int, int] = {}  # id(Segment) -> range id for cudaMalloc'd segments
     live: dict[int, Any] = {}
     b_ids: list[int] = []
     b_addr: list[int] = []
     b_bytes: list[int] = []
     b_rid: list[int] = []
-    t_seq: list[int] = []
     t_alloc: list[int] = []
     t_res: list[int] = []
     oom_seq: int | None = None
     seen = 0
     seg_events = sim.segment_events
     expandable = settings is not None and settings.expandable_segments
+    malloc, free, open_ranges = sim.malloc, sim.free, ranges.open
+    add_id, add_addr, add_bytes, add_rid = b_ids.append, b_addr.append, b_bytes.append, b_rid.append
+    add_alloc, add_res = t_alloc.append, t_res.append
+    seqs = ev["seq"].tolist()
     for seq, alloc_id, size, is_alloc, stream in zip(
-        ev["seq"].tolist(), ev["alloc_id"].tolist(), ev["size_bytes"].tolist(), ev["is_alloc"].tolist(), ev["stream"].tolist()
+        seqs,
+        ev["alloc_id"].tolist(),
+        ev["size_bytes"].tolist(),
+        ev["is_alloc"].tolist(),
+        ev["stream"].tolist(),
+        strict=True,
     ):
         if is_alloc:
             if size <= 0:
-                b_ids.append(alloc_id)
-                b_addr.append(0)
-                b_bytes.append(0)
-                b_rid.append(-1)
+                add_id(alloc_id)
+                add_addr(0)
+                add_bytes(0)
+                add_rid(-1)
                 live[alloc_id] = None
             else:
                 try:
-                    b = sim.malloc(size, stream)
+                    b = malloc(size, stream)
                 except OutOfMemoryError:
                     oom_seq = seq
                     _sync_ranges(seg_events, seen, ranges, seq)
                     break
                 live[alloc_id] = b
-                seen = _sync_ranges(seg_events, seen, ranges, seq)
-                b_ids.append(alloc_id)
-                b_addr.append(b.ptr)
-                b_bytes.append(b.size)
-                if expandable:
-                    b_rid.append(ranges.find(b.ptr))
-                else:
-                    key = id(b.segment)
-                    rid = seg_rid.get(key)
-                    if rid is None:
-                        rid = seg_rid[key] = ranges.open[b.segment.address]
-                    b_rid.append(rid)
+                if len(seg_events) > seen:
+                    seen = _sync_ranges(seg_events, seen, ranges, seq)
+                add_id(alloc_id)
+                add_addr(b.ptr)
+                add_bytes(b.size)
+                add_rid(ranges.find(b.ptr) if expandable else open_ranges[b.segment.address])
         else:
             b = live.pop(alloc_id, None)
             if b is not None:
-                sim.free(b)
+                free(b)
                 if len(seg_events) > seen:
                     seen = _sync_ranges(seg_events, seen, ranges, seq)
-        t_seq.append(seq)
-        t_alloc.append(sim.allocated_bytes)
-        t_res.append(sim.reserved_bytes)
+        add_alloc(sim.allocated_bytes)
+        add_res(sim.reserved_bytes)
+    t_seq = seqs[: len(t_alloc)]
     blocks = pd.DataFrame(
         {"alloc_id": b_ids, "address": b_addr, "block_bytes": b_bytes, "range_id": b_rid}, dtype="int64"
     )
-    rng = pd.DataFrame(ranges.rows, columns=["range_id", "address", "size_bytes", "alloc_seq", "free_seq"], dtype="int64")
+    rng = pd.DataFrame(
+        ranges.rows, columns=["range_id", "address", "size_bytes", "alloc_seq", "free_seq"], dtype="int64"
+    )
     timeline = pd.DataFrame({"seq": t_seq, "allocated_bytes": t_alloc, "reserved_bytes": t_res}, dtype="int64")
     return Placement(
         blocks=blocks,

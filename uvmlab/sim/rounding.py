@@ -34,11 +34,15 @@ def roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if floor == size else floor + step
 
 
-def round_size(size: int, divisions: tuple[int, ...] | None = None) -> int:
-    """PCA-2.5 ``round_size``: at least 512 B, a multiple of 512 B, or the power-of-two division rounding."""
+def round_size(size: int, divisions: tuple[int, ...] | None = None, bypass_bytes: int | None = None) -> int:
+    """PCA-2.5 ``round_size``: at least 512 B, a multiple of 512 B, or the power-of-two division rounding.
+
+    ``bypass_bytes`` is PyTorch 1.13/2.0's ``roundup_bypass_threshold_mb`` (PR #85940): larger requests skip the
+    power-of-two rounding.
+    """
     if size < K_MIN_BLOCK_SIZE_BYTES:
         return K_MIN_BLOCK_SIZE_BYTES
-    if divisions is not None:
+    if divisions is not None and (bypass_bytes is None or size <= bypass_bytes):
         d = divisions_for(size, divisions)
         if d > 1 and size > K_MIN_BLOCK_SIZE_BYTES * d:
             return roundup_power2_next_division(size, d)

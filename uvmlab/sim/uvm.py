@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,24 @@ class UvmCounters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass
+class _Plan:
+    """How a block with no GPU-resident page gets the pages [lo, hi) (see ``UvmSim._plan``)."""
+
+    n_closes: int  # batches this plan closes
+    first_close_faults: int  # the plan's faults up to the first close (joined to the open batch)
+    tail_faults: int  # faults after the last close (left in the open batch)
+    subs: list[tuple[int, bool, np.ndarray, np.ndarray, np.ndarray]]  # n_faults, closes, migrated, faulted, runs
+    steps: list[tuple[int, bool, int]]  # n_faults, closes batch, migrated pages
+    union: np.ndarray
+    rest: np.ndarray  # valid pages not in union (the CPU bitmap after the plan, for a block fully on the CPU)
+    budget_out: int
+    n_faults: int
+    n_pages: int
+    n_runs: int
+    htod_ns: float
+
+
 def _run_lengths(row: np.ndarray) -> np.ndarray:
     """Lengths (pages) of the runs of True in a 1-D bool array: one transfer per contiguous run."""
     d = np.diff(np.concatenate(([0], row.view(np.int8), [0])))
@@ -110,19 +129,26 @@ class UvmSim:
         n = 64
         self._gpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
         self._cpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
-        self._npages = np.zeros(n, dtype=np.int64)
-        self._chunk_bytes = np.zeros(n, dtype=np.int64)
-        self._res_count = np.zeros(n, dtype=np.int64)
-        self._has_chunk = np.zeros(n, dtype=bool)
-        self._had_gpu = np.zeros(n, dtype=bool)
-        self._fault_migrations = np.zeros(n, dtype=np.int64)
-        self._slot_range = np.full(n, -1, dtype=np.int64)
-        self._slot_bidx = np.zeros(n, dtype=np.int64)
+        # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
+        self._npages: list[int] = []
+        self._chunk_bytes: list[int] = []
+        self._res_count: list[int] = []
+        self._cpu_count: list[int] = []
+        self._has_chunk: list[bool] = []
+        self._had_gpu: list[bool] = []
+        self._fault_migrations: list[int] = []
+        self._slot_range: list[int] = []
+        self._slot_bidx: list[int] = []
         self._n_slots = 0
         self._free_slots: list[int] = []
         self._ranges: dict[int, np.ndarray] = {}
         self._range_size: dict[int, int] = {}
         self._lrm: OrderedDict[int, None] = OrderedDict()
+        self._plans: dict[tuple[int, int, int, int], _Plan] = {}
+        self._open_faults = 0
+        self._open_blocks = 0
+        self._kind = "read"
+        self._tcache: dict[int, float] = {}
         self.totals = UvmCounters()
         self._k = UvmCounters()
         self.events: list[tuple] | None = [] if record_events else None
@@ -131,27 +157,31 @@ class UvmSim:
         self.peak_used_bytes = 0
 
     # -- slots ---------------------------------------------------------------------------------
+    _SLOT_DEFAULTS = (
+        ("_npages", 0),
+        ("_chunk_bytes", 0),
+        ("_res_count", 0),
+        ("_cpu_count", 0),
+        ("_has_chunk", False),
+        ("_had_gpu", False),
+        ("_fault_migrations", 0),
+        ("_slot_range", -1),
+        ("_slot_bidx", 0),
+    )
+
     def _grow(self, need: int) -> None:
         n = self._gpu.shape[0]
-        if need <= n:
-            return
-        new = max(need, 2 * n)
-        for name in (
-            "_gpu",
-            "_cpu",
-            "_npages",
-            "_chunk_bytes",
-            "_res_count",
-            "_has_chunk",
-            "_had_gpu",
-            "_fault_migrations",
-            "_slot_range",
-            "_slot_bidx",
-        ):
-            old = getattr(self, name)
-            arr = np.zeros((new, *old.shape[1:]), dtype=old.dtype)
-            arr[:n] = old
-            setattr(self, name, arr)
+        if need > n:
+            new = max(need, 2 * n)
+            for name in ("_gpu", "_cpu"):
+                old = getattr(self, name)
+                arr = np.zeros((new, PAGES_PER_BLOCK), dtype=bool)
+                arr[:n] = old
+                setattr(self, name, arr)
+        grow = need - len(self._npages)
+        if grow > 0:
+            for name, default in self._SLOT_DEFAULTS:
+                getattr(self, name).extend([default] * grow)
 
     def _new_slots(self, k: int) -> np.ndarray:
         reuse = self._free_slots[-k:] if k <= len(self._free_slots) else list(self._free_slots)
@@ -172,21 +202,22 @@ class UvmSim:
             raise InvariantError(f"managed range {range_id} has size {size_bytes}")
         nblocks = -(-int(size_bytes) // VA_BLOCK_BYTES)
         slots = self._new_slots(nblocks)
-        pages = np.full(nblocks, PAGES_PER_BLOCK, dtype=np.int64)
         tail = int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES
-        pages[-1] = -(-tail // PAGE_BYTES)
-        small = -(-pages * PAGE_BYTES // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
-        chunk = np.where(pages == PAGES_PER_BLOCK, VA_BLOCK_BYTES, small)
+        tail_pages = -(-tail // PAGE_BYTES)
+        tail_chunk = VA_BLOCK_BYTES if tail_pages == PAGES_PER_BLOCK else -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
         self._gpu[slots] = False
         self._cpu[slots] = False
-        self._npages[slots] = pages
-        self._chunk_bytes[slots] = chunk
-        self._res_count[slots] = 0
-        self._has_chunk[slots] = False
-        self._had_gpu[slots] = False
-        self._fault_migrations[slots] = 0
-        self._slot_range[slots] = range_id
-        self._slot_bidx[slots] = np.arange(nblocks)
+        for b, slot in enumerate(slots.tolist()):
+            last = b == nblocks - 1
+            self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
+            self._chunk_bytes[slot] = tail_chunk if last else VA_BLOCK_BYTES
+            self._res_count[slot] = 0
+            self._cpu_count[slot] = 0
+            self._has_chunk[slot] = False
+            self._had_gpu[slot] = False
+            self._fault_migrations[slot] = 0
+            self._slot_range[slot] = range_id
+            self._slot_bidx[slot] = b
         self._ranges[range_id] = slots
         self._range_size[range_id] = int(size_bytes)
 
@@ -197,17 +228,19 @@ class UvmSim:
             raise InvariantError(f"managed range {range_id} is freed but not mapped")
         del self._range_size[range_id]
         freed = 0
-        for s in slots.tolist():
+        slot_list = slots.tolist()
+        for s in slot_list:
             if self._has_chunk[s]:
-                freed += int(self._chunk_bytes[s])
+                freed += self._chunk_bytes[s]
                 del self._lrm[s]
+                self._has_chunk[s] = False
+            self._res_count[s] = 0
+            self._cpu_count[s] = 0
+            self._slot_range[s] = -1
         self.used_bytes -= freed
-        self._has_chunk[slots] = False
         self._gpu[slots] = False
         self._cpu[slots] = False
-        self._res_count[slots] = 0
-        self._slot_range[slots] = -1
-        self._free_slots.extend(slots.tolist())
+        self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
         return len(slots)
@@ -244,25 +277,38 @@ class UvmSim:
             raise InvariantError("eviction needed but no chunk is evictable")
         v, _ = self._lrm.popitem(last=False)
         row = self._gpu[v]
-        n = int(self._res_count[v])
-        runs = _run_lengths(row)
-        self._cpu[v] |= row
+        n = self._res_count[v]
+        self._cpu_count[v] += n
+        if n == self._npages[v]:  # fully resident: one transfer
+            n_runs, t_ns = 1, self._transfer_ns(n)
+            self._cpu[v] = row
+        else:
+            runs = _run_lengths(row)
+            n_runs = len(runs)
+            t_ns = transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+            self._cpu[v] |= row
         self._gpu[v] = False
         self._res_count[v] = 0
         self._has_chunk[v] = False
-        self.used_bytes -= int(self._chunk_bytes[v])
+        self.used_bytes -= self._chunk_bytes[v]
         k = self._k
         k.eviction_count += 1
         k.dtoh_bytes += n * PAGE_BYTES
-        k.dtoh_count += len(runs)
-        k.stall_ns += self.costs.evict_fixed_ns + transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+        k.dtoh_count += n_runs
+        k.stall_ns += self.costs.evict_fixed_ns + t_ns
         if self.events is not None:
-            self.events.append(("evict", int(self._slot_range[v]), int(self._slot_bidx[v]), n))
+            self.events.append(("evict", self._slot_range[v], self._slot_bidx[v], n))
+
+    def _transfer_ns(self, pages: int) -> float:
+        t = self._tcache.get(pages)
+        if t is None:
+            t = self._tcache[pages] = transfer_time_ns(np.array([pages * PAGE_BYTES]), self.costs.link_bytes_per_s)
+        return t
 
     def _ensure_chunk(self, s: int) -> None:
         if self._has_chunk[s]:
             return
-        need = int(self._chunk_bytes[s])
+        need = self._chunk_bytes[s]
         while self.capacity_bytes - self.used_bytes < need:
             self._evict_one()
         self.used_bytes += need
@@ -283,6 +329,7 @@ class UvmSim:
         runs = _run_lengths(h) if n_h else np.empty(0, dtype=np.int64)
         self._gpu[s] |= mask
         cpu_row &= ~mask
+        self._cpu_count[s] -= n_h
         self._res_count[s] += n_all
         self._lrm.move_to_end(s)
         self.populated_gpu_bytes += n_all * PAGE_BYTES
@@ -305,9 +352,10 @@ class UvmSim:
                 self._res_count[s] -= n
                 if self._res_count[s] == 0 and self._has_chunk[s]:
                     self._has_chunk[s] = False
-                    self.used_bytes -= int(self._chunk_bytes[s])
+                    self.used_bytes -= self._chunk_bytes[s]
                     del self._lrm[s]
             self._cpu[s, lo:hi] = True
+            self._cpu_count[s] = int(self._cpu[s].sum())
         self._flush_kernel_counters()
 
     def memcpy_htod(self, range_id: int, offset: int, size: int) -> UvmCounters:
@@ -321,6 +369,7 @@ class UvmSim:
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
             mask[lo:hi] = ~self._gpu[s, lo:hi]
             self._cpu[s, lo:hi] = False
+            self._cpu_count[s] = int(self._cpu[s].sum())
             if mask.any():
                 self._populate(s, mask)
         self._k.memcpy_htod_count += 1
@@ -330,113 +379,259 @@ class UvmSim:
 
     # -- kernels -------------------------------------------------------------------------------
     def access(self, accesses: Iterable[Access]) -> UvmCounters:
-        """Run one kernel touching ``accesses``; return its counters (faults, batches, migrations, stall time)."""
-        reads: list[tuple[int, int, int]] = []
-        writes: list[tuple[int, int, int]] = []
+        """Run one kernel touching ``accesses``; return its counters (faults, batches, migrations, stall time).
+
+        Pages are grouped per VA block (the driver groups a batch's faults by block and sorts them by address);
+        blocks are taken in the order the kernel first touches them, reads before writes.
+        """
+        stages: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
         for range_id, offset, size, is_write in accesses:
-            (writes if is_write else reads).extend(self._segments(int(range_id), int(offset), int(size)))
-        for segs, is_write in ((reads, False), (writes, True)):
-            if segs:
-                self._run_stage(segs, is_write)
+            d = stages[1 if is_write else 0]
+            for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
+                cur = d.get(s)
+                if cur is None:
+                    d[s] = (lo, hi)
+                elif type(cur) is tuple:
+                    if lo <= cur[1] and hi >= cur[0]:
+                        d[s] = (min(lo, cur[0]), max(hi, cur[1]))
+                    else:
+                        m = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                        m[cur[0] : cur[1]] = True
+                        m[lo:hi] = True
+                        d[s] = m
+                else:
+                    cur[lo:hi] = True
+        for d, is_write in ((stages[0], False), (stages[1], True)):
+            if d:
+                self._run_stage(d, is_write)
         return self._flush_kernel_counters()
 
-    def _run_stage(self, segs: list[tuple[int, int, int]], is_write: bool) -> None:
+    def _run_stage(self, touched: dict[int, Any], is_write: bool) -> None:
+        """Fault in the missing touched pages, ``pages_per_batch`` unique pages per batch, block by block.
+
+        Prefetch decisions are per VA block, so each block's share of a batch is serviced as soon as it is
+        known (the batch's other blocks do not change it). Blocks with no GPU-resident page touched over one
+        interval use a memoized plan.
+        """
         res_count, npages, gpu = self._res_count, self._npages, self._gpu
         per_batch = self.knobs.pages_per_batch
+        memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
+        self._open_faults = 0
+        self._open_blocks = 0
+        self._kind = "write" if is_write else "read"
         budget = per_batch
-        batch: dict[int, np.ndarray] = {}
-        for s, lo, hi in segs:
-            while res_count[s] < npages[s]:
-                miss = ~gpu[s, lo:hi]
-                pending = batch.get(s)
-                if pending is not None:
-                    miss &= ~pending[lo:hi]
-                idx = np.flatnonzero(miss)
+        for s, span in touched.items():
+            if res_count[s] >= npages[s]:
+                continue
+            if type(span) is tuple:
+                if memo_ok and res_count[s] == 0:
+                    budget = self._apply_plan(s, span[0], span[1], budget)
+                    continue
+                want = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                want[span[0] : span[1]] = True
+            else:
+                want = span
+            while True:
+                idx = np.flatnonzero(want & ~gpu[s])
                 if idx.size == 0:
                     break
                 take = idx[:budget]
-                if pending is None:
-                    pending = batch[s] = np.zeros(PAGES_PER_BLOCK, dtype=bool)
-                pending[lo + take] = True
+                want[take] = False  # single touch
+                faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                faulted[take] = True
+                self._service_block(s, faulted)
                 budget -= take.size
                 if budget > 0:
                     break
-                self._service_batch(batch, is_write)
-                batch = {}
+                self._close_batch()
                 budget = per_batch
-                lo = lo + int(take[-1]) + 1
-                if lo >= hi:
-                    break
-        if batch:
-            self._service_batch(batch, is_write)
+        if self._open_faults:
+            self._close_batch()
 
-    def _service_batch(self, batch: dict[int, np.ndarray], is_write: bool) -> None:
-        """Service one fault batch: per VA block, prefetch, chunk (evict), migrate or zero-fill, LRM update."""
-        k, costs, knobs = self._k, self.costs, self.knobs
-        slot_list = list(batch)
-        slots = np.array(slot_list, dtype=np.int64)
-        faulted = np.stack([batch[s] for s in slot_list])
-        n_faults = int(faulted.sum())
-        per_block_faults = faulted.sum(axis=1)
-        self._fault_migrations[slots] += per_block_faults
-        if knobs.prefetch_enable:
-            extra = prefetch_pages(self._gpu[slots], faulted, self._npages[slots], knobs.prefetch_threshold)
-            extra[self._fault_migrations[slots] < knobs.prefetch_min_faults] = False
-        else:
-            extra = np.zeros_like(faulted)
-        res_before = self._res_count[slots].copy()
-        htod_runs: list[np.ndarray] = []
-        zero_pages = 0
-        for i, s in enumerate(slot_list):
-            f_row = faulted[i]
-            if knobs.prefetch_enable and self._res_count[s] != res_before[i]:
-                # evicted while an earlier block of this batch was serviced: the prefetcher sees the new state
-                extra[i] = prefetch_pages(
-                    self._gpu[s : s + 1], faulted[i : i + 1], self._npages[s : s + 1], knobs.prefetch_threshold
-                )[0]
-            mask = (f_row | extra[i]) & ~self._gpu[s]
-            cpu_before = self._cpu[s] & mask
-            fault_h = int((cpu_before & f_row).sum())
-            pre_h = int(cpu_before.sum()) - fault_h
-            z, runs = self._populate(s, mask)
-            zero_pages += z
-            if runs.size:
-                htod_runs.append(runs)
-            k.fault_htod_bytes += fault_h * PAGE_BYTES
-            k.prefetch_htod_bytes += pre_h * PAGE_BYTES
-            if self.events is not None:
-                self.events.append(
-                    (
-                        "service",
-                        int(self._slot_range[s]),
-                        int(self._slot_bidx[s]),
-                        int(f_row.sum()),
-                        int(mask.sum()),
-                        fault_h + pre_h,
-                        z,
-                    )
-                )
-        all_runs = np.concatenate(htod_runs) if htod_runs else np.empty(0, dtype=np.int64)
-        k.htod_count += int(all_runs.size)
-        k.htod_bytes += int(all_runs.sum()) * PAGE_BYTES
-        k.zero_fill_bytes += zero_pages * PAGE_BYTES
+    def _close_batch(self) -> None:
+        k, costs = self._k, self.costs
+        n = self._open_faults
+        raw = min(float(self.knobs.fault_batch_count), n * costs.raw_entries_per_fault)
         k.fault_batch_count += 1
-        k.fault_count += n_faults
-        if is_write:
-            k.write_fault_count += n_faults
+        k.fault_count += n
+        if self._kind == "write":
+            k.write_fault_count += n
         else:
-            k.read_fault_count += n_faults
-        raw = min(float(knobs.fault_batch_count), n_faults * costs.raw_entries_per_fault)
+            k.read_fault_count += n
         k.raw_fault_entries += raw
-        k.stall_ns += (
-            costs.batch_turnaround_ns
-            + costs.fault_entry_ns * raw
-            + costs.block_service_ns * len(slot_list)
-            + transfer_time_ns(all_runs * PAGE_BYTES, costs.link_bytes_per_s)
-            + zero_pages * PAGE_BYTES / costs.zero_fill_bytes_per_s * 1e9
-        )
+        k.stall_ns += costs.batch_turnaround_ns + costs.fault_entry_ns * raw
         if self.events is not None:
-            self.events.append(("batch", "write" if is_write else "read", n_faults, len(slot_list)))
+            self.events.append(("batch", self._kind, n, self._open_blocks))
+        self._open_faults = 0
+        self._open_blocks = 0
+
+    def _close_full_batches(self, n: int) -> None:
+        """Close ``n`` batches of exactly ``pages_per_batch`` faults each (no events: fast path only)."""
+        k, costs = self._k, self.costs
+        per = self.knobs.pages_per_batch
+        raw = min(float(self.knobs.fault_batch_count), per * costs.raw_entries_per_fault)
+        k.fault_batch_count += n
+        k.fault_count += n * per
+        if self._kind == "write":
+            k.write_fault_count += n * per
+        else:
+            k.read_fault_count += n * per
+        k.raw_fault_entries += n * raw
+        k.stall_ns += n * (costs.batch_turnaround_ns + costs.fault_entry_ns * raw)
+
+    def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
+        k = self._k
+        self._open_faults += n_faults
+        self._open_blocks += 1
+        k.fault_htod_bytes += fault_h * PAGE_BYTES
+        k.prefetch_htod_bytes += pre_h * PAGE_BYTES
+        k.zero_fill_bytes += zero * PAGE_BYTES
+        k.stall_ns += self.costs.block_service_ns + zero * PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
+        if self.events is not None:
+            rid, bidx = self._slot_range[s], self._slot_bidx[s]
+            self.events.append(("service", rid, bidx, n_faults, n_mig, fault_h + pre_h, zero))
+
+    def _add_htod_runs(self, runs: np.ndarray, time_ns: float | None = None) -> None:
+        k = self._k
+        k.htod_count += int(runs.size)
+        k.htod_bytes += int(runs.sum()) * PAGE_BYTES
+        if time_ns is None:
+            time_ns = transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+        k.stall_ns += time_ns
+
+    def _service_block(self, s: int, faulted: np.ndarray) -> None:
+        """Service one VA block's faults of a batch: prefetch, chunk (evict), migrate / zero-fill, LRM."""
+        knobs = self.knobs
+        n_f = int(faulted.sum())
+        self._fault_migrations[s] += n_f
+        self._ensure_chunk(s)  # may evict (never this block: it is being serviced)
+        row = self._gpu[s]
+        if knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
+            npg = np.array([self._npages[s]])
+            extra = prefetch_pages(row[None, :], faulted[None, :], npg, knobs.prefetch_threshold)[0]
+            mask = faulted | extra
+        else:
+            mask = faulted & ~row
+        cpu_m = self._cpu[s] & mask
+        fault_h = int((cpu_m & faulted).sum())
+        n_h = int(cpu_m.sum())
+        zero, runs = self._populate(s, mask)
+        if runs.size:
+            self._add_htod_runs(runs)
+        self._account_service(s, n_f, int(mask.sum()), fault_h, n_h - fault_h, zero)
+
+    def _plan(self, lo: int, hi: int, budget: int, npages: int) -> _Plan:
+        """The batches that fault in pages [lo, hi) of a block with no GPU-resident page (memoized)."""
+        key = (lo, hi, budget, npages)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        knobs, per_batch = self.knobs, self.knobs.pages_per_batch
+        res = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
+        npg = np.array([npages])
+        subs = []
+        p = lo
+        while p < hi:
+            idx = np.flatnonzero(~res[0, p:hi])
+            if idx.size == 0:
+                break
+            take = p + idx[:budget]
+            f = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
+            f[0, take] = True
+            if knobs.prefetch_enable:
+                m = f | prefetch_pages(res, f, npg, knobs.prefetch_threshold)
+            else:
+                m = f
+            res |= m
+            budget -= take.size
+            closes = budget == 0
+            if closes:
+                budget = per_batch
+            subs.append((int(take.size), closes, m[0], f[0], _run_lengths(m[0])))
+            p = int(take[-1]) + 1
+            if not closes:
+                break
+        all_runs = np.concatenate([x[4] for x in subs]) if subs else np.empty(0, dtype=np.int64)
+        closes_at = [i for i, x in enumerate(subs) if x[1]]
+        first = closes_at[0] if closes_at else -1
+        last = closes_at[-1] if closes_at else -1
+        plan = _Plan(
+            n_closes=len(closes_at),
+            first_close_faults=sum(x[0] for x in subs[: first + 1]) if closes_at else 0,
+            tail_faults=sum(x[0] for x in subs[last + 1 :]),
+            subs=subs,
+            steps=[(x[0], x[1], int(x[2].sum())) for x in subs],
+            union=res[0],
+            rest=(np.arange(PAGES_PER_BLOCK) < npages) & ~res[0],
+            budget_out=budget,
+            n_faults=sum(x[0] for x in subs),
+            n_pages=int(res.sum()),
+            n_runs=int(all_runs.size),
+            htod_ns=transfer_time_ns(all_runs * PAGE_BYTES, self.costs.link_bytes_per_s),
+        )
+        self._plans[key] = plan
+        return plan
+
+    def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
+        npages = self._npages[s]
+        plan = self._plan(lo, hi, budget, npages)
+        if not plan.subs:
+            return budget
+        n_cpu = self._cpu_count[s]
+        full_cpu = n_cpu == npages
+        self._ensure_chunk(s)
+        if self.events is None and (n_cpu == 0 or full_cpu):
+            # fast cases: never populated (all zero-fill) or entirely on the CPU (all HtoD)
+            k, costs = self._k, self.costs
+            if plan.n_closes == 0:
+                self._open_faults += plan.n_faults
+            else:
+                self._open_faults += plan.first_close_faults
+                self._close_batch()
+                if plan.n_closes > 1:
+                    self._close_full_batches(plan.n_closes - 1)
+                self._open_faults = plan.tail_faults
+            self._open_blocks += 1
+            k.stall_ns += costs.block_service_ns * len(plan.steps)
+            if n_cpu == 0:
+                k.zero_fill_bytes += plan.n_pages * PAGE_BYTES
+                k.stall_ns += plan.n_pages * PAGE_BYTES / costs.zero_fill_bytes_per_s * 1e9
+            else:
+                k.htod_count += plan.n_runs
+                k.htod_bytes += plan.n_pages * PAGE_BYTES
+                k.fault_htod_bytes += plan.n_faults * PAGE_BYTES
+                k.prefetch_htod_bytes += (plan.n_pages - plan.n_faults) * PAGE_BYTES
+                k.stall_ns += plan.htod_ns
+        else:
+            for n_f, closes, mask, faulted, runs in plan.subs:
+                n_m = int(runs.sum())
+                if n_cpu == 0:
+                    self._account_service(s, n_f, n_m, 0, 0, n_m)
+                elif full_cpu:
+                    self._add_htod_runs(runs)
+                    self._account_service(s, n_f, n_m, n_f, n_m - n_f, 0)
+                else:
+                    h = self._cpu[s] & mask
+                    fh = int((h & faulted).sum())
+                    nh = int(h.sum())
+                    if nh:
+                        self._add_htod_runs(_run_lengths(h))
+                    self._account_service(s, n_f, n_m, fh, nh - fh, n_m - nh)
+                if closes:
+                    self._close_batch()
+        self._gpu[s] = plan.union
+        if n_cpu:
+            if full_cpu:
+                self._cpu[s] = plan.rest
+                self._cpu_count[s] = npages - plan.n_pages
+            else:
+                cpu_row = self._cpu[s]
+                cpu_row &= ~plan.union
+                self._cpu_count[s] = int(cpu_row.sum())
+        self._res_count[s] = plan.n_pages
+        self._lrm.move_to_end(s)
+        self.populated_gpu_bytes += plan.n_pages * PAGE_BYTES
+        return plan.budget_out
 
     def _flush_kernel_counters(self) -> UvmCounters:
         k = self._k
@@ -452,24 +647,29 @@ class UvmSim:
     def check_invariants(self) -> None:
         """Raise InvariantError if the state breaks a documented invariant."""
         n = self._n_slots
-        live = self._slot_range[:n] >= 0
+        live = np.array(self._slot_range[:n], dtype=np.int64) >= 0
+        res_count = np.array(self._res_count[:n], dtype=np.int64)
+        has_chunk = np.array(self._has_chunk[:n], dtype=bool)
+        npages = np.array(self._npages[:n], dtype=np.int64)
         gpu, cpu = self._gpu[:n], self._cpu[:n]
         if (gpu & cpu).any():
             raise InvariantError("a page is resident on both the GPU and the CPU (migrations move, not copy)")
-        if not np.array_equal(gpu.sum(axis=1), self._res_count[:n]):
+        if not np.array_equal(gpu.sum(axis=1), res_count):
             raise InvariantError("per-block resident page counts disagree with the bitmaps")
-        if ((self._res_count[:n] > 0) & ~self._has_chunk[:n]).any():
+        if not np.array_equal(cpu.sum(axis=1), np.array(self._cpu_count[:n], dtype=np.int64)):
+            raise InvariantError("per-block CPU page counts disagree with the bitmaps")
+        if ((res_count > 0) & ~has_chunk).any():
             raise InvariantError("a block has GPU-resident pages but no GPU chunk")
-        if (self._has_chunk[:n] & ~live).any():
+        if (has_chunk & ~live).any():
             raise InvariantError("a destroyed range still holds a GPU chunk")
-        used = int(self._chunk_bytes[:n][self._has_chunk[:n]].sum())
+        used = int(np.array(self._chunk_bytes[:n], dtype=np.int64)[has_chunk].sum())
         if used != self.used_bytes:
             raise InvariantError(f"chunk accounting: {used} B in chunks, {self.used_bytes} B counted")
         if self.used_bytes > self.capacity_bytes:
             raise InvariantError(f"resident chunks {self.used_bytes} B exceed capacity {self.capacity_bytes} B")
-        if set(self._lrm) != set(np.flatnonzero(self._has_chunk[:n]).tolist()):
+        if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):
             raise InvariantError("the LRM list and the set of allocated chunks differ")
-        valid = np.arange(PAGES_PER_BLOCK)[None, :] < self._npages[:n, None]
+        valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
         if ((gpu | cpu) & ~valid).any():
             raise InvariantError("a page past the end of its block is resident")
         if self.totals.dtoh_bytes > self.populated_gpu_bytes:

@@ -37,21 +37,35 @@ def _scalars(d: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, A
     return row
 
 
+def unwrap_config(data: Any) -> Any:
+    """The RunConfig dict inside a config.json: bare, or wrapped as ``{"run": {...}}`` / ``{"config": {...}}``
+    (``uvmlab run`` writes ``{"run": RunConfig dict, "mode": resolved mode}``)."""
+    if isinstance(data, dict) and "workload" not in data:
+        for key in ("run", "config"):
+            if isinstance(data.get(key), dict):
+                return data[key]
+    return data
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list | tuple) else value
+
+
 def config_columns(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Flatten a RunConfig dict into ``cfg_*`` columns."""
+    """Flatten a RunConfig dict into ``cfg_*`` columns (nested values other than options become JSON text)."""
     row: dict[str, Any] = {}
     wl = dict(cfg.get("workload") or {})
     options = wl.pop("options", {}) or {}
     for key, value in wl.items():
-        row[f"cfg_{key}"] = value
+        row[f"cfg_{key}"] = _cell(value)
     for key, value in cfg.items():
         if key in ("workload", "sim_options"):
             continue
-        row[f"cfg_{key}"] = value
+        row[f"cfg_{key}"] = _cell(value)
     for key, value in sorted(options.items()):
-        row[f"cfg_option.{key}"] = value if not isinstance(value, dict | list) else json.dumps(value)
+        row[f"cfg_option.{key}"] = _cell(value)
     for key, value in sorted((cfg.get("sim_options") or {}).items()):
-        row[f"cfg_sim.{key}"] = value if not isinstance(value, dict | list) else json.dumps(value)
+        row[f"cfg_sim.{key}"] = _cell(value)
     return row
 
 
@@ -82,10 +96,8 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         if result is None:
             continue  # result.json is written atomically; an unreadable one was not written by uvmlab
         row: dict[str, Any] = {"run_id": path.name, "run_dir": str(path)}
-        cfg = _read_json(rundir.config_json)
-        if cfg is not None:
-            if isinstance(cfg.get("config"), dict) and "workload" not in cfg:
-                cfg = cfg["config"]
+        cfg = unwrap_config(_read_json(rundir.config_json))
+        if isinstance(cfg, dict):
             row.update(config_columns(cfg))
         row.update(_scalars(result))
         env = _read_json(rundir.env_json)

@@ -276,7 +276,8 @@ def _run_local(pending: list[Entry], jobs: int, progress: _Progress, outcomes: d
     for group, width in ((parallel, max(1, jobs)), (exclusive, 1)):
         if not group:
             continue
-        with ThreadPoolExecutor(max_workers=width) as pool:
+        pool = ThreadPoolExecutor(max_workers=width)
+        try:
             futures: dict[Future[str], Entry] = {pool.submit(run_one, e.path): e for e in group}
             remaining = set(futures)
             while remaining:
@@ -285,6 +286,9 @@ def _run_local(pending: list[Entry], jobs: int, progress: _Progress, outcomes: d
                     outcome = fut.result()
                     outcomes[outcome] = outcomes.get(outcome, 0) + 1
                     progress.update(outcome)
+        finally:
+            # on Ctrl-C: start nothing new; running children got the SIGINT too and record no result
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, summary: SweepSummary) -> None:

@@ -42,6 +42,8 @@ KEEP = {"config.json", "logs", LOCK_NAME}
 """What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the lock."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
 RESULT_SCHEMA_VERSION = 1
+INTERRUPTED_CODES = (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, 130, 143)
+"""Child exits that mean "the sweep was interrupted" (no result is recorded; a resumed sweep runs it again)."""
 
 
 @contextmanager
@@ -60,10 +62,9 @@ def run_lock(path: Path) -> Iterator[None]:
 def read_config(rundir: RunDir) -> Any:
     """The RunConfig of a run directory's config.json (written by the sweep before the run starts)."""
     from uvmlab.config import RunConfig
+    from uvmlab.sweep.aggregate import unwrap_config
 
-    data = rundir.read_json(rundir.config_json)
-    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "workload" not in data:
-        data = data["config"]  # tolerate a wrapped form {"config": {...}, ...}
+    data = unwrap_config(rundir.read_json(rundir.config_json))
     if not isinstance(data, dict):
         raise InputError(f"{rundir.config_json} does not hold a run configuration")
     return RunConfig.from_dict(data)
@@ -187,6 +188,8 @@ def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: 
             code, reason = -9, f"the run exceeded its time limit of {timeout_s:g} s and was killed"
     if rundir.is_complete():
         return str(rundir.read_result().get("outcome", "ok"))
+    if code in INTERRUPTED_CODES:
+        return "interrupted"  # Ctrl-C / scancel / Slurm time limit of the sweep: not the run's fault; resume reruns
     detail = _last_line(err_log, offset)
     with run_lock(path):
         if not rundir.is_complete():

@@ -38,6 +38,35 @@ from workloads.train import PHASE_END, make_optimizer, train_step
 
 ProgressFn = Callable[[int, int], None]
 """progress(done_iterations, total_iterations)."""
+CPU_RAM_FRACTION = 0.8
+"""A CPU capture is refused when the meta trace's peak live bytes exceed this share of MemAvailable."""
+
+
+def _mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_cpu_fits(cfg: WorkloadConfig) -> int:
+    """Refuse (InputError) a CPU capture whose meta-traced peak would not fit in RAM; return that peak."""
+    from uvmlab.trace.summary import peak_live
+
+    peak, _ = peak_live(capture_trace(cfg, "meta", emulate_cuda=False))
+    avail = _mem_available_bytes()
+    if avail is not None and peak > CPU_RAM_FRACTION * avail:
+        raise InputError(
+            f"a CPU capture of {cfg.workload} needs about {peak / 2**30:.1f} GiB of tensors but only "
+            f"{avail / 2**30:.1f} GiB of RAM is available; capture on meta (--device meta) or use a smaller "
+            "batch/model (--batch-size, --option)"
+        )
+    return peak
 
 
 def _storage_keys(tensors: Any) -> set[int]:
@@ -98,18 +127,25 @@ class _Categorizer:
 
 
 def capture_trace(
-    cfg: WorkloadConfig, device: str = "meta", progress: ProgressFn | None = None, emulate_cuda: bool = True
+    cfg: WorkloadConfig,
+    device: str = "meta",
+    progress: ProgressFn | None = None,
+    emulate_cuda: bool = True,
+    check_memory: bool = True,
 ) -> Trace:
     """Run ``cfg.iterations`` training iterations of ``cfg.workload`` on ``device`` and return their Trace.
 
     ``emulate_cuda=False`` turns off the SDPA routing (for comparing meta with CPU captures); foreach optimizers
     are always used. On ``cpu`` the computation really runs (only small configurations fit in RAM), with the
-    CPU's own SDPA kernel and CPU autocast.
+    CPU's own SDPA kernel and CPU autocast; with ``check_memory`` a meta capture first checks that the peak
+    fits in RAM (paper-size models do not: GPT-2 at batch 8 was killed at 24 GB).
     """
     if device not in CAPTURE_DEVICES:
         raise InputError(f"capture device must be one of {', '.join(CAPTURE_DEVICES)}, not {device!r}")
     spec = load_workload(cfg.workload)
     spec.resolve_options(cfg)  # refuse unknown options before any work
+    if device == "cpu" and check_memory:
+        check_cpu_fits(cfg)
     rec = Recorder(device)
     cat = _Categorizer(rec)
     sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention == "sdpa") else None
@@ -145,6 +181,7 @@ def capture_trace(
         rec.close()
         n_params = sum(p.numel() for p in workload.model.parameters())
         param_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters())
+        trainable_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters() if p.requires_grad)
         attention = workload.attention
         extra_notes = list(workload.notes)
     elapsed = time.perf_counter() - start
@@ -180,6 +217,7 @@ def capture_trace(
         "iterations": cfg.iterations,
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
+        "trainable_parameter_bytes": int(trainable_bytes),
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -290,8 +291,8 @@ class Recorder(TorchDispatchMode):
             }
         )
         out = {"allocations": allocations, "kernels": kernels, "accesses": accesses}
-        for name, df in out.items():
-            schema = SCHEMAS[name]
-            for f in schema:
-                df[f.name] = df[f.name].astype(f.type.to_pandas_dtype())
-        return out
+        # through Arrow with the schema, so a fresh capture has exactly the dtypes read_trace gives
+        return {
+            name: pa.Table.from_pandas(df, schema=SCHEMAS[name], preserve_index=False).to_pandas()
+            for name, df in out.items()
+        }

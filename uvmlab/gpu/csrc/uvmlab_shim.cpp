@@ -18,6 +18,8 @@
 //                             (rounded down to 2 MiB). The balloon is inflated at the first intercepted call
 //                             (the process's CUDA runtime is loaded by then), or by uvmlab_balloon(); it is
 //                             released at exit (atexit, registered after the runtime's own handlers).
+//                             Once it exists the shim exports UVMLAB_BALLOON_DONE=<pid>: child processes started
+//                             later (which inherit LD_PRELOAD) do not reserve a second balloon.
 //   UVMLAB_ALLOC_LOG          append one binary record per intercepted call to this file ("%p" -> pid);
 //                             buffered, flushed when the buffer fills, by uvmlab_flush_log(), and at exit.
 //   UVMLAB_CUDART             path of the CUDA runtime to use when no loaded one is found
@@ -105,7 +107,8 @@ struct Config {
   bool prefetch_on_alloc = false;
   long long balloon_bytes = -1;        // -1: not set
   long long balloon_leave_bytes = -1;  // -1: not set
-  std::string log_path;
+  std::string log_path;              // set once at parse time, never changed afterwards
+  std::atomic<bool> log_on{false};   // false when unset or when the file cannot be opened
   std::string cudart_path;
   bool verbose = false;
   int64_t load_monotonic_ns = 0;  // clocks when the configuration was read (the shim's load): the log header
@@ -170,6 +173,12 @@ void parse_config(Config& c) {
   }
   c.balloon_bytes = parse_size("UVMLAB_BALLOON_BYTES", getenv("UVMLAB_BALLOON_BYTES"));
   c.balloon_leave_bytes = parse_size("UVMLAB_BALLOON_LEAVE_BYTES", getenv("UVMLAB_BALLOON_LEAVE_BYTES"));
+  const char* done = getenv("UVMLAB_BALLOON_DONE");
+  if (done != nullptr && *done != '\0') {
+    // An ancestor already holds the balloon (it exported this marker): one balloon per job, not per process.
+    c.balloon_bytes = -1;
+    c.balloon_leave_bytes = -1;
+  }
   if (c.balloon_bytes >= 0 && c.balloon_leave_bytes >= 0)
     die_config("UVMLAB_BALLOON_LEAVE_BYTES", getenv("UVMLAB_BALLOON_LEAVE_BYTES"),
                "to be unset when UVMLAB_BALLOON_BYTES is set (give one of the two)");
@@ -179,6 +188,7 @@ void parse_config(Config& c) {
     size_t at = p.find("%p");
     if (at != std::string::npos) p.replace(at, 2, std::to_string(getpid()));
     c.log_path = p;
+    c.log_on.store(true);
   }
   const char* cudart = getenv("UVMLAB_CUDART");
   if (cudart != nullptr) c.cudart_path = cudart;
@@ -233,17 +243,20 @@ static_assert(sizeof(LogRecord) == 56, "log record is 56 bytes");
 
 constexpr size_t kLogBufferRecords = 1024;  // 56 KiB; flushed when full
 
+// getpid() is a system call (expensive in sandboxes); cached here and refreshed in a forked child.
+std::atomic<int32_t> g_pid{static_cast<int32_t>(getpid())};
+
 class AllocLog {
  public:
   void record(Op op, int64_t t_ns, int64_t dur_ns, const void* ptr, size_t size, int64_t arg, cudaError_t result) {
-    if (g_cfg.log_path.empty()) return;
+    if (!g_cfg.log_on.load(std::memory_order_relaxed)) return;
     LogRecord r{};
     r.t_ns = t_ns;
     r.dur_ns = dur_ns;
     r.ptr = reinterpret_cast<uint64_t>(ptr);
     r.size = size;
     r.arg = arg;
-    r.pid = static_cast<int32_t>(getpid());
+    r.pid = g_pid.load(std::memory_order_relaxed);
     r.op = op;
     r.result = result;
     std::lock_guard<std::mutex> lock(mu_);
@@ -268,7 +281,7 @@ class AllocLog {
     if (fd_ < 0) {
       fprintf(stderr, "uvmlab shim: cannot open UVMLAB_ALLOC_LOG %s: %s; allocation log disabled\n",
               g_cfg.log_path.c_str(), strerror(errno));
-      g_cfg.log_path.clear();
+      g_cfg.log_on.store(false);
       return;
     }
     flock(fd_, LOCK_EX);
@@ -312,6 +325,9 @@ AllocLog& log_instance() {
   return *l;
 }
 #define g_log (log_instance())
+
+// CLOCK_MONOTONIC when the allocation log is on, else 0 (no clock reads when nothing is recorded).
+inline int64_t log_clock() { return g_cfg.log_on.load(std::memory_order_relaxed) ? now_ns(CLOCK_MONOTONIC) : 0; }
 
 // ---- resolving the real runtime -------------------------------------------------------------------------------------
 struct Real {
@@ -408,9 +424,9 @@ bool g_atexit_registered = false;
 void release_balloon() {
   std::lock_guard<std::mutex> lock(g_balloon_mu);
   for (auto& piece : g_balloon) {
-    int64_t t0 = now_ns(CLOCK_MONOTONIC);
+    int64_t t0 = log_clock();
     cudaError_t rc = g_real.free != nullptr ? g_real.free(piece.first) : kCudaErrorInitializationError;
-    g_log.record(OP_BALLOON_FREE, t0, now_ns(CLOCK_MONOTONIC) - t0, piece.first, piece.second, -1, rc);
+    g_log.record(OP_BALLOON_FREE, t0, log_clock() - t0, piece.first, piece.second, -1, rc);
   }
   g_balloon.clear();
 }
@@ -431,10 +447,14 @@ cudaError_t inflate(size_t bytes, int64_t measured_free) {
     g_atexit_registered = true;
   }
   void* p = nullptr;
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc = g_real.malloc(&p, bytes);
-  g_log.record(OP_BALLOON_ALLOC, t0, now_ns(CLOCK_MONOTONIC) - t0, p, bytes, measured_free, rc);
-  if (rc == kCudaSuccess) g_balloon.emplace_back(p, bytes);
+  g_log.record(OP_BALLOON_ALLOC, t0, log_clock() - t0, p, bytes, measured_free, rc);
+  if (rc == kCudaSuccess) {
+    g_balloon.emplace_back(p, bytes);
+    // Children started from now on inherit the marker and do not reserve a second balloon.
+    setenv("UVMLAB_BALLOON_DONE", std::to_string(getpid()).c_str(), 1);
+  }
   if (g_cfg.verbose)
     fprintf(stderr, "uvmlab shim: balloon of %zu bytes -> error %d\n", bytes, rc);
   return rc;
@@ -474,7 +494,7 @@ thread_local int t_depth = 0;  // re-entrancy guard: calls made by the runtime i
 
 cudaError_t advise(const void* ptr, size_t size, int advice, int device) {
   if (g_real.mem_advise == nullptr) return kCudaErrorInitializationError;
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc;
   if (g_real.runtime_version >= kCuda13Version) {
     cudaMemLocation loc{device == kCudaCpuDeviceId ? kCudaMemLocationTypeHost : kCudaMemLocationTypeDevice,
@@ -483,13 +503,13 @@ cudaError_t advise(const void* ptr, size_t size, int advice, int device) {
   } else {
     rc = reinterpret_cast<Advise12Fn>(g_real.mem_advise)(ptr, size, advice, device);
   }
-  g_log.record(OP_ADVISE, t0, now_ns(CLOCK_MONOTONIC) - t0, ptr, size, advice * 1000LL + device, rc);
+  g_log.record(OP_ADVISE, t0, log_clock() - t0, ptr, size, advice * 1000LL + device, rc);
   return rc;
 }
 
 cudaError_t prefetch(const void* ptr, size_t size, int device, cudaStream_t stream) {
   if (g_real.mem_prefetch_async == nullptr) return kCudaErrorInitializationError;
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc;
   if (g_real.runtime_version >= kCuda13Version) {
     cudaMemLocation loc{kCudaMemLocationTypeDevice, device};
@@ -497,7 +517,7 @@ cudaError_t prefetch(const void* ptr, size_t size, int device, cudaStream_t stre
   } else {
     rc = reinterpret_cast<Prefetch12Fn>(g_real.mem_prefetch_async)(ptr, size, device, stream);
   }
-  g_log.record(OP_PREFETCH, t0, now_ns(CLOCK_MONOTONIC) - t0, ptr, size, device, rc);
+  g_log.record(OP_PREFETCH, t0, log_clock() - t0, ptr, size, device, rc);
   return rc;
 }
 
@@ -516,9 +536,9 @@ bool any_policy() {
 }
 
 cudaError_t managed_alloc(void** ptr, size_t size, int device, cudaStream_t stream, Op op, int64_t arg) {
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc = g_real.malloc_managed(ptr, size, kCudaMemAttachGlobal);
-  g_log.record(op, t0, now_ns(CLOCK_MONOTONIC) - t0, rc == kCudaSuccess ? *ptr : nullptr, size, arg, rc);
+  g_log.record(op, t0, log_clock() - t0, rc == kCudaSuccess ? *ptr : nullptr, size, arg, rc);
   if (rc == kCudaSuccess && any_policy()) {
     if (device < 0 && g_real.get_device != nullptr) g_real.get_device(&device);
     apply_policies(*ptr, size, device < 0 ? 0 : device, stream);
@@ -530,7 +550,10 @@ __attribute__((constructor)) void shim_init() {
   (void)cfg_instance();  // parse the environment now: a bad variable stops the program at load, not mid-run
   (void)log_instance();
   (void)balloon_instance();
-  pthread_atfork(nullptr, nullptr, [] { g_log.forget_after_fork(); });
+  pthread_atfork(nullptr, nullptr, [] {
+    g_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    g_log.forget_after_fork();
+  });
 }
 
 __attribute__((destructor)) void shim_fini() { g_log.flush(); }
@@ -549,9 +572,9 @@ __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** devPtr, siz
   cudaError_t rc;
   if (!g_cfg.managed || size == 0) {
     // cudaMallocManaged rejects size 0 (cudaErrorInvalidValue) while cudaMalloc accepts it: keep cudaMalloc's answer.
-    int64_t t0 = now_ns(CLOCK_MONOTONIC);
+    int64_t t0 = log_clock();
     rc = g_real.malloc(devPtr, size);
-    g_log.record(OP_MALLOC_DEVICE, t0, now_ns(CLOCK_MONOTONIC) - t0, rc == kCudaSuccess ? *devPtr : nullptr, size,
+    g_log.record(OP_MALLOC_DEVICE, t0, log_clock() - t0, rc == kCudaSuccess ? *devPtr : nullptr, size,
                  0, rc);
   } else {
     rc = managed_alloc(devPtr, size, -1, nullptr, OP_MALLOC, kCudaMemAttachGlobal);
@@ -563,9 +586,9 @@ __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** devPtr, siz
 __attribute__((visibility("default"))) cudaError_t cudaFree(void* devPtr) {
   if (!resolve()) return kCudaErrorInitializationError;
   if (t_depth > 0) return g_real.free(devPtr);
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(devPtr);
-  g_log.record(OP_FREE, t0, now_ns(CLOCK_MONOTONIC) - t0, devPtr, 0, 0, rc);
+  g_log.record(OP_FREE, t0, log_clock() - t0, devPtr, 0, 0, rc);
   return rc;
 }
 
@@ -582,9 +605,9 @@ __attribute__((visibility("default"))) void* uvmlab_malloc(ssize_t size, int dev
 
 __attribute__((visibility("default"))) void uvmlab_free(void* ptr, ssize_t size, int device, cudaStream_t) {
   if (!resolve()) return;
-  int64_t t0 = now_ns(CLOCK_MONOTONIC);
+  int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(ptr);
-  g_log.record(OP_PLUGGABLE_FREE, t0, now_ns(CLOCK_MONOTONIC) - t0, ptr, size < 0 ? 0 : size, device, rc);
+  g_log.record(OP_PLUGGABLE_FREE, t0, log_clock() - t0, ptr, size < 0 ? 0 : size, device, rc);
 }
 
 // ---- exported: control -------------------------------------------------------------------------------------------------

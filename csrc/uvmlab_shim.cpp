@@ -1,0 +1,1 @@
+../uvmlab/gpu/csrc/uvmlab_shim.cpp

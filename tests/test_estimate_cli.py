@@ -1,0 +1,94 @@
+"""``uvmlab estimate`` end to end on small real captures (tiny GPT-2 and ResNet-50 configs): formats, run
+directory, snapshot export, errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from uvmlab.cli import main
+from uvmlab.trace.snapshot import read_snapshot
+
+_GPT2_OPTS = ("n_layer=1", "seq_len=32", "n_embd=64", "n_head=2", "vocab_size=512", "n_positions=64")
+TINY_GPT2 = ["gpt2", "-b", "2", "-n", "2"] + [x for o in _GPT2_OPTS for x in ("--option", o)]
+TINY_RESNET = ["resnet50", "-b", "2", "-n", "2", "--option", "image_size=32", "--option", "num_classes=10"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_carma_table_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json"])
+    assert data["fits"] and data["peak_reserved_bytes"] >= data["peak_allocated_bytes"] >= data["peak_live_bytes"] > 0
+    assert data["workspace_bytes"]["cublas"] == 8_519_680
+    assert data["orchestration_changes"]["cublas_workspace"] == 1
+    assert data["required_bytes"] == data["peak_reserved_bytes"] + data["context_bytes"] + data["margin_bytes"]
+    assert main(["estimate", *TINY_GPT2, "--format", "carma"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{data['required_mb']}\n"
+    assert "margin" in captured.err and "CARMA adds its own 2048 MB" in captured.err
+    assert main(["estimate", *TINY_GPT2]) == 0
+    assert "fits" in capsys.readouterr().out
+    h100 = _json(capsys, ["estimate", *TINY_GPT2, "--gpu", "H100-80GB", "--format", "json", "--margin-mb", "0"])
+    assert h100["workspace_bytes"]["cublas"] == 32 * 1024 * 1024 and h100["margin_bytes"] == 0
+
+
+def test_nocache_and_oom(capsys: pytest.CaptureFixture[str]) -> None:
+    pca = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json"])
+    nocache = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--allocator", "nocache"])
+    assert nocache["peak_reserved_bytes"] <= pca["peak_reserved_bytes"]
+    tight = pca["context_bytes"] + pca["peak_allocated_bytes"] // 2
+    small = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--gpu-memory", str(tight)])
+    assert small["oom"] and small["oom_phase"] in ("setup", "data", "forward", "backward", "optimizer")
+
+
+def test_run_directory_and_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    snap = tmp_path / "est.pickle"
+    assert main(["estimate", *TINY_GPT2, "-o", str(out), "--snapshot", str(snap), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "result.json").read_text()) == data
+    assert (out / "figures" / "memory_curve.png").read_bytes()[:4] == b"\x89PNG"
+    tl = pd.read_parquet(out / "tables" / "memory_timeline.parquet")
+    assert tl["reserved_bytes"].max() == data["peak_reserved_bytes"]
+    s = read_snapshot(snap)
+    assert s.summary()[0]["peak_reserved_in_trace_bytes"] == data["peak_reserved_bytes"]
+    assert (s.events["action"] == "alloc").sum() == data["trace_events"] // 2
+    assert main(["estimate", *TINY_GPT2, "-o", str(out)]) == 2  # complete run, no --force
+    assert "--force" in capsys.readouterr().err
+
+
+def test_resnet_gets_cudnn_workspaces(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, ["estimate", *TINY_RESNET, "--format", "json"])
+    assert data["orchestration_changes"]["cudnn_workspace"] > 0
+    off = _json(capsys, ["estimate", *TINY_RESNET, "--format", "json", "--allocator", "nocache"])
+    assert off["peak_reserved_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["estimate", "nosuchmodel"], "unknown workload"),
+        (["estimate", *TINY_GPT2, "--alloc-conf", "max_split_size_mb:banana"], "max_split_size_mb"),
+        (["estimate", *TINY_GPT2, "--gpu", "Z80"], "unknown GPU"),
+        (["estimate", *TINY_GPT2, "--gpu-memory", "100MiB"], "context"),
+    ],
+)
+def test_bad_input_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("uvmlab: error:")]
+    assert len(errors) == 1 and expected in errors[0] and "Traceback" not in err

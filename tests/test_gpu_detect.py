@@ -1,0 +1,136 @@
+"""gpu_status(): cheap, never raises, one sentence when there is no GPU; doctor and the shim commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from uvmlab.cli import main
+from uvmlab.errors import UnavailableError
+from uvmlab.gpu import detect
+from uvmlab.gpu.detect import gpu_status
+
+
+class _NVMLError(Exception):
+    pass
+
+
+def _fake_pynvml(count: int = 1, init_error: bool = False) -> types.ModuleType:
+    m = types.ModuleType("pynvml")
+    m.NVMLError = _NVMLError
+
+    def init() -> None:
+        if init_error:
+            raise _NVMLError("NVML Shared Library Not Found")
+
+    m.nvmlInit = init
+    m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetCount = lambda: count
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    m.nvmlDeviceGetName = lambda h: b"NVIDIA A100 80GB PCIe"
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=85899345920, used=1 << 30)
+    m.nvmlSystemGetDriverVersion = lambda: "580.95.05"
+    m.nvmlSystemGetCudaDriverVersion = lambda: 13000
+    return m
+
+
+def test_this_machine_has_no_gpu_and_says_what_is_missing() -> None:
+    st = gpu_status()
+    if st.available:
+        pytest.skip("a GPU is present on this machine")
+    assert st.reason and "\n" not in st.reason and st.reason.count(". ") == 0
+    with pytest.raises(UnavailableError) as exc:
+        st.require()
+    assert str(exc.value).startswith("--mode gpu needs an NVIDIA GPU: ") and exc.value.exit_code == 2
+
+
+def test_available_gpu_is_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    st = gpu_status(env={})
+    assert st.available and st.reason == ""
+    assert (st.name, st.memory_bytes, st.driver, st.cuda, st.index) == (
+        "NVIDIA A100 80GB PCIe",
+        85899345920,
+        "580.95.05",
+        "13.0",
+        0,
+    )
+    assert st.require() is st
+
+
+@pytest.mark.parametrize(
+    ("env", "count", "init_error", "needle"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": ""}, 1, False, "hides every GPU"),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, 1, False, "hides every GPU"),
+        ({"CUDA_VISIBLE_DEVICES": "3"}, 2, False, "sees only 2 GPU"),
+        ({}, 0, False, "reports no GPU"),
+        ({}, 1, True, "NVML"),
+    ],
+)
+def test_unavailable_reasons(monkeypatch, env, count, init_error, needle) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(count, init_error))
+    st = gpu_status(env=env)
+    assert not st.available and needle in st.reason
+
+
+def test_missing_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
+    st = detect.gpu_status(env={})
+    assert not st.available and "nvidia-ml-py" in st.reason
+
+
+def test_doctor_json_lists_every_probe_and_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    items = [c["item"] for c in doc["checks"]]
+    assert items == ["GPU", "NVIDIA driver", "CUDA runtime", "torch", "nsys", "g++", "shim", "nvidia-ml-py", "cupy"]
+    modes = {m["item"]: m for m in doc["modes"]}
+    assert modes["run --mode sim"]["ok"] is True
+    gpu_ok = next(c for c in doc["checks"] if c["item"] == "GPU")["ok"]
+    assert modes["run --mode gpu"]["ok"] is (gpu_ok and modes["run --mode gpu"]["detail"] == "ready")
+    if not gpu_ok:
+        assert "GPU" in modes["run --mode gpu"]["detail"]
+        assert modes["run --mode auto"]["detail"] == "falls back to the simulator"
+
+
+def test_doctor_table_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "This machine" in out and "Modes" in out and "run --mode gpu" in out
+
+
+def test_shim_cli_build_path_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache"
+    assert main(["shim", "path", "--cache-dir", str(cache)]) == 1
+    assert "not built yet" in capsys.readouterr().err
+    assert main(["shim", "build", "--cache-dir", str(cache)]) == 0
+    built = Path(capsys.readouterr().out.strip())
+    assert built.is_file() and built.name == "libuvmlab_shim.so" and cache in built.parents
+    assert main(["shim", "path", "--cache-dir", str(cache)]) == 0
+    assert capsys.readouterr().out.strip() == str(built)
+    assert main(["shim", "status", "--cache-dir", str(cache), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["built"] is True
+
+
+def test_shim_build_without_compiler_is_one_sentence(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    assert main(["shim", "build", "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("uvmlab: error: no C++ compiler found") and err.count("\n") == 1
+
+
+def test_run_mode_gpu_without_a_gpu_exits_with_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    """End to end through `uvmlab run` (helper H4 wires the command; the reason is gpu_status's)."""
+    st = gpu_status()
+    if st.available:
+        pytest.skip("a GPU is present")
+    code = main(["run", "gpt2", "--oversub", "4", "--pca", "off", "--mode", "gpu", "--out", "/nonexistent/never"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("uvmlab: error: ") and st.reason in err
+    assert "Traceback" not in err

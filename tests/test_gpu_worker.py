@@ -1,0 +1,189 @@
+"""The GPU worker's loop (run here on the CPU: same code path minus CUDA) and the collection of a run directory
+from worker outputs and shim logs (synthetic GPU outputs: no GPU here)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from uvmlab.atomic import atomic_write_json
+from uvmlab.config import RunConfig, WorkloadConfig
+from uvmlab.errors import UnavailableError
+from uvmlab.gpu import collect
+from uvmlab.gpu.detect import GpuStatus
+from uvmlab.gpu.runner import GpuRunOptions, plan_run, run_gpu
+from uvmlab.rundir import RunDir
+from uvmlab.stats.schema import ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
+from uvmlab.units import GiB
+
+TINY_GPT2 = {"seq_len": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 128, "n_positions": 16}
+
+
+def _cfg(**kw) -> RunConfig:
+    return RunConfig(
+        WorkloadConfig("gpt2", batch_size=2, iterations=3, options=TINY_GPT2), oversub=4, pca=False, mode="gpu", **kw
+    )
+
+
+def test_worker_runs_the_training_loop(tmp_path: Path) -> None:
+    """In-process (the child-process entry point is exercised by the next test; torch imports once per session)."""
+    pytest.importorskip("torch")
+    from uvmlab.gpu.worker import main
+
+    cfg = _cfg()
+    atomic_write_json(tmp_path / "config.json", {**cfg.to_dict(), "gpu_options": {"footprint": "estimate"}})
+    assert main([str(tmp_path), "--role", "run", "--device", "cpu"]) == 0
+    doc = json.loads((tmp_path / "logs" / "run.worker.json").read_text())
+    assert doc["outcome"] == "ok" and doc["device"] == "cpu" and len(doc["iterations"]) == 3
+    its = doc["iterations"]
+    assert [i["iteration"] for i in its] == [0, 1, 2]
+    assert all(i["duration_ns"] == i["end_ns"] - i["start_ns"] > 0 for i in its)
+    assert all(a["end_ns"] <= b["start_ns"] for a, b in itertools.pairwise(its))
+    samples = pd.read_parquet(tmp_path / "logs" / "run.samples.parquet")
+    phases = list(samples[samples["iteration"] == 1]["phase"])
+    assert phases == ["zero_grad", "data", "forward", "backward", "optimizer", "end"]  # train_step's hook order
+    assert samples["allocated_bytes"].isna().all()  # CPU: not collected, never 0
+
+
+def test_worker_with_a_missing_cuda_device_is_one_sentence(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    atomic_write_json(tmp_path / "config.json", _cfg().to_dict())
+    proc = subprocess.run(
+        [sys.executable, "-m", "uvmlab.gpu.worker", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        == "uvmlab worker: error: the worker found no CUDA device (torch.cuda.is_available() is False)"
+    )
+
+
+def _fake_gpu_outputs(rd: RunDir, run_ms: list[float], base_ms: list[float] | None, shim_log: bytes | None) -> None:
+    def worker(role: str, ms: list[float]) -> None:
+        t, its = 1_000_000, []
+        for i, d in enumerate(ms):
+            its.append({"iteration": i, "start_ns": t, "end_ns": t + int(d * 1e6), "duration_ns": int(d * 1e6)})
+            t += int(d * 1e6) + 10
+        atomic_write_json(
+            rd.logs / f"{role}.worker.json",
+            {
+                "role": role,
+                "outcome": "ok",
+                "error": None,
+                "iterations": its,
+                "peak_allocated_bytes": 5 * GiB,
+                "peak_reserved_bytes": 6 * GiB,
+                "torch": "2.x",
+                "torch_cuda": "13.0",
+                "device_name": "GPU",
+                "env": {},
+            },
+        )
+        pd.DataFrame(
+            {
+                "time_ns": [1, 2],
+                "iteration": [0, 0],
+                "phase": ["data", "end"],
+                "allocated_bytes": [1.0, 2.0],
+                "reserved_bytes": [3.0, 4.0],
+                "nvml_used_bytes": [9, 9],
+            }
+        ).to_parquet(rd.logs / f"{role}.samples.parquet")
+
+    rd.logs.mkdir(parents=True, exist_ok=True)
+    worker("run", run_ms)
+    if base_ms:
+        worker("baseline", base_ms)
+    if shim_log:
+        (rd.logs / "run.alloc.bin").write_bytes(shim_log)
+
+
+def _shim_log(records: list[tuple[int, int, int, int, int, int]]) -> bytes:
+    """A log in the shim's format: (op, ptr, size, arg, result, t_ns) per record."""
+    import struct
+
+    head = b"UVMLBLOG" + struct.pack("<IIqq", 1, 56, 1, 2) + bytes(32)
+    body = b"".join(
+        struct.pack("<qqQQqiHHiI", t, 5, ptr, size, arg, 42, op, 0, rc, 0) for op, ptr, size, arg, rc, t in records
+    )
+    return head + body
+
+
+def test_collect_writes_the_run_directory_with_measured_slowdown(tmp_path: Path) -> None:
+    cfg = _cfg()
+    status = GpuStatus(True, "", "Fake GPU", 80 * GiB, "1", "13.0", 0, 1)
+    opts = GpuRunOptions(footprint=16 * GiB, baseline=True, host_memory_bytes=512 * GiB)
+    plan = plan_run(cfg, opts, tmp_path, status=status)
+    rd = RunDir(tmp_path)
+    balloon = plan.balloon.balloon_bytes
+    log = _shim_log([(4, 0x1000, balloon, 79 * GiB, 0, 10), (1, 0x2000, 4096, 1, 0, 11), (2, 0x2000, 0, 0, 0, 12)])
+    _fake_gpu_outputs(rd, [30.0, 20.0, 22.0], [5.0, 4.0, 4.0], log)
+    res = collect.collect_run(cfg, opts, plan, rd, status)
+    assert rd.is_complete() and set(RESULT_KEYS) <= set(res)
+    assert res["mode"] == "gpu" and res["iteration_time_ns"] == 21e6 and res["baseline_time_ns"] == 4e6
+    assert res["slowdown"] == pytest.approx(21 / 4)
+    assert res["fault_count"] is None  # no nsys: not collected, never 0
+    assert res["available_bytes"] == 4 * GiB and res["footprint_bytes"] == 16 * GiB
+    assert res["gpu_run"]["balloon_actual"] == {"balloon_bytes": balloon, "free_before_bytes": 79 * GiB, "result": 0}
+    its = rd.read_table("iterations")
+    assert list(its.columns[: len(ITERATION_COLUMNS)]) == list(ITERATION_COLUMNS) and its["fault_count"].isna().all()
+    mem = rd.read_table("memory")
+    assert list(mem.columns[:4]) == list(MEMORY_COLUMNS) and mem["resident_bytes"].isna().all()
+    allocs = rd.read_table("shim_allocations")
+    assert list(allocs["op"]) == ["balloon_alloc", "malloc", "free"] and set(allocs["role"]) == {"run"}
+    env = json.loads(rd.env_json.read_text())
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native,expandable_segments:False"
+
+
+def test_collect_without_baseline_has_no_slowdown(tmp_path: Path) -> None:
+    cfg = _cfg()
+    status = GpuStatus(True, "", "Fake GPU", 80 * GiB, "1", "13.0", 0, 1)
+    opts = GpuRunOptions(footprint=16 * GiB, host_memory_bytes=512 * GiB)
+    plan = plan_run(cfg, opts, tmp_path, status=status)
+    rd = RunDir(tmp_path)
+    _fake_gpu_outputs(rd, [10.0], None, None)
+    res = collect.collect_run(cfg, opts, plan, rd, status)
+    assert res["iteration_time_ns"] == 10e6 and res["baseline_time_ns"] is None and res["slowdown"] is None
+
+
+def test_run_gpu_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:
+    from uvmlab.gpu.detect import gpu_status
+
+    if gpu_status().available:
+        pytest.skip("a GPU is present")
+    with pytest.raises(UnavailableError, match=r"^--mode gpu needs an NVIDIA GPU: ") as exc:
+        run_gpu(_cfg(), GpuRunOptions(footprint=8 * GiB), RunDir(tmp_path / "r"))
+    assert "\n" not in str(exc.value)
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_execute_step_runs_argv_with_its_environment_and_no_shell(tmp_path: Path) -> None:
+    from uvmlab.gpu.runner import Step, execute_step
+
+    code = "import os, sys; print(os.environ['UVMLAB_X']); print(sys.argv[1]); sys.exit(3)"
+    step = Step("probe", (sys.executable, "-c", code, "a b; echo not-a-shell"), {"UVMLAB_X": "42"}, str(tmp_path), "")
+    assert execute_step(step, tmp_path / "logs") == 3
+    assert (tmp_path / "logs" / "probe.out").read_text().splitlines() == ["42", "a b; echo not-a-shell"]
+    missing = Step("nsys", ("no-such-program-xyz", "profile"), {}, str(tmp_path), "")
+    with pytest.raises(UnavailableError, match="no-such-program-xyz is not installed"):
+        execute_step(missing, tmp_path / "logs")
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _cfg()
+    res = run_gpu(cfg, GpuRunOptions(footprint=8 * GiB, dry_run=True, nsys=True), RunDir(tmp_path / "r"))
+    out = capsys.readouterr().out
+    assert res["dry_run"] is True and res["plan"] == out
+    assert "nsys profile --trace=cuda,nvtx" in out and "UVMLAB_BALLOON_LEAVE_BYTES=" in out
+    assert [s["name"] for s in res["steps"]] == ["run", "export"]
+    assert not (tmp_path / "r").exists()

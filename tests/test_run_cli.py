@@ -1,0 +1,130 @@
+"""End-to-end ``uvmlab run`` (simulation mode) on real workloads, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from uvmlab.cli import main
+from uvmlab.rundir import RunDir
+from uvmlab.stats.schema import RESULT_KEYS, TABLE_COLUMNS
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")
+TINY_ARGS = [TINY, "--option", "hidden=2048", "--batch-size", "256", "--iterations", "2", "--mode", "sim"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    assert main(["run", *TINY_ARGS, "--oversub", "2", "--pca", "off", "-o", str(out)]) == 0
+    return out
+
+
+def test_run_writes_a_complete_run_directory(tiny_run: Path) -> None:
+    rd = RunDir(tiny_run)
+    assert rd.is_complete()
+    result = rd.read_result()
+    assert set(RESULT_KEYS) <= set(result)
+    assert result["mode"] == "sim" and result["pca"] is False and result["oversub"] == 2.0
+    assert result["iterations"] == 2
+    assert result["available_bytes"] == int(result["footprint_bytes"] / 2)
+    assert result["slowdown"] > 1
+    for name in ("iterations", "kernels", "memory"):
+        df = rd.read_table(name)
+        assert list(df.columns[: len(TABLE_COLUMNS[name])]) == list(TABLE_COLUMNS[name])
+    its = rd.read_table("iterations")
+    assert int(its["fault_count"].sum()) == result["fault_count"]
+    assert (its["fault_count"] == its["read_fault_count"] + its["write_fault_count"]).all()
+    for fig in ("memory_per_kernel", "faults_migrations"):
+        assert rd.figure(fig).stat().st_size > 1000
+    cfg = json.loads(rd.config_json.read_text())
+    assert cfg["run"]["oversub"] == 2.0
+    assert json.loads(rd.env_json.read_text())["mode"] == "sim"
+
+
+def test_refuses_to_overwrite_without_force(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", *TINY_ARGS, "--oversub", "2", "--pca", "off", "-o", str(tiny_run)]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_json_format_prints_only_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", *TINY_ARGS, "--oversub", "1", "--pca", "on", "-o", str(tmp_path / "r"), "--format", "json"])
+    assert code == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result == RunDir(tmp_path / "r").read_result()
+    assert result["eviction_count"] == 0 and result["dtoh_bytes"] == 0  # factor 1: nothing evicted
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--oversub", "lots"], "oversubscription factor"),
+        (["--oversub", "0"], "oversubscription factor"),
+        (["--oversub", "-3"], "oversubscription factor"),
+        (["--pca", "maybe"], "--pca"),
+        (["--sim-option", "prefetch_treshold=70"], "unknown simulator options"),
+        (["--gpu", "Z100"], "unknown GPU"),
+    ],
+)
+def test_bad_input_is_one_sentence_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    assert main(["run", *TINY_ARGS, *args, "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_bad_params_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "p.json"
+    bad.write_text('{"schema_version": 1, "source": "x", "params": {"warp_speed": 9}}')
+    assert main(["run", *TINY_ARGS, "--params", str(bad), "-o", str(tmp_path / "x")]) == 2
+    assert "unknown fields" in capsys.readouterr().err
+
+
+def test_mode_gpu_without_gpu_is_unavailable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from uvmlab.run import gpu_availability
+
+    if gpu_availability().available:
+        pytest.skip("this machine has a GPU")
+    args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
+    assert main(["run", *args, "--mode", "gpu", "-o", str(tmp_path / "g")]) == 2
+    assert "--mode gpu needs a CUDA device" in capsys.readouterr().err
+
+
+def test_auto_mode_says_it_simulates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from uvmlab.run import gpu_availability
+
+    if gpu_availability().available:
+        pytest.skip("this machine has a GPU")
+    args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
+    assert main(["run", *args, "--oversub", "1.5", "-o", str(tmp_path / "a")]) == 0
+    assert "running the simulator (--mode sim)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpt2_main_command(tmp_path: Path) -> None:
+    """THE main command on the seed study's GPT-2 (2 iterations to keep CI short), PCA off and on."""
+    results = {}
+    for pca in ("off", "on"):
+        out = tmp_path / pca
+        assert main(["run", "gpt2", "--oversub", "4", "--pca", pca, "--iterations", "2", "-o", str(out)]) == 0
+        results[pca] = RunDir(out).read_result()
+    off, on = results["off"], results["on"]
+    assert off["fault_count"] > on["fault_count"] > 0  # PCA reuses mapped memory
+    assert on["eviction_count"] > 0 and off["eviction_count"] > 0
+    assert 0 < off["read_fault_share"] < 1
+    k = pd.read_parquet(RunDir(tmp_path / "on").table("kernels"))
+    assert k["kernel_bytes"].max() < on["footprint_bytes"]  # the study's observation: kernels touch little
