@@ -2,76 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import pandas as pd
 import pytest
+from eval_helpers import synthetic_job
 
-from uvmlab.colocate import DEFAULT_MARGIN_BYTES, Job, colocate, parse_job, simulate_together
+from uvmlab.colocate import DEFAULT_MARGIN_BYTES, colocate, parse_job, simulate_together
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
-from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import GiB, MiB
-
-
-@dataclass
-class FakePlacement:
-    """One managed range per tensor (what the nocache allocator does), for unit tests of the loop."""
-
-    blocks: pd.DataFrame
-    ranges: pd.DataFrame
-    peak_reserved_bytes: int
-
-
-def synthetic_job(name: str, n_tensors: int, tensor_bytes: int, n_kernels: int) -> Job:
-    """n_tensors live all run; each kernel reads every tensor and writes the first one."""
-    alloc = pd.DataFrame(
-        {
-            "alloc_id": range(n_tensors),
-            "size_bytes": tensor_bytes,
-            "alloc_seq": range(n_tensors),
-            "free_seq": NEVER_FREED,
-            "category": "activation",
-            "phase": "forward",
-            "iteration": 0,
-            "op": "x",
-            "stream": 0,
-        }
-    ).astype({"iteration": "int32", "stream": "int32"})
-    kernels = pd.DataFrame(
-        {
-            "kernel_id": range(n_kernels),
-            "seq": range(n_tensors, n_tensors + n_kernels),
-            "name": "k",
-            "phase": "forward",
-            "iteration": 0,
-            "flops": 1e9,
-            "stream": 0,
-        }
-    ).astype({"iteration": "int32", "stream": "int32"})
-    acc = pd.DataFrame(
-        [(k, t, 0, tensor_bytes, t == 0) for k in range(n_kernels) for t in range(n_tensors)],
-        columns=["kernel_id", "alloc_id", "offset_bytes", "size_bytes", "is_write"],
-    )
-    trace = Trace(allocations=alloc, kernels=kernels, accesses=acc)
-    blocks = pd.DataFrame(
-        {
-            "alloc_id": range(n_tensors),
-            "address": [i * tensor_bytes for i in range(n_tensors)],
-            "block_bytes": tensor_bytes,
-            "range_id": range(n_tensors),
-        }
-    )
-    ranges = pd.DataFrame(
-        {
-            "range_id": range(n_tensors),
-            "address": blocks["address"],
-            "size_bytes": tensor_bytes,
-            "alloc_seq": range(n_tensors),
-            "free_seq": NEVER_FREED,
-        }
-    )
-    return Job(name, None, trace, FakePlacement(blocks, ranges, n_tensors * tensor_bytes))
 
 
 def test_parse_job() -> None:

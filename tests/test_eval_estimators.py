@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from eval_helpers import make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_planner_plan import make_trace
 from uvmlab.errors import InputError
 from uvmlab.evaluate.bfc import BFC_ROUND_BYTES, BfcArena, round_bfc
 from uvmlab.evaluate.estimators import EvalCase, bfc_peak, get_estimators, shape_inference_peak

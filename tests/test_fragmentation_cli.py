@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
+from eval_helpers import make_trace
 
-from tests.test_planner_plan import make_trace
 from uvmlab.cli import main
 from uvmlab.fragmentation import characterize
 

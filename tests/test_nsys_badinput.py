@@ -115,3 +115,10 @@ def test_newer_schema_extra_columns_warns_and_summarizes(tmp_path: Path, real_da
 
 def test_bad_iteration_pattern(synth: Path) -> None:
     assert main(["nsys", "summarize", str(synth), "--iteration-pattern", "(unclosed"]) == 2
+
+
+def test_import_onto_a_file_and_directory_input(tmp_path: Path, synth: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["nsys", "import", str(synth), "-o", str(f)]) == 2
+    assert main(["nsys", "summarize", str(tmp_path)]) == 2

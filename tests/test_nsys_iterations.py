@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from uvmlab.cli import main
 from uvmlab.nsys.measured import import_export
@@ -157,3 +159,30 @@ def test_cpu_faults_counted_as_rows(tmp_path: Path) -> None:
     assert s.um_total_sum["total_cpu_page_faults"] == 50
     cpu_rows = {r["address"]: r["cpu_faults"] for r in s.um_sum if r["cpu_faults"]}
     assert all(v in (7, 8) for v in cpu_rows.values())
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    iterations=st.integers(1, 4),
+    kernels=st.integers(1, 12),
+    faults=st.integers(0, 400),
+    migrations=st.integers(0, 100),
+    seed=st.integers(0, 1000),
+    chunk=st.integers(7, 500),
+)
+def test_attribution_conserves_totals(tmp_path_factory, iterations, kernels, faults, migrations, seed, chunk) -> None:
+    db = tmp_path_factory.mktemp("prop") / "p.sqlite"
+    truth = write_synthetic_export(
+        db, iterations=iterations, kernels_per_iteration=kernels, faults=faults, migrations=migrations, seed=seed
+    )
+    with open_export(db) as ex:
+        s = summarize(ex, chunk_rows=chunk)
+    out = s.attribution["outside_kernels"].values()
+    for col, total in (
+        ("fault_count", truth["faults"]),
+        ("htod_bytes", truth["htod_bytes"]),
+        ("dtoh_bytes", truth["dtoh_bytes"]),
+    ):
+        assert int(s.kernels[col].sum()) + sum(b[col] for b in out) == total
+        assert 0 <= int(s.iterations[col].sum()) <= total
+    assert (s.kernels["iteration"].between(0, iterations - 1)).all()

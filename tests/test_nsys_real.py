@@ -107,6 +107,7 @@ def test_gh200_attribution_reproduces_reference_breakdown(real_data: Path) -> No
     assert a["outside_kernels"]["cudaMalloc"]["fault_records"] == 253
     assert set(a["outside_kernels"]) == {"cudaMemcpy", "cudaMalloc"}
     assert s.faults["gpu_fault_distinct_pages"] == 4096
+    assert s.kernels["reserved_bytes"].isna().all()  # memory usage not collected: null, not 0
     # NVIDIA's um_total_sum would refuse (no CPU fault table) but the figures exist
     assert s.um_total_sum["nvidia_report_runs"] is False
     assert s.um_total_sum["total_gpu_page_faults"] == 4195
@@ -175,6 +176,12 @@ def test_gemm_memory_usage_peak_device_bytes(real_data: Path) -> None:
         peak = max(peak, live)
     assert s.memory["peak_live_bytes_by_kind"]["device"] == peak == 37_752_520_704
     assert s.memory["allocs"] + s.memory["frees"] == len(mem) == 25
+    # kernels run while every device allocation is live: memory at kernel start = the peak (device + static)
+    static = sum(
+        b for (b,) in sql(path, f"SELECT bytes FROM {S.MEMORY_USAGE} WHERE memKind = 5 AND memoryOperationType = 0")
+    )
+    assert (s.kernels["reserved_bytes"] == peak + static).all()
+    assert s.top_kernels["max_reserved_bytes"].iloc[0] == peak + static
     # the cuBLAS range has its text in textId only
     assert "cublasCreate_v2" in set(nvtx["text"])
 

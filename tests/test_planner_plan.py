@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
+from eval_helpers import make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.sim.planner import PLAN_ALIGN_BYTES, lower_bound_bytes, plan
-from uvmlab.trace.schema import NEVER_FREED, Trace
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def make_trace(ops: list[tuple[int, int]], phases: list[str] | None = None) -> Trace:
-    """ops: (size_bytes, lifetime in events; 0 = never freed). Allocation i happens at event i's slot."""
-    rows = []
-    seq = 0
-    pending: list[tuple[int, int]] = []  # (free at step, alloc index)
-    for i, (size, life) in enumerate(ops):
-        for f in sorted(p for p in pending if p[0] <= i):
-            rows[f[1]]["free_seq"] = seq
-            seq += 1
-            pending.remove(f)
-        phase = phases[i] if phases else "forward"
-        rows.append(
-            {
-                "alloc_id": i,
-                "size_bytes": size,
-                "alloc_seq": seq,
-                "free_seq": NEVER_FREED,
-                "category": "activation",
-                "phase": phase,
-                "iteration": 0,
-                "op": "x",
-                "stream": 0,
-            }
-        )
-        seq += 1
-        if life:
-            pending.append((i + life, i))
-    for f in sorted(pending):
-        rows[f[1]]["free_seq"] = seq
-        seq += 1
-    t = Trace(allocations=pd.DataFrame(rows).astype({"iteration": "int32", "stream": "int32"}))
-    t.validate()
-    return t
 
 
 def brute_force_overlaps(p) -> list[tuple[int, int]]:
@@ -140,3 +104,20 @@ def test_fusion_fills_a_bubble_and_is_kept() -> None:
     c = _Local([2], {2: 0}, "0:optimizer", "0:optimizer")
     out, fused = _fuse([a, c], size, ts, te)
     assert fused == 0 and len(out) == 2
+
+
+def test_plan_as_placement_replays_under_uvm() -> None:
+    from eval_helpers import synthetic_job
+
+    from uvmlab.gpus import get_gpu
+    from uvmlab.sim.uvm_replay import replay
+
+    job = synthetic_job("a", 3, 4 * 2**20, 4)
+    p = plan(job.trace)
+    pl = p.as_placement()
+    assert pl.peak_reserved_bytes == p.pool_bytes == 12 * 2**20  # three tensors live together
+    assert list(pl.ranges["size_bytes"]) == [p.pool_bytes] and set(pl.blocks["range_id"]) == {0}
+    res = replay(job.trace, pl, 64 * 2**20, get_gpu("A100-80GB"))
+    assert res.skipped_accesses == 0  # every access found its block in the pool
+    assert res.totals.fault_count > 0 and res.totals.eviction_count == 0  # first touch only: 12 MiB in 64 MiB
+    assert res.peak_resident_bytes <= p.pool_bytes

@@ -128,3 +128,39 @@ def test_gpt2_main_command(tmp_path: Path) -> None:
     assert 0 < off["read_fault_share"] < 1
     k = pd.read_parquet(RunDir(tmp_path / "on").table("kernels"))
     assert k["kernel_bytes"].max() < on["footprint_bytes"]  # the study's observation: kernels touch little
+
+
+def test_gpu_mode_hands_the_flags_to_the_gpu_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GPU reported, auto mode picks gpu and builds GpuRunOptions from the CLI flags (runner faked)."""
+    import uvmlab.gpu.runner as runner
+    import uvmlab.run as run_mod
+
+    seen: dict = {}
+
+    def fake_run_gpu(cfg, opts, rundir):  # type: ignore[no-untyped-def]
+        seen.update(cfg=cfg, opts=opts)
+        result = {"mode": "gpu", "workload": cfg.workload.workload}
+        rundir.write_json(rundir.result_json, result)
+        return result
+
+    monkeypatch.setattr(run_mod, "gpu_availability", lambda: run_mod.GpuAvailability(True, ""))
+    monkeypatch.setattr(runner, "run_gpu", fake_run_gpu)
+    args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
+    code = main(
+        [
+            "run",
+            *args,
+            "--oversub",
+            "3",
+            "--footprint",
+            "2GiB",
+            "--baseline",
+            "-o",
+            str(tmp_path / "g"),
+            "--format",
+            "json",
+        ]
+    )
+    assert code == 0
+    assert seen["cfg"].oversub == 3.0
+    assert seen["opts"].footprint == 2 * 1024**3 and seen["opts"].baseline is True and seen["opts"].nsys is False

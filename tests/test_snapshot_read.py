@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from uvmlab.cli import main
 from uvmlab.errors import InputError
 from uvmlab.trace.safe_pickle import safe_loads
-from uvmlab.trace.snapshot import read_snapshot
+from uvmlab.trace.snapshot import Snapshot, read_snapshot
 
 EXPECTED_GENERATION = {
     "Yiyi-philosophy": "G1",
@@ -40,35 +40,40 @@ def _manifest(real_data: Path) -> dict[str, dict[str, str]]:
         return {r["file"]: r for r in csv.DictReader(f, delimiter="\t")}
 
 
+@pytest.fixture(scope="module")
+def all_read(real_data: Path) -> dict[str, Snapshot]:
+    """Every real snapshot, read once for the module."""
+    return {p.name: read_snapshot(p) for p in _snapshots(real_data)}
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_every_real_snapshot_reads_and_matches_manifest(real_data: Path) -> None:
+def test_every_real_snapshot_reads_and_matches_manifest(real_data: Path, all_read: dict[str, Snapshot]) -> None:
     manifest = _manifest(real_data)
     generations: dict[str, str] = {}
-    for path in _snapshots(real_data):
-        snap = read_snapshot(path)
-        generations[path.name] = snap.format_generation
-        row = manifest[path.name]
+    for name, snap in all_read.items():
+        generations[name] = snap.format_generation
+        row = manifest[name]
         if row["segments"]:
-            assert len(snap.segments) == int(row["segments"]), path.name
-            assert len(snap.events) == int(row["trace_events"]), path.name
+            assert len(snap.segments) == int(row["segments"]), name
+            assert len(snap.events) == int(row["trace_events"]), name
             if row["actions"]:
                 counts = dict(kv.split(":") for kv in row["actions"].split(";"))
                 got = snap.events["action"].value_counts().to_dict()
-                assert {k: int(v) for k, v in counts.items()} == got, path.name
+                assert {k: int(v) for k, v in counts.items()} == got, name
         # every block lies inside its segment, and blocks tile the segment exactly
         b = snap.blocks
         per_seg = b.groupby(["device", "segment_address"])["size"].sum()
         seg = snap.segments.set_index(["device", "address"])["total_size"]
-        assert (per_seg.reindex(seg.index).fillna(0) == seg).all(), path.name
+        assert (per_seg.reindex(seg.index).fillna(0) == seg).all(), name
     for prefix, gen in EXPECTED_GENERATION.items():
         assert {g for n, g in generations.items() if n.startswith(prefix)} == {gen}, prefix
     assert generations["Muduard__LayoutEditing__33ade60d__memory_snapshot.pkl"] == "segments-list"
 
 
-def test_peak_reserved_matches_replay_manifest(real_data: Path) -> None:
+def test_peak_reserved_matches_replay_manifest(real_data: Path, all_read: dict[str, Snapshot]) -> None:
     """The reserved curve rebuilt backwards from the final segments reaches the peak the manifest replay found."""
     manifest = _manifest(real_data)
     checked = 0
@@ -77,8 +82,7 @@ def test_peak_reserved_matches_replay_manifest(real_data: Path) -> None:
         if "peak_reserved real/sim=" not in note:
             continue
         real_peak = int(note.split("peak_reserved real/sim=")[1].split("/")[0])
-        snap = read_snapshot(real_data / "snapshots" / name)
-        assert snap.summary()[0]["peak_reserved_in_trace_bytes"] == real_peak, name
+        assert all_read[name].summary()[0]["peak_reserved_in_trace_bytes"] == real_peak, name
         checked += 1
     assert checked >= 30
 
@@ -178,6 +182,7 @@ def test_cli_truncated_file(tmp_path: Path, real_data: Path, capsys: pytest.Capt
     [
         (b"", "empty"),
         (b"PK\x03\x04 this is a zip", "not a pickle"),
+        (b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x80", "not a readable pickle"),  # FRAME overflow (found by fuzzing)
         (pickle.dumps({"weights": [1, 2]}), "not a PyTorch memory snapshot"),
         (pickle.dumps([1, 2, 3]), "not a PyTorch memory snapshot"),
         (pickle.dumps("hello"), "not a PyTorch memory snapshot"),
@@ -226,7 +231,7 @@ def test_cli_show_real_file_json(real_data: Path, capsys: pytest.CaptureFixture[
     assert "G4" in capsys.readouterr().out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=64))
 def test_random_bytes_never_escape_as_other_errors(data: bytes) -> None:
     with contextlib.suppress(InputError):
@@ -244,3 +249,40 @@ def test_random_bytes_never_escape_as_other_errors(data: bytes) -> None:
 def test_plain_data_round_trips(obj: object) -> None:
     assert safe_loads(pickle.dumps(obj, protocol=4), "x") == obj
     assert safe_loads(io.BytesIO(pickle.dumps(obj, protocol=2)).getvalue(), "x") == obj
+
+
+_leaf = st.none() | st.booleans() | st.integers(-5, 2**40) | st.text(max_size=4) | st.floats(allow_nan=False)
+_history = st.lists(_leaf | st.dictionaries(st.text(max_size=2), _leaf), max_size=2)
+_block = st.fixed_dictionaries(
+    {"size": _leaf | st.integers(0, 4096), "state": st.sampled_from(["inactive", "active_allocated", "odd"]) | _leaf},
+    optional={"address": _leaf, "requested_size": _leaf, "history": _history},
+)
+_segment = st.fixed_dictionaries(
+    {"address": _leaf | st.integers(0, 2**40), "total_size": _leaf, "blocks": st.lists(_block, max_size=3) | _leaf},
+    optional={"device": _leaf, "stream": _leaf, "allocated_size": _leaf, "segment_pool_id": _leaf},
+)
+_entry = st.fixed_dictionaries(
+    {"action": st.sampled_from(["alloc", "free_completed", "segment_alloc", "teleport"]) | _leaf, "size": _leaf},
+    optional={"addr": _leaf, "stream": _leaf, "time_us": _leaf, "frames": _leaf | st.lists(_leaf, max_size=2)},
+)
+_snapshot_like = st.fixed_dictionaries(
+    {"segments": st.lists(_segment, max_size=3) | _leaf},
+    optional={
+        "device_traces": st.lists(st.lists(_entry, max_size=3) | _leaf, max_size=2) | _leaf,
+        "allocator_settings": st.dictionaries(st.text(max_size=3), _leaf, max_size=2) | _leaf,
+        "external_annotations": st.lists(_leaf, max_size=2) | _leaf,
+    },
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(_snapshot_like)
+def test_malformed_snapshot_structures_give_input_errors(tmp_path_factory: pytest.TempPathFactory, obj: dict) -> None:
+    """Any snapshot-shaped pickle either reads or is refused with InputError: never another exception."""
+    path = tmp_path_factory.mktemp("fuzz") / "s.pickle"
+    path.write_bytes(pickle.dumps(obj, protocol=4))
+    try:
+        snap = read_snapshot(path)
+    except InputError:
+        return
+    assert len(snap.blocks) == sum(len(s["blocks"]) for s in obj["segments"])

@@ -226,3 +226,16 @@ def test_cli_dry_run_lists_configs(tmp_path: Path, capsys: pytest.CaptureFixture
     assert len(data["configs"]) == 8 and {c["status"] for c in data["configs"]} == {"pending"}
     assert data["plan"]["array_size"] == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_slurm_without_sbatch_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    if shutil.which("sbatch"):
+        pytest.skip("this machine has Slurm's sbatch")
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(SPEC)
+    from uvmlab.cli import main
+
+    assert main(["sweep", str(spec_path), "-o", str(tmp_path / "out"), "--executor", "slurm"]) == 2
+    assert not (tmp_path / "out").exists()

@@ -14,7 +14,7 @@ from uvmlab.trace.schema import NEVER_FREED
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py")
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     batch=st.integers(1, 33),
     hidden=st.integers(1, 64),
@@ -54,3 +54,48 @@ def test_invariants_hold_for_any_small_config(
         s1 = a[a["iteration"] == it][["size_bytes", "category", "phase"]].to_numpy().tolist()
         s2 = a[a["iteration"] == it + 1][["size_bytes", "category", "phase"]].to_numpy().tolist()
         assert s1 == s2
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["new", "view", "add", "inplace", "del", "cat"]), st.integers(0, 50), st.integers(1, 64)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(program=OPS)
+def test_recorder_live_set_matches_the_live_tensors(program: list[tuple[str, int, int]]) -> None:
+    """After every step of a random program, the recorder's live allocations are exactly the storages that the
+    program's live tensors hold (views share storage; in-place ops allocate nothing)."""
+    import torch
+
+    from uvmlab.trace.recorder import Recorder
+
+    rec = Recorder("meta")
+    handles: list[torch.Tensor] = []
+    with rec:
+        rec.set_phase("forward", 0)
+        for op, pick, n in program:
+            if op == "new" or not handles:
+                handles.append(torch.empty(n, device="meta"))
+                continue
+            t = handles[pick % len(handles)]
+            if op == "view":
+                handles.append(t[: max(1, t.numel() // 2)])
+            elif op == "add":
+                handles.append(t + 1.0)
+            elif op == "inplace":
+                t.mul_(2.0)
+            elif op == "cat":
+                handles.append(torch.cat([t, handles[n % len(handles)]]))
+            else:
+                handles.pop(pick % len(handles))
+            del t
+            expected = {h.untyped_storage()._cdata: h.untyped_storage().nbytes() for h in handles}
+            live = {aid for aid, f in enumerate(rec.a_free_seq) if f == NEVER_FREED}
+            assert sorted(rec.a_size[a] for a in live) == sorted(expected.values())
+            assert {rec.alloc_id(h) for h in handles} == live
+        handles.clear()
+    assert all(f != NEVER_FREED for f in rec.a_free_seq)
+    assert all(f > a for a, f in zip(rec.a_alloc_seq, rec.a_free_seq, strict=True))

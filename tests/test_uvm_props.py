@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from uvm_synth import make_trace, nocache_placement, pool_placement
 
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm import UvmSim
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
 from uvmlab.sim.uvm_replay import peak_managed_bytes, replay
-from uvm_synth import make_trace, nocache_placement, pool_placement
 
 MiB = 1 << 20
 GPU = GPUS["A100-80GB"]

@@ -187,6 +187,7 @@ def test_knob_validation() -> None:
 
 def test_memoized_plan_matches_general_path() -> None:
     """The fast path for empty blocks must give the same counters as servicing block by block."""
+
     def run(events: bool) -> dict:
         sim = UvmSim(6 * BLOCK, UvmKnobs(), record_events=events)
         for r in range(4):

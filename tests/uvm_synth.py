@@ -40,15 +40,36 @@ def make_trace(n_iter: int = 3, param_mb: int = 8, act_mb: int = 4, n_layers: in
         return a
 
     def kernel(name: str, phase: str, it: int, reads: list[dict], writes: list[dict], flops: float = 1e6) -> None:
-        k = {"kernel_id": len(kernels), "seq": nxt(), "name": name, "phase": phase, "iteration": it,
-             "flops": flops, "stream": 0}
+        k = {
+            "kernel_id": len(kernels),
+            "seq": nxt(),
+            "name": name,
+            "phase": phase,
+            "iteration": it,
+            "flops": flops,
+            "stream": 0,
+        }
         kernels.append(k)
         for a in reads:
-            accesses.append({"kernel_id": k["kernel_id"], "alloc_id": a["alloc_id"], "offset_bytes": 0,
-                             "size_bytes": a["size_bytes"], "is_write": False})
+            accesses.append(
+                {
+                    "kernel_id": k["kernel_id"],
+                    "alloc_id": a["alloc_id"],
+                    "offset_bytes": 0,
+                    "size_bytes": a["size_bytes"],
+                    "is_write": False,
+                }
+            )
         for a in writes:
-            accesses.append({"kernel_id": k["kernel_id"], "alloc_id": a["alloc_id"], "offset_bytes": 0,
-                             "size_bytes": a["size_bytes"], "is_write": True})
+            accesses.append(
+                {
+                    "kernel_id": k["kernel_id"],
+                    "alloc_id": a["alloc_id"],
+                    "offset_bytes": 0,
+                    "size_bytes": a["size_bytes"],
+                    "is_write": True,
+                }
+            )
 
     def free(a: dict) -> None:
         a["free_seq"] = nxt()
@@ -74,7 +95,7 @@ def make_trace(n_iter: int = 3, param_mb: int = 8, act_mb: int = 4, n_layers: in
             grads.append(g)
             free(acts[li + 1])
         free(x)
-        for p, g, s in zip(params, reversed(grads), state):
+        for p, g, s in zip(params, reversed(grads), state, strict=True):
             kernel("adam", "optimizer", it, [p, g, s], [p, s])
         for g in grads:
             free(g)
@@ -91,17 +112,24 @@ def nocache_placement(trace: Trace) -> SimpleNamespace:
     a = trace.allocations
     addr = np.cumsum(np.concatenate([[0], ((a["size_bytes"].to_numpy() + 2 * MiB - 1) // (2 * MiB)) * 2 * MiB]))[:-1]
     addr = addr + 0x7F0000000000
-    blocks = pd.DataFrame({"alloc_id": a["alloc_id"], "address": addr, "block_bytes": a["size_bytes"],
-                           "range_id": a["alloc_id"]})
-    ranges = pd.DataFrame({"range_id": a["alloc_id"], "address": addr, "size_bytes": a["size_bytes"],
-                           "alloc_seq": a["alloc_seq"], "free_seq": a["free_seq"]})
+    blocks = pd.DataFrame(
+        {"alloc_id": a["alloc_id"], "address": addr, "block_bytes": a["size_bytes"], "range_id": a["alloc_id"]}
+    )
+    ranges = pd.DataFrame(
+        {
+            "range_id": a["alloc_id"],
+            "address": addr,
+            "size_bytes": a["size_bytes"],
+            "alloc_seq": a["alloc_seq"],
+            "free_seq": a["free_seq"],
+        }
+    )
     return SimpleNamespace(blocks=blocks, ranges=ranges, peak_allocated_bytes=0, peak_reserved_bytes=0)
 
 
 def pool_placement(trace: Trace) -> SimpleNamespace:
     """PCA on, crudely: one segment per size class that only grows (first-fit reuse of freed slots of equal size);
     segments are never freed. Enough to give the 'dead data stays resident' behaviour."""
-    a = trace.allocations.sort_values("alloc_seq")
     events = trace.events()
     slots: dict[int, list[tuple[int, int]]] = {}  # size -> [(range_id, busy_alloc or -1)]
     where: dict[int, tuple[int, int]] = {}
@@ -119,8 +147,15 @@ def pool_placement(trace: Trace) -> SimpleNamespace:
             else:
                 rid = len(ranges)
                 seg = -(-size // (2 * MiB)) * 2 * MiB
-                ranges.append({"range_id": rid, "address": base, "size_bytes": seg, "alloc_seq": int(ev.seq),
-                               "free_seq": NEVER_FREED})
+                ranges.append(
+                    {
+                        "range_id": rid,
+                        "address": base,
+                        "size_bytes": seg,
+                        "alloc_seq": int(ev.seq),
+                        "free_seq": NEVER_FREED,
+                    }
+                )
                 base += seg
                 lst.append((rid, ev.alloc_id))
             where[ev.alloc_id] = (rid, size)

@@ -322,3 +322,24 @@ def write_colocation(res: Colocation, out: str, config: dict[str, Any]) -> Any:
         rd.write_table("uvm", res.uvm)
     rd.write_json(rd.result_json, res.to_dict())
     return rd.path
+
+
+def colocate_workloads(
+    job_texts: list[str] | tuple[str, ...],
+    gpu: GpuSpec,
+    base: WorkloadConfig | None = None,
+    margin_bytes: int = DEFAULT_MARGIN_BYTES,
+    simulate: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> Colocation:
+    """Parse ``NAME[:BATCH][,KEY=VALUE...]`` jobs, trace (cached) and place each, then :func:`colocate`."""
+    from uvmlab.trace.cache import get_trace
+
+    say = progress or (lambda _msg: None)
+    jobs = []
+    for text in job_texts:
+        cfg = parse_job(text, base)
+        say(f"tracing {text}")
+        jobs.append(prepare_job(text, get_trace(cfg), gpu, cfg=cfg))
+    say("deciding / simulating UVM")
+    return colocate(jobs, gpu, margin_bytes, simulate)

@@ -167,6 +167,28 @@ def characterize_snapshot(path: str | Path, device: int | None = None, grouping:
     return frag
 
 
+def characterize_source(
+    source: str, cfg: Any = None, device: int | None = None, grouping: str = "best", gpu_name: str = "A100-80GB"
+) -> Fragmentation:
+    """Characterize a snapshot pickle, a trace directory, or (else) the workload ``cfg`` (a WorkloadConfig)."""
+    src = Path(source)
+    if src.suffix in (".pickle", ".pkl") and src.is_file():
+        return characterize_snapshot(src, device, grouping)
+    if src.is_dir() and (src / "trace.json").is_file():
+        from uvmlab.trace.schema import read_trace
+
+        return characterize(read_trace(src), name=src.name, grouping=grouping)
+    if cfg is None:
+        from uvmlab.config import WorkloadConfig
+
+        cfg = WorkloadConfig(workload=source)
+    trace, notes = workload_trace(cfg, gpu_name)
+    name = cfg.workload if cfg.batch_size is None else f"{cfg.workload}:{cfg.batch_size}"
+    frag = characterize(trace, name=name, grouping=grouping)
+    frag.notes.extend(notes)
+    return frag
+
+
 def figure(frag: Fragmentation) -> Any:
     """Reserved bytes over the trace (PCA, planned) against live bytes, and PCA's efficiency over time."""
     import matplotlib
@@ -178,10 +200,10 @@ def figure(frag: Fragmentation) -> Any:
     gib = 2**30
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7.5, 5.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     x = np.arange(len(tl))
-    ax.plot(x, tl["live_bytes"] / gib, lw=0.8, label="live tensors (lower bound at its peak)")
+    ax.plot(x, tl["live_bytes"] / gib, lw=0.8, color="C0", label="live tensors (lower bound at its peak)")
     if tl["pca_reserved_bytes"].notna().any():
-        ax.plot(x, tl["pca_reserved_bytes"] / gib, lw=1.0, label="PCA reserved (simulated)")
-    ax.plot(x, tl["planned_reserved_bytes"] / gib, lw=1.0, ls="--", label="planned pool (STWeaver-style)")
+        ax.plot(x, tl["pca_reserved_bytes"] / gib, lw=1.0, color="C1", label="PCA reserved (simulated)")
+    ax.plot(x, tl["planned_reserved_bytes"] / gib, lw=1.0, ls="--", color="C2", label="planned pool (STWeaver-style)")
     rec = frag.row("pca-recorded")
     if rec is not None:
         ax.axhline(rec["peak_reserved_bytes"] / gib, color="black", lw=0.8, ls=":", label="PCA peak (recorded)")
@@ -192,8 +214,8 @@ def figure(frag: Fragmentation) -> Any:
         eff_pca = 100 * tl["live_bytes"] / tl["pca_reserved_bytes"]
         eff_plan = 100 * tl["live_bytes"] / tl["planned_reserved_bytes"]
     if tl["pca_reserved_bytes"].notna().any():
-        ax2.plot(x, eff_pca, lw=0.8, label="PCA")
-    ax2.plot(x, eff_plan, lw=0.8, ls="--", label="planned")
+        ax2.plot(x, eff_pca, lw=0.8, color="C1", label="PCA")
+    ax2.plot(x, eff_plan, lw=0.8, ls="--", color="C2", label="planned")
     ax2.set_ylabel("efficiency (%)")
     ax2.set_xlabel("allocation / free event (trace order)")
     ax2.set_ylim(0, 105)

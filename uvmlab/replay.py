@@ -11,7 +11,9 @@ device with a trace:
    (non-expandable), the unsplit slack PyTorch leaves when <= 1 MiB would remain: every free large-pool block is
    > 1 MiB, so a gap of <= 1 MiB after such a block belongs to it; and the first trace allocation that lands
    in the gap after such a block (before the block is freed) marks where the free block began, because
-   allocations always take the lowest part of a free block (:func:`uvmlab.replay_state.initial_state`).
+   allocations always take the lowest part of a free block (:func:`uvmlab.replay_state.initial_state`). When the
+   replay still diverges because the simulator took the free gap right after such a block, that block's slack
+   is raised by the excess and the replay restarts (:func:`replay_device`).
 2. **Replay.** ``alloc`` entries are replayed with ``malloc(requested size, stream)``; ``free_requested`` frees the
    block the real allocator put at that address. A ``segment_free``/``segment_unmap`` burst that the simulator
    did not produce itself is modelled as ``empty_cache()`` (release_cached_blocks: the same release rules as the

@@ -54,15 +54,11 @@ def evaluate_cmd(
     is a ground-truth run: its peak reserved bytes, its own alloc/free stream as the estimators' input).
     Prints MRE, PEF (two-round rule), MCP per estimator; -o DIR also writes tables and the PEF-vs-MRE figure.
     """
-    from uvmlab.evaluate.ground_truth import read_ground_truth, snapshot_cases
+    from uvmlab.evaluate.ground_truth import load_ground_truth
     from uvmlab.evaluate.harness import evaluate, write_evaluation
 
     src = Path(ground_truth)
-    skipped: list[tuple[str, str]] = []
-    if src.is_dir():
-        cases, skipped = snapshot_cases(src, parse_bytes(gpu_memory), max_warm)
-    else:
-        cases = read_ground_truth(src)
+    cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm)
     names = estimators or ESTIMATOR_NAMES
     with err.status("estimating...") as status:
         ev = evaluate(cases, names, progress=lambda msg: status.update(f"estimating {msg}"))
@@ -141,10 +137,11 @@ def fragmentation_cmd(
     SOURCE is a workload (traced on the meta device, cached), a PyTorch snapshot pickle, or a trace directory.
     Efficiency = peak live tensor bytes / peak reserved bytes; fragmentation ratio = 1 - efficiency.
     """
-    from uvmlab.fragmentation import STWEAVER_REPORTED, write_fragmentation
+    from uvmlab.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
 
+    cfg = workload_config(source, **kw)
     with err.status(f"tracing, simulating and planning {source}..."):
-        frag = _fragmentation_source(source, device, grouping, gpu, kw)
+        frag = characterize_source(source, cfg, device, grouping, gpu)
     if output:
         write_fragmentation(frag, output, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
     if fmt == "json":
@@ -182,24 +179,6 @@ def fragmentation_cmd(
         note(f"Wrote {output}")
 
 
-def _fragmentation_source(source: str, device: int | None, grouping: str, gpu: str, kw: dict):
-    from uvmlab.fragmentation import characterize, characterize_snapshot, workload_trace
-
-    src = Path(source)
-    if src.suffix in (".pickle", ".pkl") and src.is_file():
-        return characterize_snapshot(src, device, grouping)
-    if src.is_dir() and (src / "trace.json").is_file():
-        from uvmlab.trace.schema import read_trace
-
-        return characterize(read_trace(src), name=src.name, grouping=grouping)
-    cfg = workload_config(source, **kw)
-    trace, notes = workload_trace(cfg, gpu)
-    name = source if cfg.batch_size is None else f"{source}:{cfg.batch_size}"
-    frag = characterize(trace, name=name, grouping=grouping)
-    frag.notes.extend(notes)
-    return frag
-
-
 @click.command("colocate")
 @click.argument("jobs", nargs=-1, required=True)
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
@@ -232,20 +211,13 @@ def colocate_cmd(
     simulated peak reserved bytes, one CUDA context per job and the margin is at most the GPU memory. Otherwise
     the jobs run interleaved (round-robin by kernel) on one simulated UVM GPU: faults, migrations, slowdown.
     """
-    from uvmlab.colocate import colocate, parse_job, prepare_job, write_colocation
+    from uvmlab.colocate import colocate_workloads, write_colocation
     from uvmlab.gpus import get_gpu
-    from uvmlab.trace.cache import get_trace
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
-    prepared = []
     with err.status("tracing and placing jobs...") as status:
-        for text in jobs:
-            cfg = parse_job(text, base)
-            status.update(f"tracing {text}")
-            prepared.append(prepare_job(text, get_trace(cfg), spec, cfg=cfg))
-        status.update("simulating UVM")
-        res = colocate(prepared, spec, parse_bytes(margin), simulate)
+        res = colocate_workloads(jobs, spec, base, parse_bytes(margin), simulate, progress=status.update)
     if output:
         write_colocation(res, output, {"jobs": list(jobs), "gpu": spec.name, "margin": margin})
     if fmt == "json":

@@ -377,3 +377,13 @@ def _csv_field(value: str) -> str:
     if any(ch in value for ch in ',"\n'):
         return '"' + value.replace('"', '""') + '"'
     return value
+
+
+def load_ground_truth(
+    path: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES, max_warm: float = MAX_WARM_FRACTION
+) -> tuple[list[EvalCase], list[tuple[str, str]]]:
+    """A CSV file (:func:`read_ground_truth`) or a folder of snapshots (:func:`snapshot_cases`): (cases, skipped)."""
+    src = Path(path)
+    if src.is_dir():
+        return snapshot_cases(src, gpu_memory_bytes, max_warm)
+    return read_ground_truth(src), []

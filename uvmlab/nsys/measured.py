@@ -5,8 +5,8 @@ simulator writes, so ``uvmlab compare`` can line them up. What an export cannot 
 
 * ``fault_batch_count`` and ``eviction_count`` (driver batches, 2 MiB root chunks): sim only.
 * ``kernel_bytes`` and ``allocated_bytes`` (tensor-level): not in an export. ``reserved_bytes`` is added to the
-  kernels table from CUDA_GPU_MEMORY_USAGE_EVENTS where collected (device-side bytes live at kernel start; under
-  PyTorch's caching allocator these are the allocator's segments, i.e. "reserved").
+  kernels table from CUDA_GPU_MEMORY_USAGE_EVENTS where collected (device-side bytes live at kernel start on its
+  device; under PyTorch's caching allocator these are the allocator's segments, i.e. "reserved").
 * ``memory``: one row per alloc/free event; ``reserved_bytes`` = live device-side bytes, ``allocated_bytes`` and
   ``resident_bytes`` null.
 * result.json: ``footprint_bytes`` = peak live managed bytes (memKind 4/6) from the memory-usage table;
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uvmlab.errors import InputError
 from uvmlab.nsys import schema as S
 from uvmlab.nsys.attribute import assign, group_key
 from uvmlab.nsys.read import Export, open_export
@@ -111,25 +112,13 @@ def _memory_table(ex: Export) -> pd.DataFrame:
     return check_table("memory", out)
 
 
-def _kernels_with_reserved(kernels: pd.DataFrame, memory: pd.DataFrame) -> pd.DataFrame:
-    kernels = kernels.copy()
-    if memory.empty or kernels.empty:
-        kernels["reserved_bytes"] = np.nan
-        return kernels
-    t = memory["time_ns"].to_numpy(np.int64)
-    live = memory["reserved_bytes"].to_numpy(np.int64)
-    pos = np.searchsorted(t, kernels["start_ns"].to_numpy(np.int64), side="right") - 1
-    kernels["reserved_bytes"] = np.where(pos >= 0, live[np.maximum(pos, 0)], 0).astype(float)
-    return kernels
-
-
 def to_run_tables(
     ex: Export, iteration_pattern: str = DEFAULT_ITERATION_PATTERN, summary: Summary | None = None
 ) -> dict[str, pd.DataFrame]:
     """The run-directory tables (uvmlab.stats.schema) of one export."""
     summary = summary or summarize(ex, iteration_pattern)
     memory = _memory_table(ex)
-    kernels = _kernels_with_reserved(summary.kernels, memory)
+    kernels = summary.kernels  # reserved_bytes: live device-side bytes at kernel start (stats.summarize)
     return {
         "iterations": check_table("iterations", summary.iterations.copy()),
         "kernels": check_table("kernels", kernels),
@@ -208,6 +197,8 @@ def import_export(
 ) -> tuple[RunDir, dict[str, Any]]:
     """Write a measured run directory from an nsys export; return it and its result."""
     rd = RunDir(out)
+    if rd.path.exists() and not rd.path.is_dir():
+        raise InputError(f"{rd.path} exists and is not a directory: give a new folder for the run directory")
     with open_export(path) as ex:
         summary = summarize(ex, iteration_pattern)
         tables = to_run_tables(ex, iteration_pattern, summary)

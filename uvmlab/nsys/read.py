@@ -42,9 +42,12 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{path} not found: give the .sqlite file written by `nsys export --type sqlite`")
     if not path.is_file():
         raise InputError(f"{path} is not a file: give the .sqlite file written by `nsys export --type sqlite`")
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        header = fh.read(100)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            header = fh.read(100)
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc.strerror}): check its permissions") from None
     if path.suffix == ".nsys-rep" or (header[:4] != b"SQLi" and path.suffix in (".qdrep", ".nsys-rep")):
         raise InputError(
             f"{path} is an Nsight Systems report, not its SQLite export: run `nsys export --type sqlite {path}` first"

@@ -578,10 +578,29 @@ def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc:
     return _statused(ex, df)
 
 
+def reserved_at_kernel_start(kernels: pd.DataFrame, memory: pd.DataFrame) -> np.ndarray:
+    """Live device-side bytes (CUDA_GPU_MEMORY_USAGE_EVENTS) on each kernel's device when it starts; NaN where the
+    device has no memory events."""
+    out = np.full(len(kernels), np.nan)
+    if memory.empty or kernels.empty:
+        return out
+    k_dev = kernels["device_id"].to_numpy()
+    k_s = kernels["start_ns"].to_numpy(np.int64)
+    for dev, grp in memory.groupby("device_id", sort=False):
+        m = k_dev == dev
+        t = grp["time_ns"].to_numpy(np.int64)
+        live = grp["live_bytes"].to_numpy(np.int64)
+        pos = np.searchsorted(t, k_s[m], side="right") - 1
+        out[m] = np.where(pos >= 0, live[np.maximum(pos, 0)], 0)
+    return out
+
+
 def top_kernels(kernels: pd.DataFrame, n: int = TOP_N) -> pd.DataFrame:
     """Per kernel name: launches, total time and fault/migration sums, the ``n`` with most faults first."""
     if kernels.empty:
-        return pd.DataFrame(columns=["name", "launches", "duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"])
+        return pd.DataFrame(
+            columns=["name", "launches", "duration_ns", "fault_count", "htod_bytes", "dtoh_bytes", "max_reserved_bytes"]
+        )
     g = (
         kernels.groupby("name", sort=False)
         .agg(
@@ -592,6 +611,7 @@ def top_kernels(kernels: pd.DataFrame, n: int = TOP_N) -> pd.DataFrame:
             write_fault_count=("write_fault_count", lambda s: s.sum(min_count=1)),
             htod_bytes=("htod_bytes", lambda s: s.sum(min_count=1)),
             dtoh_bytes=("dtoh_bytes", lambda s: s.sum(min_count=1)),
+            max_reserved_bytes=("reserved_bytes", "max"),
         )
         .reset_index()
     )
@@ -641,6 +661,8 @@ def summarize(
         st, why = ex.status(table)
         collection[key] = {"status": st, "reason": why}
     kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows, progress)
+    mem_known = collection["memory_usage"]["status"] in ("collected", "zero")
+    kernels["reserved_bytes"] = reserved_at_kernel_start(kernels, ex.memory_usage()) if mem_known else np.nan
     scan: FaultScan = buckets["fault_scan"]
     return Summary(
         export=ex.describe(),

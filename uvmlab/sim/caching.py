@@ -31,7 +31,6 @@ from uvmlab.sim.snapshot_dicts import caching_snapshot_dicts
 STAT_NAMES = (
     "allocated_bytes",
     "reserved_bytes",
-    "active_bytes",
     "requested_bytes",
     "allocation",
     "segment",
@@ -68,6 +67,7 @@ class CachingAllocatorSim:
         self._bypass = settings.roundup_bypass_threshold_bytes
         self._tie = settings.tie_break
         self._addr_tie = settings.tie_break == "address"
+        self._expandable = settings.expandable_segments
         self._gc_on = settings.memory_fraction is not None and settings.garbage_collection_threshold > 0
         self._allowed_max = (
             int(settings.memory_fraction * self.device.total_bytes) if settings.memory_fraction is not None else None
@@ -75,13 +75,12 @@ class CachingAllocatorSim:
         self._counter = 0
         self._seg_counter = 0
         # stats (aggregate pool); peaks updated on every increase
-        self.allocated_bytes = self.reserved_bytes = self.active_bytes = self.requested_bytes = 0
-        self.peak_allocated_bytes = self.peak_reserved_bytes = self.peak_active_bytes = 0
+        self.allocated_bytes = self.reserved_bytes = self.requested_bytes = 0
+        self.peak_allocated_bytes = self.peak_reserved_bytes = 0
         self.peak_requested_bytes = 0
         self.allocation = self.segment = self.peak_allocation = self.peak_segment = 0
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
         self.num_device_alloc = self.num_device_free = 0
-        self.num_malloc = self.num_free = 0
         self.oversize_allocations = self.oversize_segments = 0
         self.record_events = record_events
         self.events: list[tuple[str, int, int, int]] = []  # (action, addr, size, stream)
@@ -145,7 +144,6 @@ class CachingAllocatorSim:
         """Allocate ``size`` bytes on ``stream``; raise OutOfMemoryError like PyTorch (after the retry chain)."""
         if size <= 0:
             raise ValueError(f"malloc size must be positive (PyTorch does not call malloc for 0 bytes), got {size}")
-        self.num_malloc += 1
         if size < K_MIN_BLOCK_SIZE_BYTES:
             rsize = K_MIN_BLOCK_SIZE_BYTES
         elif self._divisions is None:
@@ -177,7 +175,7 @@ class CachingAllocatorSim:
                 )
         # should_split + alloc_found_block
         remaining = block.size - rsize
-        if pool.small or self.settings.expandable_segments:
+        if pool.small or self._expandable:
             split = remaining >= K_MIN_BLOCK_SIZE_BYTES
         else:
             split = rsize < self._max_split and remaining > K_SMALL_SIZE_BYTES
@@ -203,9 +201,6 @@ class CachingAllocatorSim:
         self.allocated_bytes += bsize
         if self.allocated_bytes > self.peak_allocated_bytes:
             self.peak_allocated_bytes = self.allocated_bytes
-        self.active_bytes += bsize
-        if self.active_bytes > self.peak_active_bytes:
-            self.peak_active_bytes = self.active_bytes
         self.requested_bytes += size
         if self.requested_bytes > self.peak_requested_bytes:
             self.peak_requested_bytes = self.requested_bytes
@@ -221,9 +216,12 @@ class CachingAllocatorSim:
 
     def free(self, block: Block) -> None:
         """Free an allocated block (free_requested then free_completed at once: no record_stream modelled)."""
-        if not block.allocated or self.active_blocks.get(block.ptr) is not block:
+        active = self.active_blocks
+        other = active.pop(block.ptr, None)
+        if other is not block:
+            if other is not None:
+                active[block.ptr] = other  # a different live block sits there: put it back
             raise ValueError(f"free of a block that is not allocated: {block!r}")
-        self.num_free += 1
         block.allocated = False
         bsize = block.size
         self.allocation -= 1
@@ -233,9 +231,7 @@ class CachingAllocatorSim:
         if self.record_events:
             self.events.append(("free_requested", block.ptr, block.requested_size, block.stream))
             self.events.append(("free_completed", block.ptr, block.requested_size, block.stream))
-        del self.active_blocks[block.ptr]
         pool = self.small_pool if block.segment.small else self.large_pool
-        self.active_bytes -= bsize
         self.requested_bytes -= block.requested_size
         block.requested_size = 0
         prev = block.prev
@@ -330,8 +326,11 @@ class CachingAllocatorSim:
         for name in STAT_NAMES:
             out[f"{name}.all.current"] = getattr(self, name)
             out[f"{name}.all.peak"] = getattr(self, f"peak_{name}")
-        out["active.all.current"] = self.allocation  # no deferred frees: active blocks == allocated blocks
+        # no deferred frees are modelled: active (allocated or pending free) == allocated
+        out["active.all.current"] = self.allocation
         out["active.all.peak"] = self.peak_allocation
+        out["active_bytes.all.current"] = self.allocated_bytes
+        out["active_bytes.all.peak"] = self.peak_allocated_bytes
         for name in (
             "num_alloc_retries",
             "num_ooms",
@@ -364,6 +363,16 @@ class CachingAllocatorSim:
     def to_snapshot_dicts(self) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
         """(segments, device_traces) in PyTorch's snapshot format (allocator.md section 3)."""
         return caching_snapshot_dicts(self)
+
+    @property
+    def active_bytes(self) -> int:
+        """Allocated plus pending-free bytes; equal to allocated_bytes (no deferred frees are modelled)."""
+        return self.allocated_bytes
+
+    @property
+    def peak_active_bytes(self) -> int:
+        """Peak of active_bytes."""
+        return self.peak_allocated_bytes
 
     # used by expandable.py and replay
     def _bump_reserved(self, nbytes: int) -> None:

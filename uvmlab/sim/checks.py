@@ -103,7 +103,6 @@ def check_invariants(sim: CachingAllocatorSim) -> None:
     req = sum(b.requested_size for b in sim.active_blocks.values())
     expected = {
         "allocated_bytes": alloc,
-        "active_bytes": alloc,
         "requested_bytes": req,
         "allocation": len(sim.active_blocks),
         "reserved_bytes": mapped_total,

@@ -48,6 +48,18 @@ GROUPINGS = ("best", "homophase", "none")
 
 
 @dataclass
+class PlannedPlacement:
+    """What :meth:`Plan.as_placement` returns (the columns of ``uvmlab.sim.placement.Placement``)."""
+
+    blocks: pd.DataFrame
+    ranges: pd.DataFrame
+    timeline: pd.DataFrame
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom_seq: int | None = None
+
+
+@dataclass
 class Plan:
     """An offline allocation plan: one address per allocation in a static pool of ``pool_bytes``."""
 
@@ -82,6 +94,33 @@ class Plan:
                 "reserved_bytes": np.full(len(seq), self.pool_bytes, dtype=np.int64),
             }
         )
+
+    def as_placement(self) -> PlannedPlacement:
+        """The plan in the shape of ``uvmlab.sim.placement.Placement`` (one managed range: the static pool, mapped
+        before the first allocation and never freed), so the UVM replay can run the ``planned`` allocator."""
+        b = self.blocks
+        first = int(b["start_seq"].min()) if len(b) else 0
+        blocks = pd.DataFrame(
+            {
+                "alloc_id": b["alloc_id"].to_numpy(np.int64),
+                "address": b["address"].to_numpy(np.int64),
+                "block_bytes": b["block_bytes"].to_numpy(np.int64),
+                "range_id": np.zeros(len(b), dtype=np.int64),
+            }
+        )
+        ranges = pd.DataFrame(
+            {
+                "range_id": [0],
+                "address": [0],
+                "size_bytes": [self.pool_bytes],
+                "alloc_seq": [first],
+                "free_seq": [NEVER_FREED],
+            }
+        )
+        if self.pool_bytes == 0:
+            ranges = ranges.iloc[0:0]
+        tl = self.timeline()
+        return PlannedPlacement(blocks, ranges, tl, self.peak_allocated_bytes, self.pool_bytes)
 
     def check_invariants(self) -> None:
         """No two live blocks overlap; every block lies inside the pool; blocks are aligned."""

@@ -48,7 +48,6 @@ def seed_segment(
             sim.active_blocks[ptr] = b
             sim.allocation += 1
             sim.allocated_bytes += bsize
-            sim.active_bytes += bsize
             sim.requested_bytes += req
             out.append(b)
     sim.segment += 1
@@ -56,6 +55,5 @@ def seed_segment(
     sim.peak_segment = max(sim.peak_segment, sim.segment)
     sim.peak_allocation = max(sim.peak_allocation, sim.allocation)
     sim.peak_allocated_bytes = max(sim.peak_allocated_bytes, sim.allocated_bytes)
-    sim.peak_active_bytes = max(sim.peak_active_bytes, sim.active_bytes)
     sim.peak_requested_bytes = max(sim.peak_requested_bytes, sim.requested_bytes)
     return out

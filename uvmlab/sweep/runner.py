@@ -291,17 +291,26 @@ def _run_local(pending: list[Entry], jobs: int, progress: _Progress, outcomes: d
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, summary: SweepSummary) -> None:
+def check_executor(executor: str) -> None:
+    """Raise UnavailableError if ``executor`` cannot run here (checked before anything is written)."""
+    if executor == "local":
+        return
     try:
-        import submitit
+        import submitit  # noqa: F401
     except ModuleNotFoundError:
         raise UnavailableError(
-            "the slurm executor needs submitit; install it with: pip install 'uvmlab[slurm]'"
+            f"the {executor} executor needs submitit; install it with: pip install 'uvmlab[slurm]'"
         ) from None
-    if plan.cluster == "slurm" and shutil.which("sbatch") is None:
+    if executor == "slurm" and shutil.which("sbatch") is None:
         raise UnavailableError(
-            "the slurm executor needs Slurm's sbatch on PATH; run on a login node, or use --executor local"
+            "the slurm executor needs Slurm's sbatch on PATH; run on a login node, or use --executor local "
+            "(--dry-run shows the job-array plan without Slurm)"
         )
+
+
+def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, summary: SweepSummary) -> None:
+    import submitit
+
     executor = submitit.AutoExecutor(folder=plan.folder, cluster=plan.cluster)
     executor.update_parameters(**plan.parameters)
     jobs = executor.map_array(run_chunk, [list(c) for c in plan.chunks])
@@ -343,6 +352,7 @@ def run_sweep(
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
     if jobs < 1:
         raise InputError(f"--jobs must be >= 1, not {jobs}")
+    check_executor(executor)
     out = Path(out).resolve()  # array tasks may run elsewhere: absolute run directories
     start = time.monotonic()
     entries = prepare(spec, out)

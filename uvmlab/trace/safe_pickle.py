@@ -77,7 +77,7 @@ def safe_loads(data: bytes, source: str = "<bytes>") -> Any:
         ) from None
     except EOFError:
         raise InputError(f"{source} is truncated (the pickle ends early); copy the file again") from None
-    except (pickle.UnpicklingError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (pickle.UnpicklingError, ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError) as exc:
         text = str(exc)
         if "truncated" in text or "ran out of input" in text.lower():
             raise InputError(f"{source} is truncated (the pickle ends early); copy the file again") from None

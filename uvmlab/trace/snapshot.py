@@ -230,23 +230,35 @@ def _norm_state(state: str) -> str:
     return "active_pending_free" if state == "active_awaiting_free" else state
 
 
+def _num(value: Any, what: str, source: str, optional: bool = False) -> int | None:
+    """``value`` as an int (None allowed if ``optional``); anything else means a format we do not know."""
+    if value is None and optional:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _unknown_format(source, f"{what} is a {type(value).__name__} ({str(value)[:40]!r}), not an integer")
+    return value
+
+
 def _tables(top: dict[str, Any], source: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     segs = top["segments"]
     _require(segs, "segment", ("address", "total_size", "blocks"), source)
     seg_rows, block_rows = [], []
     for s in segs:
         _require(s["blocks"], "block", ("size", "state"), source)
-        dev = int(s.get("device", 0))
+        dev = _num(s.get("device", 0), "segment device", source)
+        seg_addr = _num(s["address"], "segment address", source)
         pool = s.get("segment_pool_id")
         seg_rows.append(
             (
                 dev,
-                s["address"],
-                s["total_size"],
-                s.get("allocated_size"),
-                s.get("active_size"),
-                s.get("requested_size"),
-                s.get("stream"),
+                seg_addr,
+                _num(s["total_size"], "segment total_size", source),
+                _num(s.get("allocated_size"), "segment allocated_size", source, True),
+                _num(s.get("active_size"), "segment active_size", source, True),
+                _num(s.get("requested_size"), "segment requested_size", source, True),
+                _num(s.get("stream"), "segment stream", source, True),
                 s.get("segment_type"),
                 None if pool is None else ",".join(map(str, pool)) if isinstance(pool, (list, tuple)) else str(pool),
                 s.get("is_expandable"),
@@ -255,16 +267,19 @@ def _tables(top: dict[str, Any], source: str) -> tuple[pd.DataFrame, pd.DataFram
         )
         offset = 0
         for b in s["blocks"]:
-            state = _norm_state(b["state"])
+            state = _norm_state(b["state"]) if isinstance(b["state"], str) else b["state"]
             if state not in BLOCK_STATES:
-                raise _unknown_format(source, f"block state {b['state']!r}")
+                raise _unknown_format(source, f"block state {str(b['state'])[:40]!r}")
             inferred = "address" not in b
-            addr = s["address"] + offset if inferred else b["address"]
+            addr = seg_addr + offset if inferred else _num(b["address"], "block address", source)
+            size = _num(b["size"], "block size", source)
             requested = b.get("requested_size")
-            if requested is None and b.get("history"):
-                requested = b["history"][0].get("real_size")
-            block_rows.append((dev, s["address"], addr, addr - s["address"], b["size"], requested, state, inferred))
-            offset += b["size"]
+            history = b.get("history")
+            if requested is None and isinstance(history, list) and history and isinstance(history[0], dict):
+                requested = history[0].get("real_size")
+            requested = _num(requested, "block requested_size", source, True)
+            block_rows.append((dev, seg_addr, addr, addr - seg_addr, size, requested, state, inferred))
+            offset += size
     segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
     blocks = pd.DataFrame(block_rows, columns=BLOCK_COLUMNS)
     for df, cols in ((segments, ("allocated_size", "active_size", "requested_size", "stream")), (blocks, ())):
@@ -281,19 +296,19 @@ def _tables(top: dict[str, Any], source: str) -> tuple[pd.DataFrame, pd.DataFram
         _require(entries, f"device {dev} trace entry", ("action", "size"), source)
         for i, e in enumerate(entries):
             action = e["action"]
-            if action not in KNOWN_ACTIONS:
-                raise _unknown_format(source, f"trace action {action!r} on device {dev}")
+            if not isinstance(action, str) or action not in KNOWN_ACTIONS:
+                raise _unknown_format(source, f"trace action {str(action)[:40]!r} on device {dev}")
             frames = e.get("frames")
             ev_rows.append(
                 (
                     dev,
                     i,
                     action,
-                    e.get("addr"),
-                    e["size"],
-                    e.get("stream", 0),
-                    e.get("time_us"),
-                    e.get("device_free"),
+                    _num(e.get("addr"), "trace entry addr", source, True),
+                    _num(e["size"], "trace entry size", source),
+                    _num(e.get("stream", 0), "trace entry stream", source),
+                    _num(e.get("time_us"), "trace entry time_us", source, True),
+                    _num(e.get("device_free"), "trace entry device_free", source, True),
                     len(frames) if isinstance(frames, list) else 0,
                 )
             )
@@ -316,13 +331,13 @@ def read_snapshot(path: str | Path) -> Snapshot:
     top, is_list = _check_structure(raw, source)
     if isinstance(top, list):
         raise _not_snapshot(source, "a list whose items are not segments")
+    segments, blocks, events = _tables(top, source)  # validates the structure first
     generation, evidence = _detect_generation(top, is_list)
-    segments, blocks, events = _tables(top, source)
     settings = top.get("allocator_settings")
     if settings is not None and not isinstance(settings, dict):
         raise _unknown_format(source, f"allocator_settings is a {type(settings).__name__}")
-    ann = top.get("external_annotations") or []
-    annotations = pd.DataFrame([a for a in ann if isinstance(a, dict)])
+    ann = top.get("external_annotations")
+    annotations = pd.DataFrame([a for a in ann if isinstance(a, dict)] if isinstance(ann, list) else [])
     devices = sorted(set(segments["device"].tolist()) | set(range(len(top.get("device_traces", [])))))
     return Snapshot(
         path=source,
