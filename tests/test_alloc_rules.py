@@ -132,3 +132,9 @@ def test_from_snapshot_settings() -> None:
     assert s.expandable_segments and s.max_split_size_bytes == 128 * MiB
     assert s.roundup_power2_divisions[3] == 4 and sum(s.roundup_power2_divisions) == 4
     assert AllocatorSettings.from_snapshot({"max_split_size": -1}).max_split_size_bytes == SIZE_MAX
+    raw_only = AllocatorSettings.from_snapshot({"PYTORCH_CUDA_ALLOC_CONF": "max_non_split_rounding_mb:64"})
+    assert raw_only.max_non_split_rounding_bytes == 64 * MiB
+    newer = AllocatorSettings.from_snapshot(
+        {"PYTORCH_CUDA_ALLOC_CONF": "some_future_knob:1", "expandable_segments": True}
+    )
+    assert newer.expandable_segments and newer.raw == "some_future_knob:1"

@@ -93,6 +93,24 @@ def test_compare_two_simulated_runs_pca_on_off(tmp_path: Path) -> None:
     assert d["kernel_match"] == cmp.kernel_match
 
 
+def test_shim_allocations_table_used_without_logs(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", pca=True, faults=[1], names=["k"], fp=10)
+    b = make_run(tmp_path / "b", pca=True, faults=[1], names=["k"], fp=10)
+    shim = pd.DataFrame(
+        {
+            "role": ["calibrate", "calibrate", "run", "run", "run"],
+            "op": ["malloc", "free", "malloc", "malloc", "free"],
+            "ptr": np.array([1, 1, 1, 2, 1], dtype="uint64"),
+            "size_bytes": np.array([500, 0, 300, 400, 0], dtype="uint64"),
+            "result": np.zeros(5, dtype="int32"),
+        }
+    )
+    RunDir(b.path).write_table("shim_allocations", shim)
+    fp = compare_runs(a.path, b.path).footprint.set_index("figure")
+    assert fp.loc["peak managed bytes (shim log)", "b"] == 700  # run role: 300 + 400 live together
+    assert pd.isna(fp.loc["peak managed bytes (shim log)", "a"])
+
+
 def test_kernels_matched_by_order_when_names_differ(tmp_path: Path) -> None:
     a = make_run(tmp_path / "a", pca=True, faults=[1, 2], names=["aten::mm", "aten::relu"], fp=10)
     b = make_run(tmp_path / "b", pca=True, faults=[2, 2], names=["ampere_sgemm", "elementwise"], fp=10)

@@ -64,6 +64,8 @@ def test_oom_verdict_comes_from_the_allocator_release_path() -> None:
     assert est.constrained and not est.oom  # a simple comparison would have said OOM
     assert est.peak_reserved_on_gpu_bytes == 80 * MiB
     assert est.alloc_retries_on_gpu >= 1  # the release-and-retry path ran
+    assert (est.peak_reserved_seq, est.peak_reserved_phase, est.peak_reserved_iteration) == (6, "forward", 0)
+    assert est.live_at_allocated_peak == {"activation": 80 * MiB}
     tight = estimate(CFG, _small_gpu(70 * MiB), trace=t, rules=NO_WS)
     assert tight.oom and tight.oom_seq == 6 and tight.oom_phase == "forward" and tight.oom_iteration == 0
 
@@ -164,3 +166,4 @@ def test_peaks_are_ordered(spec: list[tuple[str, int, int]]) -> None:
     assert nocache.peak_reserved_bytes >= nocache.peak_live_bytes == pca.peak_live_bytes
     assert pca.peak_allocated_bytes >= nocache.peak_live_bytes
     assert not pca.oom and pca.required_bytes > pca.peak_reserved_bytes
+    assert 0 < sum(pca.live_at_allocated_peak.values()) <= pca.peak_allocated_bytes

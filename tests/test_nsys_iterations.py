@@ -186,3 +186,20 @@ def test_attribution_conserves_totals(tmp_path_factory, iterations, kernels, fau
         assert int(s.kernels[col].sum()) + sum(b[col] for b in out) == total
         assert 0 <= int(s.iterations[col].sum()) <= total
     assert (s.kernels["iteration"].between(0, iterations - 1)).all()
+
+
+def test_parallel_fault_scan_equals_single_process(synth, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, truth = synth
+    monkeypatch.setenv("UVMLAB_NSYS_WORKERS", "1")
+    with open_export(path) as ex:
+        one = summarize(ex, chunk_rows=900)
+    monkeypatch.setenv("UVMLAB_NSYS_WORKERS", "2")
+    seen: list[int] = []
+    with open_export(path) as ex:
+        two = summarize(ex, chunk_rows=900, progress=seen.append)
+    assert sum(seen) >= truth["fault_records"]
+    assert one.faults == two.faults and one.faults["gpu_fault_count"] == truth["faults"]
+    assert one.attribution == two.attribution
+    assert one.um_sum == two.um_sum
+    pd.testing.assert_frame_equal(one.kernels, two.kernels)
+    pd.testing.assert_frame_equal(one.iterations, two.iterations)

@@ -48,6 +48,15 @@ def test_cache_captures_once_and_recaptures_corrupt_entries(tmp_path: Path, monk
     assert len(calls) == 3 and (entry / "trace.json").is_file()
 
 
+def test_unwritable_cache_still_returns_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("UVMLAB_CACHE", str(blocker))
+    with pytest.warns(UserWarning, match="not writable"):
+        trace = cache.get_trace(WorkloadConfig(str(EXAMPLE), batch_size=2, iterations=1))
+    assert len(trace.allocations) > 0
+
+
 def test_trace_capture_and_show_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "t"
     assert main(["trace", str(EXAMPLE), "-o", str(out), "-b", "4", "-n", "2", "--option", "hidden=16"]) == 0

@@ -92,12 +92,11 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
 
 def shim_log_footprint(run_path: Path) -> int | None:
-    """Peak live managed bytes from the shim allocation logs in RUN/logs (max over the logs), or None if none."""
+    """Peak live managed bytes from the shim allocation logs in RUN/logs (max over the logs), else from the GPU
+    runner's ``shim_allocations`` table, or None if the run has neither."""
     logs = run_path / "logs"
-    if not logs.is_dir():
-        return None
-    peaks = []
-    for p in sorted(logs.rglob("*")):
+    peaks: list[int] = []
+    for p in sorted(logs.rglob("*")) if logs.is_dir() else []:
         if not p.is_file():
             continue
         with open(p, "rb") as fh:
@@ -106,7 +105,24 @@ def shim_log_footprint(run_path: Path) -> int | None:
         from uvmlab.gpu.shim import managed_footprint_bytes, read_alloc_log  # torch-free; only when a log exists
 
         peaks.append(int(managed_footprint_bytes(read_alloc_log(p))))
+    if not peaks:
+        peaks = _shim_table_peaks(run_path)
     return max(peaks) if peaks else None
+
+
+def _shim_table_peaks(run_path: Path) -> list[int]:
+    """Per-role peaks from ``tables/shim_allocations.parquet`` (the GPU runner's copy of its shim logs)."""
+    table = RunDir(run_path).table("shim_allocations")
+    if not table.is_file():
+        return []
+    from uvmlab.gpu.shim import managed_footprint_bytes
+
+    try:
+        df = pd.read_parquet(table)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{table} cannot be read as Parquet ({exc})") from None
+    groups = df.groupby("role") if "role" in df.columns else [("", df)]
+    return [int(managed_footprint_bytes(g)) for _, g in groups]
 
 
 def footprints(run: Run) -> dict[str, int | None]:

@@ -29,7 +29,7 @@ from uvmlab.config import ALLOCATORS, WorkloadConfig
 from uvmlab.errors import InputError, OutOfMemoryError
 from uvmlab.gpus import GpuSpec
 from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
-from uvmlab.trace.schema import Trace
+from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import MiB
 
 MARGIN_FRACTION = 0.05
@@ -64,6 +64,10 @@ class Estimate:
     oom_seq: int | None
     oom_phase: str | None
     oom_iteration: int | None
+    peak_reserved_seq: int | None
+    peak_reserved_phase: str | None
+    peak_reserved_iteration: int | None
+    live_at_allocated_peak: dict[str, int]
     alloc_retries_on_gpu: int | None
     margin_bytes: int
     margin_rule: str
@@ -110,6 +114,10 @@ class Estimate:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_live_bytes": self.peak_live_bytes,
             "peak_reserved_on_gpu_bytes": self.peak_reserved_on_gpu_bytes,
+            "peak_reserved_seq": self.peak_reserved_seq,
+            "peak_reserved_phase": self.peak_reserved_phase,
+            "peak_reserved_iteration": self.peak_reserved_iteration,
+            "live_at_allocated_peak_bytes": self.live_at_allocated_peak,
             "fits": not self.oom,
             "oom": self.oom,
             "oom_seq": self.oom_seq,
@@ -198,6 +206,23 @@ def _where(trace: Trace, seq: int | None) -> tuple[str | None, int | None]:
     return str(row["phase"].iloc[0]), int(row["iteration"].iloc[0])
 
 
+def _peak_seq(timeline: pd.DataFrame, column: str) -> int | None:
+    """First seq at which ``column`` reaches its maximum."""
+    if timeline.empty:
+        return None
+    return int(timeline["seq"].iloc[int(timeline[column].to_numpy().argmax())])
+
+
+def live_by_category(trace: Trace, seq: int | None) -> dict[str, int]:
+    """Requested bytes alive right after event ``seq``, per allocation category (parameter, activation, ...)."""
+    if seq is None:
+        return {}
+    a = trace.allocations
+    alive = (a["alloc_seq"] <= seq) & ((a["free_seq"] > seq) | (a["free_seq"] == NEVER_FREED))
+    sums = a.loc[alive].groupby("category")["size_bytes"].sum()
+    return {str(k): int(v) for k, v in sums.items() if v > 0}
+
+
 def estimate(
     cfg: WorkloadConfig,
     gpu: GpuSpec,
@@ -240,6 +265,9 @@ def estimate(
     t3 = time.perf_counter()
     oom_seq = on_gpu.oom_seq
     phase, iteration = _where(cuda, oom_seq)
+    peak_seq = _peak_seq(free_run.timeline, "reserved_bytes")
+    peak_phase, peak_iteration = _where(cuda, peak_seq)
+    alloc_peak_seq = _peak_seq(free_run.timeline, "allocated_bytes")
     peak_reserved = int(free_run.peak_reserved_bytes)
     if margin_bytes is None:
         margin = default_margin(peak_reserved)
@@ -262,6 +290,10 @@ def estimate(
         oom_seq=None if oom_seq is None else int(oom_seq),
         oom_phase=phase,
         oom_iteration=iteration,
+        peak_reserved_seq=peak_seq,
+        peak_reserved_phase=peak_phase,
+        peak_reserved_iteration=peak_iteration,
+        live_at_allocated_peak=live_by_category(cuda, alloc_peak_seq),
         alloc_retries_on_gpu=(on_gpu.stats or {}).get("num_alloc_retries"),
         margin_bytes=margin,
         margin_rule=rule,

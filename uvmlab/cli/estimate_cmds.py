@@ -162,8 +162,10 @@ def estimate_cmd(
         ["quantity", "value"],
         [
             ["peak reserved", format_bytes(est.peak_reserved_bytes)],
+            ["peak reached in", f"{est.peak_reserved_phase}, iteration {est.peak_reserved_iteration}"],
             ["peak allocated", format_bytes(est.peak_allocated_bytes)],
             ["peak live tensors (requested)", format_bytes(est.peak_live_bytes)],
+            *[[f"  at alloc. peak: {cat}", format_bytes(n)] for cat, n in sorted(est.live_at_allocated_peak.items())],
             ["CUDA context", format_bytes(est.context_bytes)],
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],

@@ -34,6 +34,7 @@ from uvmlab.errors import InputError
 from uvmlab.nsys import schema as S
 from uvmlab.nsys.attribute import assign, group_key
 from uvmlab.nsys.read import Export
+from uvmlab.nsys.scan import EVENT_COLS, FaultScan, Partial, Router, scan_faults_all, scan_migrations
 
 DEFAULT_ITERATION_PATTERN = r"^\s*iteration[\s_#:-]*(\d+)\s*$"
 PHASE_NAMES = ("data", "forward", "loss", "backward", "optimizer", "zero_grad")
@@ -93,46 +94,6 @@ def _py(v: Any) -> Any:
 
 
 # -- totals (SQL) --------------------------------------------------------------------------------------------------
-@dataclass
-class FaultScan:
-    """What one pass over the GPU fault table gathers (so the 10-million-row table is read once)."""
-
-    has_address: bool = True
-    records: int = 0
-    by_access: dict[str, int] = field(default_factory=lambda: {name: 0 for name in S.ACCESS_TYPE.values()})
-    address_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-
-    def add(self, access: np.ndarray, n: np.ndarray, address: np.ndarray) -> None:
-        self.records += len(n)
-        ids = np.clip(access, 0, len(S.ACCESS_TYPE))
-        sums = np.bincount(ids, weights=n, minlength=len(S.ACCESS_TYPE) + 1)
-        for i, v in enumerate(sums):
-            self.by_access[S.ACCESS_TYPE.get(i, "unknown")] += int(v)
-        self.address_parts.append(_sum_by_key(address, n))
-        if len(self.address_parts) > 8:  # keep memory bounded: fold the partial sums
-            self._fold()
-
-    def _fold(self) -> None:
-        keys = np.concatenate([k for k, _ in self.address_parts])
-        vals = np.concatenate([v for _, v in self.address_parts])
-        self.address_parts = [_sum_by_key(keys, vals)]
-
-    def by_address(self) -> pd.Series:
-        """GPU faults (Σ numberOfPageFaults) per faulting page address."""
-        if not self.address_parts:
-            return pd.Series([], dtype="int64")
-        if len(self.address_parts) > 1:
-            self._fold()
-        keys, vals = self.address_parts[0]
-        return pd.Series(vals, index=keys)
-
-
-def _sum_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, summed values), vectorized."""
-    uniq, inv = np.unique(keys, return_inverse=True)
-    return uniq, np.bincount(inv, weights=values, minlength=len(uniq)).astype(np.int64)
-
-
 def fault_totals(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
     """GPU fault totals by access type and CPU fault count (None where not collected).
 
@@ -313,35 +274,6 @@ def _pid_arr(s: pd.Series) -> np.ndarray:
     return pd.to_numeric(s, errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
 
 
-@dataclass
-class _Acc:
-    """Per-bucket accumulators for events."""
-
-    n_kernels: int
-    n_iters: int
-
-    def __post_init__(self) -> None:
-        self.k = {c: np.zeros(self.n_kernels + 1, dtype=np.int64) for c in _EVENT_COLS}
-        self.i = {c: np.zeros(self.n_iters + 1, dtype=np.int64) for c in _EVENT_COLS}
-        self.outside: dict[str, dict[str, int]] = {}
-
-    def add(self, col: str, kidx: np.ndarray, iidx: np.ndarray, w: np.ndarray) -> None:
-        self.k[col] += np.bincount(kidx + 1, weights=w, minlength=self.n_kernels + 1).astype(np.int64)
-        self.i[col] += np.bincount(iidx + 1, weights=w, minlength=self.n_iters + 1).astype(np.int64)
-
-
-_EVENT_COLS = (
-    "fault_records",
-    "fault_count",
-    "read_fault_count",
-    "write_fault_count",
-    "htod_count",
-    "htod_bytes",
-    "dtoh_count",
-    "dtoh_bytes",
-)
-
-
 def attribute(
     ex: Export,
     iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
@@ -413,108 +345,28 @@ def attribute(
     api_sets = []
     if not api.empty:
         ec = pd.to_numeric(api["event_class"], errors="coerce")
-        rt = api[ec == S.EVENT_CLASS_RUNTIME]
-        other = api[ec != S.EVENT_CLASS_RUNTIME]
-        api_sets = [d.reset_index(drop=True) for d in (rt, other) if len(d)]
-
-    acc = _Acc(n_k, n_i)
-    outside: dict[str, dict[str, int]] = {}
-
-    def route(s: np.ndarray, e: np.ndarray, pid: np.ndarray, dev: np.ndarray, weights: dict[str, np.ndarray]):
-        kidx = assign(s, e, group_key(pid, dev), k_s, k_e, k_grp)
-        iidx = np.where(kidx >= 0, k_itpos[np.maximum(kidx, 0)] if n_k else -1, -1)
-        out_mask = kidx < 0
-        if n_i and out_mask.any():
-            o = np.flatnonzero(out_mask)
-            iidx[o] = assign(s[o], e[o], pid[o], it_s, it_e, it_pid)
-        for col, w in weights.items():
-            acc.add(col, kidx, iidx, w)
-        if out_mask.any():
-            o = np.flatnonzero(out_mask)
-            names = np.array(["none"] * len(o), dtype=object)
-            rest = np.ones(len(o), dtype=bool)
-            for a in api_sets:
-                r = np.flatnonzero(rest)
-                if not len(r):
-                    break
-                aidx = assign(
-                    s[o][r],
-                    e[o][r],
-                    pid[o][r],
-                    a["start_ns"].to_numpy(np.int64),
-                    a["end_ns"].to_numpy(np.int64),
-                    _pid_arr(a["pid"]),
+        for d in (api[ec == S.EVENT_CLASS_RUNTIME], api[ec != S.EVENT_CLASS_RUNTIME]):
+            if len(d):
+                api_sets.append(
+                    (
+                        d["start_ns"].to_numpy(np.int64),
+                        d["end_ns"].to_numpy(np.int64),
+                        _pid_arr(d["pid"]),
+                        d["name"].to_numpy(object),
+                    )
                 )
-                hit = aidx >= 0
-                names[r[hit]] = a["name"].to_numpy(object)[aidx[hit]]
-                rest[r[hit]] = False
-            frame = pd.DataFrame({"name": names, **{c: w[o] for c, w in weights.items()}})
-            for name, grp in frame.groupby("name"):
-                b = outside.setdefault(str(name), dict.fromkeys(_EVENT_COLS, 0))
-                for c in weights:
-                    b[c] += int(grp[c].sum())
-
-    # GPU faults, in chunks; one pass also gives the totals by access type and per address (FaultScan)
-    scan = FaultScan(has_address="address" in ex.columns(S.GPU_FAULTS))
+    router = Router(k_s, k_e, k_grp, k_itpos, it_s, it_e, it_pid, api_sets)
+    acc = Partial.empty(router, has_address="address" in ex.columns(S.GPU_FAULTS))
     if ex.has(S.GPU_FAULTS):
-        t = S.GPU_FAULTS
-        sql = (
-            f"SELECT start, {ex.col(t, 'end', 'start')}, "
-            f"((globalPid >> {S.PID_SHIFT}) & {S.PID_MASK}) * 4096 + deviceId, "
-            f"numberOfPageFaults * 8 + coalesce({ex.col(t, 'faultAccessType', '0')}, 0), "
-            f"coalesce({ex.col(t, 'address', '0')}, 0) FROM {t}"
-        )
-        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "na", "addr")])
-        for rows in ex.iter_rows(sql, chunk_rows):
-            if progress is not None:
-                progress(len(rows))
-            arr = np.fromiter(rows, dtype=dt, count=len(rows))
-            n, access = arr["na"] >> 3, arr["na"] & 7
-            pid, dev = arr["g"] // 4096, arr["g"] % 4096
-            scan.add(access, n, arr["addr"])
-            route(
-                arr["s"],
-                arr["e"],
-                pid,
-                dev,
-                {
-                    "fault_records": np.ones(len(arr), np.int64),
-                    "fault_count": n,
-                    "read_fault_count": np.where(access == S.ACCESS_READ, n, 0),
-                    "write_fault_count": np.where(access == S.ACCESS_WRITE, n, 0),
-                },
-            )
-    # migrations, in chunks
+        scan_faults_all(ex, router, acc, chunk_rows, progress)
     if ex.has(S.MEMCPY):
-        t = S.MEMCPY
-        kinds = ",".join(str(k) for k in (S.COPY_KIND_UVM_HTOD, S.COPY_KIND_UVM_DTOH))
-        sql = (
-            f'SELECT start, "end", coalesce({ex.col(t, "globalPid", "0")}, 0), deviceId, coalesce(bytes, 0), '
-            f"copyKind FROM {t} WHERE copyKind IN ({kinds})"
-        )
-        dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "b", "k")])
-        for rows in ex.iter_rows(sql, chunk_rows):
-            if progress is not None:
-                progress(len(rows))
-            arr = np.fromiter(rows, dtype=dt, count=len(rows))
-            pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
-            h = arr["k"] == S.COPY_KIND_UVM_HTOD
-            route(
-                arr["s"],
-                arr["e"],
-                pid,
-                arr["d"],
-                {
-                    "htod_count": h.astype(np.int64),
-                    "htod_bytes": np.where(h, arr["b"], 0),
-                    "dtoh_count": (~h).astype(np.int64),
-                    "dtoh_bytes": np.where(~h, arr["b"], 0),
-                },
-            )
+        scan_migrations(ex, router, acc, chunk_rows, progress)
+    outside = acc.outside
+    scan = acc.scan
 
     kdf = _kernel_table(kernels, k_iter, phase, acc, ex)
     idf = _iteration_table(its, it_s, it_e, acc, ex)
-    inside = {c: int(acc.k[c][1:].sum()) for c in _EVENT_COLS}
+    inside = {c: int(acc.k[c][1:].sum()) for c in EVENT_COLS}
     buckets = {
         "inside_kernels": inside,
         "outside": dict(sorted(outside.items(), key=lambda kv: -kv[1]["fault_records"])),
@@ -538,7 +390,9 @@ def _statused(ex: Export, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
+def _kernel_table(
+    kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, acc: Partial, ex: Export
+) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "kernel_id": kernels["kernel_id"].to_numpy(np.int64) if len(kernels) else np.zeros(0, np.int64),
@@ -552,7 +406,7 @@ def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, 
     df["duration_ns"] = df["end_ns"] - df["start_ns"]
     df["kernel_bytes"] = np.nan  # not observable in an nsys export
     df["allocated_bytes"] = np.nan  # tensor-level bytes are not in an export; see reserved_bytes
-    for c in _EVENT_COLS:
+    for c in EVENT_COLS:
         df[c] = acc.k[c][1:]
     df = _statused(ex, df)
     if len(kernels):
@@ -564,7 +418,7 @@ def _kernel_table(kernels: pd.DataFrame, k_iter: np.ndarray, phase: np.ndarray, 
     return df
 
 
-def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc: _Acc, ex: Export) -> pd.DataFrame:
+def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc: Partial, ex: Export) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "iteration": its["iteration"].to_numpy(np.int64) if len(its) else np.zeros(0, np.int64),
@@ -573,7 +427,7 @@ def _iteration_table(its: pd.DataFrame, it_s: np.ndarray, it_e: np.ndarray, acc:
         }
     )
     df["duration_ns"] = df["end_ns"] - df["start_ns"]
-    for c in _EVENT_COLS:
+    for c in EVENT_COLS:
         df[c] = acc.i[c][1:]
     return _statused(ex, df)
 

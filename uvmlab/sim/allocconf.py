@@ -155,11 +155,25 @@ class AllocatorSettings:
 
     @classmethod
     def from_snapshot(cls, allocator_settings: dict[str, Any] | None, **extra: Any) -> AllocatorSettings:
-        """Settings from a snapshot's ``allocator_settings`` dict (allocator.md 3.2); None = defaults."""
+        """Settings from a snapshot's ``allocator_settings`` dict (allocator.md 3.2); None = defaults.
+
+        The structured fields win; knobs only present in the raw PYTORCH_CUDA_ALLOC_CONF string (e.g.
+        ``max_non_split_rounding_mb``, ``large_segment_size_mb``) are taken from it when it parses.
+        """
         if not allocator_settings:
             return cls.parse("", **extra)
-        raw = allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-        values: dict[str, Any] = {"raw": str(raw)}
+        raw = str(allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+        try:
+            base = cls.parse(raw)
+        except InputError:  # a knob of a newer PyTorch than this parser knows: keep the structured fields only
+            base = cls()
+        values: dict[str, Any] = {
+            "raw": raw,
+            "max_non_split_rounding_bytes": base.max_non_split_rounding_bytes,
+            "large_segment_size_bytes": base.large_segment_size_bytes,
+            "roundup_bypass_threshold_bytes": base.roundup_bypass_threshold_bytes,
+            "memory_fraction": base.memory_fraction,
+        }
         mss = allocator_settings.get("max_split_size")
         if isinstance(mss, int) and mss > 0 and mss < SIZE_MAX:
             values["max_split_size_bytes"] = mss

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def get_trace(
         except InputError:
             shutil.rmtree(entry, ignore_errors=True)  # corrupt: capture again
     trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=emulate_cuda)
+    try:
+        _store(trace, entry)
+    except OSError as exc:  # caching is an optimization: an unwritable cache must not fail the run
+        warnings.warn(f"trace cache {entry.parent} is not writable ({exc}); the trace was not cached", stacklevel=2)
+    return trace
+
+
+def _store(trace: Trace, entry: Path) -> None:
+    """Write ``trace`` into a temporary folder next to ``entry`` and rename it into place."""
     if entry.exists():
         shutil.rmtree(entry, ignore_errors=True)  # an incomplete entry (no trace.json)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -79,4 +89,3 @@ def get_trace(
             os.replace(tmp, entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return trace

@@ -6,6 +6,9 @@ long as its C++ StorageImpl lives (PyObject preservation), so a ``weakref.ref`` 
 the StorageImpl dies: that is the free (verified by tests/test_trace_recorder.py; torch.distributed._tools.
 mem_tracker uses the same mechanism). Only storages on the capture device are recorded (the CPU ``step`` scalars
 of Adam are not GPU memory). Zero-byte storages are not allocations (the CUDA caching allocator returns nullptr).
+A storage that PyTorch creates without a dispatched op (``torch.tensor(0, device=...)`` literals such as
+BatchNorm's ``num_batches_tracked``) is recorded when an op first touches it, attributed to that op (or
+``<external>`` when it is only read).
 
 Kernels: one per leaf aten op the mode sees that touches a storage on the capture device, except view and
 metadata ops (``NO_KERNEL`` and every op whose schema is a view), which launch nothing on CUDA. This
