@@ -66,7 +66,8 @@ def test_run_directory_and_snapshot(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert tl["reserved_bytes"].max() == data["peak_reserved_bytes"]
     s = read_snapshot(snap)
     assert s.summary()[0]["peak_reserved_in_trace_bytes"] == data["peak_reserved_bytes"]
-    assert (s.events["action"] == "alloc").sum() == data["trace_events"] // 2
+    n_alloc = int((s.events["action"] == "alloc").sum())  # 0-byte tensors never reach the allocator
+    assert 0.9 * data["trace_allocations"] <= n_alloc <= data["trace_allocations"] < data["trace_events"]
     assert main(["estimate", *TINY_GPT2, "-o", str(out)]) == 2  # complete run, no --force
     assert "--force" in capsys.readouterr().err
 

@@ -66,6 +66,7 @@ def test_oom_verdict_comes_from_the_allocator_release_path() -> None:
     assert est.alloc_retries_on_gpu >= 1  # the release-and-retry path ran
     assert (est.peak_reserved_seq, est.peak_reserved_phase, est.peak_reserved_iteration) == (6, "forward", 0)
     assert est.live_at_allocated_peak == {"activation": 80 * MiB}
+    assert (est.trace_allocations, est.trace_events) == (4, 8)
     tight = estimate(CFG, _small_gpu(70 * MiB), trace=t, rules=NO_WS)
     assert tight.oom and tight.oom_seq == 6 and tight.oom_phase == "forward" and tight.oom_iteration == 0
 

@@ -66,7 +66,7 @@ def test_report_writes_every_study_figure(sweep_dir: Path, tmp_path: Path) -> No
     for f in rep.figures:
         assert f"src='figures/{f.path.name}'" in page
     assert "Simulated (uvmlab sim" in page
-    assert "A100-80GB" in page and "uvmlab_version test" in page
+    assert "A100-80GB" in page and "uvmlab_version test" in page and "python 3" in page
     assert "Headline numbers" in page and "57.74" in page
 
 

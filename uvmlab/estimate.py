@@ -73,6 +73,7 @@ class Estimate:
     margin_rule: str
     orchestration: dict[str, Any]
     seconds: dict[str, float]
+    trace_allocations: int
     trace_events: int
     timeline: pd.DataFrame = field(repr=False)
     trace: Trace | None = field(default=None, repr=False)
@@ -133,6 +134,7 @@ class Estimate:
                 "cublaslt": ws.get("cublaslt_workspace_bytes"),
             },
             "orchestration_changes": ws.get("changes", {}),
+            "trace_allocations": self.trace_allocations,
             "trace_events": self.trace_events,
             "seconds": self.seconds,
         }
@@ -233,10 +235,12 @@ def estimate(
     rules: OrchestrationRules | None = None,
     trace: Trace | None = None,
     progress: ProgressFn | None = None,
+    capture_progress: Callable[[int, int], None] | None = None,
 ) -> Estimate:
     """Estimate peak reserved/allocated memory, the OOM verdict and ``required_mb`` of ``cfg`` on ``gpu``.
 
-    ``trace`` skips the capture (tests, callers that already hold one). See the module docstring for the steps.
+    ``trace`` skips the capture (tests, callers that already hold one). ``progress(message)`` is told each step;
+    ``capture_progress(done_iterations, total)`` follows a capture when the trace is not cached yet.
     """
     from uvmlab.sim.allocconf import AllocatorSettings
 
@@ -251,7 +255,7 @@ def estimate(
         from uvmlab.trace.cache import get_trace
 
         say(f"trace of {cfg.workload} (cached after the first capture)")
-        trace = get_trace(cfg)
+        trace = get_trace(cfg, progress=capture_progress)
     t1 = time.perf_counter()
     say(f"orchestrating for {gpu.name}")
     cuda = to_cuda(trace, gpu, rules)
@@ -304,7 +308,8 @@ def estimate(
             "simulate": round(t3 - t2, 3),
             "total": round(t3 - t0, 3),
         },
-        trace_events=2 * len(cuda.allocations),
+        trace_allocations=len(cuda.allocations),
+        trace_events=len(cuda.allocations) + int((cuda.allocations["free_seq"] != NEVER_FREED).sum()),
         timeline=on_gpu.timeline,
         trace=cuda,
         settings=settings,

@@ -37,10 +37,14 @@ from uvmlab.errors import InputError, OutOfMemoryError
 from uvmlab.replay_state import DeviceEvents, InitialState, device_events, initial_state
 from uvmlab.sim.allocconf import AllocatorSettings
 from uvmlab.sim.caching import CachingAllocatorSim
-from uvmlab.sim.constants import K_SMALL_SIZE_BYTES
+from uvmlab.sim.constants import K_MIN_BLOCK_SIZE_BYTES, K_SMALL_SIZE_BYTES
 from uvmlab.sim.device import DeviceSim
 from uvmlab.sim.seed import seed_segment
 
+MADE_UP_VA_GAP_BYTES = 2**40
+"""Made-up addresses (new segments after a divergence) grow down from 1 TiB below the lowest real address of the
+snapshot when that leaves room (>= 1 TiB), else from 64 TiB above the highest real one: never into real ones."""
+MADE_UP_VA_ABOVE_BYTES = 2**46
 CREATE_ACTIONS = ("segment_alloc", "segment_map")
 RELEASE_ACTIONS = ("segment_free", "segment_unmap")
 SEGMENT_ACTIONS = CREATE_ACTIONS + RELEASE_ACTIONS
@@ -174,9 +178,14 @@ def _make_sim(
 ) -> CachingAllocatorSim:
     creations = [(i, a, addr, size) for i, a, addr, size in ev.segment_events if a in CREATE_ACTIONS]
     ref: list[CachingAllocatorSim] = []
-    lowest = min([addr for _, _, addr, _ in ev.segment_events] + [s[0] for s in ev.final_segments] + [2**47])
+    real = [addr for _, _, addr, _ in ev.segment_events] + [s[0] for s in ev.final_segments] or [0]
+    lowest, highest = min(real), max(real) + max([s[1] for s in ev.final_segments] + [0])
+    if lowest >= 2 * MADE_UP_VA_GAP_BYTES:
+        va_top = lowest - MADE_UP_VA_GAP_BYTES
+    else:
+        va_top = highest + MADE_UP_VA_ABOVE_BYTES
     oracle = _Oracle(creations, ref) if real_addresses else None
-    dev = DeviceSim(capacity, va_top=max(lowest - 2**40, 2**41), oracle=oracle)
+    dev = DeviceSim(capacity, va_top=va_top, oracle=oracle)
     sim = CachingAllocatorSim(settings, dev, device_index=device)
     ref.append(sim)
     return sim
@@ -264,7 +273,7 @@ def _replay_once(
                 if owner is not None:
                     nxt = b.next
                     found = b.size + (nxt.size if nxt is not None and not nxt.allocated and nxt.mapped else 0)
-                    need = found - sim.round_size(size) + 512
+                    need = found - sim.round_size(size) + K_MIN_BLOCK_SIZE_BYTES
                     if 0 < need <= K_SMALL_SIZE_BYTES:
                         blame = (owner, need)
             if addr in real2block:

@@ -181,7 +181,7 @@ def initial_state(
         if 0 < gap <= K_SMALL_SIZE_BYTES:
             slack = gap
         elif gap > K_SMALL_SIZE_BYTES:
-            until = free_index.get(addr, 1 << 62)
+            until = free_index.get(addr, len(ev.events) + 1)  # never freed in the trace: the whole trace
             x = next((a for i, a in alloc_addrs if i < until and end <= a < nxt), None)
             if x is not None and 0 < x - end <= K_SMALL_SIZE_BYTES:
                 slack = x - end

@@ -114,14 +114,26 @@ def estimate_cmd(
     if out_dir is not None:
         rundir = RunDir(out_dir)
         rundir.prepare(force=force)
-    est = estimate(
-        cfg,
-        gpu,
-        allocator=allocator,
-        alloc_conf=alloc_conf,
-        margin_bytes=None if margin_mb is None else margin_mb * MiB,
-        progress=lambda msg: note(f"[dim]{msg}[/dim]"),
-    )
+    from rich.progress import Progress
+
+    from uvmlab.console import err
+
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("estimating", total=None)
+
+        def capture_progress(done: int, total: int) -> None:
+            bar.update(task, description=f"capturing {workload} (first time; cached afterwards)", completed=done,
+                       total=total)  # fmt: skip
+
+        est = estimate(
+            cfg,
+            gpu,
+            allocator=allocator,
+            alloc_conf=alloc_conf,
+            margin_bytes=None if margin_mb is None else margin_mb * MiB,
+            progress=lambda msg: bar.update(task, description=msg),
+            capture_progress=capture_progress,
+        )
     result = est.to_json()
     if snapshot_out is not None:
         from uvmlab.trace.snapshot import write_snapshot

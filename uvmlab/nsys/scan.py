@@ -257,24 +257,35 @@ def workers_for(rows: int, chunk_rows: int) -> int:
 
 
 def scan_faults_all(
-    ex: Export, r: Router, part: Partial, chunk_rows: int, progress: Callable[[int], None] | None = None
+    ex: Export,
+    r: Router,
+    part: Partial,
+    chunk_rows: int,
+    progress: Callable[[int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
-    """Route every GPU fault row into ``part``: in this process, or in rowid ranges by worker processes when the
-    table is large (several chunks) and the machine has several CPUs."""
+    """Route every GPU fault row into ``part``: in this process, or in rowid ranges of ``chunk_rows`` by worker
+    processes when the table has several chunks and the machine several CPUs. ``meanwhile`` (e.g. the migration
+    scan) runs in this process while the workers read."""
     rows = ex.row_count(S.GPU_FAULTS) or 0
     workers = workers_for(rows, chunk_rows)
     if workers <= 1:
-        scan_faults(ex, r, part, chunk_rows, progress)
+        if rows:
+            scan_faults(ex, r, part, chunk_rows, progress)
+        if meanwhile is not None:
+            meanwhile()
         return
     lo = int(ex.query(f"SELECT min(rowid) FROM {S.GPU_FAULTS}")[0][0])
     hi = int(ex.query(f"SELECT max(rowid) FROM {S.GPU_FAULTS}")[0][0]) + 1
-    bounds = [*list(range(lo, hi, chunk_rows)), hi]
+    bounds = [*range(lo, hi, chunk_rows), hi]
     ctx = multiprocessing.get_context("spawn")  # no fork: the parent may run threads (progress bars)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {
             pool.submit(_fault_part, str(ex.path), a, b, r, chunk_rows, part.scan.has_address): b - a
             for a, b in itertools.pairwise(bounds)
         }
+        if meanwhile is not None:
+            meanwhile()
         for fut in as_completed(futures):
             part.merge(fut.result())
             if progress is not None:

@@ -39,7 +39,7 @@ from uvmlab.nsys.scan import EVENT_COLS, FaultScan, Partial, Router, scan_faults
 DEFAULT_ITERATION_PATTERN = r"^\s*iteration[\s_#:-]*(\d+)\s*$"
 PHASE_NAMES = ("data", "forward", "loss", "backward", "optimizer", "zero_grad")
 TOP_N = 10
-CHUNK_ROWS = 1_000_000
+CHUNK_ROWS = 250_000  # rows per fetch (and per worker task): bounds the Python row objects alive at once
 OUTSIDE = "(outside any kernel)"
 
 
@@ -357,10 +357,14 @@ def attribute(
                 )
     router = Router(k_s, k_e, k_grp, k_itpos, it_s, it_e, it_pid, api_sets)
     acc = Partial.empty(router, has_address="address" in ex.columns(S.GPU_FAULTS))
-    if ex.has(S.GPU_FAULTS):
-        scan_faults_all(ex, router, acc, chunk_rows, progress)
-    if ex.has(S.MEMCPY):
-        scan_migrations(ex, router, acc, chunk_rows, progress)
+    migrations = Partial.empty(router)
+
+    def scan_copies() -> None:
+        if ex.has(S.MEMCPY):
+            scan_migrations(ex, router, migrations, chunk_rows, progress)
+
+    scan_faults_all(ex, router, acc, chunk_rows, progress, meanwhile=scan_copies)
+    acc.merge(migrations)
     outside = acc.outside
     scan = acc.scan
 

@@ -123,7 +123,7 @@ def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[
         table = None
         if key == "fig4_pca_ratio":
             table = pca_ratio.pivot(index="workload", columns="oversub", values="ratio").reset_index()
-            table.columns = [str(c) for c in table.columns]
+            table.columns = [c if c == "workload" else f"factor {c:g}" for c in table.columns]
         if key == "fig_sim_vs_measured":
             table = _error_table(df)
         sections.append(Section(title, caption, relative(path, html_path.parent), table))

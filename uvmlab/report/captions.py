@@ -17,6 +17,10 @@ STUDY_HEADLINES = {
 """seeds/003 section 4.2: slowdowns over factors 1.25-10 (A100 80GB, measured) and no-PCA/PCA without oversub."""
 
 
+VERSION_KEYS = ("uvmlab", "python", "torch", "cuda", "driver", "nsys", "gpu_name")
+"""env.json keys named in captions (plus any key containing "version")."""
+
+
 def _uniq(values: pd.Series) -> list[str]:
     return [str(v) for v in dict.fromkeys(values.dropna().tolist())]
 
@@ -41,7 +45,8 @@ def describe_runs(df: pd.DataFrame) -> str:
     iters = _uniq(runs["iterations"]) if "iterations" in runs else []
     pca = sorted({("on" if v else "off") for v in runs["pca"].dropna()})
     versions = []
-    for col in sorted(c for c in runs.columns if c.startswith("env_") and "version" in c):
+    wanted = {f"env_{k}" for k in VERSION_KEYS}
+    for col in sorted(c for c in runs.columns if c in wanted or (c.startswith("env_") and "version" in c)):
         vals = _uniq(runs[col])
         if vals:
             versions.append(f"{col[4:]} {'/'.join(vals)}")

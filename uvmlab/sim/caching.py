@@ -147,7 +147,7 @@ class CachingAllocatorSim:
         if size < K_MIN_BLOCK_SIZE_BYTES:
             rsize = K_MIN_BLOCK_SIZE_BYTES
         elif self._divisions is None:
-            rsize = (size + 511) >> 9 << 9
+            rsize = (size + K_MIN_BLOCK_SIZE_BYTES - 1) // K_MIN_BLOCK_SIZE_BYTES * K_MIN_BLOCK_SIZE_BYTES
         else:
             rsize = round_size(size, self._divisions, self._bypass)
         pool = self.small_pool if rsize <= K_SMALL_SIZE_BYTES else self.large_pool

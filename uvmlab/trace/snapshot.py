@@ -41,19 +41,8 @@ KNOWN_TOP_KEYS = frozenset(
     {"segments", "device_traces", "allocator_settings", "external_annotations", "host_segments", "host_traces"}
 )
 """Top-level keys of ``_snapshot()`` up to PyTorch main (2026); host_* come with record_pinned_host_memory."""
-KNOWN_ACTIONS = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-    "user_defined",
-    "annotate",
-)
+KNOWN_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                 "segment_unmap", "snapshot", "oom", "user_defined", "annotate")  # fmt: skip
 """TraceEntry actions (reference/allocator.md section 3.5; user_defined/annotate are newer)."""
 RESERVE_DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 """Sign with which each action changes the device's reserved bytes."""
@@ -71,29 +60,10 @@ GENERATIONS = {
 """Format generations (reference/allocator.md section 3.6; G6 is our own observation, e.g. the Wedsonlin files).
 The mapping to PyTorch versions is approximate."""
 
-SEGMENT_COLUMNS = [
-    "device",
-    "address",
-    "total_size",
-    "allocated_size",
-    "active_size",
-    "requested_size",
-    "stream",
-    "segment_type",
-    "segment_pool_id",
-    "is_expandable",
-    "n_blocks",
-]
-BLOCK_COLUMNS = [
-    "device",
-    "segment_address",
-    "address",
-    "offset",
-    "size",
-    "requested_size",
-    "state",
-    "address_inferred",
-]
+SEGMENT_COLUMNS = ["device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                   "segment_type", "segment_pool_id", "is_expandable", "n_blocks"]  # fmt: skip
+BLOCK_COLUMNS = ["device", "segment_address", "address", "offset", "size", "requested_size", "state",
+                 "address_inferred"]  # fmt: skip
 EVENT_COLUMNS = ["device", "index", "action", "address", "size", "stream", "time_us", "device_free", "n_frames"]
 
 
