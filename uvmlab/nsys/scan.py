@@ -32,6 +32,8 @@ EVENT_COLS = (
     "dtoh_count",
     "dtoh_bytes",
 )
+FOLD_ENTRIES = 16_000_000
+"""Partial per-address sums kept before folding them (16 M entries = 256 MB of keys and values)."""
 MAX_WORKERS = 4
 """Upper bound of worker processes reading the fault table (``UVMLAB_NSYS_WORKERS`` overrides; 1 = no workers)."""
 
@@ -58,15 +60,18 @@ class FaultScan:
         for i, v in enumerate(sums):
             self.by_access[S.ACCESS_TYPE.get(i, "unknown")] += int(v)
         self.address_parts.append(_sum_by_key(address, n))
-        if len(self.address_parts) > 8:  # keep memory bounded: fold the partial sums
-            self._fold()
+        self._maybe_fold()
 
     def merge(self, other: FaultScan) -> None:
         self.records += other.records
         for k, v in other.by_access.items():
             self.by_access[k] = self.by_access.get(k, 0) + v
         self.address_parts += other.address_parts
-        if len(self.address_parts) > 8:
+        self._maybe_fold()
+
+    def _maybe_fold(self) -> None:
+        """Fold the partial per-address sums once they hold more than FOLD_ENTRIES entries (bounded memory)."""
+        if len(self.address_parts) > 1 and sum(len(k) for k, _ in self.address_parts) > FOLD_ENTRIES:
             self._fold()
 
     def _fold(self) -> None:

@@ -160,7 +160,7 @@ def migration_totals(ex: Export) -> dict[str, Any]:
     }
 
 
-def um_total_sum(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
+def um_total_sum(ex: Export, scan: FaultScan | None = None, migrations: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of NVIDIA's ``um_total_sum`` report (reference/nsys.md §2.3), and whether that report would run.
 
     NVIDIA's script refuses unless MEMCPY, CPU-fault and GPU-fault tables all exist; uvmlab computes the figures
@@ -168,7 +168,7 @@ def um_total_sum(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
     """
     missing = [t for t in (S.MEMCPY, S.CPU_FAULTS, S.GPU_FAULTS) if not ex.has(t)]
     f = fault_totals(ex, scan)
-    m = migration_totals(ex)
+    m = migrations if migrations is not None else migration_totals(ex)
     return {
         "nvidia_report_runs": not missing,
         "nvidia_report_refuses_because_missing": missing,
@@ -179,13 +179,41 @@ def um_total_sum(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
     }
 
 
-def um_sum(ex: Export, rows: int = TOP_N, gpu_by_address: pd.Series | None = None) -> list[dict[str, Any]]:
+def um_sum_copy_frames(ex: Export) -> list[pd.DataFrame]:
+    """um_sum's per-virtualAddress DtoH and HtoD sums (bytes, summed durations) from the copy table."""
+    if not (ex.has(S.MEMCPY) and "virtualAddress" in ex.columns(S.MEMCPY)):
+        return []
+    cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
+    return [
+        pd.DataFrame(
+            ex.query(
+                f'SELECT virtualAddress, 0, 0, sum(bytes), 0, sum("end" - start), 0 FROM {S.MEMCPY} '
+                f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress"
+            ),
+            columns=cols,
+        ),
+        pd.DataFrame(
+            ex.query(
+                f'SELECT virtualAddress, 0, 0, 0, sum(bytes), 0, sum("end" - start) FROM {S.MEMCPY} '
+                f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress"
+            ),
+            columns=cols,
+        ),
+    ]
+
+
+def um_sum(
+    ex: Export,
+    rows: int = TOP_N,
+    gpu_by_address: pd.Series | None = None,
+    copy_frames: list[pd.DataFrame] | None = None,
+) -> list[dict[str, Any]]:
     """NVIDIA ``um_sum``'s per-address rows: CPU faults, GPU faults, HtoD/DtoH bytes and throughput, top ``rows``.
 
     Throughput reproduces the report's SQLite integer arithmetic
     ``(dtoh + htod) * (1000000000 / (dur_dtoh + dur_htod))`` (truncated; 0 once the summed duration exceeds 1 s),
     ordered by it descending (nulls last), then by address, as the report does. With ``gpu_by_address`` (from the
-    attribution pass) the GPU fault table is not scanned again.
+    attribution pass) the GPU fault table is not scanned again; ``copy_frames`` are ``um_sum_copy_frames(ex)``.
     """
     parts: list[pd.DataFrame] = []
     cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
@@ -204,19 +232,7 @@ def um_sum(ex: Export, rows: int = TOP_N, gpu_by_address: pd.Series | None = Non
         parts.append(
             frame(f"SELECT address, 0, sum(numberOfPageFaults), 0, 0, 0, 0 FROM {S.GPU_FAULTS} GROUP BY address")
         )
-    if ex.has(S.MEMCPY) and "virtualAddress" in ex.columns(S.MEMCPY):
-        parts.append(
-            frame(
-                f'SELECT virtualAddress, 0, 0, sum(bytes), 0, sum("end" - start), 0 FROM {S.MEMCPY} '
-                f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress"
-            )
-        )
-        parts.append(
-            frame(
-                f'SELECT virtualAddress, 0, 0, 0, sum(bytes), 0, sum("end" - start) FROM {S.MEMCPY} '
-                f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress"
-            )
-        )
+    parts += copy_frames if copy_frames is not None else um_sum_copy_frames(ex)
     parts = [p for p in parts if len(p)]
     if not parts:
         return []
@@ -279,6 +295,7 @@ def attribute(
     iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
     chunk_rows: int = CHUNK_ROWS,
     progress: Callable[[int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Per-kernel and per-iteration fault/migration statistics, and the outside-any-kernel buckets.
 
@@ -359,9 +376,11 @@ def attribute(
     acc = Partial.empty(router, has_address="address" in ex.columns(S.GPU_FAULTS))
     migrations = Partial.empty(router)
 
-    def scan_copies() -> None:
+    def scan_copies() -> None:  # in this process, while worker processes read the fault table
         if ex.has(S.MEMCPY):
             scan_migrations(ex, router, migrations, chunk_rows, progress)
+        if meanwhile is not None:
+            meanwhile()
 
     scan_faults_all(ex, router, acc, chunk_rows, progress, meanwhile=scan_copies)
     acc.merge(migrations)
@@ -518,7 +537,13 @@ def summarize(
     ):
         st, why = ex.status(table)
         collection[key] = {"status": st, "reason": why}
-    kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows, progress)
+    pre: dict[str, Any] = {}
+
+    def copy_queries() -> None:  # SQL over the copy table, overlapped with the fault scan
+        pre["migrations"] = migration_totals(ex)
+        pre["copy_frames"] = um_sum_copy_frames(ex)
+
+    kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows, progress, meanwhile=copy_queries)
     mem_known = collection["memory_usage"]["status"] in ("collected", "zero")
     kernels["reserved_bytes"] = reserved_at_kernel_start(kernels, ex.memory_usage()) if mem_known else np.nan
     scan: FaultScan = buckets["fault_scan"]
@@ -526,9 +551,11 @@ def summarize(
         export=ex.describe(),
         collection=collection,
         faults=fault_totals(ex, scan),
-        migrations=migration_totals(ex),
-        um_total_sum=um_total_sum(ex, scan),
-        um_sum=um_sum(ex, gpu_by_address=scan.by_address() if scan.has_address else None),
+        migrations=pre["migrations"],
+        um_total_sum=um_total_sum(ex, scan, pre["migrations"]),
+        um_sum=um_sum(
+            ex, gpu_by_address=scan.by_address() if scan.has_address else None, copy_frames=pre["copy_frames"]
+        ),
         attribution={
             "kernels": len(kernels),
             "inside_kernels": buckets["inside_kernels"],

@@ -98,6 +98,8 @@ class _Plan:
     n_pages: int
     n_runs: int
     htod_ns: float
+    zero_stall_ns: float = 0.0  # block services + zero-fill of the whole plan (block never populated)
+    htod_stall_ns: float = 0.0  # block services + HtoD transfers of the whole plan (block entirely on the CPU)
 
 
 def _run_lengths(row: np.ndarray) -> np.ndarray:
@@ -149,6 +151,11 @@ class UvmSim:
         self._open_blocks = 0
         self._kind = "read"
         self._tcache: dict[int, float] = {}
+        # per-run constants of the hot path
+        self._per_batch = self.knobs.pages_per_batch
+        self._full_raw = min(float(self.knobs.fault_batch_count), self._per_batch * self.costs.raw_entries_per_fault)
+        self._full_batch_ns = self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * self._full_raw
+        self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
         self.totals = UvmCounters()
         self._k = UvmCounters()
         self.events: list[tuple] | None = [] if record_events else None
@@ -414,7 +421,7 @@ class UvmSim:
         interval use a memoized plan.
         """
         res_count, npages, gpu = self._res_count, self._npages, self._gpu
-        per_batch = self.knobs.pages_per_batch
+        per_batch = self._per_batch
         memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
         self._open_faults = 0
         self._open_blocks = 0
@@ -467,17 +474,16 @@ class UvmSim:
 
     def _close_full_batches(self, n: int) -> None:
         """Close ``n`` batches of exactly ``pages_per_batch`` faults each (no events: fast path only)."""
-        k, costs = self._k, self.costs
-        per = self.knobs.pages_per_batch
-        raw = min(float(self.knobs.fault_batch_count), per * costs.raw_entries_per_fault)
+        k = self._k
+        nf = n * self._per_batch
         k.fault_batch_count += n
-        k.fault_count += n * per
+        k.fault_count += nf
         if self._kind == "write":
-            k.write_fault_count += n * per
+            k.write_fault_count += nf
         else:
-            k.read_fault_count += n * per
-        k.raw_fault_entries += n * raw
-        k.stall_ns += n * (costs.batch_turnaround_ns + costs.fault_entry_ns * raw)
+            k.read_fault_count += nf
+        k.raw_fault_entries += n * self._full_raw
+        k.stall_ns += n * self._full_batch_ns
 
     def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
         k = self._k
@@ -486,7 +492,7 @@ class UvmSim:
         k.fault_htod_bytes += fault_h * PAGE_BYTES
         k.prefetch_htod_bytes += pre_h * PAGE_BYTES
         k.zero_fill_bytes += zero * PAGE_BYTES
-        k.stall_ns += self.costs.block_service_ns + zero * PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
+        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
         if self.events is not None:
             rid, bidx = self._slot_range[s], self._slot_bidx[s]
             self.events.append(("service", rid, bidx, n_faults, n_mig, fault_h + pre_h, zero))
@@ -569,6 +575,9 @@ class UvmSim:
             n_runs=int(all_runs.size),
             htod_ns=transfer_time_ns(all_runs * PAGE_BYTES, self.costs.link_bytes_per_s),
         )
+        services = self.costs.block_service_ns * len(plan.steps)
+        plan.zero_stall_ns = services + plan.n_pages * self._zero_ns_per_page
+        plan.htod_stall_ns = services + plan.htod_ns
         self._plans[key] = plan
         return plan
 
@@ -582,7 +591,7 @@ class UvmSim:
         self._ensure_chunk(s)
         if self.events is None and (n_cpu == 0 or full_cpu):
             # fast cases: never populated (all zero-fill) or entirely on the CPU (all HtoD)
-            k, costs = self._k, self.costs
+            k = self._k
             if plan.n_closes == 0:
                 self._open_faults += plan.n_faults
             else:
@@ -592,16 +601,15 @@ class UvmSim:
                     self._close_full_batches(plan.n_closes - 1)
                 self._open_faults = plan.tail_faults
             self._open_blocks += 1
-            k.stall_ns += costs.block_service_ns * len(plan.steps)
             if n_cpu == 0:
                 k.zero_fill_bytes += plan.n_pages * PAGE_BYTES
-                k.stall_ns += plan.n_pages * PAGE_BYTES / costs.zero_fill_bytes_per_s * 1e9
+                k.stall_ns += plan.zero_stall_ns
             else:
                 k.htod_count += plan.n_runs
                 k.htod_bytes += plan.n_pages * PAGE_BYTES
                 k.fault_htod_bytes += plan.n_faults * PAGE_BYTES
                 k.prefetch_htod_bytes += (plan.n_pages - plan.n_faults) * PAGE_BYTES
-                k.stall_ns += plan.htod_ns
+                k.stall_ns += plan.htod_stall_ns
         else:
             for n_f, closes, mask, faulted, runs in plan.subs:
                 n_m = int(runs.sum())
