@@ -173,7 +173,7 @@ def figures(df: pd.DataFrame, out: Path) -> None:
             ax.set_xlabel("oversubscription factor")
             ax.set_ylabel(ylabel, fontsize=8)
             if log:
-                ax.set_yscale("log")
+                ax.set_yscale("symlog", linthresh=1.0)  # zero at factor 1 stays on the axis
             ax.legend(fontsize=7)
         fig.suptitle(f"Simulated {metric} (uvmlab sim, A100-80GB, 10 iterations)")
         fig.tight_layout()

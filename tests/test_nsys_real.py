@@ -214,3 +214,29 @@ def test_um_sum_matches_nvidia_style_sql(real_data: Path, tmp_path: Path, name: 
     with open_export(path) as ex:
         got = [tuple(r.values()) for r in summarize(ex).um_sum]
     assert got == want
+
+
+def test_json_export_gpu_faults(real_data: Path, tmp_path: Path) -> None:
+    import json
+
+    path = nsys_file(real_data, "cudamicrobench_gh200_um_gpu_faults_nsys_export.json")
+    want_n = want_rows = 0
+    with open(path) as fh:
+        for line in fh:
+            ev = json.loads(line).get("CudaUvmGpuPageFaultEvent")
+            if ev:
+                want_rows += 1
+                want_n += int(ev["numberOfPageFaults"])
+    before = digest(path)
+    with open_export(path) as ex:
+        s = summarize(ex)
+        assert ex.version.source.startswith("JSON export")
+    assert digest(path) == before
+    assert (s.faults["gpu_fault_records"], s.faults["gpu_fault_count"]) == (want_rows, want_n) == (253, 253)
+    assert s.migrations["count"] is None and s.faults["cpu_fault_count"] is None  # unknown, not 0
+    # a JSON export cut mid-line: one sentence, exit 2
+    from uvmlab.cli import main
+
+    bad = tmp_path / "cut.json"
+    bad.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    assert main(["nsys", "summarize", str(bad)]) == 2

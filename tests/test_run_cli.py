@@ -128,6 +128,14 @@ def test_gpt2_main_command(tmp_path: Path) -> None:
     assert 0 < off["read_fault_share"] < 1
     k = pd.read_parquet(RunDir(tmp_path / "on").table("kernels"))
     assert k["kernel_bytes"].max() < on["footprint_bytes"]  # the study's observation: kernels touch little
+    # factor 1 with PCA: after the first iteration nothing is evicted or migrated; the only faults left are
+    # first touches of segment space never used before (zero-fill)
+    assert main(["run", "gpt2", "--oversub", "1", "--pca", "on", "--iterations", "2", "-o", str(tmp_path / "f1")]) == 0
+    its = RunDir(tmp_path / "f1").read_table("iterations")
+    later = its[its["iteration"] >= 1]
+    assert (later[["htod_bytes", "dtoh_bytes", "eviction_count", "read_fault_count"]] == 0).all().all()
+    assert (later["fault_count"] * 4096 <= later["zero_fill_bytes"]).all()
+    assert (later["memcpy_htod_bytes"] > 0).all()  # the retained input copy
 
 
 def test_gpu_mode_hands_the_flags_to_the_gpu_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

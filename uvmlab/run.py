@@ -80,6 +80,7 @@ def run(
     gpu_options: Any = None,
     progress: Any = None,
     quiet: bool = False,
+    capture_progress: Any = None,
 ) -> RunResult:
     """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
     mode = choose_mode(cfg, quiet=quiet)
@@ -114,5 +115,11 @@ def run(
     from uvmlab.simulate import simulate_run
 
     rundir.prepare(force=force)
-    result = simulate_run(cfg, rundir, progress=progress)
+    result = simulate_run(cfg, rundir, progress=progress, capture_progress=capture_progress)
+    eff = result.get("effective_oversub")
+    if not quiet and eff is not None and eff > cfg.oversub * 1.001:
+        note(
+            f"footprint / {cfg.oversub:g} does not fit this GPU's usable memory: simulated at factor {eff:.3g} "
+            "(give a larger --gpu-memory for the requested factor)"
+        )
     return RunResult("sim", path, result)

@@ -184,9 +184,14 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
     return res, result
 
 
-def simulate_run(cfg: RunConfig, rundir: RunDir, progress: Any = None, figures: bool = True) -> dict:
-    """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last)."""
-    prep = prepare(cfg)
+def simulate_run(
+    cfg: RunConfig, rundir: RunDir, progress: Any = None, figures: bool = True, capture_progress: Any = None
+) -> dict:
+    """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last).
+
+    ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
+    """
+    prep = prepare(cfg, progress=capture_progress)
     res, result = simulate_prepared(cfg, prep, progress)
     rundir.write_json(rundir.config_json, {"run": cfg.to_dict(), "mode": "sim"})
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))

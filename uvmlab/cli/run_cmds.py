@@ -178,7 +178,14 @@ def run_command(
         "nsys": nsys,
         "alloc_conf": alloc_conf,
     }
-    res = run(cfg, out=out, force=force, gpu_options=gpu_flags, progress=_progress())
+    res = run(
+        cfg,
+        out=out,
+        force=force,
+        gpu_options=gpu_flags,
+        progress=_progress("simulating kernels"),
+        capture_progress=_progress("capturing the trace (cached afterwards)"),
+    )
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         note(f"Wrote {res.path}")
@@ -189,7 +196,7 @@ def run_command(
     stdout.print(RunDir(res.path).summary_line())
 
 
-def _progress() -> Any:
+def _progress(label: str) -> Any:
     """A progress callback drawing a rich bar on stderr (transient)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -200,7 +207,7 @@ def _progress() -> Any:
     def update(done: int, total: int) -> None:
         if "p" not in state:
             p = Progress(
-                TextColumn("simulating kernels"),
+                TextColumn(label),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),

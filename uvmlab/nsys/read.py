@@ -24,6 +24,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.nsys import schema as S
+from uvmlab.nsys.jsonexport import json_to_sqlite, looks_like_json_export
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _API_SUFFIX = re.compile(r"_v\d+$")
@@ -37,7 +38,8 @@ _NSYS_MARKERS = (
 )
 
 
-def _check_file(path: Path) -> None:
+def _check_file(path: Path) -> bool:
+    """Raise InputError for an unusable file; True if it is a JSON export (else an SQLite file)."""
     if not path.exists():
         raise InputError(f"{path} not found: give the .sqlite file written by `nsys export --type sqlite`")
     if not path.is_file():
@@ -48,6 +50,8 @@ def _check_file(path: Path) -> None:
             header = fh.read(100)
     except OSError as exc:
         raise InputError(f"{path} cannot be read ({exc.strerror}): check its permissions") from None
+    if looks_like_json_export(header):
+        return True
     if path.suffix == ".nsys-rep" or (header[:4] != b"SQLi" and path.suffix in (".qdrep", ".nsys-rep")):
         raise InputError(
             f"{path} is an Nsight Systems report, not its SQLite export: run `nsys export --type sqlite {path}` first"
@@ -68,17 +72,22 @@ def _check_file(path: Path) -> None:
         raise InputError(
             f"{path} is truncated ({size} of {page_count * page_size} bytes): copy or export the report again"
         )
+    return False
 
 
 class Export:
-    """One nsys SQLite export opened read-only; use as a context manager or call ``close()``."""
+    """One nsys SQLite export opened read-only (or a JSON export's GPU faults, converted in memory: see
+    uvmlab.nsys.jsonexport); use as a context manager or call ``close()``."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        _check_file(self.path)
+        self.in_memory = _check_file(self.path)  # a JSON export, converted into an in-memory database
         uri = self.path.resolve().as_uri() + "?mode=ro&immutable=1"
         try:
-            self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            if self.in_memory:
+                self.conn = json_to_sqlite(self.path)
+            else:
+                self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
             self.conn.execute("PRAGMA query_only = 1")
             rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         except sqlite3.DatabaseError as exc:
@@ -94,7 +103,11 @@ class Export:
         self._counts: dict[str, int | None] = {}
         self.warnings: list[str] = []
         try:
-            self.version = S.detect_version(self.conn, self.tables)
+            self.version = (
+                S.VersionInfo(None, None, "JSON export (no version recorded)")
+                if self.in_memory
+                else S.detect_version(self.conn, self.tables)
+            )
             self.flags = S.read_capture_flags(self.conn, self.tables)
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{self.path} is damaged ({exc}): export the report again") from None

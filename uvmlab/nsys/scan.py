@@ -119,6 +119,22 @@ class Partial:
     i: dict[str, np.ndarray]
     outside: dict[str, dict[str, int]]
     scan: FaultScan
+    copies: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (virtualAddress, [d2h,h2d,dd,hd])
+
+    def copy_frame(self) -> pd.DataFrame:
+        """um_sum's copy part: per virtualAddress DtoH/HtoD bytes and summed durations (columns a,cpu,gpu,d2h,h2d,
+        dd,hd)."""
+        cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
+        if not self.copies:
+            return pd.DataFrame(columns=cols)
+        keys = np.concatenate([k for k, _ in self.copies])
+        vals = np.concatenate([v for _, v in self.copies])
+        uniq, inv = np.unique(keys, return_inverse=True)
+        sums = np.stack([np.bincount(inv, weights=vals[:, j], minlength=len(uniq)) for j in range(4)], axis=1)
+        sums = sums.astype(np.int64)
+        return pd.DataFrame(
+            {"a": uniq, "cpu": 0, "gpu": 0, "d2h": sums[:, 0], "h2d": sums[:, 1], "dd": sums[:, 2], "hd": sums[:, 3]}
+        )
 
     @classmethod
     def empty(cls, router: Router, has_address: bool = True) -> Partial:
@@ -138,6 +154,7 @@ class Partial:
             for c, v in b.items():
                 mine[c] += v
         self.scan.merge(other.scan)
+        self.copies += other.copies
 
 
 def route(r: Router, part: Partial, s, e, pid, dev, weights: dict[str, np.ndarray]) -> None:
@@ -216,20 +233,21 @@ def scan_faults(
 def scan_migrations(
     ex: Export, r: Router, part: Partial, chunk_rows: int, progress: Callable[[int], None] | None = None
 ) -> None:
-    """Route the UM HtoD/DtoH migration rows into ``part``."""
+    """Route the UM HtoD/DtoH migration rows into ``part``; also sums them per virtualAddress (for um_sum)."""
     t = S.MEMCPY
     kinds = f"{S.COPY_KIND_UVM_HTOD},{S.COPY_KIND_UVM_DTOH}"
     sql = (
         f'SELECT start, "end", coalesce({ex.col(t, "globalPid", "0")}, 0), deviceId, coalesce(bytes, 0), '
-        f"copyKind FROM {t} WHERE copyKind IN ({kinds})"
+        f"copyKind, coalesce({ex.col(t, 'virtualAddress', '-1')}, -1) FROM {t} WHERE copyKind IN ({kinds})"
     )
-    dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "b", "k")])
+    dt = np.dtype([(c, np.int64) for c in ("s", "e", "g", "d", "b", "k", "va")])
     for rows in ex.iter_rows(sql, chunk_rows):
         if progress is not None:
             progress(len(rows))
         arr = np.fromiter(rows, dtype=dt, count=len(rows))
         pid = (arr["g"] >> S.PID_SHIFT) & S.PID_MASK
         h = arr["k"] == S.COPY_KIND_UVM_HTOD
+        dur = arr["e"] - arr["s"]
         route(
             r,
             part,
@@ -244,6 +262,12 @@ def scan_migrations(
                 "dtoh_bytes": np.where(~h, arr["b"], 0),
             },
         )
+        known = arr["va"] >= 0  # rows without a virtual address (NULL, or schema < 2022) are not per-address
+        if known.any():
+            vals = np.stack(
+                [np.where(~h, arr["b"], 0), np.where(h, arr["b"], 0), np.where(~h, dur, 0), np.where(h, dur, 0)], axis=1
+            )[known]
+            part.copies.append((arr["va"][known], vals))
 
 
 def _fault_part(path: str, lo: int, hi: int, r: Router, chunk_rows: int, has_address: bool) -> Partial:
@@ -273,7 +297,7 @@ def scan_faults_all(
     processes when the table has several chunks and the machine several CPUs. ``meanwhile`` (e.g. the migration
     scan) runs in this process while the workers read."""
     rows = ex.row_count(S.GPU_FAULTS) or 0
-    workers = workers_for(rows, chunk_rows)
+    workers = 1 if ex.in_memory else workers_for(rows, chunk_rows)  # workers reopen the file: SQLite only
     if workers <= 1:
         if rows:
             scan_faults(ex, r, part, chunk_rows, progress)

@@ -268,7 +268,11 @@ def collection_status(table: str, row_count: int | None, flags: CaptureFlags, ha
     if flag is None:
         if exists:
             return "zero", "the table exists and is empty"
-        why = "no META_DATA_CAPTURE (schema < 3.4)" if not flags.present else f"no {FLAG_FOR_TABLE.get(table)} key"
+        why = (
+            "no META_DATA_CAPTURE (schema < 3.4, or a JSON export)"
+            if not flags.present
+            else f"no {FLAG_FOR_TABLE.get(table)} key"
+        )
         return "unknown", f"table absent and {why}: cannot tell 'not collected' from 'none occurred'"
     if has_gpu_work or exists:
         return "zero", f"{FLAG_FOR_TABLE[table]}=true and no rows (lazy export omits empty tables)"

@@ -8,8 +8,10 @@ Counting rules (reference/nsys.md §0, §2.3, §4):
 * A figure whose source was not collected (or cannot be known) is ``None`` and prints "n/a", never 0
   (status rules in ``uvmlab.nsys.schema``).
 
-Totals are aggregated in SQLite; attribution reads the fault table in chunks of ``chunk_rows`` rows (bounded
-memory) and assigns each chunk with ``uvmlab.nsys.attribute.assign``.
+Totals by copy kind and cause are aggregated in SQLite; fault totals and per-address sums come from the attribution
+pass, which reads the fault table in chunks of ``chunk_rows`` rows (bounded
+memory, optionally in worker processes: ``uvmlab.nsys.scan``) and assigns each chunk with
+``uvmlab.nsys.attribute.assign``.
 
 Iterations come from NVTX ranges whose text matches ``iteration_pattern`` (default ``iteration N``, as uvmlab's
 GPU runner emits). NVTX ranges are CPU-side, so a kernel belongs to the iteration whose range contains the CPU
@@ -394,6 +396,7 @@ def attribute(
         "inside_kernels": inside,
         "outside": dict(sorted(outside.items(), key=lambda kv: -kv[1]["fault_records"])),
         "fault_scan": scan,
+        "copy_frame": acc.copy_frame(),
     }
     return kdf, idf, buckets
 
@@ -541,7 +544,6 @@ def summarize(
 
     def copy_queries() -> None:  # SQL over the copy table, overlapped with the fault scan
         pre["migrations"] = migration_totals(ex)
-        pre["copy_frames"] = um_sum_copy_frames(ex)
 
     kernels, iterations, buckets = attribute(ex, iteration_pattern, chunk_rows, progress, meanwhile=copy_queries)
     mem_known = collection["memory_usage"]["status"] in ("collected", "zero")
@@ -554,7 +556,9 @@ def summarize(
         migrations=pre["migrations"],
         um_total_sum=um_total_sum(ex, scan, pre["migrations"]),
         um_sum=um_sum(
-            ex, gpu_by_address=scan.by_address() if scan.has_address else None, copy_frames=pre["copy_frames"]
+            ex,
+            gpu_by_address=scan.by_address() if scan.has_address else None,
+            copy_frames=[buckets["copy_frame"]] if "virtualAddress" in ex.columns(S.MEMCPY) else [],
         ),
         attribution={
             "kernels": len(kernels),

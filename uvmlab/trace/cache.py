@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -37,9 +38,7 @@ def cache_root() -> Path:
 
 
 def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True) -> str:
-    """Stable hash naming the cache entry of ``cfg`` captured on ``device``."""
-    import torch
-
+    """Stable hash naming the cache entry of ``cfg`` captured on ``device`` (cheap: does not import torch)."""
     from workloads.registry import load_workload
 
     spec = load_workload(cfg.workload)
@@ -47,7 +46,7 @@ def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = Tr
         "config": cfg.to_dict(),
         "device": device,
         "emulate_cuda": emulate_cuda,
-        "torch": torch.__version__,
+        "torch": _torch_version(),
         "schema": SCHEMA_VERSION,
         "capture": CAPTURE_VERSION,
         "source": spec.source_digest,
@@ -56,18 +55,26 @@ def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = Tr
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def _torch_version() -> str:
+    """The installed torch version from its package metadata, without importing torch (~5 s on a cold start)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def get_trace(
     cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True, progress: ProgressFn | None = None
 ) -> Trace:
     """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable."""
-    from uvmlab.trace.capture import capture_trace
-
     entry = cache_root() / cache_key(cfg, device, emulate_cuda)
     if (entry / "trace.json").is_file():
         try:
             return read_trace(entry)
         except InputError:
             shutil.rmtree(entry, ignore_errors=True)  # corrupt: capture again
+    from uvmlab.trace.capture import capture_trace  # imports torch: only on a cache miss
+
     trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=emulate_cuda)
     try:
         _store(trace, entry)
