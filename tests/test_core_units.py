@@ -122,3 +122,14 @@ def test_rundir_complete_only_after_result_and_refuses_overwrite(tmp_path) -> No
     assert not rd.is_complete()
     with pytest.raises(InputError, match="no table"):
         rd.read_table("iterations")
+
+
+def test_atomic_files_get_normal_permissions(tmp_path) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "shared.json"
+    atomic_write_json(path, {})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask

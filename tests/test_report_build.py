@@ -172,3 +172,15 @@ def test_results_table_has_config_and_result_columns(sweep_dir: Path) -> None:
     ):
         assert col in df.columns, col
     assert df.loc[df["cfg_workload"] == "alexnet", "cfg_batch_size"].eq(2).all()
+
+
+def test_sweep_collect_rebuilds_results(sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(sweep_dir, copy)
+    (copy / "results.parquet").unlink()
+    shutil.rmtree(sorted((copy / "runs").iterdir())[0] / "tables")  # tables do not matter to the results table
+    (sorted((copy / "runs").iterdir())[1] / "result.json").unlink()  # an incomplete run is not a row
+    assert main(["sweep", "collect", str(copy), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rows"] == 11 and data["outcomes"] == {"ok": 11}
+    assert len(pd.read_parquet(copy / "results.parquet")) == 11

@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Any
 
 
+def _default_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _default_file_mode()
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it is renamed onto ``path``."""
@@ -26,6 +35,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, _FILE_MODE)  # mkstemp makes 0600; results are shared like any other file
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():

@@ -262,6 +262,8 @@ class _Progress:
             self._progress.stop()
 
     def update(self, outcome: str) -> None:
+        if outcome == "interrupted":
+            return  # not a result: stays "remaining" (a resumed sweep runs it)
         if outcome == "error":
             self.failed += 1
         else:
