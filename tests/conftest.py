@@ -27,6 +27,12 @@ def real_data() -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never read or write the user's trace cache: each session starts empty, as on a fresh machine."""
+    os.environ["UVMLAB_CACHE"] = str(tmp_path_factory.mktemp("uvmlab-cache"))
+
+
 @pytest.fixture(autouse=True)
 def _stable_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "120")

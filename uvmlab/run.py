@@ -51,10 +51,15 @@ def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:
     return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}-{cfg.config_hash()[:8]}"
 
 
-def choose_mode(cfg: RunConfig, quiet: bool = False) -> str:
-    """Resolve ``cfg.mode`` to "sim" or "gpu" (auto: gpu only where available); say which on stderr."""
+def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> str:
+    """Resolve ``cfg.mode`` to "sim" or "gpu" (auto: gpu only where available); say which on stderr.
+
+    A GPU dry run (``--mode gpu --dry-run``) only prints the plan, so it needs no GPU.
+    """
     if cfg.mode == "sim":
         return "sim"
+    if cfg.mode == "gpu" and dry_run:
+        return "gpu"
     avail = gpu_availability()
     if cfg.mode == "gpu":
         if not avail.available:
@@ -73,6 +78,24 @@ def choose_mode(cfg: RunConfig, quiet: bool = False) -> str:
     return "sim"
 
 
+def _gpu_run_options(gpu_options: Any) -> Any:
+    """``GpuRunOptions`` from the CLI's dict of GPU flags (or pass one through)."""
+    from uvmlab.gpu.runner import GpuRunOptions
+
+    if gpu_options is None:
+        return GpuRunOptions()
+    if not isinstance(gpu_options, dict):
+        return gpu_options
+    given = {k: v for k, v in gpu_options.items() if v not in (None, False)}
+    fp = given.get("footprint")
+    if isinstance(fp, str) and fp not in ("measure", "estimate"):
+        given["footprint"] = parse_bytes(fp)
+    try:
+        return GpuRunOptions(**given)
+    except TypeError as exc:
+        raise InputError(f"GPU run options {sorted(given)} are not all understood by the GPU runner: {exc}") from None
+
+
 def run(
     cfg: RunConfig,
     out: Path | str | None = None,
@@ -83,28 +106,17 @@ def run(
     capture_progress: Any = None,
 ) -> RunResult:
     """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
-    mode = choose_mode(cfg, quiet=quiet)
+    dry_run = bool(
+        gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
+    )
+    mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
     path = Path(out) if out is not None else default_run_dir(cfg)
     rundir = RunDir(path)
     if mode == "gpu":
-        from uvmlab.gpu.runner import GpuRunOptions, run_gpu
+        from uvmlab.gpu.runner import run_gpu
 
-        if gpu_options is None:
-            opts = GpuRunOptions()
-        elif isinstance(gpu_options, dict):
-            given = {k: v for k, v in gpu_options.items() if v not in (None, False)}
-            fp = given.get("footprint")
-            if isinstance(fp, str) and fp not in ("measure", "estimate"):
-                given["footprint"] = parse_bytes(fp)
-            try:
-                opts = GpuRunOptions(**given)
-            except TypeError as exc:
-                raise InputError(
-                    f"GPU run options {sorted(given)} are not all understood by the GPU runner: {exc}"
-                ) from None
-        else:
-            opts = gpu_options
-        if not getattr(opts, "dry_run", False):
+        opts = _gpu_run_options(gpu_options)
+        if not dry_run:
             rundir.prepare(force=force)
         result = run_gpu(cfg, opts, rundir)
         return RunResult("gpu", path, result)

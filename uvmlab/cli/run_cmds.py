@@ -188,7 +188,11 @@ def run_command(
     )
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
-        note(f"Wrote {res.path}")
+        if not res.result.get("dry_run"):
+            note(f"Wrote {res.path}")
+        return
+    if res.result.get("dry_run"):
+        click.echo(res.result["plan"], nl=False)
         return
     print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
     from uvmlab.rundir import RunDir

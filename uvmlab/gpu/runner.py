@@ -108,14 +108,11 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
 
 
 def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]:
-    """Print the plan (works without a GPU: it assumes ``--gpu`` and says so) and return it; nothing runs or is
-    written."""
-    from uvmlab.console import out
-
+    """The plan as a dict (``plan`` holds the printable text); works without a GPU (it assumes ``--gpu`` and says
+    so); nothing runs or is written."""
     status = gpu_status()
     plan = plan_run(cfg, opts, rundir.resolve(), status=status)
     text = format_plan(plan)
-    out.print(text, markup=False, highlight=False, end="")
     return {
         "mode": "gpu",
         "dry_run": True,
