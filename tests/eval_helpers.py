@@ -1,4 +1,4 @@
-"""Synthetic traces and jobs shared by the H8 tests (evaluation, planner, fragmentation, collocation)."""
+"""Synthetic traces and jobs shared by the evaluation tests (evaluation, planner, fragmentation, collocation)."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def test_shim_build_without_compiler_is_one_sentence(tmp_path, monkeypatch, caps
 
 
 def test_run_mode_gpu_without_a_gpu_exits_with_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
-    """End to end through `uvmlab run` (helper H4 wires the command; the reason is gpu_status's)."""
+    """End to end through `uvmlab run`."""
     st = gpu_status()
     if st.available:
         pytest.skip("a GPU is present")

@@ -58,12 +58,10 @@ def _tiny_run() -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     return segments, [trace]
 
 
-def _sim_run() -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]] | None:
-    """A run of H2's caching-allocator simulator, when that module exists."""
-    try:
-        from uvmlab.sim.caching import CachingAllocatorSim
-    except ImportError:
-        return None
+def _sim_run() -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """A run of the caching-allocator simulator."""
+    from uvmlab.sim.caching import CachingAllocatorSim
+
     sim = CachingAllocatorSim(record_events=True)
     live = [sim.malloc(s) for s in (100, 3000, 2 * MiB, 7 * MiB, 30 * MiB, 500)]
     for b in live[::2]:
@@ -129,10 +127,7 @@ def test_memory_viz_accepts_written_snapshot(tmp_path: Path) -> None:
 
 
 def test_simulated_run_exports_and_round_trips(tmp_path: Path) -> None:
-    run = _sim_run()
-    if run is None:
-        pytest.skip("uvmlab.sim.caching (H2) not present yet")
-    segments, traces = run
+    segments, traces = _sim_run()
     assert len(traces[0]) >= 14  # 7 allocs, 3 frees (requested + completed), segment_allocs
     out = write_snapshot(tmp_path / "sim.pickle", segments, traces)
     snap = read_snapshot(out)

@@ -218,12 +218,8 @@ def calibrate_microbench(out: str | os.PathLike[str]) -> dict[str, Any]:
     status = gpu_status()
     if not status.available:
         raise UnavailableError(f"calibrate --microbench needs an NVIDIA GPU: {status.reason}")
-    try:
-        from uvmlab.gpu import microbench
-    except ModuleNotFoundError as exc:
-        if exc.name != "uvmlab.gpu.microbench":
-            raise
-        raise UnavailableError("calibrate --microbench: uvmlab.gpu.microbench is not part of this build") from None
+    from uvmlab.gpu import microbench
+
     result = microbench.run_microbench(out=Path(out))
     if isinstance(result, dict):
         return result

@@ -25,7 +25,6 @@ with every page resident (the seed study's baseline). The time the jobs wait for
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.config import WorkloadConfig
-from uvmlab.errors import InputError, UnavailableError
+from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import GiB
@@ -68,15 +67,6 @@ def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
     return WorkloadConfig(workload=name, **kw)
 
 
-def _optional(module: str, what: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            raise UnavailableError(f"{what} is not available in this uvmlab build ({module} is missing)") from None
-        raise
-
-
 @dataclass
 class Job:
     """One job: its config, its CUDA-level trace and its allocator placement."""
@@ -95,16 +85,12 @@ class Job:
 def prepare_job(
     name: str, trace: Trace, gpu: GpuSpec, allocator: str = "pca", cfg: WorkloadConfig | None = None
 ) -> Job:
-    """Orchestrate ``trace`` for CUDA (when uvmlab.trace.orchestrate is present) and place it with ``allocator``."""
-    notes = []
-    try:
-        orch = _optional("uvmlab.trace.orchestrate", "CUDA orchestration")
-    except UnavailableError as exc:
-        notes.append(f"{exc}: the meta trace is used as is (no cuBLAS/cuDNN workspaces)")
-    else:
-        trace = orch.to_cuda(trace, gpu)
-    placement = _optional("uvmlab.sim.placement", "the allocator simulator (uvmlab.sim.placement)")
-    return Job(name, cfg, trace, placement.place(trace, allocator), notes)
+    """Orchestrate ``trace`` for CUDA (workspaces) and place it with ``allocator``."""
+    from uvmlab.sim.placement import place
+    from uvmlab.trace.orchestrate import to_cuda
+
+    trace = to_cuda(trace, gpu)
+    return Job(name, cfg, trace, place(trace, allocator), [])
 
 
 @dataclass

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -20,8 +20,20 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
         numeric = bool(rows) and all(isinstance(r[i], int | float) or r[i] is None for r in rows)
         table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
-        table.add_row(*("n/a" if v is None else (f"{v:,.4g}" if isinstance(v, float) else str(v)) for v in r))
+        table.add_row(*(_cell(v) for v in r))
     out.print(table)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return str(v)
 
 
 def note(message: str) -> None:

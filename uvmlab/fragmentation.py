@@ -19,7 +19,6 @@ average over its dense and MoE models, up to 100 %).
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +66,8 @@ class Fragmentation:
 
 
 def _pca_placement(trace: Trace, alloc_conf: str) -> Any:
-    try:
-        placement = importlib.import_module("uvmlab.sim.placement")
-    except ModuleNotFoundError as exc:
-        if exc.name == "uvmlab.sim.placement":
-            raise UnavailableError("the allocator simulator (uvmlab.sim.placement) is not available") from None
-        raise
+    from uvmlab.sim import placement
+
     settings = None
     if alloc_conf:
         from uvmlab.sim.allocconf import AllocatorSettings
@@ -138,15 +133,9 @@ def workload_trace(cfg: Any, gpu_name: str = "A100-80GB") -> tuple[Trace, list[s
     """The CUDA-level trace of a workload: captured (cached) and orchestrated for ``gpu_name`` when possible."""
     from uvmlab.gpus import get_gpu
     from uvmlab.trace.cache import get_trace
+    from uvmlab.trace.orchestrate import to_cuda
 
-    trace = get_trace(cfg)
-    try:
-        from uvmlab.trace.orchestrate import to_cuda
-    except ModuleNotFoundError as exc:
-        if exc.name != "uvmlab.trace.orchestrate":
-            raise
-        return trace, ["no uvmlab.trace.orchestrate: the meta trace is used without CUDA workspaces"]
-    return to_cuda(trace, get_gpu(gpu_name)), []
+    return to_cuda(get_trace(cfg), get_gpu(gpu_name)), []
 
 
 def characterize_snapshot(path: str | Path, device: int | None = None, grouping: str = "best") -> Fragmentation:

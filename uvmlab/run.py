@@ -35,11 +35,9 @@ class GpuAvailability:
 
 
 def gpu_availability() -> GpuAvailability:
-    """Whether GPU mode can run here (``uvmlab.gpu.detect.gpu_status``; missing module: unavailable)."""
-    try:
-        from uvmlab.gpu.detect import gpu_status
-    except ModuleNotFoundError:
-        return GpuAvailability(False, "GPU support (uvmlab.gpu.detect) is not installed in this uvmlab")
+    """Whether GPU mode can run here (``uvmlab.gpu.detect.gpu_status``)."""
+    from uvmlab.gpu.detect import gpu_status
+
     status = gpu_status()
     return GpuAvailability(bool(getattr(status, "available", False)), str(getattr(status, "reason", "")))
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from uvmlab import SCHEMA_VERSION, __version__
 from uvmlab.config import RunConfig
-from uvmlab.errors import InputError, InvariantError, UnavailableError
+from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import GpuSpec, get_gpu
 from uvmlab.rundir import RunDir
 from uvmlab.sim.timing import CostParams
@@ -52,13 +52,11 @@ def run_gpu_spec(cfg: RunConfig) -> GpuSpec:
 
 
 def _pipeline() -> tuple[Any, Any, Any]:
-    """The three upstream functions, imported lazily (capture needs torch; a missing module is named)."""
-    try:
-        from uvmlab.sim.placement import place
-        from uvmlab.trace.cache import get_trace
-        from uvmlab.trace.orchestrate import to_cuda
-    except ModuleNotFoundError as exc:  # a part of uvmlab not built yet
-        raise UnavailableError(f"the simulator pipeline needs {exc.name}, which this uvmlab does not have") from None
+    """The three upstream functions, imported lazily (capture needs torch)."""
+    from uvmlab.sim.placement import place
+    from uvmlab.trace.cache import get_trace
+    from uvmlab.trace.orchestrate import to_cuda
+
     return get_trace, to_cuda, place
 
 

@@ -41,12 +41,7 @@ def cli() -> None:
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"uvmlab.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"uvmlab.cli.{name}":
-                continue  # a command family not built yet
-            raise
+        module = importlib.import_module(f"uvmlab.cli.{name}")
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -19,12 +19,11 @@ trace with ``uvmlab.trace.cache.get_trace`` (torch) the first time a baseline ne
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from uvmlab.config import WorkloadConfig
-from uvmlab.errors import InputError, UnavailableError
+from uvmlab.errors import InputError
 from uvmlab.evaluate.bfc import BfcArena
 from uvmlab.trace.schema import Trace
 
@@ -52,8 +51,9 @@ class EvalCase:
         if self.trace is None:
             if self.workload is None:
                 raise InputError(f"case {self.case_id}: neither a trace nor a workload to estimate")
-            cache = _optional("uvmlab.trace.cache", "trace capture (uvmlab.trace.cache.get_trace)")
-            self.trace = cache.get_trace(self.workload)
+            from uvmlab.trace.cache import get_trace
+
+            self.trace = get_trace(self.workload)
         return self.trace
 
     def get_cuda_trace(self) -> Trace:
@@ -62,8 +62,9 @@ class EvalCase:
         trace = self.get_trace()
         if self.workload is None:
             return trace
-        orch = _optional("uvmlab.trace.orchestrate", "CUDA orchestration (uvmlab.trace.orchestrate.to_cuda)")
-        return orch.to_cuda(trace, _case_gpu(self))
+        from uvmlab.trace.orchestrate import to_cuda
+
+        return to_cuda(trace, _case_gpu(self))
 
 
 def _case_gpu(case: EvalCase) -> Any:
@@ -79,15 +80,6 @@ class Estimator(Protocol):
     name: str
 
     def estimate(self, case: EvalCase) -> int: ...
-
-
-def _optional(module: str, what: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            raise UnavailableError(f"{what} is not available in this uvmlab build ({module} is missing)") from None
-        raise
 
 
 def shape_inference_peak(trace: Trace) -> int:
@@ -138,8 +130,9 @@ class UvmlabEstimator:
 
     def estimate(self, case: EvalCase) -> int:
         if case.workload is not None:
-            est_mod = _optional("uvmlab.estimate", "the workload estimator (uvmlab.estimate.estimate)")
-            est = est_mod.estimate(
+            from uvmlab.estimate import estimate
+
+            est = estimate(
                 case.workload, _case_gpu(case), allocator=self.allocator, alloc_conf=case.alloc_conf, trace=case.trace
             )
             return int(est.peak_reserved_bytes)
@@ -148,12 +141,11 @@ class UvmlabEstimator:
 
 def placement_peak(trace: Trace, allocator: str, alloc_conf: str = "") -> int:
     """Peak reserved bytes of ``uvmlab.sim.placement.place(trace, allocator)`` (settings from ``alloc_conf``)."""
-    placement = _optional("uvmlab.sim.placement", "the allocator simulator (uvmlab.sim.placement.place)")
-    settings = None
-    if alloc_conf:
-        allocconf = _optional("uvmlab.sim.allocconf", "PYTORCH_CUDA_ALLOC_CONF parsing (uvmlab.sim.allocconf)")
-        settings = allocconf.AllocatorSettings.parse(alloc_conf)
-    result = placement.place(trace, allocator, settings=settings)
+    from uvmlab.sim.allocconf import AllocatorSettings
+    from uvmlab.sim.placement import place
+
+    settings = AllocatorSettings.parse(alloc_conf) if alloc_conf else None
+    result = place(trace, allocator, settings=settings)
     return int(result.peak_reserved_bytes)
 
 

@@ -177,7 +177,7 @@ def _gpu_for(cfg: RunConfig, status: GpuStatus) -> tuple[GpuSpec, int, str, str]
 
 
 def _estimate_footprint(cfg: RunConfig) -> int:
-    from uvmlab import simulate  # helper H4's module; imported lazily (it captures a trace)
+    from uvmlab import simulate  # imported lazily (it captures a trace)
 
     return int(simulate.footprint_bytes(cfg))
 

@@ -58,19 +58,11 @@ SLURM_FIELDS = {
     "additional": dict,
 }
 
-# The seed study's workloads (seeds/003 table 1), used when the workload registry (workloads/registry.py,
-# helper H1) is not importable; the registry is the source of truth when present.
-STUDY_WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
-
 
 def known_workloads() -> tuple[str, ...]:
-    """Built-in workload names: ``workloads.registry.WORKLOADS`` when importable, else the study's six."""
-    try:
-        from workloads.registry import WORKLOADS  # may import torch: only the sweep (not the report) does this
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("workloads", "workloads.registry"):
-            raise
-        return STUDY_WORKLOADS
+    """Built-in workload names (``workloads.registry.WORKLOADS``)."""
+    from workloads.registry import WORKLOADS
+
     return tuple(WORKLOADS)
 
 
