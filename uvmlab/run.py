@@ -104,6 +104,9 @@ def run(
     capture_progress: Any = None,
 ) -> RunResult:
     """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
+    from workloads.registry import load_workload
+
+    load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
     )
