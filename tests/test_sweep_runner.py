@@ -21,7 +21,8 @@ import sweep_fake_run
 from uvmlab.rundir import RunDir
 from uvmlab.sweep.aggregate import collect
 from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
-from uvmlab.sweep.spec import SlurmOptions, parse_spec
+from uvmlab.sweep.slurm import SlurmOptions
+from uvmlab.sweep.spec import parse_spec
 
 
 @pytest.fixture

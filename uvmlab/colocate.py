@@ -103,8 +103,8 @@ class _Stream:
 
 
 def _job_stream(job: Job, range_base: int) -> _Stream:
-    # the retained-copy rule of `uvmlab run` (one definition: uvmlab.sim.uvm_replay, private name)
-    from uvmlab.sim.uvm_replay import _copy_kernels
+    # the retained-copy rule of `uvmlab run` (one definition: uvmlab.sim.uvm_replay)
+    from uvmlab.sim.uvm_replay import copy_kernels
 
     p = job.placement
     ranges = p.ranges
@@ -135,7 +135,7 @@ def _job_stream(job: Job, range_base: int) -> _Stream:
         strict=True,
     ):
         per_kernel.setdefault(int(kid), []).append((range_base + int(rid), int(off), int(size), bool(w)))
-    copies = set(_copy_kernels(job.trace).tolist())
+    copies = set(copy_kernels(job.trace).tolist())
     for k in job.trace.kernels.itertuples(index=False):
         kid = int(k.kernel_id)
         accs = per_kernel.get(kid, [])

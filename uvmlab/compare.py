@@ -28,7 +28,7 @@ import pandas as pd
 from uvmlab.atomic import atomic_write_json, atomic_write_with
 from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
-from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS
+from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
 
 NUMERIC_RESULT_KEYS = tuple(
     k for k in RESULT_KEYS if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
@@ -139,18 +139,6 @@ def footprints(run: Run) -> dict[str, int | None]:
     }
 
 
-def _cell(v: Any) -> Any:
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float | np.floating) and np.isnan(v):
-        return None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.floating):
-        return float(v)
-    return v
-
-
 def _side_by_side(a: pd.DataFrame, b: pd.DataFrame, key: list[str], cols: tuple[str, ...]) -> pd.DataFrame:
     cols = tuple(c for c in cols if c in a.columns or c in b.columns)
     left = a.reindex(columns=[*key, *cols])
@@ -161,7 +149,9 @@ def _side_by_side(a: pd.DataFrame, b: pd.DataFrame, key: list[str], cols: tuple[
     m = m.sort_values(["_order_a", "_order_b"], na_position="last").drop(columns=["_order_a", "_order_b"])
     m = m.reset_index(drop=True)
     for c in cols:
-        m[f"{c}_rel_error"] = [rel_error(_cell(x), _cell(y)) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"], strict=True)]
+        m[f"{c}_rel_error"] = [
+            rel_error(cell_value(x), cell_value(y)) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"], strict=True)
+        ]
     return m
 
 
@@ -206,7 +196,7 @@ class Comparison:
             if df is None:
                 return None
             d = df if limit is None else df.head(limit)
-            return [{k: _cell(v) for k, v in r.items()} for r in d.to_dict("records")]
+            return [{k: cell_value(v) for k, v in r.items()} for r in d.to_dict("records")]
 
         return {
             "run_a": str(self.a.path),
@@ -225,9 +215,11 @@ class Comparison:
         """Printable tables: totals, footprint, per iteration, per kernel (first 20)."""
         out = []
         cols = ["figure", "A", "B", "rel_error"]
-        rows = [[r.figure, _cell(r.a), _cell(r.b), _cell(r.rel_error)] for r in self.totals.itertuples()]
+        rows = [[r.figure, cell_value(r.a), cell_value(r.b), cell_value(r.rel_error)] for r in self.totals.itertuples()]
         out.append((f"Totals: A = {self.a.label}, B = {self.b.label}", cols, rows))
-        rows = [[r.figure, _cell(r.a), _cell(r.b), _cell(r.rel_error)] for r in self.footprint.itertuples()]
+        rows = [
+            [r.figure, cell_value(r.a), cell_value(r.b), cell_value(r.rel_error)] for r in self.footprint.itertuples()
+        ]
         out.append(("Footprint (bytes)", cols, rows))
         if self.iterations is not None and len(self.iterations):
             c = ["iteration"]
@@ -235,13 +227,13 @@ class Comparison:
                 c += [f"{k}_a", f"{k}_b", f"{k}_rel_error"]
             c = [x for x in c if x in self.iterations.columns]
             out.append(
-                ("Per iteration", c, [[_cell(v) for v in r] for r in self.iterations[c].itertuples(index=False)])
+                ("Per iteration", c, [[cell_value(v) for v in r] for r in self.iterations[c].itertuples(index=False)])
             )
         if self.kernels is not None and len(self.kernels):
             key = [x for x in ("name", "occurrence", "position", "name_a", "name_b") if x in self.kernels.columns]
             c = key + [f"{k}{s}" for k in ("duration_ns", "fault_count") for s in ("_a", "_b", "_rel_error")]
             c = [x for x in c if x in self.kernels.columns]
-            body = [[_cell(v) for v in r] for r in self.kernels[c].head(20).itertuples(index=False)]
+            body = [[cell_value(v) for v in r] for r in self.kernels[c].head(20).itertuples(index=False)]
             out.append((f"Per kernel ({self.kernel_match}; first 20 of {len(self.kernels)})", c, body))
         return out
 

@@ -37,8 +37,9 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
 
     from uvmlab.console import err
     from uvmlab.nsys import schema as S
+    from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.read import open_export
-    from uvmlab.nsys.stats import DEFAULT_ITERATION_PATTERN, summarize
+    from uvmlab.nsys.stats import summarize
     from uvmlab.nsys.tables import summary_csv_rows, summary_tables
 
     with open_export(report) as ex:
@@ -68,8 +69,8 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
+    from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.measured import import_export
-    from uvmlab.nsys.stats import DEFAULT_ITERATION_PATTERN
 
     rd, result = import_export(
         report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN

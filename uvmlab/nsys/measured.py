@@ -27,8 +27,9 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.nsys import schema as S
 from uvmlab.nsys.attribute import assign, group_key
+from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
 from uvmlab.nsys.read import Export, open_export
-from uvmlab.nsys.stats import DEFAULT_ITERATION_PATTERN, Summary, summarize
+from uvmlab.nsys.stats import Summary, summarize
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import RESULT_KEYS, check_table
 

@@ -3,7 +3,7 @@
 ``Router`` holds the (small) interval arrays the events are matched against; ``Partial`` the sums one pass (or one
 part of it) produces; partial results add up, so the GPU fault table can be read in rowid ranges by several worker
 processes (``scan_faults_parallel``) and merged. Sums are integers, so the result does not depend on the order in
-which parts finish. The attribution rules are those of ``uvmlab.nsys.attribute`` and ``uvmlab.nsys.stats``.
+which parts finish. The attribution rules are those of ``uvmlab.nsys.attribute`` and ``uvmlab.nsys.kernel_stats``.
 """
 
 from __future__ import annotations

@@ -55,6 +55,18 @@ def _grouped_bars(
     ax.set_xticks(x, workloads, rotation=20, ha="right")  # type: ignore[attr-defined]
 
 
+def _factor_legend(ax: object) -> None:
+    """The legend of the grouped-bar figures (one entry per oversubscription factor), right of the axes."""
+    ax.legend(  # type: ignore[attr-defined]
+        title="oversubscription factor",
+        fontsize=7,
+        title_fontsize=8,
+        ncol=2,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+
+
 def _mean_by(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return df.groupby(["workload", "oversub", "pca"], dropna=False)[value].mean().reset_index()
 
@@ -90,14 +102,7 @@ def _two_panels(
             _log_y(ax)
         ax.grid(axis="y", alpha=0.3, which="both")
     axes[0].set_ylabel(ylabel)
-    axes[1].legend(
-        title="oversubscription factor",
-        fontsize=7,
-        title_fontsize=8,
-        ncol=2,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-    )
+    _factor_legend(axes[1])
     fig.suptitle(title)
     return fig
 
@@ -149,14 +154,7 @@ def fig4_pca_ratio(df: pd.DataFrame) -> Figure | None:
     ax.set_xlabel("workload")
     ax.set_ylabel("iteration time without PCA / with PCA (x)")
     ax.grid(axis="y", alpha=0.3, which="both")
-    ax.legend(
-        title="oversubscription factor",
-        fontsize=7,
-        title_fontsize=8,
-        ncol=2,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-    )
+    _factor_legend(ax)
     fig.suptitle("Without PCA, relative to with PCA at the same factor (study Fig. 4; > 1: PCA is faster)")
     return fig
 

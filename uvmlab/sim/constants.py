@@ -1,6 +1,6 @@
 """Constants of PyTorch's CUDACachingAllocator, each with its unit and source.
 
-Source short names are those of ``/work/shared/reference/allocator.md`` section 1: PCA-2.5 is
+Source short names are those of ``../shared/reference/allocator.md`` section 1: PCA-2.5 is
 ``pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp`` at 001074d2, PCA-main26 the 2026 main branch.
 """
 

@@ -212,11 +212,10 @@ class _Packer:
 _UNBOUNDED = np.iinfo(np.int64).max // 4
 
 
-def _pack_local(idx: np.ndarray, size: np.ndarray, ts: np.ndarray, te: np.ndarray) -> dict[int, int]:
-    """First fit by address, largest first: relative offsets of the requests ``idx``."""
-    order = sorted(idx.tolist(), key=lambda i: (-int(size[i]), int(ts[i]), i))
-    pk = _Packer(len(order))
-    out: dict[int, int] = {}
+def _pack_in_order(
+    pk: _Packer, order: list[int], size: np.ndarray, ts: np.ndarray, te: np.ndarray, out: dict[int, int]
+) -> dict[int, int]:
+    """Add the requests ``order`` to ``pk`` one at a time at the lowest free offset; record them in ``out``."""
     for i in order:
         off = pk.fit(int(size[i]), int(ts[i]), int(te[i]), _UNBOUNDED)
         if off is None:
@@ -224,6 +223,12 @@ def _pack_local(idx: np.ndarray, size: np.ndarray, ts: np.ndarray, te: np.ndarra
         pk.add(off, int(size[i]), int(ts[i]), int(te[i]))
         out[i] = off
     return out
+
+
+def _pack_local(idx: np.ndarray, size: np.ndarray, ts: np.ndarray, te: np.ndarray) -> dict[int, int]:
+    """First fit by address, largest first: relative offsets of the requests ``idx``."""
+    order = sorted(idx.tolist(), key=lambda i: (-int(size[i]), int(ts[i]), i))
+    return _pack_in_order(_Packer(len(order)), order, size, ts, te, {})
 
 
 @dataclass
@@ -286,13 +291,8 @@ def _fuse(locals_: list[_Local], size: np.ndarray, ts: np.ndarray, te: np.ndarra
         pk = _Packer(len(big.members) + len(small.members))
         for i in big.members:
             pk.add(big.offsets[i], int(size[i]), int(ts[i]), int(te[i]))
-        offsets = dict(big.offsets)
-        for i in sorted(small.members, key=lambda i: (int(ts[i]), i)):
-            off = pk.fit(int(size[i]), int(ts[i]), int(te[i]), _UNBOUNDED)
-            if off is None:
-                raise InvariantError("planner: no offset under an unbounded limit")
-            pk.add(off, int(size[i]), int(ts[i]), int(te[i]))
-            offsets[i] = off
+        order = sorted(small.members, key=lambda i: (int(ts[i]), i))
+        offsets = _pack_in_order(pk, order, size, ts, te, dict(big.offsets))
         cand = _Local(big.members + small.members, offsets, target.ps, g.pe)
         (t1, w1), (t2, w2), (tc, _) = target.tmp(size, ts, te), g.tmp(size, ts, te), cand.tmp(size, ts, te)
         if tc > (t1 * w1 + t2 * w2) / max(w1 + w2, 1.0):

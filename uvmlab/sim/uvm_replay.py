@@ -83,8 +83,13 @@ class ReplayResult:
     api_calls: dict[str, int] = field(default_factory=dict)
 
 
-def _copy_kernels(trace: Trace) -> np.ndarray:
-    """kernel_ids of retained-copy kernels (see the module docstring)."""
+def copy_kernels(trace: Trace) -> np.ndarray:
+    """kernel_ids (int64, ascending) of the trace's retained host-to-device copy kernels.
+
+    A kernel in phase ``setup`` or ``data`` (COPY_PHASES) whose every written allocation is of category ``input``
+    or ``parameter`` (COPY_CATEGORIES) stands for the ``cudaMemcpyAsync`` that fills that tensor on a real run
+    (see the module docstring). The replay (and ``uvmlab.colocate``) simulate these as copies, not kernels.
+    """
     k, acc, al = trace.kernels, trace.accesses, trace.allocations
     cand = k.loc[k["phase"].isin(COPY_PHASES), "kernel_id"]
     if cand.empty:
@@ -155,7 +160,7 @@ def replay(
     live_val = live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
     allocated_bytes = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
-    is_copy = np.isin(kid, _copy_kernels(trace))
+    is_copy = np.isin(kid, copy_kernels(trace))
 
     # allocator events (map/unmap), in seq order
     r_id = ranges["range_id"].to_numpy(dtype=np.int64)

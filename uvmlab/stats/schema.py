@@ -14,6 +14,9 @@ Tables of a run directory (``RunDir.table(name)``):
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
@@ -90,6 +93,20 @@ def check_table(name: str, df: pd.DataFrame, source: str = "") -> pd.DataFrame:
 
 
 # Scalar keys of result.json shared by simulated and measured runs (docs/result-json.md documents each).
+def cell_value(v: Any) -> Any:
+    """A table cell as a plain Python value for JSON: numpy integers and floats become int and float, and a figure
+    that was not collected (None, NaN, pd.NA) becomes None; anything else is returned unchanged."""
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, float | np.floating) and np.isnan(v):
+        return None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
 RESULT_KEYS: tuple[str, ...] = (
     "schema_version",
     "mode",  # "sim" | "gpu" | "measured" (imported from an nsys export)

@@ -36,7 +36,8 @@ from typing import Any
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, UnavailableError
 from uvmlab.rundir import RunDir
-from uvmlab.sweep.spec import SlurmOptions, SweepSpec
+from uvmlab.sweep.slurm import SlurmOptions
+from uvmlab.sweep.spec import SweepSpec
 from uvmlab.sweep.worker import run_chunk, run_lock, run_one
 
 EXECUTORS = ("local", "slurm", "submitit-local")

@@ -32,6 +32,7 @@ import yaml
 from uvmlab.config import ATTENTION_IMPLS, DTYPES, MODES, OPTIMIZERS, ZERO_GRAD_POSITIONS, RunConfig, WorkloadConfig
 from uvmlab.config import check_oversub as _check_oversub
 from uvmlab.errors import InputError
+from uvmlab.sweep.slurm import SLURM_FIELDS, SlurmOptions, check_slurm_field
 from uvmlab.units import parse_bytes
 
 SPEC_VERSION = 1
@@ -42,48 +43,12 @@ RUN_FIELDS = ("oversub", "pca", "mode", "gpu", "gpu_memory", "prefetch", "params
 CONFIG_FIELDS = WORKLOAD_FIELDS + RUN_FIELDS
 """Fields of one configuration; also ``sim.<knob>`` (into sim_options) and ``option.<key>`` (into options)."""
 
-SLURM_FIELDS = {
-    "partition": str,
-    "time_min": int,
-    "gpus_per_task": int,
-    "cpus_per_task": int,
-    "mem_gb": (int, float),
-    "configs_per_task": int,
-    "array_parallelism": int,
-    "account": str,
-    "qos": str,
-    "constraint": str,
-    "exclusive": bool,
-    "setup": list,
-    "additional": dict,
-}
-
 
 def known_workloads() -> tuple[str, ...]:
     """Built-in workload names (``workloads.registry.WORKLOADS``)."""
     from workloads.registry import WORKLOADS
 
     return tuple(WORKLOADS)
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """Resources asked of Slurm (spec ``slurm:`` section; the command line overrides)."""
-
-    partition: str | None = None
-    time_min: int = 60
-    gpus_per_task: int | None = None
-    """None: 1 for GPU-mode configurations, 0 for simulation-only sweeps."""
-    cpus_per_task: int = 2
-    mem_gb: float | None = None
-    configs_per_task: int = 1
-    array_parallelism: int = 64
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclusive: bool | None = None
-    setup: tuple[str, ...] = ()
-    additional: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -305,17 +270,10 @@ def _parse_slurm(where: _Where, node: yaml.Node) -> SlurmOptions:
         p = _join("slurm", key)
         if key not in SLURM_FIELDS:
             raise where.error(key_node, p, f"unknown field; known fields: {', '.join(SLURM_FIELDS)}")
-        value = _construct(value_node)
-        want = SLURM_FIELDS[key]
-        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
-            raise where.error(value_node, p, f"has the wrong type ({value!r})")
-        if want is int and value < (0 if key == "gpus_per_task" else 1):
-            raise where.error(value_node, p, f"must be >= {0 if key == 'gpus_per_task' else 1}, not {value!r}")
-        if key == "setup":
-            if not all(isinstance(s, str) for s in value):
-                raise where.error(value_node, p, "must be a list of shell lines")
-            value = tuple(value)
-        values[key] = value
+        try:
+            values[key] = check_slurm_field(key, _construct(value_node))
+        except InputError as exc:
+            raise where.error(value_node, p, str(exc)) from None
     return SlurmOptions(**values)
 
 

@@ -3,7 +3,7 @@
 The trace captured on ``meta`` (uvmlab/trace/capture.py) already runs the same Python program a GPU would, with
 CUDA's choices emulated at capture time (foreach Adam/AdamW, efficient/flash SDPA: see ``trace.header["notes"]``),
 so this module does NOT touch those. What a capture device cannot show, and what this module adds or enforces,
-follows xMem's "Memory Orchestrator" (seed /work/shared/seeds/000_c806bc4d9cb08112.txt, section 3.3) and
+follows xMem's "Memory Orchestrator" (seed ../shared/seeds/000_c806bc4d9cb08112.txt, section 3.3) and
 reference/allocator.md sections 2.18 and 6:
 
 - ``persist_parameters``: parameters live for the whole run (xMem rule 1, ``model.to(device)``).
