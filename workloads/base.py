@@ -95,3 +95,16 @@ def positive(name: str, opts: Mapping[str, Any], *keys: str) -> None:
     for key in keys:
         if opts[key] < 1:
             raise InputError(f"workload {name} option {key} must be >= 1, not {opts[key]!r}")
+
+
+def token_lm_workload(name: str, model: Any, dev: Any, batch: int, seq: int, vocab: int) -> Workload:
+    """A language-model workload: random token ids of shape (batch, seq) are both the input and the labels."""
+    import torch
+
+    def make_batch() -> torch.Tensor:
+        return torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=ids, labels=ids).loss
+
+    return Workload(name, model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)

@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, positive
+from workloads.base import Workload, positive, token_lm_workload
 
 BERT_OPTIONS: dict[str, Any] = {
     "seq_len": 512,
@@ -48,12 +48,4 @@ def build_bert(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
         model = BertForMaskedLM(config)
     model.train()
     batch = cfg.batch_size if cfg.batch_size is not None else 16
-    seq, vocab = opts["seq_len"], opts["vocab_size"]
-
-    def make_batch() -> torch.Tensor:
-        return torch.randint(0, vocab, (batch, seq), device=dev)
-
-    def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return m(input_ids=ids, labels=ids).loss
-
-    return Workload("bert", model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)
+    return token_lm_workload("bert", model, dev, batch, opts["seq_len"], opts["vocab_size"])

@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, positive
+from workloads.base import Workload, positive, token_lm_workload
 
 GPT2_OPTIONS: dict[str, Any] = {
     "seq_len": 1024,
@@ -46,12 +46,4 @@ def build_gpt2(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
     model.loss_type = "ForCausalLM"  # what transformers falls back to anyway, minus its warning
     model.train()
     batch = cfg.batch_size if cfg.batch_size is not None else 8
-    seq, vocab = opts["seq_len"], opts["vocab_size"]
-
-    def make_batch() -> torch.Tensor:
-        return torch.randint(0, vocab, (batch, seq), device=dev)
-
-    def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return m(input_ids=ids, labels=ids).loss
-
-    return Workload("gpt2", model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)
+    return token_lm_workload("gpt2", model, dev, batch, opts["seq_len"], opts["vocab_size"])
