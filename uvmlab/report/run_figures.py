@@ -73,6 +73,11 @@ def faults_migrations_figure(iterations: pd.DataFrame, title: str = ""):  # type
     a2.set_xlabel("iteration")
     a2.set_ylabel("UM migrations (MiB)")
     a2.legend(fontsize=8)
+    from matplotlib.ticker import StrMethodFormatter
+
+    for ax in (a1, a2):
+        ax.set_xticks(x)  # whole iterations only
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     fig.suptitle(title or "Faults and migrations per iteration", fontsize=10)
     fig.tight_layout()
     return fig
