@@ -137,3 +137,18 @@ def test_evaluate_max_warm(snap_dir: Path, capsys) -> None:
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary[0]["n"] == 3  # the warm kkaitlyn111 trace is admitted
     assert main(["evaluate", str(snap_dir), "--max-warm", "2"]) == 2
+
+
+def test_cli_defaults_match_the_library() -> None:
+    """The CLI keeps its own copies of the estimator names and the warm limit (no pandas at import): same values."""
+    import click
+
+    from uvmlab.cli.eval_cmds import ESTIMATOR_NAMES, evaluate_cmd
+    from uvmlab.evaluate.estimators import ESTIMATORS
+    from uvmlab.evaluate.ground_truth import DEFAULT_SNAPSHOT_GPU_BYTES, MAX_WARM_FRACTION
+    from uvmlab.units import parse_bytes
+
+    params = {p.name: p for p in evaluate_cmd.params if isinstance(p, click.Option)}
+    assert ESTIMATOR_NAMES == ESTIMATORS
+    assert params["max_warm"].default == MAX_WARM_FRACTION
+    assert parse_bytes(params["gpu_memory"].default) == DEFAULT_SNAPSHOT_GPU_BYTES

@@ -94,21 +94,27 @@ def test_bad_params_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "unknown fields" in capsys.readouterr().err
 
 
-def test_mode_gpu_without_gpu_is_unavailable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from uvmlab.run import gpu_availability
+def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``gpu_availability`` report no GPU, so the no-GPU paths are tested on every machine."""
+    import uvmlab.run as run_mod
+    from uvmlab.gpu.detect import GpuStatus
 
-    if gpu_availability().available:
-        pytest.skip("this machine has a GPU")
+    monkeypatch.setattr(run_mod, "gpu_availability", lambda: GpuStatus(False, "no CUDA device found"))
+
+
+def test_mode_gpu_without_gpu_is_unavailable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_gpu(monkeypatch)
     args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
     assert main(["run", *args, "--mode", "gpu", "-o", str(tmp_path / "g")]) == 2
     assert "--mode gpu needs a CUDA device" in capsys.readouterr().err
 
 
-def test_auto_mode_says_it_simulates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from uvmlab.run import gpu_availability
-
-    if gpu_availability().available:
-        pytest.skip("this machine has a GPU")
+def test_auto_mode_says_it_simulates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_gpu(monkeypatch)
     args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
     assert main(["run", *args, "--oversub", "1.5", "-o", str(tmp_path / "a")]) == 0
     assert "running the simulator (--mode sim)" in capsys.readouterr().err
@@ -142,6 +148,7 @@ def test_gpu_mode_hands_the_flags_to_the_gpu_runner(tmp_path: Path, monkeypatch:
     """With a GPU reported, auto mode picks gpu and builds GpuRunOptions from the CLI flags (runner faked)."""
     import uvmlab.gpu.runner as runner
     import uvmlab.run as run_mod
+    from uvmlab.gpu.detect import GpuStatus
 
     seen: dict = {}
 
@@ -151,7 +158,7 @@ def test_gpu_mode_hands_the_flags_to_the_gpu_runner(tmp_path: Path, monkeypatch:
         rundir.write_json(rundir.result_json, result)
         return result
 
-    monkeypatch.setattr(run_mod, "gpu_availability", lambda: run_mod.GpuAvailability(True, ""))
+    monkeypatch.setattr(run_mod, "gpu_availability", lambda: GpuStatus(True, ""))
     monkeypatch.setattr(runner, "run_gpu", fake_run_gpu)
     args = [a for a in TINY_ARGS if a not in ("--mode", "sim")]
     code = main(

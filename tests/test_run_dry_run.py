@@ -24,9 +24,15 @@ def test_gpu_dry_run_through_the_cli_without_a_gpu(tmp_path, capsys, pca: str) -
     assert not out.exists(), "a dry run writes nothing"
 
 
-def test_gpu_mode_without_gpu_is_one_sentence(capsys) -> None:
+def test_gpu_mode_without_gpu_is_one_sentence(capsys, monkeypatch) -> None:
+    import uvmlab.run as run_mod
+    from uvmlab.gpu.detect import GpuStatus
+
+    # report no GPU on every machine (on a GPU machine this command would otherwise really run)
+    monkeypatch.setattr(run_mod, "gpu_availability", lambda: GpuStatus(False, "no CUDA device found"))
     rc = main(["run", "alexnet", "-b", "8", "-n", "1", "--oversub", "2", "--mode", "gpu"])
     err = capsys.readouterr().err
     assert rc == 2
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+    assert "--mode gpu needs a CUDA device" in err

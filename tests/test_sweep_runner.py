@@ -241,3 +241,17 @@ def test_slurm_without_sbatch_is_unavailable(tmp_path: Path, monkeypatch: pytest
 
     assert main(["sweep", str(spec_path), "-o", str(tmp_path / "out"), "--executor", "slurm"]) == 2
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--gpus", "-1", ">= 0"), ("--time-min", "0", ">= 1")])
+def test_cli_slurm_overrides_follow_the_spec_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(SPEC)
+    from uvmlab.cli import main
+
+    code = main(["sweep", str(spec_path), "-o", str(tmp_path / "out"), "--dry-run", flag, value])
+    assert code == 2
+    assert f"{flag} must be {message}, not {value}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -20,22 +20,23 @@ def spec(text: str) -> str:
     return textwrap.dedent(text).lstrip()
 
 
+GRID_SPEC = spec("""
+    version: 1
+    name: t
+    defaults: {mode: sim, iterations: 1}
+    grid:
+      workload: [{workload: alexnet, batch_size: 2}, gpt2]
+      oversub: [1.0, 2]
+      pca: [on, off]
+    include:
+      - {workload: bert, oversub: [3, 4], pca: on, sim.prefetch_threshold: 51}
+    exclude:
+      - {workload: gpt2, oversub: 2}
+    """)
+
+
 def test_grid_include_exclude_expand_in_order() -> None:
-    s = parse_spec(
-        spec("""
-        version: 1
-        name: t
-        defaults: {mode: sim, iterations: 1}
-        grid:
-          workload: [{workload: alexnet, batch_size: 2}, gpt2]
-          oversub: [1.0, 2]
-          pca: [on, off]
-        include:
-          - {workload: bert, oversub: [3, 4], pca: on, sim.prefetch_threshold: 51}
-        exclude:
-          - {workload: gpt2, oversub: 2}
-        """)
-    )
+    s = parse_spec(GRID_SPEC)
     # 2 workloads x 2 factors x 2 PCA = 8, minus gpt2@2 (2 runs), plus 2 included
     assert len(s.configs) == 8
     first = s.configs[0]
@@ -46,21 +47,7 @@ def test_grid_include_exclude_expand_in_order() -> None:
     assert bert[0].sim_options == {"prefetch_threshold": 51}
     assert all(c.mode == "sim" and c.workload.iterations == 1 for c in s.configs)
     # deterministic: same text, same hashes in the same order
-    again = parse_spec(
-        spec("""
-        version: 1
-        name: t
-        defaults: {mode: sim, iterations: 1}
-        grid:
-          workload: [{workload: alexnet, batch_size: 2}, gpt2]
-          oversub: [1.0, 2]
-          pca: [on, off]
-        include:
-          - {workload: bert, oversub: [3, 4], pca: on, sim.prefetch_threshold: 51}
-        exclude:
-          - {workload: gpt2, oversub: 2}
-        """)
-    )
+    again = parse_spec(GRID_SPEC)
     assert [c.config_hash() for c in s.configs] == [c.config_hash() for c in again.configs]
 
 

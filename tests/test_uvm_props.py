@@ -64,6 +64,7 @@ def test_random_operations_keep_invariants(capacity_mib: int, prefetch: bool, pe
             assert sim.totals.dtoh_bytes >= before
         assert sim.used_bytes <= sim.capacity_bytes
         assert sim.totals.dtoh_bytes <= sim.populated_gpu_bytes
+        assert sim.mapped_bytes == sum(sizes.values())
         sim.check_invariants()
 
 

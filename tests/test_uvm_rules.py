@@ -134,10 +134,15 @@ def test_unmap_destroys_range_without_dtoh() -> None:
     sim.unmap_range(0)
     assert sim.used_bytes == 0
     assert sim.totals.dtoh_bytes == 0
+    assert sim.mapped_bytes == 0
     sim.map_range(1, BLOCK)
+    sim.map_range(2, 3 * PAGE_BYTES)
+    assert sim.mapped_bytes == BLOCK + 3 * PAGE_BYTES  # live ranges' bytes (the memory table's reserved_bytes)
     c = sim.access([(1, 0, BLOCK, True)])  # the freed chunk is reused: no eviction
     assert c.eviction_count == 0
     sim.check_invariants()
+    sim.unmap_range(1)
+    assert sim.mapped_bytes == 3 * PAGE_BYTES
 
 
 def test_read_then_write_same_page_faults_once_as_read() -> None:

@@ -74,6 +74,17 @@ def test_bad_option_values_are_input_errors() -> None:
         load_workload("gpt2").build(WorkloadConfig("gpt2", options={"seq_len": 4096}), "meta")
     with pytest.raises(InputError, match="label_len"):
         load_workload("whisper-small").build(WorkloadConfig("whisper-small", options={"label_len": 449}), "meta")
+    for name, width in (("gpt2", "n_embd"), ("bert", "hidden_size"), ("whisper-small", "d_model")):
+        with pytest.raises(InputError, match=f"{width} \\(100\\) must be a multiple of n_head \\(12\\)"):
+            load_workload(name).build(WorkloadConfig(name, options={width: 100}), "meta")
+
+
+def test_builders_get_the_resolved_batch_size() -> None:
+    """A config without a batch size builds batches of the workload's default size (one source: the spec)."""
+    for name, batch in (("alexnet", 128), ("gpt2", 8), ("whisper-small", 16)):
+        wl = load_workload(name).build(WorkloadConfig(name, options={}), "meta")
+        first = wl.make_batch()
+        assert (first[0] if isinstance(first, tuple) else first).shape[0] == batch, name
 
 
 def test_example_user_workload_loads_and_trains(tmp_path: Path) -> None:

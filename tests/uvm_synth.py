@@ -8,8 +8,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.trace.schema import NEVER_FREED, Trace
-
-MiB = 1 << 20
+from uvmlab.units import MiB
 
 
 def make_trace(n_iter: int = 3, param_mb: int = 8, act_mb: int = 4, n_layers: int = 3) -> Trace:

@@ -36,7 +36,6 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.atomic import atomic_write_json
-from uvmlab.errors import UnavailableError, UvmlabError
 from uvmlab.nsys import schema as S
 from uvmlab.nsys.read import Export, open_export
 from uvmlab.sim.timing import PARAMS_SCHEMA_VERSION, CostParams, transfer_bandwidth
@@ -212,18 +211,8 @@ def calibrate(
 
 
 def calibrate_microbench(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Measure the parameters on this machine's GPU (helper module uvmlab.gpu.microbench); refuses without a GPU."""
-    from uvmlab.gpu.detect import gpu_status
+    """Measure the parameters on this machine's GPU and write them (``uvmlab.gpu.microbench.calibrate_microbench``;
+    refuses with UnavailableError without a GPU or CuPy)."""
+    from uvmlab.gpu.microbench import calibrate_microbench as measure
 
-    status = gpu_status()
-    if not status.available:
-        raise UnavailableError(f"calibrate --microbench needs an NVIDIA GPU: {status.reason}")
-    from uvmlab.gpu import microbench
-
-    result = microbench.run_microbench(out=Path(out))
-    if isinstance(result, dict):
-        return result
-    if isinstance(result, CostParams):
-        result.to_file(out, source="uvmlab calibrate --microbench")
-        return {"schema_version": PARAMS_SCHEMA_VERSION, "params": asdict(result), "fitted": list(asdict(result))}
-    raise UvmlabError(f"uvmlab.gpu.microbench.run_microbench returned {type(result).__name__}, not a parameter set")
+    return measure(Path(out))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uvmlab.atomic import atomic_write_json, atomic_write_with
+from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
@@ -35,7 +35,6 @@ NUMERIC_RESULT_KEYS = tuple(
 )
 PER_ITERATION_COLUMNS = ("duration_ns", *FAULT_COLUMNS)
 PER_KERNEL_COLUMNS = ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes")
-SHIM_LOG_MAGIC = b"UVMLBLOG"
 NAME_MATCH_SHARE = 0.5
 
 
@@ -94,16 +93,16 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 def shim_log_footprint(run_path: Path) -> int | None:
     """Peak live managed bytes from the shim allocation logs in RUN/logs (max over the logs), else from the GPU
     runner's ``shim_allocations`` table, or None if the run has neither."""
+    from uvmlab.gpu.shim import LOG_MAGIC, managed_footprint_bytes, read_alloc_log  # numpy/pandas only, no torch
+
     logs = run_path / "logs"
     peaks: list[int] = []
     for p in sorted(logs.rglob("*")) if logs.is_dir() else []:
         if not p.is_file():
             continue
         with open(p, "rb") as fh:
-            if fh.read(len(SHIM_LOG_MAGIC)) != SHIM_LOG_MAGIC:
+            if fh.read(len(LOG_MAGIC)) != LOG_MAGIC:
                 continue
-        from uvmlab.gpu.shim import managed_footprint_bytes, read_alloc_log  # torch-free; only when a log exists
-
         peaks.append(int(managed_footprint_bytes(read_alloc_log(p))))
     if not peaks:
         peaks = _shim_table_peaks(run_path)
@@ -279,7 +278,6 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]
     ):
         if df is None:
             continue
-        p = out / "tables" / f"{name}.parquet"
         frame = df.copy()
         for c in frame.columns:
             if frame[c].dtype == object:
@@ -288,11 +286,10 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]
                     frame[c] = num.astype(float)
                 else:
                     frame[c] = frame[c].map(lambda v: None if v is None else str(v))
-        atomic_write_with(p, lambda tmp, f=frame: f.to_parquet(tmp, index=False))
-        written.append(p)
+        written.append(RunDir(out).write_table(name, frame))
     from uvmlab.report.compare_figures import plot_comparison
 
-    written += plot_comparison(cmp, out / "figures")
+    written += plot_comparison(cmp, out)
     atomic_write_json(out / "comparison.json", cmp.to_dict())
     written.append(out / "comparison.json")
     return written

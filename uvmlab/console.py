@@ -17,11 +17,15 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     table = Table(title=title, title_justify="left")
     rows = [list(r) for r in rows]
     for i, col in enumerate(columns):
-        numeric = bool(rows) and all(isinstance(r[i], int | float) or r[i] is None for r in rows)
+        numeric = bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
         table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
         table.add_row(*(_cell(v) for v in r))
     out.print(table)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _cell(v: Any) -> str:

@@ -26,10 +26,11 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.config import ALLOCATORS, WorkloadConfig
-from uvmlab.errors import InputError, OutOfMemoryError
+from uvmlab.errors import InputError, InvariantError, OutOfMemoryError
 from uvmlab.gpus import GpuSpec
 from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
 from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.summary import live_by_category, peak_live
 from uvmlab.units import MiB
 
 MARGIN_FRACTION = 0.05
@@ -169,7 +170,6 @@ def recorded_run(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | Non
     ``place()`` does not keep its simulator, so ``--snapshot`` replays once more with ``record_events=True``
     (same models, same event order; :func:`estimate` checks the peaks agree).
     """
-    from uvmlab.errors import InvariantError
     from uvmlab.sim.caching import CachingAllocatorSim
     from uvmlab.sim.device import DeviceSim
     from uvmlab.sim.nocache import NoCacheAllocatorSim
@@ -213,16 +213,6 @@ def _peak_seq(timeline: pd.DataFrame, column: str) -> int | None:
     if timeline.empty:
         return None
     return int(timeline["seq"].iloc[int(timeline[column].to_numpy().argmax())])
-
-
-def live_by_category(trace: Trace, seq: int | None) -> dict[str, int]:
-    """Requested bytes alive right after event ``seq``, per allocation category (parameter, activation, ...)."""
-    if seq is None:
-        return {}
-    a = trace.allocations
-    alive = (a["alloc_seq"] <= seq) & ((a["free_seq"] > seq) | (a["free_seq"] == NEVER_FREED))
-    sums = a.loc[alive].groupby("category")["size_bytes"].sum()
-    return {str(k): int(v) for k, v in sums.items() if v > 0}
 
 
 def estimate(
@@ -288,7 +278,7 @@ def estimate(
         alloc_conf=alloc_conf or "",
         peak_reserved_bytes=peak_reserved,
         peak_allocated_bytes=int(free_run.peak_allocated_bytes),
-        peak_live_bytes=int(cuda.live_bytes().max()) if len(cuda.allocations) else 0,
+        peak_live_bytes=peak_live(cuda)[0],
         peak_reserved_on_gpu_bytes=int(on_gpu.peak_reserved_bytes),
         oom=oom_seq is not None,
         oom_seq=None if oom_seq is None else int(oom_seq),
@@ -320,7 +310,6 @@ def estimate(
 
 def snapshot_dicts(est: Estimate) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     """(segments, device_traces) of the simulated run (as judged on the GPU), for ``write_snapshot``."""
-    from uvmlab.errors import InvariantError
 
     if est.trace is None:
         raise InputError("this estimate carries no trace to export; run estimate() again")
@@ -372,3 +361,21 @@ def plot_curve(est: Estimate, path: str | Path | None = None) -> Any:
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def write_estimate(est: Estimate, rundir: Any, config: dict[str, Any]) -> None:
+    """Write config.json, env.json, the memory_timeline table, the memory_curve figure and result.json (last).
+
+    ``rundir`` is a :class:`uvmlab.rundir.RunDir` the caller has already prepared.
+    """
+    import matplotlib.pyplot as plt
+
+    from uvmlab.simulate import env_info
+
+    rundir.write_json(rundir.config_json, config)
+    rundir.write_json(rundir.env_json, env_info())
+    rundir.write_table("memory_timeline", est.timeline)
+    fig = plot_curve(est)
+    rundir.write_figure("memory_curve", fig)
+    plt.close(fig)
+    rundir.write_json(rundir.result_json, est.to_json())

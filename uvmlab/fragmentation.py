@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import UnavailableError
-from uvmlab.sim.planner import Plan, lower_bound_bytes, plan
+from uvmlab.sim.planner import Plan, plan
 from uvmlab.trace.schema import Trace
 
 STWEAVER_REPORTED = {
@@ -85,7 +85,7 @@ def characterize(
 ) -> Fragmentation:
     """Efficiency and fragmentation of PCA (simulated; recorded when given), the planned allocator and the bound."""
     live = trace.live_bytes()
-    peak_live = lower_bound_bytes(trace)
+    peak_live = int(live.max()) if len(live) else 0  # = uvmlab.sim.planner.lower_bound_bytes(trace)
     notes: list[str] = []
     pl = plan(trace, grouping)
     pl.check_invariants()
@@ -160,8 +160,10 @@ def characterize_source(
     source: str, cfg: Any = None, device: int | None = None, grouping: str = "best", gpu_name: str = "A100-80GB"
 ) -> Fragmentation:
     """Characterize a snapshot pickle, a trace directory, or (else) the workload ``cfg`` (a WorkloadConfig)."""
+    from uvmlab.evaluate.ground_truth import SNAPSHOT_SUFFIXES
+
     src = Path(source)
-    if src.suffix in (".pickle", ".pkl") and src.is_file():
+    if src.suffix in SNAPSHOT_SUFFIXES and src.is_file():
         return characterize_snapshot(src, device, grouping)
     if src.is_dir() and (src / "trace.json").is_file():
         from uvmlab.trace.schema import read_trace

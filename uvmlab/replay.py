@@ -135,16 +135,33 @@ class ReplayReport:
         }
 
 
+class _ActionCount:
+    """How many entries of a growing ``segment_events`` list have an action in ``actions`` (counted incrementally,
+    so asking after every event stays linear in the list's length)."""
+
+    def __init__(self, actions: tuple[str, ...]):
+        self.actions = actions
+        self.seen = 0
+        self.count = 0
+
+    def __call__(self, events: list[tuple[Any, ...]]) -> int:
+        if len(events) > self.seen:
+            self.count += sum(1 for e in events[self.seen :] if e[1] in self.actions)
+            self.seen = len(events)
+        return self.count
+
+
 class _Oracle:
     """Gives the k-th simulated segment creation the address of the k-th real one when the sizes agree."""
 
     def __init__(self, creations: list[tuple[int, str, int, int]], sim_ref: list[CachingAllocatorSim]):
         self.creations = creations  # (event index, action, addr, size)
         self.sim_ref = sim_ref
+        self.created = _ActionCount(CREATE_ACTIONS)
 
     def __call__(self, kind: str, size: int) -> int | None:
         sim = self.sim_ref[0]
-        k = sum(1 for e in sim.segment_events if e[1] in CREATE_ACTIONS)
+        k = self.created(sim.segment_events)
         if k >= len(self.creations):
             return None
         _, action, addr, real_size = self.creations[k]
@@ -250,6 +267,7 @@ def _replay_once(
     sim.segment_events.clear()
     allocs = matched = frees = unknown = bursts = ooms = 0
     real_released = 0
+    sim_released = _ActionCount(RELEASE_ACTIONS)
     first: dict[str, Any] | None = None
     notes = list(init.notes)
     requested = init.requested_bytes
@@ -291,8 +309,9 @@ def _replay_once(
             sim.free(b)
         elif action in RELEASE_ACTIONS:
             real_released += 1
-            sim_released = sum(1 for e in sim.segment_events if e[1] in RELEASE_ACTIONS)
-            if sim_released < real_released and not (capacity is not None and _oom_path_burst(events, pos)):
+            if sim_released(sim.segment_events) < real_released and not (
+                capacity is not None and _oom_path_burst(events, pos)
+            ):
                 bursts += 1
                 sim.empty_cache()
         elif action == "oom":

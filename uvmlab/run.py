@@ -28,18 +28,11 @@ class RunResult:
     result: dict[str, Any]
 
 
-@dataclass
-class GpuAvailability:
-    available: bool
-    reason: str
-
-
-def gpu_availability() -> GpuAvailability:
-    """Whether GPU mode can run here (``uvmlab.gpu.detect.gpu_status``)."""
+def gpu_availability() -> Any:
+    """Whether GPU mode can run here: ``uvmlab.gpu.detect.gpu_status()`` (``.available``, ``.reason``)."""
     from uvmlab.gpu.detect import gpu_status
 
-    status = gpu_status()
-    return GpuAvailability(bool(getattr(status, "available", False)), str(getattr(status, "reason", "")))
+    return gpu_status()
 
 
 def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:

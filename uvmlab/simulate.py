@@ -64,7 +64,7 @@ def prepare(cfg: RunConfig, progress: Any = None) -> Prepared:
     """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory."""
     get_trace, to_cuda, place = _pipeline()
     gpu = run_gpu_spec(cfg)
-    trace = get_trace(cfg.workload, progress=progress) if progress is not None else get_trace(cfg.workload)
+    trace = get_trace(cfg.workload, progress=progress)
     trace = to_cuda(trace, gpu)
     placement = place(trace, "pca" if cfg.pca else "nocache")
     footprint = peak_managed_bytes(placement.ranges)
@@ -123,8 +123,8 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
         "gpu": prep.gpu.name,
         "footprint_bytes": prep.footprint_bytes,
         "available_bytes": prep.available_bytes,
-        "peak_allocated_bytes": int(getattr(place, "peak_allocated_bytes", 0) or 0),
-        "peak_reserved_bytes": int(getattr(place, "peak_reserved_bytes", 0) or 0),
+        "peak_allocated_bytes": int(place.peak_allocated_bytes),
+        "peak_reserved_bytes": int(place.peak_reserved_bytes),
         "iterations": len(its),
         "iteration_time_ns": iteration_ns,
         "total_time_ns": res.total_time_ns,

@@ -9,7 +9,7 @@ size and the workload-specific ``options`` it understands (with their defaults).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from uvmlab.errors import InputError
@@ -61,8 +61,11 @@ class WorkloadSpec:
         return cfg.batch_size if cfg.batch_size is not None else self.default_batch_size
 
     def build(self, cfg: WorkloadConfig, device: str = "meta") -> Workload:
-        """Build the model on ``device`` with random weights, plus its batch maker and loss."""
-        return self.build_fn(cfg, device, self.resolve_options(cfg))
+        """Build the model on ``device`` with random weights, plus its batch maker and loss.
+
+        ``build_fn`` receives ``cfg`` with ``batch_size`` already resolved (never None).
+        """
+        return self.build_fn(replace(cfg, batch_size=self.batch_size(cfg)), device, self.resolve_options(cfg))
 
 
 def resolve_options(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,6 +98,14 @@ def positive(name: str, opts: Mapping[str, Any], *keys: str) -> None:
     for key in keys:
         if opts[key] < 1:
             raise InputError(f"workload {name} option {key} must be >= 1, not {opts[key]!r}")
+
+
+def multiple_of(name: str, opts: Mapping[str, Any], key: str, divisor_key: str) -> None:
+    """Refuse ``opts[key]`` that is not a multiple of ``opts[divisor_key]`` (e.g. the width and the heads)."""
+    if opts[key] % opts[divisor_key]:
+        raise InputError(
+            f"workload {name} option {key} ({opts[key]}) must be a multiple of {divisor_key} ({opts[divisor_key]})"
+        )
 
 
 def token_lm_workload(name: str, model: Any, dev: Any, batch: int, seq: int, vocab: int) -> Workload:

@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, positive, token_lm_workload
+from workloads.base import Workload, multiple_of, positive, token_lm_workload
 
 BERT_OPTIONS: dict[str, Any] = {
     "seq_len": 512,
@@ -32,8 +32,7 @@ def build_bert(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
     positive("bert", opts, *BERT_OPTIONS)
     if opts["seq_len"] > MAX_POSITIONS:
         raise InputError(f"bert seq_len must be <= {MAX_POSITIONS}, not {opts['seq_len']}")
-    if opts["hidden_size"] % opts["n_head"]:
-        raise InputError(f"bert hidden_size {opts['hidden_size']} must be a multiple of n_head {opts['n_head']}")
+    multiple_of("bert", opts, "hidden_size", "n_head")
     config = BertConfig(
         vocab_size=opts["vocab_size"],
         hidden_size=opts["hidden_size"],
@@ -47,5 +46,4 @@ def build_bert(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
     with dev:
         model = BertForMaskedLM(config)
     model.train()
-    batch = cfg.batch_size if cfg.batch_size is not None else 16
-    return token_lm_workload("bert", model, dev, batch, opts["seq_len"], opts["vocab_size"])
+    return token_lm_workload("bert", model, dev, cfg.batch_size, opts["seq_len"], opts["vocab_size"])

@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, positive, token_lm_workload
+from workloads.base import Workload, multiple_of, positive, token_lm_workload
 
 GPT2_OPTIONS: dict[str, Any] = {
     "seq_len": 1024,
@@ -30,8 +30,7 @@ def build_gpt2(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
     positive("gpt2", opts, *GPT2_OPTIONS)
     if opts["seq_len"] > opts["n_positions"]:
         raise InputError(f"gpt2 seq_len {opts['seq_len']} exceeds n_positions {opts['n_positions']}")
-    if opts["n_embd"] % opts["n_head"]:
-        raise InputError(f"gpt2 n_embd {opts['n_embd']} must be a multiple of n_head {opts['n_head']}")
+    multiple_of("gpt2", opts, "n_embd", "n_head")
     config = GPT2Config(
         vocab_size=opts["vocab_size"],
         n_positions=opts["n_positions"],
@@ -45,5 +44,4 @@ def build_gpt2(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
         model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # what transformers falls back to anyway, minus its warning
     model.train()
-    batch = cfg.batch_size if cfg.batch_size is not None else 8
-    return token_lm_workload("gpt2", model, dev, batch, opts["seq_len"], opts["vocab_size"])
+    return token_lm_workload("gpt2", model, dev, cfg.batch_size, opts["seq_len"], opts["vocab_size"])

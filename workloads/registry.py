@@ -19,7 +19,7 @@ from workloads.whisper import WHISPER_OPTIONS, build_whisper
 
 
 def _vision(arch: str, batch: int, description: str) -> WorkloadSpec:
-    return WorkloadSpec(arch, description, batch, partial(build_vision, arch, batch), VISION_OPTIONS)
+    return WorkloadSpec(arch, description, batch, partial(build_vision, arch), VISION_OPTIONS)
 
 
 WORKLOADS: dict[str, WorkloadSpec] = {

@@ -10,8 +10,9 @@ The file defines (see docs/workloads.md and docs/examples/tiny_mlp.py)::
         ...
         return Workload(name, model, make_batch, loss_fn, torch.device(device))
 
-``cfg`` is the WorkloadConfig (batch size: ``cfg.batch_size or DEFAULT_BATCH_SIZE``), ``device`` the device to
-build the model on, ``options`` OPTIONS merged with ``cfg.options`` (unknown keys are refused before build runs).
+``cfg`` is the WorkloadConfig with ``batch_size`` resolved (the configured one, else ``DEFAULT_BATCH_SIZE``),
+``device`` the device to build the model on, ``options`` OPTIONS merged with ``cfg.options`` (unknown keys are
+refused before build runs).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ MIN_IMAGE_SIZE = {"alexnet": 63, "resnet50": 32, "resnet101": 32}
 """Smallest input side the architecture accepts (AlexNet's strided convolutions and pools need 63 px)."""
 
 
-def build_vision(arch: str, default_batch: int, cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
+def build_vision(arch: str, cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
     """Build torchvision ``arch`` on ``device`` with the batch maker for (B, 3, S, S) images."""
     import torch
     import torch.nn.functional as F
@@ -28,7 +28,7 @@ def build_vision(arch: str, default_batch: int, cfg: WorkloadConfig, device: str
     positive(arch, opts, "image_size", "num_classes")
     if opts["image_size"] < MIN_IMAGE_SIZE[arch]:
         raise InputError(f"{arch} needs image_size >= {MIN_IMAGE_SIZE[arch]}, not {opts['image_size']}")
-    batch = cfg.batch_size if cfg.batch_size is not None else default_batch
+    batch = cfg.batch_size
     dev = torch.device(device)
     with dev:
         model = getattr(torchvision.models, ARCHS[arch])(weights=None, num_classes=opts["num_classes"])

@@ -12,7 +12,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, positive
+from workloads.base import Workload, multiple_of, positive
 
 WHISPER_OPTIONS: dict[str, Any] = {
     "d_model": 768,
@@ -40,8 +40,7 @@ def build_whisper(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Wor
         raise InputError(
             f"whisper-small label_len {opts['label_len']} exceeds target_positions {opts['target_positions']}"
         )
-    if opts["d_model"] % opts["n_head"]:
-        raise InputError(f"whisper-small d_model {opts['d_model']} must be a multiple of n_head {opts['n_head']}")
+    multiple_of("whisper-small", opts, "d_model", "n_head")
     config = WhisperConfig(
         vocab_size=opts["vocab_size"],
         num_mel_bins=opts["num_mel_bins"],
@@ -60,7 +59,7 @@ def build_whisper(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Wor
     with dev:
         model = WhisperForConditionalGeneration(config)
     model.train()
-    batch = cfg.batch_size if cfg.batch_size is not None else 16
+    batch = cfg.batch_size
     frames = CONV_STRIDE * opts["source_positions"]
     mels, labels_len, vocab = opts["num_mel_bins"], opts["label_len"], opts["vocab_size"]
 

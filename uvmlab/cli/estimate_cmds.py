@@ -103,7 +103,7 @@ def estimate_cmd(
 
         uvmlab estimate gpt2 --gpu A100-80GB --format json
     """
-    from uvmlab.estimate import estimate, plot_curve, snapshot_dicts
+    from uvmlab.estimate import CARMA_PLACEMENT_MARGIN_MB, estimate, snapshot_dicts, write_estimate
     from uvmlab.gpus import get_gpu
     from uvmlab.rundir import RunDir
     from uvmlab.units import MiB
@@ -142,18 +142,8 @@ def estimate_cmd(
         write_snapshot(snapshot_out, segments, traces, allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": alloc_conf})
         note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
     if rundir is not None:
-        import matplotlib.pyplot as plt
-
-        from uvmlab.simulate import env_info
-
         config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes}
-        rundir.write_json(rundir.config_json, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
-        rundir.write_json(rundir.env_json, env_info())
-        rundir.write_table("memory_timeline", est.timeline)
-        fig = plot_curve(est)
-        rundir.write_figure("memory_curve", fig)
-        plt.close(fig)
-        rundir.write_json(rundir.result_json, result)
+        write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
         note(rundir.summary_line())
     if fmt == "json":
         click.echo(to_json(result), nl=False)
@@ -162,7 +152,7 @@ def estimate_cmd(
         note(
             f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
-            "CARMA adds its own 2048 MB at placement"
+            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MB at placement"
         )
         click.echo(est.carma_text(), nl=False)
         return

@@ -1,4 +1,5 @@
-"""Click options shared by every command that takes a workload (trace, estimate, run, fragmentation, colocate)."""
+"""Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate) and
+``--format table|json``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIO
 from uvmlab.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def format_option(help: str | None = None) -> Callable[[F], F]:
+    """Add ``--format table|json`` (as ``fmt``): rich tables, or JSON only on stdout; ``help`` is its --help text."""
+    return click.option(
+        "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help=help
+    )
 
 
 def workload_options(iterations_default: int = 3) -> Callable[[F], F]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-FORMATS = click.Choice(["table", "json"])
+from uvmlab.cli.options import format_option
 
 
 def _fmt_div(d: dict | None) -> str:
@@ -24,7 +24,7 @@ def _same(a: int, b: int) -> str:
 
 @click.command("replay")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @click.option("--device", type=int, default=None, help="Replay only this device (default: every device with a trace).")
 @click.option(
     "--alloc-conf",

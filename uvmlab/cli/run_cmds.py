@@ -7,10 +7,8 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import parse_options, workload_config, workload_options
+from uvmlab.cli.options import format_option, parse_options, workload_config, workload_options
 from uvmlab.errors import InputError
-
-FORMATS = ("table", "json")
 
 
 def _on_off(value: str) -> bool:
@@ -108,14 +106,7 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 )
 @click.option("-o", "--out", default=None, metavar="DIR", help="Run directory [default: runs/<name>-x<F>-pca..].")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="table",
-    show_default=True,
-    help="json: print result.json on stdout only.",
-)
+@format_option("json: print result.json on stdout only.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
 @click.option(
     "--footprint",

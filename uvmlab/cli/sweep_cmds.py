@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from uvmlab.cli.options import format_option
+
 
 class _SweepGroup(click.Group):
     """``uvmlab sweep SPEC ...`` is short for ``uvmlab sweep run SPEC ...``."""
@@ -62,7 +64,7 @@ def sweep() -> None:
 @click.option("--gpus", type=int, default=None, help="GPUs per Slurm array task.")
 @click.option("--partition", default=None, help="Slurm partition.")
 @click.option("--array-parallelism", type=int, default=None, help="Slurm array tasks running at once.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option()
 def sweep_run(
     spec: Path,
     out: Path,
@@ -80,27 +82,29 @@ def sweep_run(
     """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes)."""
     from uvmlab.console import note, print_table
     from uvmlab.errors import InputError
-    from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
+    from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
+    from uvmlab.sweep.slurm import check_slurm_field
     from uvmlab.sweep.spec import load_spec
 
     loaded = load_spec(spec)
-    overrides: dict[str, Any] = {
-        "configs_per_task": configs_per_task,
-        "time_min": time_min,
-        "gpus_per_task": gpus,
-        "partition": partition,
-        "array_parallelism": array_parallelism,
+    overrides: dict[str, tuple[str, Any]] = {
+        "configs_per_task": ("--configs-per-task", configs_per_task),
+        "time_min": ("--time-min", time_min),
+        "gpus_per_task": ("--gpus", gpus),
+        "partition": ("--partition", partition),
+        "array_parallelism": ("--array-parallelism", array_parallelism),
     }
-    for key, value in overrides.items():
-        if isinstance(value, int) and value < (0 if key == "gpus_per_task" else 1):
-            raise InputError(f"--{key.replace('_', '-')} must be >= 1, not {value}")
-    slurm = replace(loaded.slurm, **{k: v for k, v in overrides.items() if v is not None})
+    checked: dict[str, Any] = {}
+    for key, (flag, value) in overrides.items():
+        if value is not None:
+            try:
+                checked[key] = check_slurm_field(key, value)  # the same rules as the spec's slurm: section
+            except InputError as exc:
+                raise InputError(f"{flag} {exc}") from None
+    slurm = replace(loaded.slurm, **checked)
     if dry_run:
         entries = plan_entries(loaded, out)
-        plan = None
-        if executor != "local":
-            cluster = "slurm" if executor == "slurm" else "local"
-            plan = submit_plan(entries, out.resolve(), slurm, cluster=cluster, name=f"uvmlab-{loaded.name}")
+        plan = executor_plan(loaded, entries, out, executor, slurm)
         if fmt == "json":
             click.echo(
                 json.dumps(
@@ -161,7 +165,7 @@ def sweep_run(
 
 @sweep.command("collect")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option()
 def sweep_collect(out: Path, fmt: str) -> None:
     """Rebuild OUT/results.parquet from the run directories (one row per complete run)."""
     import pandas as pd
@@ -188,7 +192,7 @@ def sweep_collect(out: Path, fmt: str) -> None:
     default=None,
     help="HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
 )
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option()
 def report(sweep_dir: Path, out_html: Path | None, fmt: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
     from uvmlab.console import note, print_table

@@ -26,6 +26,7 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.bfc import BfcArena
 from uvmlab.trace.schema import Trace
+from uvmlab.trace.summary import peak_live
 
 
 @dataclass
@@ -84,9 +85,7 @@ class Estimator(Protocol):
 
 def shape_inference_peak(trace: Trace) -> int:
     """Peak of the sum of live requested tensor bytes over the trace."""
-    if trace.allocations.empty:
-        return 0
-    return int(max(0, trace.live_bytes().max()))
+    return peak_live(trace)[0]
 
 
 def bfc_peak(trace: Trace) -> int:

@@ -28,7 +28,7 @@ job), the balloon is 0 and the achieved factor is reported with a note.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from uvmlab.config import check_oversub
 from uvmlab.errors import InputError
@@ -70,19 +70,7 @@ class BalloonPlan:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "total_bytes": self.total_bytes,
-            "context_bytes": self.context_bytes,
-            "reserve_bytes": self.reserve_bytes,
-            "footprint_bytes": self.footprint_bytes,
-            "oversub": self.oversub,
-            "available_bytes": self.available_bytes,
-            "leave_bytes": self.leave_bytes,
-            "balloon_bytes": self.balloon_bytes,
-            "achieved_oversub": self.achieved_oversub,
-            "oversub_total": self.oversub_total,
-            "notes": list(self.notes),
-        }
+        return {**asdict(self), "notes": list(self.notes)}
 
 
 def _whole(name: str, value: object, minimum: int = 0) -> int:

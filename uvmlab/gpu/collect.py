@@ -28,19 +28,15 @@ import pandas as pd
 
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
+from uvmlab.gpu.detect import GpuStatus
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
 
 RESULT_SCHEMA_VERSION = 1
 
 
-def which(program: str) -> str | None:
-    """Path of ``program`` on PATH (None if absent)."""
-    return shutil.which(program)
-
-
 def tool_version(argv: list[str]) -> str | None:
     """First line of ``argv`` (e.g. ``nsys --version``); None if the program is absent or fails."""
-    if which(argv[0]) is None:
+    if shutil.which(argv[0]) is None:
         return None
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -122,7 +118,7 @@ def balloon_actual(allocs: pd.DataFrame, role: str = "run") -> dict[str, Any]:
     }
 
 
-def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: Any) -> dict[str, Any]:
+def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuStatus) -> dict[str, Any]:
     """Write tables, env.json and (last) result.json of a finished GPU run; return the result."""
     logs: Path = rundir.logs
     run = read_worker(logs, "run")
@@ -187,7 +183,7 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: Any) 
     rundir.write_json(
         rundir.env_json,
         {
-            "gpu": status.to_dict() if hasattr(status, "to_dict") else None,
+            "gpu": status.to_dict(),
             "torch": run.get("torch"),
             "torch_cuda": run.get("torch_cuda"),
             "device_name": run.get("device_name"),

@@ -46,8 +46,6 @@ BLOCK_BYTES = 2 * MiB
 PAGE_BYTES = 4096
 TIMING_COLUMNS = ("kind", "size_bytes", "factor", "time_ns")
 KINDS = ("prefetch_htod", "prefetch_dtoh", "touch_fresh", "touch_host", "touch_random", "touch_oversub")
-_ATAN_K_PER_KIB = 0.07292
-"""UVMSmart transfer-curve constant (gpu-sim.cc:636-651, uvm.md 2.3); the same as uvmlab.sim.timing's."""
 
 
 @dataclass(frozen=True)
@@ -78,9 +76,10 @@ def check_timings(timings: pd.DataFrame) -> pd.DataFrame:
 
 
 def _curve_factor(nbytes: np.ndarray) -> np.ndarray:
-    """BW(bytes) / BW(2 MiB) of the atan curve."""
-    kib = nbytes / 1024.0
-    return np.arctan(_ATAN_K_PER_KIB * kib) / math.atan(_ATAN_K_PER_KIB * 2048.0)
+    """BW(bytes) / BW(2 MiB) of the simulator's atan curve (uvmlab.sim.timing.transfer_bandwidth, uvm.md 2.3)."""
+    from uvmlab.sim.timing import transfer_bandwidth
+
+    return transfer_bandwidth(nbytes, 1.0)
 
 
 def fit_link(rows: pd.DataFrame) -> float:

@@ -104,10 +104,6 @@ class Plan:
     """True: the steps after ``calibrate`` use a stand-in footprint and are re-planned after it runs."""
     notes: tuple[str, ...] = ()
 
-    @property
-    def balloon_bytes(self) -> int | None:
-        return None if self.balloon is None else self.balloon.balloon_bytes
-
     def step(self, name: str) -> Step:
         for s in self.steps:
             if s.name == name:

@@ -10,6 +10,7 @@ contract other parts import (docs/contracts.md).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -88,7 +89,7 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
     opts = replace(opts, shim_library=library)
     path = Path(rundir.path)
     plan = plan_run(cfg, opts, path.resolve(), status=status, standin=False)
-    if opts.nsys and plan.steps and not collect.which(opts.nsys_path):
+    if opts.nsys and plan.steps and not shutil.which(opts.nsys_path):
         raise UnavailableError(f"--nsys needs Nsight Systems: {opts.nsys_path} is not on PATH")
     rundir.logs.mkdir(parents=True, exist_ok=True)
     rundir.write_json(rundir.config_json, {**cfg.to_dict(), "gpu_options": _opts_dict(opts)})

@@ -29,15 +29,13 @@ from uvmlab.errors import UvmlabError
 
 
 class _Nvtx:
-    """NVTX push/pop through the ``nvtx`` package (a no-op when no profiler is attached or it is missing)."""
+    """NVTX push/pop through the ``nvtx`` package (a dependency; a no-op when no profiler is attached), with the
+    open depth counted."""
 
     def __init__(self) -> None:
-        try:
-            import nvtx
+        import nvtx
 
-            self._push, self._pop = nvtx.push_range, nvtx.pop_range
-        except ImportError:  # pragma: no cover - nvtx is a dependency
-            self._push, self._pop = (lambda *a, **k: None), (lambda *a, **k: None)
+        self._push, self._pop = nvtx.push_range, nvtx.pop_range
         self.depth = 0
 
     def push(self, name: str) -> None:

@@ -33,7 +33,6 @@ def json_to_sqlite(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", check_same_thread=False)
     conn.execute(f"CREATE TABLE {S.STRING_IDS} (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)")
     rows: list[tuple[int, ...]] = []
-    faults = 0
     try:
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, start=1):
@@ -60,22 +59,21 @@ def json_to_sqlite(path: Path) -> sqlite3.Connection:
                         f"{path} line {lineno}: a {FAULT_KEY} lacks one of {list(FAULT_FIELDS)} or has a non-integer"
                     ) from None
                 if len(rows) >= BATCH:
-                    faults += _flush(conn, rows)
+                    _flush(conn, rows)
     except UnicodeDecodeError:
         raise InputError(f"{path} is not a text JSON export (not UTF-8)") from None
-    faults += _flush(conn, rows)
+    _flush(conn, rows)
     return conn
 
 
-def _flush(conn: sqlite3.Connection, rows: list[tuple[int, ...]]) -> int:
+def _flush(conn: sqlite3.Connection, rows: list[tuple[int, ...]]) -> None:
+    """Insert ``rows`` into the fault table (created on the first batch) and empty the list."""
     if not rows:
-        return 0
+        return
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {S.GPU_FAULTS} (start INTEGER NOT NULL, end INTEGER NOT NULL, globalPid INTEGER "
         "NOT NULL, deviceId INTEGER NOT NULL, address INTEGER NOT NULL, numberOfPageFaults INTEGER NOT NULL, "
         "faultAccessType INTEGER NOT NULL)"
     )
     conn.executemany(f"INSERT INTO {S.GPU_FAULTS} VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    n = len(rows)
     rows.clear()
-    return n

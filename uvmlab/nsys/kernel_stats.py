@@ -68,7 +68,8 @@ def _kernel_cpu_time(kernels: pd.DataFrame, api: pd.DataFrame) -> np.ndarray:
     return t
 
 
-def _pid_arr(s: pd.Series) -> np.ndarray:
+def pid_array(s: pd.Series) -> np.ndarray:
+    """A nullable pid column as int64 group keys (null -> -1, its own group in ``attribute.group_key``)."""
     return pd.to_numeric(s, errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
 
 
@@ -94,7 +95,7 @@ def attribute(
 
     k_s = kernels["start_ns"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
     k_e = kernels["end_ns"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
-    k_pid = _pid_arr(kernels["pid"]) if n_k else np.zeros(0, np.int64)
+    k_pid = pid_array(kernels["pid"]) if n_k else np.zeros(0, np.int64)
     k_dev = kernels["device_id"].to_numpy(dtype=np.int64) if n_k else np.zeros(0, np.int64)
     k_grp = group_key(k_pid, k_dev)
 
@@ -106,7 +107,7 @@ def attribute(
 
         def launch_range(ranges: pd.DataFrame) -> np.ndarray:  # innermost range holding each launch, or -1
             s, e = ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64)
-            return assign(cpu_t, cpu_t, k_pid, s, e, _pid_arr(ranges["pid"]))
+            return assign(cpu_t, cpu_t, k_pid, s, e, pid_array(ranges["pid"]))
 
         if n_i:
             idx = launch_range(its)
@@ -119,7 +120,7 @@ def attribute(
     # iteration windows on the GPU timeline (or the CPU range where an iteration launched no kernel)
     it_s = its["start_ns"].to_numpy(np.int64).copy() if n_i else np.zeros(0, np.int64)
     it_e = its["end_ns"].to_numpy(np.int64).copy() if n_i else np.zeros(0, np.int64)
-    it_pid = _pid_arr(its["pid"]) if n_i else np.zeros(0, np.int64)
+    it_pid = pid_array(its["pid"]) if n_i else np.zeros(0, np.int64)
     it_pos = {int(v): p for p, v in enumerate(its["iteration"])} if n_i else {}
     if n_i and n_k:
         kdf = pd.DataFrame({"it": k_iter, "s": k_s, "e": k_e})
@@ -141,7 +142,7 @@ def attribute(
                     (
                         d["start_ns"].to_numpy(np.int64),
                         d["end_ns"].to_numpy(np.int64),
-                        _pid_arr(d["pid"]),
+                        pid_array(d["pid"]),
                         d["name"].to_numpy(object),
                     )
                 )

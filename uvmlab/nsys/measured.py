@@ -27,7 +27,7 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.nsys import schema as S
 from uvmlab.nsys.attribute import assign, group_key
-from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
+from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN, pid_array
 from uvmlab.nsys.read import Export, open_export
 from uvmlab.nsys.stats import Summary, summarize
 from uvmlab.rundir import RunDir
@@ -47,14 +47,14 @@ def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
         out["kernel_id"] = pd.Series([], dtype="int64")
         out["iteration"] = pd.Series([], dtype="int64")
         return check_table("migrations", out)
-    m_pid = pd.to_numeric(mig["pid"], errors="coerce").fillna(-1).to_numpy(np.int64)
+    m_pid = pid_array(mig["pid"])
     m_dev = mig["device_id"].to_numpy(np.int64)
     s = mig["start_ns"].to_numpy(np.int64)
     e = mig["end_ns"].to_numpy(np.int64)
     kid = np.full(len(mig), -1, dtype=np.int64)
     it = np.full(len(mig), -1, dtype=np.int64)
     if len(k):
-        kp = pd.to_numeric(k["pid"], errors="coerce").fillna(-1).to_numpy(np.int64)
+        kp = pid_array(k["pid"])
         idx = assign(
             s,
             e,

@@ -101,6 +101,7 @@ class Export:
             )
         self._columns: dict[str, list[str]] = {}
         self._counts: dict[str, int | None] = {}
+        self._memory_usage: pd.DataFrame | None = None
         self.warnings: list[str] = []
         try:
             self.version = (
@@ -328,8 +329,14 @@ class Export:
 
         Columns: time_ns, pid, device_id, address, bytes, mem_kind, op ("alloc"/"free"), delta_bytes, live_bytes
         (running sum of +bytes per alloc, -bytes per free of device-side kinds, per device; pinned and pageable host
-        memory are excluded; rows with start=0 are pre-capture state).
+        memory are excluded; rows with start=0 are pre-capture state). Read once per export (summary, tables and
+        result.json all use it): treat the frame as read-only.
         """
+        if self._memory_usage is None:
+            self._memory_usage = self._read_memory_usage()
+        return self._memory_usage
+
+    def _read_memory_usage(self) -> pd.DataFrame:
         cols = ["time_ns", "pid", "device_id", "address", "bytes", "mem_kind_id", "op_id"]
         if not self.has(S.MEMORY_USAGE):
             return _empty(["time_ns", "pid", "device_id", "address", "bytes", "mem_kind", "op", "delta_bytes"])

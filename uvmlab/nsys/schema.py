@@ -168,11 +168,6 @@ PID_MASK = 0xFFFFFF
 _VERSION_PATH = re.compile(r"nsight-systems[-/](\d{4}\.\d+\.\d+(?:\.\d+)?)")
 
 
-def decode_pid(global_id: int) -> int:
-    """The OS pid of a serialized GlobalId (globalPid or globalTid)."""
-    return (int(global_id) >> PID_SHIFT) & PID_MASK
-
-
 @dataclass(frozen=True)
 class VersionInfo:
     """nsys product and export schema version, and where they were read from."""
@@ -180,15 +175,6 @@ class VersionInfo:
     nsys_version: str | None
     schema_version: str | None
     source: str  # "META_DATA_EXPORT" | "EXPORT_META_DATA" | "StringIds path" | "unknown"
-
-    @property
-    def schema_tuple(self) -> tuple[int, ...] | None:
-        if not self.schema_version:
-            return None
-        try:
-            return tuple(int(p) for p in self.schema_version.split("."))
-        except ValueError:
-            return None
 
 
 @dataclass(frozen=True)

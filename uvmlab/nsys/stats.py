@@ -77,26 +77,14 @@ class Summary:
 
 
 # -- totals (SQL) --------------------------------------------------------------------------------------------------
-def fault_totals(ex: Export, scan: FaultScan | None = None) -> dict[str, Any]:
-    """GPU fault totals by access type and CPU fault count (None where not collected).
-
-    Aggregated in SQLite, or taken from ``scan`` (the attribution pass) when given.
-    """
+def fault_totals(ex: Export, scan: FaultScan) -> dict[str, Any]:
+    """GPU fault totals by access type (from ``scan``, the attribution pass) and CPU fault count (None where not
+    collected)."""
     gst, _ = ex.status(S.GPU_FAULTS)
     cst, _ = ex.status(S.CPU_FAULTS)
-    by_access = {name: 0 for name in S.ACCESS_TYPE.values()}
-    records = addresses = 0
-    if scan is not None:
-        by_access = dict(scan.by_access)
-        records = scan.records
-        addresses = len(scan.by_address()) if scan.has_address else None
-    elif ex.has(S.GPU_FAULTS):
-        acc = ex.col(S.GPU_FAULTS, "faultAccessType", "0")
-        for a, n, rows in ex.query(f"SELECT {acc}, sum(numberOfPageFaults), count(*) FROM {S.GPU_FAULTS} GROUP BY 1"):
-            by_access[S.ACCESS_TYPE.get(a, "unknown")] += int(n or 0)
-            records += int(rows)
-        if "address" in ex.columns(S.GPU_FAULTS):
-            addresses = int(ex.query(f"SELECT count(DISTINCT address) FROM {S.GPU_FAULTS}")[0][0])
+    by_access = scan.by_access
+    records = scan.records
+    addresses = len(scan.by_address()) if scan.has_address else None
     total = sum(by_access.values())
     cpu = ex.row_count(S.CPU_FAULTS) or 0
     return {
@@ -143,7 +131,7 @@ def migration_totals(ex: Export) -> dict[str, Any]:
     }
 
 
-def um_total_sum(ex: Export, scan: FaultScan | None = None, migrations: dict[str, Any] | None = None) -> dict[str, Any]:
+def um_total_sum(ex: Export, scan: FaultScan, migrations: dict[str, Any]) -> dict[str, Any]:
     """The figures of NVIDIA's ``um_total_sum`` report (reference/nsys.md §2.3), and whether that report would run.
 
     NVIDIA's script refuses unless MEMCPY, CPU-fault and GPU-fault tables all exist; uvmlab computes the figures
@@ -151,7 +139,7 @@ def um_total_sum(ex: Export, scan: FaultScan | None = None, migrations: dict[str
     """
     missing = [t for t in (S.MEMCPY, S.CPU_FAULTS, S.GPU_FAULTS) if not ex.has(t)]
     f = fault_totals(ex, scan)
-    m = migrations if migrations is not None else migration_totals(ex)
+    m = migrations
     return {
         "nvidia_report_runs": not missing,
         "nvidia_report_refuses_because_missing": missing,
@@ -162,41 +150,19 @@ def um_total_sum(ex: Export, scan: FaultScan | None = None, migrations: dict[str
     }
 
 
-def um_sum_copy_frames(ex: Export) -> list[pd.DataFrame]:
-    """um_sum's per-virtualAddress DtoH and HtoD sums (bytes, summed durations) from the copy table."""
-    if not (ex.has(S.MEMCPY) and "virtualAddress" in ex.columns(S.MEMCPY)):
-        return []
-    cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
-    return [
-        pd.DataFrame(
-            ex.query(
-                f'SELECT virtualAddress, 0, 0, sum(bytes), 0, sum("end" - start), 0 FROM {S.MEMCPY} '
-                f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} GROUP BY virtualAddress"
-            ),
-            columns=cols,
-        ),
-        pd.DataFrame(
-            ex.query(
-                f'SELECT virtualAddress, 0, 0, 0, sum(bytes), 0, sum("end" - start) FROM {S.MEMCPY} '
-                f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} GROUP BY virtualAddress"
-            ),
-            columns=cols,
-        ),
-    ]
-
-
 def um_sum(
     ex: Export,
+    gpu_by_address: pd.Series | None,
+    copy_frames: list[pd.DataFrame],
     rows: int = TOP_N,
-    gpu_by_address: pd.Series | None = None,
-    copy_frames: list[pd.DataFrame] | None = None,
 ) -> list[dict[str, Any]]:
     """NVIDIA ``um_sum``'s per-address rows: CPU faults, GPU faults, HtoD/DtoH bytes and throughput, top ``rows``.
 
     Throughput reproduces the report's SQLite integer arithmetic
     ``(dtoh + htod) * (1000000000 / (dur_dtoh + dur_htod))`` (truncated; 0 once the summed duration exceeds 1 s),
-    ordered by it descending (nulls last), then by address, as the report does. With ``gpu_by_address`` (from the
-    attribution pass) the GPU fault table is not scanned again; ``copy_frames`` are ``um_sum_copy_frames(ex)``.
+    ordered by it descending (nulls last), then by address, as the report does. GPU faults per address
+    (``gpu_by_address``, None without an address column) and the per-address copy sums (``copy_frames``) come from
+    the attribution pass, so neither table is scanned again.
     """
     parts: list[pd.DataFrame] = []
     cols = ["a", "cpu", "gpu", "d2h", "h2d", "dd", "hd"]
@@ -211,11 +177,7 @@ def um_sum(
         parts.append(
             pd.DataFrame({"a": g.index.to_numpy(), "cpu": 0, "gpu": g.to_numpy(), "d2h": 0, "h2d": 0, "dd": 0, "hd": 0})
         )
-    elif ex.has(S.GPU_FAULTS) and "address" in ex.columns(S.GPU_FAULTS):
-        parts.append(
-            frame(f"SELECT address, 0, sum(numberOfPageFaults), 0, 0, 0, 0 FROM {S.GPU_FAULTS} GROUP BY address")
-        )
-    parts += copy_frames if copy_frames is not None else um_sum_copy_frames(ex)
+    parts += copy_frames
     parts = [p for p in parts if len(p)]
     if not parts:
         return []

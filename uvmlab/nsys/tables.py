@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.nsys.stats import Summary
+from uvmlab.stats.schema import cell_value
 from uvmlab.units import format_bytes
 
 Table = tuple[str, list[str], list[list[Any]]]
@@ -94,10 +95,10 @@ def summary_tables(s: Summary) -> list[Table]:
             "htod_bytes",
             "dtoh_bytes",
         ]
-        out.append(("Per iteration (NVTX)", cols, [[_v(r[c]) for c in cols] for _, r in s.iterations.iterrows()]))
+        out.append(("Per iteration (NVTX)", cols, _rows(s.iterations, cols)))
     if len(s.top_kernels):
         cols = list(s.top_kernels.columns)
-        out.append(("Top kernels by faults", cols, [[_v(r[c]) for c in cols] for _, r in s.top_kernels.iterrows()]))
+        out.append(("Top kernels by faults", cols, _rows(s.top_kernels, cols)))
     mem = s.memory
     out.append(("GPU memory usage events", ["figure", "value"], [[k, v] for k, v in mem.items()]))
     return out
@@ -117,7 +118,6 @@ def _fmt(n: Any) -> str | None:
     return None if n is None else format_bytes(n)
 
 
-def _v(v: Any) -> Any:
-    if v is pd.NA or (isinstance(v, float) and v != v):
-        return None
-    return v.item() if hasattr(v, "item") else v
+def _rows(df: pd.DataFrame, cols: list[str]) -> list[list[Any]]:
+    """Rows of ``df[cols]`` as plain values (itertuples keeps each column's dtype; iterrows would cast ints)."""
+    return [[cell_value(v) for v in r] for r in df[cols].itertuples(index=False)]

@@ -8,17 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uvmlab.atomic import atomic_write_with
+from uvmlab.rundir import RunDir
 
 if TYPE_CHECKING:
     from uvmlab.compare import Comparison
 
 GIB = float(1 << 30)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
-    return path
 
 
 def _num(v: Any) -> float:
@@ -30,14 +25,14 @@ def _num(v: Any) -> float:
 
 
 def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
-    """Write the comparison figures into ``folder``; return their paths."""
+    """Write the comparison figures into ``folder/figures`` (as a run directory names them); return their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    folder = Path(folder)
+    rd = RunDir(folder)
     out: list[Path] = []
     la, lb = cmp.a.label, cmp.b.label
 
@@ -53,7 +48,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
     ax.set_xlabel("relative error (B - A) / |A|  [%]")
     ax.set_ylabel("figure")
     ax.set_title(f"A = {la}\nB = {lb}", fontsize=9)
-    out.append(_save(fig, folder / "totals_rel_error.png"))
+    out.append(rd.write_figure("totals_rel_error", fig))
     plt.close(fig)
 
     # 2. footprint: simulated peak managed footprint vs measured footprint
@@ -72,7 +67,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
     ax.set_ylabel("footprint [GiB]")
     ax.set_title("Peak managed footprint (simulated and/or measured)")
     ax.legend(fontsize=8)
-    out.append(_save(fig, folder / "footprint.png"))
+    out.append(rd.write_figure("footprint", fig))
     plt.close(fig)
 
     # 3. per iteration
@@ -95,7 +90,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
         axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[0, 0].legend(fontsize=8)
         axes[0, 0].set_title(f"Per iteration: A = {la}, B = {lb}", fontsize=9)
-        out.append(_save(fig, folder / "per_iteration.png"))
+        out.append(rd.write_figure("per_iteration", fig))
         plt.close(fig)
 
     # 4. per kernel scatter
@@ -120,6 +115,6 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
             ax.set_xlabel(f"A: {label}")
             ax.set_ylabel(f"B: {label}")
         fig.suptitle(f"Per kernel ({cmp.kernel_match})", fontsize=9)
-        out.append(_save(fig, folder / "per_kernel.png"))
+        out.append(rd.write_figure("per_kernel", fig))
         plt.close(fig)
     return out

@@ -50,7 +50,7 @@ def _grouped_bars(
     x = np.arange(len(workloads))
     for i, f in enumerate(factors):
         sub = table[table["oversub"] == f].set_index("workload")[value]
-        heights = [float(sub.get(w, np.nan)) if w in sub.index else np.nan for w in workloads]
+        heights = [float(sub.get(w, np.nan)) for w in workloads]
         ax.bar(x - 0.4 + width * (i + 0.5), heights, width, color=colors[f], label=f"{f:g}")  # type: ignore[attr-defined]
     ax.set_xticks(x, workloads, rotation=20, ha="right")  # type: ignore[attr-defined]
 
@@ -212,9 +212,9 @@ def fig7_read_write(df: pd.DataFrame) -> Figure | None:
         return None
     table = runs.groupby(["workload", "oversub", "pca"])[["read_fault_count", "write_fault_count"]].mean()
     table = table.reset_index()
-    total = table["read_fault_count"] + table["write_fault_count"]
-    table["read_share"] = np.where(total > 0, table["read_fault_count"] / total.where(total > 0), np.nan)
-    table["write_share"] = np.where(total > 0, table["write_fault_count"] / total.where(total > 0), np.nan)
+    total = (table["read_fault_count"] + table["write_fault_count"]).where(lambda t: t > 0)  # no faults: no share
+    table["read_share"] = table["read_fault_count"] / total
+    table["write_share"] = table["write_fault_count"] / total
     workloads = workload_order(table["workload"])
     fig = Figure(figsize=(2.3 * len(workloads) + 1, 5.2), layout="constrained")
     axes = fig.subplots(2, len(workloads), sharey=True, squeeze=False)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from uvmlab.stats.schema import cell_value
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,15 @@ def _table_html(df: pd.DataFrame) -> str:
     rows = []
     for _, row in df.iterrows():
         cells = []
-        for v in row:
-            if isinstance(v, bool):
-                text, cls = str(v), ' class="text"'
-            elif isinstance(v, float | int) or hasattr(v, "dtype"):
-                text, cls = ("n/a" if v != v else f"{float(v):,.4g}"), ""
+        for v in map(cell_value, row):  # numpy scalars to Python; None, NaN and pd.NA (not collected) to None
+            if v is None:
+                text, cls = "n/a", ""
+            elif isinstance(v, bool | np.bool_):
+                text, cls = str(bool(v)), ' class="text"'
+            elif isinstance(v, float | int):
+                text, cls = f"{v:,.4g}", ""
             else:
-                text, cls = ("n/a" if v is None else str(v)), ' class="text"'
+                text, cls = str(v), ' class="text"'
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
@@ -66,6 +72,4 @@ def render(title: str, intro: str, sections: list[Section]) -> str:
 
 def relative(path: Path, start: Path) -> str:
     """``path`` relative to folder ``start`` with forward slashes (for <img src>)."""
-    import os
-
     return Path(os.path.relpath(path, start)).as_posix()

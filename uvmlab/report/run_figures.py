@@ -42,7 +42,7 @@ def memory_per_kernel_figure(kernels: pd.DataFrame, memory: pd.DataFrame | None 
     ax.set_ylabel("memory used by the kernel (MiB)")
     ax.set_title(title or "Memory per kernel")
     if nrows == 2 and memory is not None:
-        m = memory.iloc[: len(k)] if len(memory) >= len(k) else memory
+        m = memory.iloc[: len(k)]  # one memory row per kernel (the simulator's memory table), same kernels as above
         ax2 = axes[1][0]
         t_s = m["time_ns"] / 1e9
         ax2.plot(t_s, m["allocated_bytes"] / MiB, label="allocated (live tensors)", lw=0.8)

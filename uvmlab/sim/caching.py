@@ -47,7 +47,6 @@ class CachingAllocatorSim:
         device: DeviceSim | None = None,
         *,
         record_events: bool = False,
-        record_timeline: bool = False,
         device_index: int = 0,
     ):
         if settings is None or isinstance(settings, str):
@@ -85,9 +84,6 @@ class CachingAllocatorSim:
         self.record_events = record_events
         self.events: list[tuple[str, int, int, int]] = []  # (action, addr, size, stream)
         self.segment_events: list[tuple[int, str, int, int, int]] = []  # (op_index, action, addr, size, stream)
-        self.record_timeline = record_timeline
-        self.timeline_allocated: list[int] = []
-        self.timeline_reserved: list[int] = []
         self.op_index = 0  # number of malloc/free/empty_cache calls so far
 
     # ------------------------------------------------------------------ helpers
@@ -120,20 +116,10 @@ class CachingAllocatorSim:
         del pool.by_key[b.key]
         b.key = -1
 
-    def _log(self, action: str, addr: int, size: int, stream: int) -> None:
-        if self.record_events:
-            self.events.append((action, addr, size, stream))
-
     def _seg_log(self, action: str, addr: int, size: int, stream: int) -> None:
         self.segment_events.append((self.op_index, action, addr, size, stream))
         if self.record_events:
             self.events.append((action, addr, size, stream))
-
-    def _tick(self) -> None:
-        self.op_index += 1
-        if self.record_timeline:
-            self.timeline_allocated.append(self.allocated_bytes)
-            self.timeline_reserved.append(self.reserved_bytes)
 
     def round_size(self, size: int) -> int:
         """The block size PyTorch rounds ``size`` to under these settings."""
@@ -167,7 +153,7 @@ class CachingAllocatorSim:
                 free = self.device.free_bytes
                 if self.record_events:
                     self.events.append(("oom", free if free is not None else -1, rsize, stream))
-                self._tick()
+                self.op_index += 1
                 raise OutOfMemoryError(
                     f"simulated CUDA out of memory: tried to allocate {alloc_size} B (request {size} B); "
                     f"{self.allocated_bytes} B allocated, {self.reserved_bytes} B reserved, "
@@ -209,9 +195,6 @@ class CachingAllocatorSim:
         if self.record_events:
             self.events.append(("alloc", block.ptr, size, stream))
         self.op_index += 1
-        if self.record_timeline:
-            self.timeline_allocated.append(self.allocated_bytes)
-            self.timeline_reserved.append(self.reserved_bytes)
         return block
 
     def free(self, block: Block) -> None:
@@ -251,14 +234,11 @@ class CachingAllocatorSim:
                 block.next.prev = block
         self._insert(pool, block)
         self.op_index += 1
-        if self.record_timeline:
-            self.timeline_allocated.append(self.allocated_bytes)
-            self.timeline_reserved.append(self.reserved_bytes)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release_cached_blocks."""
         self._release_cached_blocks()
-        self._tick()
+        self.op_index += 1
 
     # ------------------------------------------------------------------ internals (allocator.md 2.7-2.11)
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
@@ -306,9 +286,6 @@ class CachingAllocatorSim:
         self._seg_log("segment_alloc", ptr, alloc_size, stream)
         return self._new_block(ptr, alloc_size, stream, seg)
 
-    def _release_block(self, pool: Pool, b: Block) -> None:
-        _rel.release_block(self, pool, b)
-
     def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
         return _rel.release_available_cached_blocks(self, pool, stream, size)
 
@@ -344,10 +321,6 @@ class CachingAllocatorSim:
         out["max_split_size"] = -1 if not self.settings.max_split_set else self._max_split
         return out
 
-    def timeline(self) -> dict[str, list[int]]:
-        """Allocated and reserved bytes after each malloc/free/empty_cache (``record_timeline=True``)."""
-        return {"allocated_bytes": self.timeline_allocated, "reserved_bytes": self.timeline_reserved}
-
     def all_blocks(self) -> list[Block]:
         """Every block: allocated, free and unmapped."""
         out = list(self.active_blocks.values())
@@ -368,11 +341,6 @@ class CachingAllocatorSim:
     def active_bytes(self) -> int:
         """Allocated plus pending-free bytes; equal to allocated_bytes (no deferred frees are modelled)."""
         return self.allocated_bytes
-
-    @property
-    def peak_active_bytes(self) -> int:
-        """Peak of active_bytes."""
-        return self.peak_allocated_bytes
 
     # used by expandable.py and replay
     def _bump_reserved(self, nbytes: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from uvmlab.errors import InvariantError, OutOfMemoryError
 from uvmlab.sim.blocks import Block, Segment
 from uvmlab.sim.device import DeviceSim
-from uvmlab.sim.snapshot_dicts import trace_entry
+from uvmlab.sim.snapshot_dicts import device_traces, segment_dict
 
 
 class NoCacheAllocatorSim:
@@ -152,31 +152,5 @@ class NoCacheAllocatorSim:
 
     def to_snapshot_dicts(self) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
         """(segments, device_traces): one segment per live tensor (PyTorch would record none)."""
-        segments = [
-            {
-                "device": self.device_index,
-                "address": b.ptr,
-                "total_size": b.size,
-                "allocated_size": b.size,
-                "active_size": b.size,
-                "requested_size": b.size,
-                "stream": b.stream,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": [
-                    {
-                        "address": b.ptr,
-                        "size": b.size,
-                        "requested_size": b.size,
-                        "state": "active_allocated",
-                        "frames": [],
-                    }
-                ],
-            }
-            for _, b in sorted(self.active_blocks.items())
-        ]
-        log = self.events if self.record_events else [(a, p, s, st) for _, a, p, s, st in self.segment_events]
-        trace = [trace_entry(a, p, s, st, i) for i, (a, p, s, st) in enumerate(log)]
-        return segments, [[] for _ in range(self.device_index)] + [trace]
+        segments = [segment_dict(self.device_index, [b], b.segment) for _, b in sorted(self.active_blocks.items())]
+        return segments, device_traces(self)

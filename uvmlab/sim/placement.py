@@ -16,6 +16,7 @@ Both the UVM simulator and the estimator call this, so every PCA mode goes throu
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,9 @@ from uvmlab.sim.allocconf import AllocatorSettings
 from uvmlab.sim.caching import CachingAllocatorSim
 from uvmlab.sim.device import DeviceSim
 from uvmlab.sim.nocache import NoCacheAllocatorSim
+from uvmlab.trace.schema import NEVER_FREED
 
 ALLOCATORS = ("pca", "nocache")
-NEVER_FREED = -1
 
 
 @dataclass
@@ -47,20 +48,23 @@ class Placement:
 
 
 class _Ranges:
-    """Open/closed device ranges keyed by start address."""
+    """Open/closed device ranges keyed by start address (open ranges never overlap)."""
 
     def __init__(self) -> None:
         self.rows: list[list[int]] = []  # [range_id, address, size, alloc_seq, free_seq]
         self.open: dict[int, int] = {}  # address -> row index
+        self.starts: list[int] = []  # sorted addresses of the open ranges
 
     def add(self, addr: int, size: int, seq: int) -> int:
         rid = len(self.rows)
         self.rows.append([rid, addr, size, seq, NEVER_FREED])
         self.open[addr] = rid
+        insort(self.starts, addr)
         return rid
 
     def close(self, addr: int, seq: int) -> None:
         rid = self.open.pop(addr)
+        del self.starts[bisect_right(self.starts, addr) - 1]
         self.rows[rid][4] = seq
 
     def unmap(self, addr: int, size: int, seq: int) -> None:
@@ -76,13 +80,12 @@ class _Ranges:
                 self.add(end, start + rsize - end, seq)
 
     def find(self, addr: int) -> int:
-        """The open range containing addr (few ranges: a linear scan over starts below addr is fine)."""
-        best = -1
-        for start, rid in self.open.items():
-            if start <= addr < start + self.rows[rid][2]:
-                best = rid
-                break
-        return best
+        """The open range containing addr, or -1 (one bisect: open ranges do not overlap)."""
+        i = bisect_right(self.starts, addr) - 1
+        if i < 0:
+            return -1
+        rid = self.open[self.starts[i]]
+        return rid if addr < self.starts[i] + self.rows[rid][2] else -1
 
 
 def place(

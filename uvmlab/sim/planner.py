@@ -41,6 +41,7 @@ from sortedcontainers import SortedDict, SortedList
 
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.summary import peak_live
 
 PLAN_ALIGN_BYTES = 512
 """Alignment of planned blocks: PyTorch's kMinBlockSize (c10/cuda/CUDACachingAllocator.cpp, 512 bytes)."""
@@ -412,6 +413,4 @@ def plan(trace: Trace, grouping: str = "best") -> Plan:
 
 def lower_bound_bytes(trace: Trace) -> int:
     """Peak of live requested bytes: no allocator can reserve less."""
-    if trace.allocations.empty:
-        return 0
-    return int(max(0, trace.live_bytes().max()))
+    return peak_live(trace)[0]

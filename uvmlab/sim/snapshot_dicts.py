@@ -22,7 +22,8 @@ def _block_dict(b: Any) -> dict[str, Any]:
     }
 
 
-def _segment_dict(device: int, blocks: list[Any], seg: Any) -> dict[str, Any]:
+def segment_dict(device: int, blocks: list[Any], seg: Any) -> dict[str, Any]:
+    """One snapshot segment dict made of ``blocks`` (address order) of ``seg``."""
     alloc = sum(b.size for b in blocks if b.allocated)
     return {
         "device": device,
@@ -60,15 +61,20 @@ def caching_snapshot_dicts(sim: CachingAllocatorSim) -> tuple[list[dict[str, Any
             if b.mapped:
                 run.append(b)
             elif run:
-                segments.append(_segment_dict(sim.device_index, run, seg))
+                segments.append(segment_dict(sim.device_index, run, seg))
                 run = []
         if run:
-            segments.append(_segment_dict(sim.device_index, run, seg))
+            segments.append(segment_dict(sim.device_index, run, seg))
     segments.sort(key=lambda s: s["address"])
+    return segments, device_traces(sim)
+
+
+def device_traces(sim: Any) -> list[list[dict[str, Any]]]:
+    """The simulator's event log as ``device_traces`` (every action with ``record_events``, else the segment
+    events), empty lists for the devices before ``sim.device_index``."""
     if sim.record_events:
         log = sim.events
     else:
         log = [(a, addr, size, stream) for _, a, addr, size, stream in sim.segment_events]
     trace = [trace_entry(a, addr, size, stream, i) for i, (a, addr, size, stream) in enumerate(log)]
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(sim.device_index)] + [trace]
-    return segments, traces
+    return [[] for _ in range(sim.device_index)] + [trace]

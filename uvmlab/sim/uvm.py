@@ -88,6 +88,8 @@ class UvmSim(FaultService):
         self._free_slots: list[int] = []
         self._ranges: dict[int, np.ndarray] = {}
         self._range_size: dict[int, int] = {}
+        self.mapped_bytes = 0
+        """Bytes of live managed ranges (kept as a running sum: the replay reads it after every kernel)."""
         self._lrm: OrderedDict[int, None] = OrderedDict()
         self._plans: dict[tuple[int, int, int, int], _Plan] = {}
         self._open_faults = 0
@@ -170,13 +172,14 @@ class UvmSim(FaultService):
             self._slot_bidx[slot] = b
         self._ranges[range_id] = slots
         self._range_size[range_id] = int(size_bytes)
+        self.mapped_bytes += int(size_bytes)
 
     def unmap_range(self, range_id: int) -> int:
         """``cudaFree`` of a managed range: destroy it, free its chunks without DtoH. Returns its block count."""
         slots = self._ranges.pop(range_id, None)
         if slots is None:
             raise InvariantError(f"managed range {range_id} is freed but not mapped")
-        del self._range_size[range_id]
+        self.mapped_bytes -= self._range_size.pop(range_id)
         freed = 0
         slot_list = slots.tolist()
         for s in slot_list:
@@ -194,11 +197,6 @@ class UvmSim(FaultService):
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
         return len(slots)
-
-    @property
-    def mapped_bytes(self) -> int:
-        """Bytes of live managed ranges."""
-        return sum(self._range_size.values())
 
     # -- helpers -------------------------------------------------------------------------------
     def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
@@ -390,6 +388,8 @@ class UvmSim(FaultService):
         used = int(np.array(self._chunk_bytes[:n], dtype=np.int64)[has_chunk].sum())
         if used != self.used_bytes:
             raise InvariantError(f"chunk accounting: {used} B in chunks, {self.used_bytes} B counted")
+        if self.mapped_bytes != sum(self._range_size.values()):
+            raise InvariantError(f"mapped bytes {self.mapped_bytes} B disagree with the live ranges' sizes")
         if self.used_bytes > self.capacity_bytes:
             raise InvariantError(f"resident chunks {self.used_bytes} B exceed capacity {self.capacity_bytes} B")
         if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):

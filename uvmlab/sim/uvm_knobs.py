@@ -44,7 +44,7 @@ class UvmKnobs:
     """``uvm_perf_fault_batch_count`` (uvm_gpu_replayable_faults.c:72-78): max fault entries fetched per batch."""
     fault_replay_policy: str = "batch_flush"
     """``uvm_perf_fault_replay_policy`` (default 2 = BATCH_FLUSH). Changes only raw-entry counts and turnaround;
-    the simulator records it and charges one replay per batch for every policy except ``once``."""
+    the simulator only records it: every policy is charged one turnaround (replay) per batch."""
     fault_max_batches_per_service: int = 20
     """``uvm_perf_fault_max_batches_per_service`` (:103-109); reported, has no effect on which pages move."""
     fault_coalesce: bool = True

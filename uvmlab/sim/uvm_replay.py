@@ -194,7 +194,7 @@ def replay(
     bounds = np.searchsorted(acc_kid, kid, side="left"), np.searchsorted(acc_kid, kid, side="right")
     lo_b, hi_b = bounds[0].tolist(), bounds[1].tolist()
     overlap = 1.0 - costs.fault_overlap
-    link = float(costs.link_bytes_per_s or gpu.link_bytes_per_s)
+    link = float(costs.link_bytes_per_s)  # filled from the GPU by for_gpu above
     t = 0.0
     e = 0
     n_ev = len(ev_seq)

@@ -128,7 +128,7 @@ def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     path = Path(out) / RESULTS_NAME
     newest = 0.0
     for p in run_dirs(out):
-        r = p / "result.json"
+        r = RunDir(p).result_json
         if r.is_file():
             newest = max(newest, r.stat().st_mtime)
     if not path.is_file() or path.stat().st_mtime < newest:

@@ -194,6 +194,16 @@ def submit_plan(
     return SubmitPlan(cluster=cluster, folder=out / "submitit", parameters=params, chunks=chunks)
 
 
+def executor_plan(
+    spec: SweepSpec, entries: list[Entry], out: str | os.PathLike[str], executor: str, slurm: SlurmOptions | None = None
+) -> SubmitPlan | None:
+    """The submitit plan ``executor`` would run for the pending ``entries`` (None for the local executor)."""
+    if executor == "local":
+        return None
+    cluster = "slurm" if executor == "slurm" else "local"
+    return submit_plan(entries, Path(out).resolve(), slurm or spec.slurm, cluster=cluster, name=f"uvmlab-{spec.name}")
+
+
 def render_sbatch(plan: SubmitPlan) -> str:
     """The sbatch script submitit would write for ``plan`` (for --dry-run; uses submitit's own renderer)."""
     from submitit.slurm import slurm
@@ -371,9 +381,8 @@ def run_sweep(
         if executor == "local":
             _run_local(pending, jobs, bar, summary.outcomes)
         else:
-            cluster = "slurm" if executor == "slurm" else "local"
-            plan = submit_plan(pending, out, slurm or spec.slurm, cluster=cluster, name=f"uvmlab-{spec.name}")
-            if plan.chunks:
+            plan = executor_plan(spec, pending, out, executor, slurm)
+            if plan is not None and plan.chunks:
                 _run_submitit(plan, pending, bar, summary)
     summary.wall_time_s = time.monotonic() - start
     if collect_results:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from uvmlab import SCHEMA_VERSION
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
 from uvmlab.rundir import RunDir
@@ -41,7 +42,6 @@ LOCK_NAME = ".worker.lock"
 KEEP = {"config.json", "logs", LOCK_NAME}
 """What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the lock."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
-RESULT_SCHEMA_VERSION = 1
 INTERRUPTED_CODES = (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, 130, 143)
 """Child exits that mean "the sweep was interrupted" (no result is recorded; a resumed sweep runs it again)."""
 
@@ -74,7 +74,7 @@ def failure_result(cfg: Any, outcome: str, error: str) -> dict[str, Any]:
     """A result.json for a run that did not finish: every RESULT_KEYS scalar, not-collected ones null."""
     result: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
     result.update(
-        schema_version=RESULT_SCHEMA_VERSION,
+        schema_version=SCHEMA_VERSION,
         mode=cfg.mode,
         outcome=outcome,
         error=error,

@@ -73,10 +73,6 @@ def check_cpu_fits(cfg: WorkloadConfig) -> int:
     return peak
 
 
-def _storage_keys(tensors: Any) -> set[int]:
-    return {t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor)}
-
-
 class _Categorizer:
     """Collects the facts the category rules need while the run goes on."""
 

@@ -181,16 +181,13 @@ def _iteration_bounds(trace: Trace) -> pd.DataFrame:
     return ev.groupby(["iteration", "phase"])["seq"].agg(["min", "max"])
 
 
-def rule_persist_parameters(b: _Builder) -> int:
-    """xMem rule 1: parameters (``model.to(device)``) persist through the whole run. Returns changes made."""
-    mask = (b.a["category"] == "parameter").to_numpy() & ~np.isnan(b.free_key)
-    b.free_key[mask] = np.nan
-    return int(mask.sum())
+def rule_persist_category(b: _Builder, category: str) -> int:
+    """Allocations of ``category`` are never freed; returns the number of frees removed.
 
-
-def rule_optimizer_state_persists(b: _Builder) -> int:
-    """xMem rule 5: optimizer state (Adam's exp_avg/exp_avg_sq, momentum) lives from the first step to the end."""
-    mask = (b.a["category"] == "optimizer_state").to_numpy() & ~np.isnan(b.free_key)
+    xMem rule 1 with ``"parameter"`` (``model.to(device)``: parameters persist through the whole run) and rule 5
+    with ``"optimizer_state"`` (Adam's exp_avg/exp_avg_sq, momentum live from the first step to the end).
+    """
+    mask = (b.a["category"] == category).to_numpy() & ~np.isnan(b.free_key)
     b.free_key[mask] = np.nan
     return int(mask.sum())
 
@@ -215,8 +212,8 @@ def rule_gradients_until_zero_grad(b: _Builder, trace: Trace, zero_grad: str) ->
         it = int(a.at[idx, "iteration"])
         if (it, "backward") not in bounds.index or it + 1 not in by_iter.index:
             continue  # no backward phase to anchor on, or no next iteration: the capture's free stands
-        after_bwd = [bounds.loc[(it, p), "min"] for p in ("optimizer",) if (it, p) in bounds.index]
-        after = min(after_bwd) if after_bwd else by_iter.loc[it + 1, "min"]
+        opt = (it, "optimizer")
+        after = bounds.loc[opt, "min"] if opt in bounds.index else by_iter.loc[it + 1, "min"]
         if b.free_key[idx] < after:
             continue  # died inside backward: an activation gradient
         if zero_grad == "before_backward":
@@ -303,9 +300,9 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
     b = _Builder(trace)
     changes: dict[str, int] = {}
     if rules.persist_parameters:
-        changes["persist_parameters"] = rule_persist_parameters(b)
+        changes["persist_parameters"] = rule_persist_category(b, "parameter")
     if rules.optimizer_state_persists:
-        changes["optimizer_state_persists"] = rule_optimizer_state_persists(b)
+        changes["optimizer_state_persists"] = rule_persist_category(b, "optimizer_state")
     if rules.gradients_until_zero_grad:
         changes["gradients_until_zero_grad"] = rule_gradients_until_zero_grad(b, trace, zero_grad)
     ws = cublas_workspace_bytes(gpu, rules.cublas_workspace_config)

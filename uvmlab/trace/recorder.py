@@ -163,12 +163,6 @@ class Recorder(TorchDispatchMode):
             self._refs[key] = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
         return aid
 
-    def track_tensors(self, tensors: Any, op: str = "<external>") -> None:
-        """Record the storages of tensors made outside the mode (first sight counts as allocation)."""
-        for t in tree_leaves(tensors):
-            if isinstance(t, torch.Tensor):
-                self._track(t, op)
-
     # ---- dispatch ------------------------------------------------------------------------------------------
     def _is_skip(self, func: torch._ops.OpOverload) -> bool:
         skip = self._skip_cache.get(func)

@@ -26,6 +26,16 @@ def peak_live(trace: Trace) -> tuple[int, int]:
     return int(live.iloc[i]), int(live.index[i])
 
 
+def live_by_category(trace: Trace, seq: int | None) -> dict[str, int]:
+    """Requested bytes alive right after event ``seq``, per allocation category (parameter, activation, ...)."""
+    if seq is None:
+        return {}
+    a = trace.allocations
+    alive = (a["alloc_seq"] <= seq) & ((a["free_seq"] > seq) | (a["free_seq"] == NEVER_FREED))
+    sums = a.loc[alive].groupby("category")["size_bytes"].sum()
+    return {str(k): int(v) for k, v in sums.items() if v > 0}
+
+
 def _phase_at(trace: Trace, seq: int) -> tuple[str | None, int | None]:
     """Phase and iteration of the latest allocation or kernel at or before ``seq``."""
     a = trace.allocations[["alloc_seq", "phase", "iteration"]].rename(columns={"alloc_seq": "seq"})
@@ -44,7 +54,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     k = trace.kernels
     peak, peak_seq = peak_live(trace)
     phase, iteration = _phase_at(trace, peak_seq) if peak_seq >= 0 else (None, None)
-    live_at_peak = a[(a["alloc_seq"] <= peak_seq) & ((a["free_seq"] == NEVER_FREED) | (a["free_seq"] > peak_seq))]
+    live_at_peak = live_by_category(trace, peak_seq)
     by_cat = []
     for cat in CATEGORIES:
         sel = a[a["category"] == cat]
@@ -55,7 +65,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
                 "category": cat,
                 "allocations": len(sel),
                 "allocated_bytes": int(sel["size_bytes"].sum()),
-                "live_at_peak_bytes": int(live_at_peak.loc[live_at_peak["category"] == cat, "size_bytes"].sum()),
+                "live_at_peak_bytes": live_at_peak.get(cat, 0),
             }
         )
     by_phase = []
