@@ -1,0 +1,1 @@
+"""`uvmlab validate`: the fidelity scorecard (every real data set we hold, measured vs predicted)."""

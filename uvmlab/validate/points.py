@@ -1,0 +1,68 @@
+"""The scorecard's unit: one measured quantity next to uvmlab's prediction of it, and the registry of checks.
+
+A *check* turns one real data set into points. Checks register themselves with :func:`check`; the scorecard
+(`uvmlab validate`) runs every registered check (or the ``fast`` subset in CI) and tabulates the points.
+Modules holding checks are listed in :data:`CHECK_MODULES` so that the registry is filled on import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured quantity and uvmlab's prediction of it.
+
+    ``fitted`` is true when the point was used to calibrate a constant (calibration set), false when it is a
+    held-out validation point. ``predicted`` is None when uvmlab could not predict it (``note`` says why).
+    """
+
+    dataset: str  # e.g. "uvm/noob512-uvm_rtx5090_pytorch_gcn"
+    case: str  # e.g. "5M nodes, without user prefetch"
+    quantity: str  # e.g. "uvm_epoch_time"
+    unit: str  # e.g. "s", "bytes", "count"
+    measured: float
+    predicted: float | None
+    fitted: bool = False
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """predicted / measured (None when either is missing or measured is 0)."""
+        if self.predicted is None or not self.measured:
+            return None
+        return self.predicted / self.measured
+
+
+CheckFn = Callable[[Path], list[Point]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: ``fn(data_dir)`` returns the points of one data set."""
+
+    name: str
+    fn: CheckFn
+    fast: bool  # part of the CI subset
+    needs: str  # sub-folder of the real-data directory it reads (skipped with a reason where absent)
+
+
+CHECKS: dict[str, Check] = {}
+
+#: Modules whose import registers checks (each owner adds its module here).
+CHECK_MODULES: list[str] = []
+
+
+def check(name: str, *, needs: str, fast: bool = False) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as the check ``name`` reading ``<data_dir>/<needs>``."""
+
+    def deco(fn: CheckFn) -> CheckFn:
+        if name in CHECKS:
+            raise ValueError(f"check {name!r} registered twice")
+        CHECKS[name] = Check(name=name, fn=fn, fast=fast, needs=needs)
+        return fn
+
+    return deco
