@@ -21,11 +21,25 @@ from uvmlab.units import parse_bytes
 
 @dataclass
 class RunResult:
-    """What a run produced: the mode that ran, its directory and its result.json content."""
+    """What a run produced: the mode that ran, its directory and its result.json content.
+
+    ``table(name)`` / ``tables`` give the run directory's tables (iterations, kernels, memory, ...) as DataFrames.
+    """
 
     mode: str
     path: Path
     result: dict[str, Any]
+
+    def table(self, name: str) -> Any:
+        """Table ``name`` of the run directory as a pandas DataFrame (InputError if the run has none)."""
+        return RunDir(self.path).read_table(name)
+
+    @property
+    def tables(self) -> dict[str, Any]:
+        """Every table the run wrote, by name, as pandas DataFrames (read on access)."""
+        folder = self.path / "tables"
+        names = sorted(p.stem for p in folder.glob("*.parquet")) if folder.is_dir() else []
+        return {name: self.table(name) for name in names}
 
 
 def gpu_availability() -> Any:

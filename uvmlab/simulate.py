@@ -10,8 +10,14 @@ Pipeline (each step another module's public function):
    usable memory);
 5. ``uvmlab.sim.uvm_replay.replay``: the UVM driver model (uvmlab.sim.uvm) over every kernel of every iteration.
 
-The baseline is the same kernels with every page resident and no allocator API costs (PCA on, no UVM: the
-reference the seed study compares against), so ``slowdown = iteration_time_ns / baseline_time_ns``.
+Two native (no UVM, every page resident) references, mean over the iterations after the first:
+
+- ``native_pca_time_ns``: the same kernels with the caching allocator on (no allocator API calls in steady
+  iterations: PCA serves them from its cache): the reference of the seed study. ``slowdown_vs_native_pca``.
+- ``native_time_ns``: the same job with the same PCA setting. PCA on: equal to the above. PCA off: plus one
+  ``cudaMalloc`` and one ``cudaFree`` per tensor range of the iteration, priced as the managed calls
+  (CostParams.managed_alloc_ns / cudafree_sync_ns, both unverified; cudaFree synchronizes the device either
+  way, pytorch#106200). ``slowdown_vs_native = iteration_time_ns / native_time_ns``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from uvmlab import SCHEMA_VERSION, __version__
 from uvmlab.config import RunConfig
@@ -106,9 +113,9 @@ def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
 def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams) -> dict:
     """result.json content (docs/result-json.md documents every key)."""
     its = res.iterations
-    steady = its["duration_ns"].to_numpy()[1:] if len(its) > 1 else its["duration_ns"].to_numpy()
-    iteration_ns = float(np.mean(steady)) if len(steady) else float("nan")
-    baseline = res.baseline_iteration_ns
+    iteration_ns = _steady_mean(its["duration_ns"])
+    native = _steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
+    native_pca = res.baseline_iteration_ns
     totals = res.totals
     migrated = totals.htod_bytes + totals.dtoh_bytes
     place = prep.placement
@@ -128,8 +135,10 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
         "iterations": len(its),
         "iteration_time_ns": iteration_ns,
         "total_time_ns": res.total_time_ns,
-        "baseline_time_ns": baseline,
-        "slowdown": iteration_ns / baseline if baseline and baseline > 0 else None,
+        "native_time_ns": native,
+        "slowdown_vs_native": _ratio(iteration_ns, native),
+        "native_pca_time_ns": native_pca,
+        "slowdown_vs_native_pca": _ratio(iteration_ns, native_pca),
     }
     for col in FAULT_COLUMNS:
         d[col] = int(its[col].sum()) if len(its) else 0
@@ -156,10 +165,40 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "cost_params_source": cfg.params_file or "defaults (uvmlab.sim.timing.CostParams)",
         }
     )
+    d["batch_size"] = prep.trace.header.get("batch_size")
     missing = [k for k in RESULT_KEYS if k not in d]
     if missing:
         raise InvariantError(f"result.json lacks shared keys {missing}")
     return d
+
+
+def _steady_mean(values: Any) -> float:
+    """Mean over the iterations after the first (all of them when there is one)."""
+    v = np.asarray(values, dtype=float)
+    v = v[1:] if len(v) > 1 else v
+    return float(np.mean(v)) if len(v) else float("nan")
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return a / b if b and b > 0 else None
+
+
+def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> Any:
+    """The iterations table with ``native_pca_time_ns`` (the replay's all-resident ``baseline_ns``) and
+    ``native_time_ns`` (plus, PCA off, the iteration's cudaMalloc/cudaFree calls; see the module docstring)."""
+    its = its.rename(columns={"baseline_ns": "native_pca_time_ns"})
+    api_ns = np.zeros(len(its))
+    if not pca and len(its):
+        k = prep.trace.kernels
+        first = k[k["iteration"] >= 0].groupby("iteration")["seq"].min()
+        bounds = np.append(first.to_numpy(), k["seq"].max() + 1)
+        rng = prep.placement.ranges
+        n_alloc = np.histogram(rng["alloc_seq"].to_numpy(), bins=bounds)[0]
+        n_free = np.histogram(rng["free_seq"].to_numpy(), bins=bounds)[0]
+        per_it = pd.Series(n_alloc * costs.managed_alloc_ns + n_free * costs.cudafree_sync_ns, index=first.index)
+        api_ns = its["iteration"].map(per_it).fillna(0.0).to_numpy()
+    its["native_time_ns"] = its["native_pca_time_ns"] + api_ns
+    return its
 
 
 def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
@@ -177,6 +216,7 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
         dtype=cfg.workload.dtype,
         progress=progress,
     )
+    res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
     result = result_dict(cfg, prep, res, knobs, costs)
     result["sim_wall_s"] = time.perf_counter() - t0
     return res, result
@@ -191,7 +231,8 @@ def simulate_run(
     """
     prep = prepare(cfg, progress=capture_progress)
     res, result = simulate_prepared(cfg, prep, progress)
-    rundir.write_json(rundir.config_json, {"run": cfg.to_dict(), "mode": "sim"})
+    used = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
+    rundir.write_json(rundir.config_json, {"run": cfg.to_dict(), "mode": "sim", "used": used})
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))
     rundir.write_table("iterations", check_table("iterations", res.iterations))
     rundir.write_table("kernels", check_table("kernels", res.kernels))

@@ -1,5 +1,5 @@
 """Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate) and
-``--format table|json``."""
+``--format table|json[|csv]``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,38 @@ from uvmlab.errors import InputError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def format_option(help: str | None = None) -> Callable[[F], F]:
-    """Add ``--format table|json`` (as ``fmt``): rich tables, or JSON only on stdout; ``help`` is its --help text."""
-    return click.option(
-        "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help=help
+def format_option(help: str | None = None, csv: bool = True, extra: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Add ``--format table|json|csv`` (as ``fmt``): tables (rich on a terminal, Markdown otherwise), or only JSON /
+    CSV on stdout (``csv=False`` where the output is not rows); ``extra`` adds command-specific formats."""
+    choices = ["table", "json", *(["csv"] if csv else []), *extra]
+    default_help = "table: readable tables (Markdown when stdout is not a terminal); json: JSON only on stdout" + (
+        "; csv: CSV rows only on stdout." if csv else "."
     )
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(choices),
+        default="table",
+        show_default=True,
+        help=help or default_help,
+    )
+
+
+class _OutOption(click.Option):
+    """An option whose ``--output`` spelling works but is left out of --help (the documented one is ``--out``)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts = self.opts
+        self.opts = [o for o in opts if o != "--output"]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+
+def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
+    """``-o/--out`` (as ``dest``), the one spelling of an output path everywhere; ``--output`` is a hidden alias."""
+    return click.option("-o", "--out", "--output", dest, cls=_OutOption, help=help, **kw)
 
 
 def workload_options(iterations_default: int = 3) -> Callable[[F], F]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, parse_options, workload_config, workload_options
+from uvmlab.cli.options import format_option, out_option, parse_options, workload_config, workload_options
 from uvmlab.errors import InputError
 
 
@@ -31,7 +31,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         v = r.get(key)
         return "n/a" if v is None or v != v else f"{v / 1e6:,.2f} ms"
 
-    slow = r.get("slowdown")
+    def x(key: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None or v != v else f"{v:,.2f}x"
+
     return [
         ("workload", r.get("workload")),
         ("mode", r.get("mode")),
@@ -42,8 +45,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("available to UVM", b("available_bytes")),
         ("iterations", r.get("iterations")),
         ("iteration time", ms("iteration_time_ns")),
-        ("baseline iteration (all resident)", ms("baseline_time_ns")),
-        ("slowdown", "n/a" if slow is None else f"{slow:,.2f}x"),
+        ("native iteration (no UVM, same PCA setting)", ms("native_time_ns")),
+        ("slowdown vs native", x("slowdown_vs_native")),
+        ("native iteration (no UVM, PCA on)", ms("native_pca_time_ns")),
+        ("slowdown vs native PCA on", x("slowdown_vs_native_pca")),
         (
             "page faults (read / write)",
             f"{r.get('fault_count', 0):,} ({r.get('read_fault_count', 0):,} / {r.get('write_fault_count', 0):,})",
@@ -104,9 +109,14 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     metavar="FILE",
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
 )
-@click.option("-o", "--out", default=None, metavar="DIR", help="Run directory [default: runs/<name>-x<F>-pca..].")
+@out_option(
+    "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
+    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder].",
+    default=None,
+    metavar="DIR",
+)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
-@format_option("json: print result.json on stdout only.")
+@format_option("json: print result.json on stdout only; csv: its scalar keys as key,value rows.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
 @click.option(
     "--footprint",
@@ -146,8 +156,7 @@ def run_command(
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
     from uvmlab.config import RunConfig
-    from uvmlab.console import note, print_table
-    from uvmlab.console import out as stdout
+    from uvmlab.console import note, print_csv, print_table, say
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
 
@@ -185,10 +194,15 @@ def run_command(
     if res.result.get("dry_run"):
         click.echo(res.result["plan"], nl=False)
         return
-    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
     from uvmlab.rundir import RunDir
 
-    stdout.print(RunDir(res.path).summary_line())
+    if fmt == "csv":
+        scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
+        print_csv(("result", ("key", "value"), scalars))
+        note(RunDir(res.path).summary_line())
+        return
+    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
+    say(RunDir(res.path).summary_line())
 
 
 def _progress(label: str) -> Any:

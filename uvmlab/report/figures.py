@@ -111,11 +111,11 @@ def fig3_slowdown(df: pd.DataFrame) -> Figure | None:
     """Figure 3: slowdown per workload and factor > 1, (a) with and (b) without PCA.
 
     Slowdown is the study's: iteration time / iteration time at factor 1.0 with the same PCA setting
-    (``study_slowdown`` in uvmlab.report.data).
+    (``slowdown_vs_oversub1`` in uvmlab.report.data).
     """
     fig = _two_panels(
         df,
-        "study_slowdown",
+        "slowdown_vs_oversub1",
         "slowdown (x, vs factor 1.0 with the same PCA setting)",
         "Performance under oversubscription factors (study Fig. 3)",
         log=True,
@@ -284,7 +284,7 @@ def fig9_migration_bytes(df: pd.DataFrame) -> Figure | None:
 
 
 SIM_VS_MEASURED_METRICS = (
-    ("slowdown", "slowdown (x)"),
+    ("slowdown_vs_native", "slowdown vs native (x, no UVM, same PCA)"),
     ("iteration_time_ns", "iteration time (ms)"),
     ("fault_count", "page faults"),
     ("migration_bytes", "migrated bytes (GiB)"),

@@ -123,7 +123,9 @@ RESULT_KEYS: tuple[str, ...] = (
     "iterations",
     "iteration_time_ns",  # mean over iterations after the first (warm-up)
     "total_time_ns",
-    "baseline_time_ns",  # same job without oversubscription (sim: factor 1 without UVM faults; gpu: --baseline)
-    "slowdown",  # iteration_time_ns / baseline_time_ns
+    "native_time_ns",  # the same job, same PCA setting, without UVM (everything resident); gpu: --baseline
+    "slowdown_vs_native",  # iteration_time_ns / native_time_ns
+    "native_pca_time_ns",  # the same job all-resident with PCA on (the seed study's reference)
+    "slowdown_vs_native_pca",  # iteration_time_ns / native_pca_time_ns
     *FAULT_COLUMNS,  # totals over all iterations
 )

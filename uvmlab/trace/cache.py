@@ -1,6 +1,7 @@
 """On-disk cache of captured traces, so sweeps and runs capture each workload once.
 
-Location: ``$UVMLAB_CACHE/traces/<key>`` if ``UVMLAB_CACHE`` is set, else ``~/.cache/uvmlab/traces/<key>``.
+Location: ``$UVMLAB_CACHE/traces/<key>`` if ``UVMLAB_CACHE`` is set, else ``$XDG_CACHE_HOME/uvmlab/traces/<key>``
+(``~/.cache/uvmlab/traces/<key>`` without XDG_CACHE_HOME).
 The key is a stable hash of the WorkloadConfig, the capture device, the torch version, the uvmlab trace schema
 version, ``CAPTURE_VERSION`` (bumped when capture's rules change) and, for user workload files, the file's
 SHA-256. Entries are written to a temporary folder and renamed into place, so a killed capture leaves no
@@ -31,9 +32,11 @@ CAPTURE_VERSION = 1
 
 
 def cache_root() -> Path:
-    """The folder holding cached traces."""
+    """The folder holding cached traces: ``$UVMLAB_CACHE``, else the XDG cache folder (``$XDG_CACHE_HOME``, else
+    ``~/.cache``) + ``uvmlab`` (what platformdirs.user_cache_dir gives on Linux, without the dependency)."""
     env = os.environ.get("UVMLAB_CACHE")
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "uvmlab"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(env).expanduser() if env else (Path(xdg) if xdg else Path.home() / ".cache") / "uvmlab"
     return base / "traces"
 
 
