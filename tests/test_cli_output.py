@@ -241,3 +241,42 @@ def test_detected_name_maps_to_a_known_model() -> None:
     assert _known_match("NVIDIA H100 PCIe") == "H100-PCIe"
     assert _known_match("Tesla T4") == "T4"
     assert _known_match(None) is None
+
+
+def test_auto_mode_note_keeps_the_pip_extra(tmp_path: Path) -> None:
+    tiny = str(REPO / "docs" / "examples" / "tiny_mlp.py")
+    env_args = ["--option", "hidden=256", "--batch-size", "8", "--iterations", "2", "--format", "json"]
+    proc = _uvmlab("run", tiny, *env_args, "--mode", "auto", "-o", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    assert "running the simulator" in proc.stderr
+    if "NVML Python bindings" in proc.stderr:  # the machine lacks nvidia-ml-py: the note names the pip extra
+        assert "pip install 'uvmlab[gpu]'" in proc.stderr
+
+
+def test_terms_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, words in (
+        (["trace", "show", "--help"], ["Terms:", "event N", "accesses"]),
+        (["replay", "--help"], ["Terms:", "blocks inferred", "empty_cache bursts"]),
+        (["snapshot", "show", "--help"], ["Terms:", "format G1..G6", "segments"]),
+    ):
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        assert all(w in text for w in words), (argv, words)
+
+
+def test_fragmentation_plan_line_says_what_none_means() -> None:
+    from types import SimpleNamespace
+
+    from uvmlab.cli.eval_cmds import _plan_words
+
+    words = _plan_words(SimpleNamespace(grouping="none", n_groups=3393, n_fusions=0))
+    assert words == "no grouping (one group per request), 3,393 groups, 0 fusions of groups"
+    assert "plan: none" not in words
+
+
+def test_calibrate_shows_where_a_null_parameter_comes_from() -> None:
+    from uvmlab.cli.nsys_cmds import _param_cell
+
+    value, used = _param_cell("zero_fill_bytes_per_s", None)
+    assert value is None and "HBM bandwidth" in used
+    assert _param_cell("fault_entry_ns", 300.0) == (300.0, "this value")

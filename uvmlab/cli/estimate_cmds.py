@@ -9,7 +9,7 @@ import click
 from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS
-from uvmlab.console import note, print_csv, print_table, say
+from uvmlab.console import note, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes
 
 
@@ -151,7 +151,7 @@ def estimate_cmd(
         task = bar.add_task("estimating", total=None)
 
         def capture_progress(done: int, total: int) -> None:
-            bar.update(task, description=f"capturing {workload} (first time; cached afterwards)", completed=done,
+            bar.update(task, description=plain(f"capturing {workload} (first time; cached afterwards)"), completed=done,
                        total=total)  # fmt: skip
 
         est = estimate(
@@ -160,7 +160,7 @@ def estimate_cmd(
             allocator=allocator,
             alloc_conf=alloc_conf,
             margin_bytes=None if margin_mb is None else margin_mb * MiB,
-            progress=lambda msg: bar.update(task, description=msg),
+            progress=lambda msg: bar.update(task, description=plain(msg)),
             capture_progress=capture_progress,
         )
     result = est.to_json()
