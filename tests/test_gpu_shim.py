@@ -474,9 +474,10 @@ subprocess.run([sys.argv[2], "m8192"], check=True)       # inherits LD_PRELOAD a
 
 
 def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> None:
+    claim = tmp_path / "run.balloon.claim"
     proc = subprocess.run(
         [sys.executable, "-c", _PARENT_AND_CHILD, str(built["client"]), str(built["main"])],
-        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB), UVMLAB_BALLOON_CLAIM=str(claim)),
         capture_output=True,
         text=True,
     )
@@ -486,6 +487,87 @@ def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> N
     assert sum(c.startswith("cudaMallocManaged") for c in calls) == 2  # parent 4096 and child 8192
     log = shim.read_alloc_log(tmp_path / "alloc.bin")  # both processes append to the same log
     assert log["pid"].nunique() == 2 and (log["op"] == "balloon_alloc").sum() == 1
+    owner = int(claim.read_text())
+    assert owner == int(log.loc[log["op"] == "balloon_alloc", "pid"].iloc[0])  # the parent took it
+
+
+_GETENV_AFTER_BALLOON = """
+import ctypes, sys
+client = ctypes.CDLL(sys.argv[1])
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+p = ctypes.c_void_p()
+assert client.client_malloc(ctypes.byref(p), 4096) == 0  # inflates the balloon
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+print(libc.getenv(b"UVMLAB_BALLOON_DONE"))
+"""
+
+
+def test_the_shim_never_changes_the_environment(built, tmp_path) -> None:
+    """Defect 6: setenv in the shim raced with getenv in other threads; the balloon no longer touches environ."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _GETENV_AFTER_BALLOON, str(built["client"])],
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"
+    assert "setenv(" not in shim.SOURCE.read_text() and "putenv(" not in shim.SOURCE.read_text()
+
+
+def test_an_inherited_balloon_marker_does_not_disable_the_balloon(built, tmp_path) -> None:
+    """Defect 5 (shim side): a stray UVMLAB_BALLOON_DONE from a parent's environment used to skip the balloon."""
+    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_BALLOON_BYTES=str(GiB), UVMLAB_BALLOON_DONE="1234")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0] == calls[0].split(" size=")[0] + f" size={GiB} -> 0" and calls[0].startswith("cudaMalloc ")
+
+
+def test_no_room_for_a_balloon_is_said_and_logged(built, tmp_path) -> None:
+    """Defect 4: free memory already at or below the amount to leave: the shim took no balloon and said nothing."""
+    total, context = 4 * GiB, 256 * MiB
+    free = total - context
+    proc, calls = _run_main(
+        built,
+        tmp_path,
+        "m4096",
+        FAKE_CUDART_TOTAL_BYTES=str(total),
+        FAKE_CUDART_CONTEXT_BYTES=str(context),
+        UVMLAB_BALLOON_LEAVE_BYTES=str(free + MiB),
+    )
+    assert proc.returncode == 0
+    assert not any(c.startswith("cudaMalloc ") for c in calls)  # nothing reserved
+    assert "WARNING" in proc.stderr and "no balloon" in proc.stderr and str(free) in proc.stderr
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    b = log[log["op"] == "balloon_alloc"]
+    assert len(b) == 1 and int(b["size_bytes"].iloc[0]) == 0 and int(b["arg"].iloc[0]) == free
+
+
+_LIVE_BYTES = """
+import ctypes, sys
+client = ctypes.CDLL(sys.argv[1])
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+client.client_free.argtypes = [ctypes.c_void_p]
+live = ctypes.CDLL(None).uvmlab_live_managed_bytes
+live.restype = ctypes.c_size_t
+a, b = ctypes.c_void_p(), ctypes.c_void_p()
+client.client_malloc(ctypes.byref(a), 3 << 20)
+client.client_malloc(ctypes.byref(b), 5 << 20)
+print(live())
+client.client_free(a)
+print(live())
+"""
+
+
+def test_live_managed_bytes_follow_allocations_and_frees(built, tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIVE_BYTES, str(built["client"])],
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(8 << 20), str(5 << 20)]  # the balloon is not managed memory
 
 
 def test_an_unwritable_log_disables_logging_but_not_the_program(built, tmp_path) -> None:
