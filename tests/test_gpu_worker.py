@@ -130,8 +130,9 @@ def test_collect_writes_the_run_directory_with_measured_slowdown(tmp_path: Path)
     _fake_gpu_outputs(rd, [30.0, 20.0, 22.0], [5.0, 4.0, 4.0], log)
     res = collect.collect_run(cfg, opts, plan, rd, status)
     assert rd.is_complete() and set(RESULT_KEYS) <= set(res)
-    assert res["mode"] == "gpu" and res["iteration_time_ns"] == 21e6 and res["baseline_time_ns"] == 4e6
-    assert res["slowdown"] == pytest.approx(21 / 4)
+    assert res["mode"] == "gpu" and res["iteration_time_ns"] == 21e6 and res["native_time_ns"] == 4e6
+    assert res["slowdown_vs_native"] == pytest.approx(21 / 4)
+    assert res["native_pca_time_ns"] is None and res["slowdown_vs_native_pca"] is None  # this run has PCA off
     assert res["fault_count"] is None  # no nsys: not collected, never 0
     assert res["available_bytes"] == 4 * GiB and res["footprint_bytes"] == 16 * GiB
     assert res["gpu_run"]["balloon_actual"] == {"balloon_bytes": balloon, "free_before_bytes": 79 * GiB, "result": 0}
@@ -153,7 +154,7 @@ def test_collect_without_baseline_has_no_slowdown(tmp_path: Path) -> None:
     rd = RunDir(tmp_path)
     _fake_gpu_outputs(rd, [10.0], None, None)
     res = collect.collect_run(cfg, opts, plan, rd, status)
-    assert res["iteration_time_ns"] == 10e6 and res["baseline_time_ns"] is None and res["slowdown"] is None
+    assert res["iteration_time_ns"] == 10e6 and res["native_time_ns"] is None and res["slowdown_vs_native"] is None
 
 
 def test_run_gpu_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:

@@ -109,7 +109,23 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
         plan = plan_run(cfg, opts, path.resolve(), status=status, measured_footprint_bytes=measured)
         for step in plan.steps:
             _run_checked(step, rundir.logs)
-    return collect.collect_run(cfg, opts, plan, rundir, status)
+    res = collect.collect_run(cfg, opts, plan, rundir, status)
+    check_effective_factor(res, opts.strict_factor)
+    return res
+
+
+def check_effective_factor(res: dict[str, Any], strict: bool) -> None:
+    """Say loudly (stderr) when the measured factor is off by more than the tolerance, or was not measured;
+    with ``strict`` a factor off by more than the tolerance is an error (result.json, with both factors, is
+    already written)."""
+    from uvmlab.console import err
+
+    eff = (res.get("gpu_run") or {}).get("effective") or {}
+    message = eff.get("message")
+    if message:
+        err.print(f"uvmlab: {message}", markup=False)
+    if strict and eff.get("ok") is False:
+        raise UvmlabError(f"--strict-factor: {message}")
 
 
 def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]:
@@ -151,4 +167,5 @@ def _opts_dict(opts: GpuRunOptions) -> dict[str, Any]:
         "reserve_bytes": opts.reserve_bytes,
         "calibration_iterations": opts.calibration_iterations,
         "shim_library": opts.shim_library,
+        "strict_factor": opts.strict_factor,
     }
