@@ -105,11 +105,10 @@ def gpu_status(env: dict[str, str] | None = None) -> GpuStatus:
     try:
         import pynvml
     except ImportError:
-        return GpuStatus(
-            False,
-            "the NVML Python bindings are not installed: pip install 'uvmlab[gpu]' (nvidia-ml-py)",
-            source="none",
-        )
+        bindings = "the NVML Python bindings are not installed: pip install 'uvmlab[gpu]' (nvidia-ml-py)"
+        if not Path("/proc/driver/nvidia/version").exists():
+            bindings = f"no NVIDIA driver is loaded on this machine, and {bindings}"
+        return GpuStatus(False, bindings, source="none")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
