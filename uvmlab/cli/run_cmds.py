@@ -127,6 +127,11 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option("--baseline", is_flag=True, help="GPU mode: also run without UVM for the slowdown baseline.")
 @click.option("--nsys", is_flag=True, help="GPU mode: profile with Nsight Systems (UM faults and migrations).")
 @click.option("--alloc-conf", default=None, metavar="CONF", help="GPU mode: PYTORCH_CUDA_ALLOC_CONF to set.")
+@click.option(
+    "--strict-factor",
+    is_flag=True,
+    help="GPU mode: fail when the measured oversubscription factor is more than 5% from the requested one.",
+)
 def run_command(
     workload: str,
     oversub: str,
@@ -145,6 +150,7 @@ def run_command(
     baseline: bool,
     nsys: bool,
     alloc_conf: str | None,
+    strict_factor: bool,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -177,6 +183,7 @@ def run_command(
         "baseline": baseline,
         "nsys": nsys,
         "alloc_conf": alloc_conf,
+        "strict_factor": strict_factor,
     }
     res = run(
         cfg,
