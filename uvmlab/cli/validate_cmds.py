@@ -57,7 +57,7 @@ def validate_cmd(
         card.frame().to_csv(sys.stdout, index=False)
     else:
         rows = [
-            [p.dataset, p.case, f"{p.quantity} [{p.unit}]", _value(p.measured), _value(p.predicted), p.ratio,
+            [p.dataset, p.case, f"{p.quantity} ({p.unit})", _value(p.measured), _value(p.predicted), p.ratio,
              _flag(p.within(1.5)), _flag(p.within(2.0)), "fitted" if p.fitted else ""]
             for _, p in card.points
         ]  # fmt: skip

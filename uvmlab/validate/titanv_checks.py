@@ -54,13 +54,16 @@ def parse_abc(path: Path) -> dict[str, Any]:
     return {"batches": out, "blocks": {k: len(v) for k, v in blocks.items()}, "destroyed": destroyed, "wall_us": wall}
 
 
-def simulate_abc() -> tuple[Any, list[tuple[str, int, int]]]:
-    """The simulated abc run and its batches (kind, faults, VA blocks)."""
+def simulate_abc(knobs: Any = None) -> tuple[Any, list[tuple[str, int, int]]]:
+    """The simulated abc run and its batches (kind, faults, VA blocks). Default knobs: the logged driver's
+    (prefetcher off, uvm_perf_prefetch_enable=0 in genabcfaults.sh) and one warp: all its 64 loads are in flight
+    together, so the batch is not limited by concurrency (batch_unique_pages = the 256-entry batch)."""
     from uvmlab.sim.uvm import UvmSim
     from uvmlab.sim.uvm_knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 
-    # one warp: all its 64 loads are in flight together, so the batch is not limited by concurrency
-    sim = UvmSim(64 * 1024 * 1024, UvmKnobs(prefetch_enable=False, batch_unique_pages=256), record_events=True)
+    if knobs is None:
+        knobs = UvmKnobs(prefetch_enable=False, batch_unique_pages=256)
+    sim = UvmSim(64 * 1024 * 1024, knobs, record_events=True)
     for r in range(3):
         sim.map_range(r, VA_BLOCK_BYTES)
         sim.host_write(r, 0, 32 * PAGE_BYTES)
