@@ -6,7 +6,8 @@ the four logs shows 96 faults: 56 + 8 reads (two VA blocks, then one) and 32 wri
 (:class:`uvmlab.sim.uvm.UvmSim`) must give the same totals, read/write split and VA blocks (band 1.0). It has no
 arrival times, so it services the 64 reads in one batch: the log's consecutive same-kind batches are merged
 before the batch count is compared (docs/uvm-sim.md). The wall time of the fault handling is tabulated as a
-fitted point: the fault-path cost defaults come from these logs (a consistency check, not a validation).
+fitted point: the fault-path cost defaults come from these logs (a consistency check, not a validation). So is
+the default ``batch_unique_pages``: 256 entries minus the mean duplicate faults per batch of the cuBLAS log.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from uvmlab.validate.points import Point, check
 DATASET = "uvm/uvm-eval_titanv_460.27.04"
 ACCESS = {1: "read", 2: "write"}  # access_type of the f, lines (real-data/uvm README section 1)
 LOG_GLOB = "abc_short_log_32_ts_abc_*.kmsg"
+CUBLAS_LOG = "cublas_wq256-3.dmesg"
+FAULT_BUFFER_ENTRIES = 256  # entries per fault batch (reference/uvm.md 1.4; the log's "wq256")
 
 
 def parse_abc(path: Path) -> dict[str, Any]:
@@ -122,3 +125,31 @@ def check_titanv(data_dir: Path) -> list[Point]:
             )
         )
     return points
+
+
+def cublas_unique_pages(path: Path) -> float:
+    """256 minus the mean duplicate faults per batch of the cuBLAS log (``BC:a:dups:...`` lines)."""
+    dups = [int(line.split("BC:")[1].split(":")[1]) for line in path.read_text().splitlines() if "BC:" in line]
+    return FAULT_BUFFER_ENTRIES - sum(dups) / len(dups)
+
+
+@check("titanv-cublas", needs="uvm/uvm-eval_titanv_460.27.04", fast=True)
+def check_cublas(data_dir: Path) -> list[Point]:
+    """The default distinct pages per fault batch against the cuBLAS log it was fitted on."""
+    from uvmlab.sim.uvm_knobs import UvmKnobs
+
+    path = data_dir / "uvm" / "uvm-eval_titanv_460.27.04" / CUBLAS_LOG
+    if not path.is_file():
+        return []
+    return [
+        Point(
+            DATASET,
+            path.stem,
+            "distinct pages per fault batch (256 - mean duplicates)",
+            "count",
+            cublas_unique_pages(path),
+            float(UvmKnobs().batch_unique_pages),
+            fitted=True,
+            note="the default batch_unique_pages is fitted on this log (uvmlab.sim.uvm_knobs)",
+        )
+    ]
