@@ -65,6 +65,8 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "uvmlab.evaluate.harness",
     "characterize_source": "uvmlab.fragmentation",
     "colocate_workloads": "uvmlab.colocate",
+    # fidelity scorecard
+    "validate": "uvmlab.validate.scorecard",
 }
 
 __all__ = sorted(_EXPORTS)

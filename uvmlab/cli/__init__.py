@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "sweep_cmds",  # sweep, report
     "gpu_cmds",  # shim, doctor, gpus
     "eval_cmds",  # evaluate, fragmentation, colocate
+    "validate_cmds",  # validate
 )
 
 
