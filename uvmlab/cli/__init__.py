@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "sweep_cmds",  # sweep, report
     "gpu_cmds",  # shim, doctor
     "eval_cmds",  # evaluate, fragmentation, colocate
+    "advise_cmds",  # advise
 )
 
 

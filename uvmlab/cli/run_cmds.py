@@ -117,6 +117,13 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option("--baseline", is_flag=True, help="GPU mode: also run without UVM for the slowdown baseline.")
 @click.option("--nsys", is_flag=True, help="GPU mode: profile with Nsight Systems (UM faults and migrations).")
 @click.option("--alloc-conf", default=None, metavar="CONF", help="GPU mode: PYTORCH_CUDA_ALLOC_CONF to set.")
+@click.option(
+    "--policy",
+    default=None,
+    metavar="NAME",
+    help="A memory policy of uvmlab advise (e.g. release-each-iteration; combine with +), on the GPU memory the "
+    "job as given has at --oversub.",
+)
 def run_command(
     workload: str,
     oversub: str,
@@ -135,6 +142,7 @@ def run_command(
     baseline: bool,
     nsys: bool,
     alloc_conf: str | None,
+    policy: str | None,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -161,7 +169,12 @@ def run_command(
         prefetch=prefetch,
         params_file=params_file,
         sim_options=parse_options(sim_options),
+        policy=policy,
     )
+    if policy:
+        from uvmlab.advise.policies import get_policy
+
+        get_policy(policy)  # an unknown name is one sentence before anything runs
     gpu_flags = {
         "dry_run": dry_run,
         "footprint": footprint,
