@@ -67,18 +67,61 @@ def _pipeline() -> tuple[Any, Any, Any]:
     return get_trace, to_cuda, place
 
 
-def prepare(cfg: RunConfig, progress: Any = None) -> Prepared:
-    """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory."""
+def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = None) -> Prepared:
+    """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory.
+
+    ``available_bytes`` fixes the GPU memory UVM may use (``uvmlab advise`` compares policies on one GPU);
+    by default it is footprint / ``cfg.oversub``. ``cfg.policy`` adds its allocator settings and releases.
+    """
     get_trace, to_cuda, place = _pipeline()
     gpu = run_gpu_spec(cfg)
     trace = get_trace(cfg.workload, progress=progress)
     trace = to_cuda(trace, gpu)
-    placement = place(trace, "pca" if cfg.pca else "nocache")
+    conf, releases = _policy_allocator(cfg, trace)
+    placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
     footprint = peak_managed_bytes(placement.ranges)
     if footprint <= 0:
         raise InputError(f"workload {cfg.workload.workload!r} allocates no device memory: nothing to simulate")
-    available = min(int(footprint / cfg.oversub), gpu.usable_bytes)
+    if available_bytes is None:
+        available_bytes = int(footprint / cfg.oversub)
+    available = min(available_bytes, gpu.usable_bytes)
     return Prepared(gpu, trace, placement, footprint, available)
+
+
+def _policy_allocator(cfg: RunConfig, trace: Trace) -> tuple[str | None, list[int]]:
+    """The allocator settings and empty_cache points of ``cfg.policy`` (none without a policy)."""
+    if not cfg.policy:
+        return None, []
+    from uvmlab.advise.policies import get_policy
+
+    pol = get_policy(cfg.policy)
+    return pol.alloc_conf or None, (iteration_ends(trace) if pol.release_each_iteration else [])
+
+
+def iteration_ends(trace: Trace) -> list[int]:
+    """Seqs just after each optimizer step but the last (where ``torch.cuda.empty_cache()`` after the step runs).
+
+    For iteration i >= 1 that is the first event of iteration i: its first kernel or allocation, or, when
+    ``zero_grad(set_to_none=True)`` opens the iteration, the first gradient freed after iteration i-1's last kernel
+    (empty_cache runs before zero_grad, so those gradients are still alive then). The step's own temporaries are
+    freed before that point, as they are when ``step()`` returns.
+    """
+    k, a = trace.kernels, trace.allocations
+    last_kernel = k.groupby("iteration")["seq"].max()
+    first_kernel = k.groupby("iteration")["seq"].min()
+    first_alloc = a.groupby("iteration")["alloc_seq"].min()
+    grads = a.loc[(a["category"] == "gradient") & (a["free_seq"] >= 0), "free_seq"].sort_values().to_numpy()
+    ends: list[int] = []
+    for it in sorted(i for i in first_kernel.index if i >= 1):
+        cands = [int(first_kernel[it])]
+        if it in first_alloc.index:
+            cands.append(int(first_alloc[it]))
+        if it - 1 in last_kernel.index:
+            after = grads[grads > last_kernel[it - 1]]
+            if len(after):
+                cands.append(int(after[0]))
+        ends.append(min(cands))
+    return ends
 
 
 def footprint_bytes(cfg: RunConfig) -> int:
@@ -229,10 +272,19 @@ def simulate_run(
 
     ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
     """
-    prep = prepare(cfg, progress=capture_progress)
+    record = {"run": cfg.to_dict(), "mode": "sim"}
+    if cfg.policy:
+        from uvmlab.advise.advisor import resolve_policy
+
+        cfg, available = resolve_policy(cfg, progress=capture_progress)
+        record["applied"] = cfg.to_dict()  # the policy's settings, on the given job's GPU memory
+        prep = prepare(cfg, progress=capture_progress, available_bytes=available)
+    else:
+        prep = prepare(cfg, progress=capture_progress)
     res, result = simulate_prepared(cfg, prep, progress)
-    used = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
-    rundir.write_json(rundir.config_json, {"run": cfg.to_dict(), "mode": "sim", "used": used})
+    result["policy"] = cfg.policy
+    record["used"] = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
+    rundir.write_json(rundir.config_json, record)
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))
     rundir.write_table("iterations", check_table("iterations", res.iterations))
     rundir.write_table("kernels", check_table("kernels", res.kernels))

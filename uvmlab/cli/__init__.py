@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "gpu_cmds",  # shim, doctor, gpus
     "eval_cmds",  # evaluate, fragmentation, colocate
     "validate_cmds",  # validate
+    "advise_cmds",  # advise
 )
 
 

@@ -132,6 +132,13 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     is_flag=True,
     help="GPU mode: fail when the measured oversubscription factor is more than 5% from the requested one.",
 )
+@click.option(
+    "--policy",
+    default=None,
+    metavar="NAME",
+    help="A memory policy of uvmlab advise (e.g. release-each-iteration; combine with +), on the GPU memory the "
+    "job as given has at --oversub.",
+)
 def run_command(
     workload: str,
     oversub: str,
@@ -151,6 +158,7 @@ def run_command(
     nsys: bool,
     alloc_conf: str | None,
     strict_factor: bool,
+    policy: str | None,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -176,7 +184,12 @@ def run_command(
         prefetch=prefetch,
         params_file=params_file,
         sim_options=parse_options(sim_options),
+        policy=policy,
     )
+    if policy:
+        from uvmlab.advise.policies import get_policy
+
+        get_policy(policy)  # an unknown name is one sentence before anything runs
     gpu_flags = {
         "dry_run": dry_run,
         "footprint": footprint,
