@@ -100,3 +100,26 @@ def test_every_policy_names_its_source_and_how_to_apply_it() -> None:
     for pol in POLICIES.values():
         assert pol.source and pol.apply_how and pol.summary, pol.name
         assert "+" not in pol.name  # + composes
+
+
+def test_a_gpu_plan_applies_the_policys_environment_and_names_driver_setup() -> None:
+    """On a GPU the policy is applied as simulated: allocator settings, empty_cache per step, driver note."""
+    from uvmlab.gpu.plan import EMPTY_CACHE_ENV, GpuRunOptions, plan_run
+
+    def plan(policy: str) -> object:
+        return plan_run(
+            get_policy(policy).apply(_cfg()),
+            GpuRunOptions(footprint=2**30, shim_library="/x.so"),
+            estimate=lambda c: 2**30,
+        )
+
+    release = plan("release-each-iteration").step("run").env  # type: ignore[attr-defined]
+    assert release[EMPTY_CACHE_ENV] == "1"
+    split = plan("max-split-128")
+    assert "max_split_size_mb:128" in split.step("run").env["PYTORCH_CUDA_ALLOC_CONF"]  # type: ignore[attr-defined]
+    assert "backend:native" in split.alloc_conf  # type: ignore[attr-defined]
+    assert EMPTY_CACHE_ENV not in split.step("run").env  # type: ignore[attr-defined]
+    driver = plan("driver-prefetch-off")
+    assert any("uvm_perf_prefetch_enable=0" in n for n in driver.notes)  # type: ignore[attr-defined]
+    off = plan("pca-off").step("run").env  # type: ignore[attr-defined]
+    assert off["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"

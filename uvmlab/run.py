@@ -124,6 +124,8 @@ def run(
         from uvmlab.gpu.runner import run_gpu
 
         opts = _gpu_run_options(gpu_options)
+        if cfg.policy:
+            cfg, opts = _gpu_policy(cfg, opts)
         if not dry_run:
             rundir.prepare(force=force)
         result = run_gpu(cfg, opts, rundir)
@@ -143,3 +145,20 @@ def run(
             "(give a larger --gpu-memory for the requested factor)"
         )
     return RunResult("sim", path, result)
+
+
+def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
+    """A GPU run of ``cfg.policy``: the policy's settings (PCA, batch shape) on the GPU memory the job as given has.
+
+    With ``--footprint estimate`` (the default) the balloon is sized from the simulated footprint of the job as
+    given, so the policy runs on footprint(given) / --oversub of memory, as ``uvmlab advise`` simulated it.
+    """
+    from dataclasses import replace
+
+    from uvmlab.advise.advisor import resolve_policy
+    from uvmlab.simulate import footprint_bytes
+
+    eff, _ = resolve_policy(cfg)
+    if opts.footprint == "estimate":
+        opts = replace(opts, footprint=footprint_bytes(replace(cfg, policy=None)))
+    return eff, opts

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uvmlab.advise.policies import Policy, get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 from uvmlab.gpu.balloon import DEFAULT_RESERVE_BYTES, BalloonPlan, plan_balloon
@@ -47,6 +48,8 @@ later processes of the step (e.g. a child started by the worker) do not take a s
 DEVICE_ORDER = "PCI_BUS_ID"
 """CUDA_DEVICE_ORDER of every step: CUDA numbers GPUs as nvidia-smi and NVML's PCI listing do (CUDA's default,
 FASTEST_FIRST, may put another GPU at index 0; CUDA Programming Guide, "CUDA Environment Variables")."""
+EMPTY_CACHE_ENV = "UVMLAB_EMPTY_CACHE_EACH_ITERATION"
+"""Set by a plan whose policy releases cached blocks: the worker calls torch.cuda.empty_cache() after each step."""
 FACTOR_TOLERANCE = 0.05
 """A run whose measured factor is more than 5 % from the requested one warns (``--strict-factor``: fails)."""
 INHERITED_ENV_DROPPED = (
@@ -235,7 +238,11 @@ def plan_run(
     host = opts.host_memory_bytes
     if host is None and status.available:
         host = host_memory_bytes()
-    alloc_conf = build_alloc_conf(opts.alloc_conf)
+    policy = get_policy(cfg.policy) if cfg.policy else None
+    if policy is not None:
+        notes.extend(policy_notes(policy))
+    extra_conf = ",".join(c for c in (opts.alloc_conf, policy.alloc_conf if policy else "") if c)
+    alloc_conf = build_alloc_conf(extra_conf)
 
     from uvmlab.gpu import shim as shim_mod
 
@@ -247,6 +254,8 @@ def plan_run(
     }
     if not cfg.pca:
         base_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    if policy is not None and policy.release_each_iteration:
+        base_env[EMPTY_CACHE_ENV] = "1"
     worker = (opts.python, "-m", "uvmlab.gpu.worker", str(rundir))
     cwd = str(rundir)
 
@@ -392,3 +401,10 @@ def format_plan(plan: Plan) -> str:
     if plan.needs_measurement:
         lines.append("the steps after calibrate are re-planned with the measured footprint")
     return "\n".join(lines) + "\n"
+
+
+def policy_notes(policy: Policy) -> list[str]:
+    """What a policy needs on the GPU host that a plan cannot set for one process (driver module parameters)."""
+    if not policy.sim_options:
+        return []
+    return [f"policy {policy.name} needs the driver set up first, as root: {policy.apply_how}; uvmlab cannot check it"]

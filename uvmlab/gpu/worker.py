@@ -38,6 +38,7 @@ from typing import Any
 from uvmlab.atomic import atomic_write_json
 from uvmlab.config import RunConfig
 from uvmlab.errors import UvmlabError
+from uvmlab.gpu.plan import EMPTY_CACHE_ENV
 
 
 class _Nvtx:
@@ -165,6 +166,7 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
     uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")) if is_cuda else ""
     nvml = _Nvml(is_cuda, uuid or None)
     uncached = is_cuda and caching_disabled()
+    release_each_iteration = is_cuda and os.environ.get(EMPTY_CACHE_ENV) == "1"
     probes: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     its: list[dict[str, Any]] = []
@@ -199,6 +201,8 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
             start = time.monotonic_ns()
             nvtx.push(f"iteration {it}")
             train_step(workload, optimizer, wcfg, hook, it)
+            if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
+                torch.cuda.empty_cache()
             sync()
             while nvtx.depth:
                 nvtx.pop()
