@@ -101,3 +101,14 @@ def test_crashing_check_exits_3_and_still_writes(
     assert "fake-crash crashed" in capsys.readouterr().err
     result = json.loads((out / "result.json").read_text())
     assert result["points"] == 1 and "ZeroDivisionError" in result["check_errors"]["fake-crash"]
+
+
+@pytest.mark.real_data
+def test_stream_native_points_are_the_two_device_seq_stream_rows(real_data: Path) -> None:
+    from uvmlab.validate.microbench_checks import check_stream_native
+
+    pts = check_stream_native(real_data)
+    assert [p.measured for p in pts] == [7.527, 15.695]  # rq1 0.25x and rq2 0.5x, seq_stream device median_ms
+    # 8.42 GB and 16.83 GB at 1792 GB/s x 0.7: 6.71 ms and 13.42 ms
+    assert [round(p.predicted, 2) for p in pts] == [6.71, 13.42]
+    assert all(p.band == 1.5 and p.keeps_band and not p.fitted for p in pts)

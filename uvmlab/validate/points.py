@@ -82,6 +82,7 @@ CHECK_MODULES: list[str] = [
     "uvmlab.validate.snapshot_checks",
     "uvmlab.validate.nsys_checks",
     "uvmlab.validate.titanv_checks",
+    "uvmlab.validate.microbench_checks",
 ]
 
 
