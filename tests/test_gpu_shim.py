@@ -485,6 +485,7 @@ def test_the_effective_factor_is_measured_and_a_short_one_is_loud(built, tmp_pat
     eff = res["gpu_run"]["effective"]
     assert eff["measured_available_bytes"] == 600 * MiB and eff["achieved_oversub"] == 2.0 and eff["ok"] is True
     assert eff["message"] is None and res["native_pca_time_ns"] == 10e6 and res["slowdown_vs_native_pca"] == 3.0
+    assert res["effective_oversub"] == 2.0
 
     busy = 16 * GiB - 768 * MiB  # e.g. another process on the GPU: free 768 MiB < leave 856 MiB, no balloon
     rd, res = _stub_run(built, tmp_path / "small", monkeypatch, pca=True, context=busy, base=False)

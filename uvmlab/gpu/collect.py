@@ -283,6 +283,9 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
         native_pca_time_ns=base_ns if cfg.pca else None,
         slowdown_vs_native_pca=(it_ns / base_ns) if it_ns and base_ns and cfg.pca else None,
     )
+    achieved = effective["achieved_oversub"]
+    # the factor the run really had (simulation mode writes the same key: the factor it simulated)
+    res["effective_oversub"] = achieved if achieved is not None and math.isfinite(achieved) else None
     for c in FAULT_COLUMNS:
         res[c] = nsys_result.get(c)
     res["gpu_run"] = {
