@@ -143,7 +143,7 @@ def effective_factor(run: dict[str, Any], balloon_plan: Any, tolerance: float) -
     usable (they may be resident). ``achieved = footprint / capacity``; ``ok`` is False when it is more than
     ``tolerance`` (relative) from the requested factor. [approximation] Freed managed memory shows as free because
     UVM returns free 2 MiB root chunks to PMA (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` ->
-    ``free_next_available_root_chunk``); chunks it keeps would lower the measured capacity (a false warning).
+    ``free_next_available_root_chunk``); chunks it kept would bias the measured capacity down.
     """
     probes = run.get("capacity_probe") or []
     final = probes[-1] if probes else None
