@@ -219,3 +219,53 @@ def test_a_stray_parent_environment_does_not_reach_the_steps(tmp_path: Path, mon
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["LD_PRELOAD"] == run.env["LD_PRELOAD"]
     assert env["UVMLAB_BALLOON_LEAVE_BYTES"] == run.env["UVMLAB_BALLOON_LEAVE_BYTES"]
     assert env["KEEP_ME"] == "yes"  # everything else is inherited (PATH, HOME, ...)
+
+
+def test_worker_memory_helpers_without_a_gpu() -> None:
+    """The capacity probe's pieces: caching is off for any value of the variable (c10 tests getenv != nullptr);
+    without a preloaded shim the counters are unknown (None), never 0; the release clears cuBLAS workspaces and
+    the cache."""
+    import types
+
+    from uvmlab.gpu import worker
+
+    assert worker.caching_disabled({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}) is True
+    assert worker.caching_disabled({}) is False
+    assert worker.shim_counter("uvmlab_live_managed_bytes") is None
+    calls: list[str] = []
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: calls.append("sync"),
+        mem_get_info=lambda: (3 << 30, 80 << 30),
+        empty_cache=lambda: calls.append("empty_cache"),
+    )
+    fake_torch = types.SimpleNamespace(
+        cuda=cuda, _C=types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: calls.append("cublas"))
+    )
+    probe = worker.memory_probe(fake_torch, "after iteration 0")
+    assert probe == {
+        "when": "after iteration 0",
+        "free_bytes": 3 << 30,
+        "total_bytes": 80 << 30,
+        "live_managed_bytes": None,
+        "balloon_bytes": None,
+    }
+    worker.release_job_memory(fake_torch)
+    assert calls[-3:] == ["sync", "cublas", "empty_cache"]
+
+
+def test_effective_factor_arithmetic() -> None:
+    from uvmlab.gpu.balloon import plan_balloon
+
+    b = plan_balloon(16 * GiB, 4.0, 80 * GiB, 512 << 20, host_memory_bytes=512 * GiB)
+    probe = {"free_bytes": b.leave_bytes, "live_managed_bytes": 0}
+    eff = collect.effective_factor({"capacity_probe": [probe]}, b, 0.05)
+    assert eff["measured_available_bytes"] == b.available_bytes and eff["ok"] is True and eff["message"] is None
+    # 300 MiB taken after the balloon by handles and modules: C is 7 % smaller, the factor 7.9 % larger
+    short = {"free_bytes": b.leave_bytes - (300 << 20), "live_managed_bytes": 0}
+    eff = collect.effective_factor({"capacity_probe": [probe, short]}, b, 0.05)
+    assert eff["achieved_oversub"] == pytest.approx(16 * GiB / (b.available_bytes - (300 << 20)))
+    assert eff["ok"] is False and "not the requested 4" in eff["message"]
+    gone = {"free_bytes": b.reserve_bytes - 1, "live_managed_bytes": 0}
+    assert collect.effective_factor({"capacity_probe": [gone]}, b, 0.05)["ok"] is False
+    none = collect.effective_factor({}, b, 0.05)
+    assert none["ok"] is None and none["message"].startswith("not measured")

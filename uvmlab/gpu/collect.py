@@ -141,7 +141,9 @@ def effective_factor(run: dict[str, Any], balloon_plan: Any, tolerance: float) -
     free memory then is what UVM could fill, plus the reserve the balloon leaves on purpose (the plan's
     ``reserve_bytes``, not counted as UVM capacity by the plan either); managed bytes still live are counted as
     usable (they may be resident). ``achieved = footprint / capacity``; ``ok`` is False when it is more than
-    ``tolerance`` (relative) from the requested factor.
+    ``tolerance`` (relative) from the requested factor. [approximation] Freed managed memory shows as free because
+    UVM returns free 2 MiB root chunks to PMA (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` ->
+    ``free_next_available_root_chunk``); chunks it kept would bias the measured capacity down.
     """
     probes = run.get("capacity_probe") or []
     final = probes[-1] if probes else None
@@ -283,6 +285,9 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
         native_pca_time_ns=base_ns if cfg.pca else None,
         slowdown_vs_native_pca=(it_ns / base_ns) if it_ns and base_ns and cfg.pca else None,
     )
+    achieved = effective["achieved_oversub"]
+    # the factor the run really had (simulation mode writes the same key: the factor it simulated)
+    res["effective_oversub"] = achieved if achieved is not None and math.isfinite(achieved) else None
     for c in FAULT_COLUMNS:
         res[c] = nsys_result.get(c)
     res["gpu_run"] = {
