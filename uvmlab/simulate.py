@@ -19,6 +19,7 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -183,11 +184,19 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
 
 
 def simulate_run(
-    cfg: RunConfig, rundir: RunDir, progress: Any = None, figures: bool = True, capture_progress: Any = None
+    cfg: RunConfig,
+    rundir: RunDir,
+    progress: Any = None,
+    figures: bool = True,
+    capture_progress: Any = None,
+    snapshot: str | Path | None = None,
+    timeline: str | Path | None = None,
 ) -> dict:
     """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last).
 
     ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
+    ``snapshot``: also write a PyTorch memory snapshot (uvmlab.export.snapshot); ``timeline``: a Chrome
+    trace-event / Perfetto JSON (uvmlab.export.timeline).
     """
     prep = prepare(cfg, progress=capture_progress)
     res, result = simulate_prepared(cfg, prep, progress)
@@ -200,7 +209,15 @@ def simulate_run(
         from uvmlab.report.run_figures import write_run_figures
 
         write_run_figures(rundir, res.kernels, res.iterations, res.memory, title=_title(cfg))
+    if snapshot is not None:
+        from uvmlab.export.snapshot import write_run_snapshot
+
+        write_run_snapshot(snapshot, prep.trace, cfg.pca, res.kernels, int(prep.placement.peak_reserved_bytes))
     rundir.write_json(rundir.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rundir, timeline)
     return result
 
 

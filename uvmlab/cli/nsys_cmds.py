@@ -67,14 +67,30 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str) -> None:
+@click.option(
+    "--timeline",
+    "timeline_out",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
+def import_cmd(
+    report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str, timeline_out: Path | None
+) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.measured import import_export
 
     rd, result = import_export(
-        report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN
+        report,
+        out,
+        force=force,
+        iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN,
+        timeline=timeline_out,
     )
+    if timeline_out is not None:
+        note(f"Wrote timeline {timeline_out}")
     if fmt == "json":
         click.echo(json.dumps(result, indent=2, default=str))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -117,6 +118,20 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option("--baseline", is_flag=True, help="GPU mode: also run without UVM for the slowdown baseline.")
 @click.option("--nsys", is_flag=True, help="GPU mode: profile with Nsight Systems (UM faults and migrations).")
 @click.option("--alloc-conf", default=None, metavar="CONF", help="GPU mode: PYTORCH_CUDA_ALLOC_CONF to set.")
+@click.option(
+    "--snapshot",
+    "snapshot_out",
+    default=None,
+    metavar="FILE.pickle",
+    help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
+)
+@click.option(
+    "--timeline",
+    "timeline_out",
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
 def run_command(
     workload: str,
     oversub: str,
@@ -135,6 +150,8 @@ def run_command(
     baseline: bool,
     nsys: bool,
     alloc_conf: str | None,
+    snapshot_out: str | None,
+    timeline_out: str | None,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -176,7 +193,12 @@ def run_command(
         gpu_options=gpu_flags,
         progress=_progress("simulating kernels"),
         capture_progress=_progress("capturing the trace (cached afterwards)"),
+        snapshot=snapshot_out,
+        timeline=timeline_out,
     )
+    for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
+        if file is not None and not res.result.get("dry_run") and Path(file).is_file():
+            note(f"Wrote {what} {file}")
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         if not res.result.get("dry_run"):

@@ -195,8 +195,13 @@ def import_export(
     *,
     force: bool = False,
     iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
+    timeline: str | os.PathLike[str] | None = None,
 ) -> tuple[RunDir, dict[str, Any]]:
-    """Write a measured run directory from an nsys export; return it and its result."""
+    """Write a measured run directory from an nsys export; return it and its result.
+
+    ``timeline``: also write a Chrome trace-event / Perfetto JSON (uvmlab.export.timeline), with the export's
+    GPU page-fault records on the faults track.
+    """
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise InputError(f"{rd.path} exists and is not a directory: give a new folder for the run directory")
@@ -204,6 +209,7 @@ def import_export(
         summary = summarize(ex, iteration_pattern)
         tables = to_run_tables(ex, iteration_pattern, summary)
         result = result_of(ex, summary, tables)
+        faults = ex.gpu_faults() if timeline is not None else None
         rd.prepare(force=force)
         rd.write_json(
             rd.config_json,
@@ -225,4 +231,8 @@ def import_export(
     for name, df in tables.items():
         rd.write_table(name, df)
     rd.write_json(rd.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rd, timeline, faults=faults)
     return rd, result
