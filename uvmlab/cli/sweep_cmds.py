@@ -27,6 +27,7 @@ def sweep() -> None:
 
     \b
     uvmlab sweep experiments/lin_jeon_2025.yaml -o sweeps/lin --jobs 2
+    uvmlab sweep SPEC workload=gpt2,bert oversub=1,2,4 -o DIR  # override grid axes
     uvmlab sweep SPEC -o DIR --executor slurm --dry-run   # show the job-array plan and sbatch script
     uvmlab sweep collect DIR                              # rebuild DIR/results.parquet
     """
@@ -34,6 +35,7 @@ def sweep() -> None:
 
 @sweep.command("run")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=V1,V2,...]...")
 @click.option(
     "-o",
     "--out",
@@ -67,6 +69,7 @@ def sweep() -> None:
 @format_option()
 def sweep_run(
     spec: Path,
+    overrides: tuple[str, ...],
     out: Path,
     executor: str,
     jobs: int,
@@ -79,14 +82,18 @@ def sweep_run(
     array_parallelism: int | None,
     fmt: str,
 ) -> None:
-    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes)."""
+    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes).
+
+    KEY=V1,V2 overrides replace a grid axis (or add one), Hydra-style: uvmlab sweep SPEC workload=gpt2,bert
+    oversub=1,2,4 -o DIR. Each run goes to OUT/runs/<workload>-x<F>-pca<on|off>-<short hash>.
+    """
     from uvmlab.console import note, print_table
     from uvmlab.errors import InputError
     from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
     from uvmlab.sweep.slurm import check_slurm_field
     from uvmlab.sweep.spec import load_spec
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, overrides)
     overrides: dict[str, tuple[str, Any]] = {
         "configs_per_task": ("--configs-per-task", configs_per_task),
         "time_min": ("--time-min", time_min),
