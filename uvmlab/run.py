@@ -97,10 +97,12 @@ def run(
     capture_progress: Any = None,
     snapshot: Path | str | None = None,
     timeline: Path | str | None = None,
+    figure_format: str = "png",
 ) -> RunResult:
     """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`).
 
-    ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline.
+    ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline;
+    ``figure_format``: png, svg or pdf for the run's figures.
     """
     from workloads.registry import load_workload
 
@@ -110,7 +112,7 @@ def run(
     )
     mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
     path = Path(out) if out is not None else default_run_dir(cfg)
-    rundir = RunDir(path)
+    rundir = RunDir(path, figure_format=figure_format)
     if mode == "gpu":
         from uvmlab.gpu.runner import run_gpu
 

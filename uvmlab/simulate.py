@@ -222,4 +222,5 @@ def simulate_run(
 
 
 def _title(cfg: RunConfig) -> str:
-    return f"{cfg.workload.workload}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"
+    name = Path(cfg.workload.workload).name
+    return f"{name}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"

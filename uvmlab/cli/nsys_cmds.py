@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from uvmlab.cli.options import figure_format_option
 from uvmlab.console import note, print_table
 
 ITERATION_HELP = (
@@ -75,8 +76,15 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
 )
+@figure_format_option()
 def import_cmd(
-    report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str, timeline_out: Path | None
+    report: Path,
+    out: Path,
+    force: bool,
+    iteration_pattern: str | None,
+    fmt: str,
+    timeline_out: Path | None,
+    figure_format: str,
 ) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
@@ -88,6 +96,7 @@ def import_cmd(
         force=force,
         iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN,
         timeline=timeline_out,
+        figure_format=figure_format,
     )
     if timeline_out is not None:
         note(f"Wrote timeline {timeline_out}")
@@ -105,7 +114,8 @@ def import_cmd(
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None, help="Folder for tables and figures.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
+@figure_format_option()
+def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str, figure_format: str) -> None:
     """Compare two run directories side by side (RUN_A is the reference): totals, per iteration, per kernel.
 
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
@@ -115,7 +125,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
 
     cmp = compare_runs(run_a, run_b)
     if out is not None:
-        written = write_comparison(cmp, out)
+        written = write_comparison(cmp, out, figure_format)
         note(f"Wrote {out} ({len(written)} files)")
     if fmt == "json":
         click.echo(json.dumps(cmp.to_dict(), indent=2, default=str))

@@ -8,7 +8,13 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, parse_options, workload_config, workload_options
+from uvmlab.cli.options import (
+    figure_format_option,
+    format_option,
+    parse_options,
+    workload_config,
+    workload_options,
+)
 from uvmlab.errors import InputError
 
 
@@ -132,6 +138,7 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
 )
+@figure_format_option()
 def run_command(
     workload: str,
     oversub: str,
@@ -152,6 +159,7 @@ def run_command(
     alloc_conf: str | None,
     snapshot_out: str | None,
     timeline_out: str | None,
+    figure_format: str,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -195,6 +203,7 @@ def run_command(
         capture_progress=_progress("capturing the trace (cached afterwards)"),
         snapshot=snapshot_out,
         timeline=timeline_out,
+        figure_format=figure_format,
     )
     for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
         if file is not None and not res.result.get("dry_run") and Path(file).is_file():

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option
+from uvmlab.cli.options import figure_format_option, format_option
 
 
 class _SweepGroup(click.Group):
@@ -200,12 +200,13 @@ def sweep_collect(out: Path, fmt: str) -> None:
     help="HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
 )
 @format_option()
-def report(sweep_dir: Path, out_html: Path | None, fmt: str) -> None:
+@figure_format_option()
+def report(sweep_dir: Path, out_html: Path | None, fmt: str, figure_format: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
     from uvmlab.console import note, print_table
     from uvmlab.report import build_report
 
-    built = build_report(sweep_dir, out_html)
+    built = build_report(sweep_dir, out_html, figure_format=figure_format)
     if fmt == "json":
         click.echo(json.dumps(built.to_dict(), indent=2))
         return

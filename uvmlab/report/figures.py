@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from uvmlab.report.data import ok_runs, paired_sim_measured, read_kernels, workload_order
+from uvmlab.report.ticks import log_axis
 from uvmlab.units import GiB, MiB
 
 PCA_PANELS = ((True, "(a) with PCA"), (False, "(b) without PCA"))
@@ -28,13 +29,8 @@ def _factor_colors(factors: list[float]) -> dict[float, tuple[float, ...]]:
 
 
 def _log_y(ax: object) -> None:
-    """Log y axis with plain numbers (1, 2, 5, 10) rather than 10^0 notation."""
-    from matplotlib.ticker import FuncFormatter
-
-    ax.set_yscale("log")  # type: ignore[attr-defined]
-    fmt = FuncFormatter(lambda v, _pos: f"{v:,.10g}")
-    ax.yaxis.set_major_formatter(fmt)  # type: ignore[attr-defined]
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))  # type: ignore[attr-defined]
+    """Log y axis ticked 1, 2, 5, 10, 20, 50 ... in plain numbers (uvmlab.report.ticks)."""
+    log_axis(ax, "y")
 
 
 def _grouped_bars(
