@@ -12,7 +12,7 @@ import pandas as pd
 
 from uvmlab.atomic import atomic_write_text, atomic_write_with
 from uvmlab.report import captions, figures
-from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs
+from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
 
 
@@ -74,8 +74,11 @@ def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
         migration_gib=df["migration_bytes"] / (1 << 30),
         pca=df["pca"].map(lambda v: None if v is None or v is pd.NA else ("on" if v else "off")),
     )
-    t = t.sort_values(["outcome", "workload", "pca", "oversub"], key=lambda s: s.map(str) if s.name != "oversub" else s)
-    cols = [c for c in RUN_COLUMNS if c in t.columns]
+    order = {w: i for i, w in enumerate(workload_order(t["workload"]))}
+    t = t.assign(_ok=t["outcome"] != "ok", _w=t["workload"].map(order), _pca=t["pca"] != "on").sort_values(
+        ["_ok", "_w", "_pca", "oversub"], kind="stable"
+    )
+    cols = [c for c in RUN_COLUMNS if c in t.columns and (c != "error" or t[c].notna().any())]
     out = t[cols].rename(columns=RUN_COLUMNS).reset_index(drop=True)
     out["_href"] = [relative(Path(p), page_dir) + "/" for p in t["run_dir"]]
     return out

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from uvmlab.report.data import ok_runs, paired_sim_measured, read_kernels, workload_order
 from uvmlab.report.ticks import log_axis
@@ -259,6 +260,7 @@ def _pca_pairs(df: pd.DataFrame, value: str, ylabel: str, title: str, scale: flo
         ax.set_title(workload, fontsize=9)
         ax.set_xlabel("oversubscription factor")
         ax.set_ylabel(ylabel)
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.10g}"))  # 15,000 not 15000
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[len(workloads) :]:
         ax.set_visible(False)

@@ -35,7 +35,7 @@ body { font-family: sans-serif; max-width: 1150px; margin: 2em auto; color: #222
 img { max-width: 100%; border: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1.5em; }
 td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; vertical-align: top; }
-th { background: #f4f4f4; } td.text { text-align: left; }
+th { background: #f4f4f4; text-align: center; } td.text { text-align: left; }
 td.long { text-align: left; max-width: 34em; }
 .caption { color: #444; font-size: 0.92em; }
 nav a { margin-right: 0.8em; font-size: 0.9em; }
@@ -75,7 +75,8 @@ def _cell(v: Any) -> dict[str, Any]:
     if isinstance(v, bool | np.bool_):
         return {"text": str(bool(v)), "cls": "text"}
     if isinstance(v, float | int):
-        return {"text": f"{v:,.4g}", "cls": ""}
+        big = abs(v) >= 1000 or float(v).is_integer()  # counts and large values: all digits, with separators
+        return {"text": f"{v:,.0f}" if big else f"{v:,.4g}", "cls": ""}
     text = str(v)
     return {"text": text, "cls": "long" if len(text) > LONG_TEXT else "text"}
 
