@@ -143,3 +143,14 @@ def test_overlapping_spans_get_separate_lanes() -> None:
                 ]
             }
         )
+
+
+def test_measured_timeline_has_nvtx_ranges_and_memory_counter(real_data: Path, tmp_path: Path) -> None:
+    src = real_data / "nsys" / "gemmspmm_a100_cuda_memory_usage_nsys2024.2.3.sqlite"
+    tl = tmp_path / "g.json"
+    assert main(["nsys", "import", str(src), "-o", str(tmp_path / "g"), "--timeline", str(tl)]) == 0
+    doc = json.loads(tl.read_text())
+    tracks = _tracks(doc)
+    assert tracks["phases"] and all(e["args"].get("text") for e in tracks["phases"])  # the export's NVTX ranges
+    assert tracks["counter reserved"] and "counter allocated" not in tracks  # not collected: left out, not 0
+    assert doc["otherData"]["mode"] == "measured"

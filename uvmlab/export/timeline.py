@@ -11,7 +11,8 @@ One process (the GPU), one thread per track:
 track                simulated run (``uvmlab run``)            / measured run (``nsys import``)
 ===================  =========================================================================================
 iterations           one span per iteration (iterations table)
-phases               contiguous kernels of one phase (forward, backward, ...); measured: none (phase is empty)
+phases               contiguous kernels of one phase (forward, backward, ...); measured: the export's NVTX
+                     ranges (a training script's own annotations), since measured kernels carry no phase
 kernels              one span per kernel (kernels table; measured: each CUDA kernel)
 UVM faults           sim: per kernel that faulted, a span of its fault-service stall (``stall_ns``) from the
                      kernel's start, args = faults and driver batches (the simulator does not time single
@@ -192,11 +193,13 @@ def build_timeline(
     measured: bool = False,
     faults: pd.DataFrame | None = None,
     other: dict[str, Any] | None = None,
+    ranges: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """The trace-event document of a run from its tables (iterations, kernels, memory, measured: migrations).
 
     ``faults``: a measured run's GPU page-fault records (``Export.gpu_faults()``: start_ns, end_ns,
-    fault_count, access), which the run directory does not keep.
+    fault_count, access), which the run directory does not keep; ``ranges``: its NVTX ranges
+    (``Export.nvtx_ranges()``: start_ns, end_ns, text), drawn on the phases track.
     """
     b = _Builder()
     its = tables.get("iterations")
@@ -213,6 +216,11 @@ def build_timeline(
         b.spans("kernels", k["start_ns"], k["end_ns"], k["name"].astype(str).tolist(), _records(k, kargs))
         if not measured:
             _sim_uvm(b, k)
+    if ranges is not None and len(ranges):
+        r = ranges.dropna(subset=["start_ns", "end_ns"])
+        b.spans(
+            "phases", r["start_ns"], r["end_ns"], r["text"].fillna("?").astype(str).tolist(), _records(r, ("text",))
+        )
     if measured:
         _measured_uvm(b, tables.get("migrations"), faults)
     mem = tables.get("memory")
@@ -235,16 +243,22 @@ def write_timeline(path: str | Path, doc: dict[str, Any]) -> Path:
     return out
 
 
-def run_timeline(rundir: RunDir | str | Path, path: str | Path, faults: pd.DataFrame | None = None) -> Path:
+def run_timeline(
+    rundir: RunDir | str | Path,
+    path: str | Path,
+    faults: pd.DataFrame | None = None,
+    ranges: pd.DataFrame | None = None,
+) -> Path:
     """Write the timeline of the run in ``rundir`` (simulated, GPU or measured) to ``path``."""
     rd = rundir if isinstance(rundir, RunDir) else RunDir(rundir)
     res = rd.read_result()
     tables = {n: rd.read_table(n) for n in ("iterations", "kernels", "memory", "migrations") if rd.table(n).is_file()}
     measured = res.get("mode") in ("measured", "gpu")
     mode = {"sim": "simulated", "measured": "measured"}.get(str(res.get("mode")), str(res.get("mode")))
-    label = f"{res.get('workload') or 'run'} ({mode})"
+    label = f"{Path(str(res.get('workload') or 'run')).name} ({mode})"
     if res.get("oversub") is not None:
         label += f", x{float(res['oversub']):g}, PCA {'on' if res.get('pca') else 'off'}"
     other = {k: res.get(k) for k in ("mode", "workload", "gpu", "oversub", "pca")}
-    doc = build_timeline(tables, label, measured=measured, faults=faults, other={**other, "run": str(rd.path)})
+    other["run"] = str(rd.path)
+    doc = build_timeline(tables, label, measured=measured, faults=faults, other=other, ranges=ranges)
     return write_timeline(path, doc)

@@ -212,6 +212,7 @@ def import_export(
         tables = to_run_tables(ex, iteration_pattern, summary)
         result = result_of(ex, summary, tables)
         faults = ex.gpu_faults() if timeline is not None else None
+        ranges = ex.nvtx_ranges() if timeline is not None else None
         rd.prepare(force=force)
         rd.write_json(
             rd.config_json,
@@ -240,5 +241,5 @@ def import_export(
     if timeline is not None:
         from uvmlab.export.timeline import run_timeline
 
-        run_timeline(rd, timeline, faults=faults)
+        run_timeline(rd, timeline, faults=faults, ranges=ranges)
     return rd, result
