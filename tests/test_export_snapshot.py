@@ -80,3 +80,16 @@ def test_snapshot_matches_the_run(snap: tuple[Path, dict[str, Any]], tmp_path: P
     res = json.loads((run / "result.json").read_text())
     assert int(s.reserved_timeline(0).max()) == res["peak_reserved_bytes"]
     assert s.events["n_frames"].eq(4).all()
+
+
+def test_estimate_snapshot_has_frames_too(tmp_path: Path) -> None:
+    snap = tmp_path / "est.pickle"
+    args = ["estimate", TINY, "--option", "hidden=512", "--batch-size", "64", "-n", "2", "--snapshot", str(snap)]
+    assert main([*args, "-o", str(tmp_path / "e")]) == 0
+    with open(snap, "rb") as f:  # our own file, written by this test: plain pickle.load is fine here
+        data = pickle.load(f)
+    entries = data["device_traces"][0]
+    assert entries and all(
+        [fr["filename"] for fr in e["frames"]] == ["op", "category", "phase", "iteration"] for e in entries
+    )
+    assert [e["time_us"] for e in entries] == list(range(len(entries)))  # estimate has no clock: event index

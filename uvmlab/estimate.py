@@ -320,13 +320,18 @@ def snapshot_dicts(est: Estimate) -> tuple[list[dict[str, Any]], list[list[dict[
 
     if est.trace is None:
         raise InputError("this estimate carries no trace to export; run estimate() again")
-    sim = recorded_run(est.trace, est.allocator, est.settings, est.gpu_spec if est.constrained else None)
+    from uvmlab.export.snapshot import annotate
+
+    seqs: list[int] = []
+    sim = recorded_run(est.trace, est.allocator, est.settings, est.gpu_spec if est.constrained else None, seqs)
     if sim.peak_reserved_bytes != est.peak_reserved_on_gpu_bytes:
         raise InvariantError(
             f"snapshot replay peak reserved {sim.peak_reserved_bytes} B != "
             f"the estimate's {est.peak_reserved_on_gpu_bytes} B"
         )
-    return sim.to_snapshot_dicts()
+    segments, traces = sim.to_snapshot_dicts()
+    annotate(est.trace, segments, traces, seqs)  # op/category/phase/iteration frames; time_us: event index
+    return segments, traces
 
 
 def plot_curve(est: Estimate, path: str | Path | None = None) -> Any:

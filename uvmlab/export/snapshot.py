@@ -83,13 +83,27 @@ def run_snapshot_dicts(
             f"snapshot replay peak reserved {sim.peak_reserved_bytes} B != the run's {peak_reserved_bytes} B"
         )
     segments, traces = sim.to_snapshot_dicts()
+    annotate(trace, segments, traces, seqs, kernels)
+    return segments, traces
+
+
+def annotate(
+    trace: Trace,
+    segments: list[dict[str, Any]],
+    traces: list[list[dict[str, Any]]],
+    seqs: list[int],
+    kernels: pd.DataFrame | None = None,
+) -> None:
+    """Give the last device's entries (one per ``seqs`` item) and the live blocks their frames, in place; with
+    ``kernels`` (a run's kernels table) also simulated ``time_us``, else ``time_us`` stays the event index
+    (``uvmlab estimate --snapshot`` has no clock)."""
     entries = traces[-1]
     if len(entries) != len(seqs):
         raise InvariantError(f"{len(entries)} snapshot entries but {len(seqs)} recorded seqs")
     frames = _seq_frames(trace)
-    times = seq_times_us(trace, kernels, seqs)
+    times = seq_times_us(trace, kernels, seqs).tolist() if kernels is not None else [e["time_us"] for e in entries]
     live: dict[int, list[dict[str, Any]]] = {}
-    for e, seq, t in zip(entries, seqs, times.tolist(), strict=True):
+    for e, seq, t in zip(entries, seqs, times, strict=True):
         e["frames"] = frames.get(seq, [])
         e["time_us"] = int(t)
         if e["action"] == "alloc":
@@ -100,7 +114,6 @@ def run_snapshot_dicts(
         for b in s["blocks"]:
             if b["state"] == "active_allocated":
                 b["frames"] = live.get(b["address"], [])
-    return segments, traces
 
 
 def write_run_snapshot(
