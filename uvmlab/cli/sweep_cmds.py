@@ -42,7 +42,7 @@ def sweep() -> None:
     "out",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="Sweep folder (runs/<hash>/ per configuration, results.parquet).",
+    help="Sweep folder (runs/<workload>-x<F>-pca<on|off>-<hash>/ per configuration, results.parquet).",
 )
 @click.option(
     "--executor",
