@@ -311,6 +311,8 @@ def fig_sim_vs_measured(df: pd.DataFrame) -> Figure | None:
         lo = float(min(m[ok].min(), s[ok].min()))
         hi = float(max(m[ok].max(), s[ok].max()))
         ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
+        if lo > 0:  # values span decades: log-log, readable ticks
+            log_axis(ax, "both")
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"simulated {label}")
         rel = ((s[ok] - m[ok]).abs() / m[ok].abs().where(m[ok] != 0)).dropna()
