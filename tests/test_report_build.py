@@ -61,10 +61,11 @@ def test_report_writes_every_study_figure(sweep_dir: Path, tmp_path: Path) -> No
     for f in rep.figures:
         assert f.path.parent == html.parent / "figures"
         assert f.path.read_bytes()[:8] == PNG_MAGIC
-        assert "What was run: " in f.caption
+        assert "What was run: " not in f.caption  # said once on the page, above the runs table
     page = html.read_text()
+    assert page.count("What was run: ") == 1
     for f in rep.figures:
-        assert f"src='figures/{f.path.name}'" in page
+        assert f'src="figures/{f.path.name}"' in page
     assert "Simulated (uvmlab sim" in page
     assert "A100-80GB" in page and "uvmlab_version test" in page and "python 3" in page
     assert "Headline numbers" in page and "57.74" in page

@@ -109,8 +109,15 @@ def run(
     progress: Any = None,
     quiet: bool = False,
     capture_progress: Any = None,
+    snapshot: Path | str | None = None,
+    timeline: Path | str | None = None,
+    figure_format: str = "png",
 ) -> RunResult:
-    """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
+    """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`).
+
+    ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline;
+    ``figure_format``: png, svg or pdf for the run's figures.
+    """
     from workloads.registry import load_workload
 
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
@@ -119,7 +126,7 @@ def run(
     )
     mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
     path = Path(out) if out is not None else default_run_dir(cfg)
-    rundir = RunDir(path)
+    rundir = RunDir(path, figure_format=figure_format)
     if mode == "gpu":
         from uvmlab.gpu.runner import run_gpu
 
@@ -129,6 +136,12 @@ def run(
         if not dry_run:
             rundir.prepare(force=force)
         result = run_gpu(cfg, opts, rundir)
+        if snapshot is not None and not quiet:
+            note("--snapshot applies to simulated runs only (a GPU run: torch.cuda.memory._dump_snapshot); ignored")
+        if timeline is not None and not dry_run and rundir.is_complete():
+            from uvmlab.export.timeline import run_timeline
+
+            run_timeline(rundir, timeline)
         return RunResult("gpu", path, result)
     if isinstance(gpu_options, dict) and not quiet:
         used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
@@ -137,7 +150,9 @@ def run(
     from uvmlab.simulate import simulate_run
 
     rundir.prepare(force=force)
-    result = simulate_run(cfg, rundir, progress=progress, capture_progress=capture_progress)
+    result = simulate_run(
+        cfg, rundir, progress=progress, capture_progress=capture_progress, snapshot=snapshot, timeline=timeline
+    )
     eff = result.get("effective_oversub")
     if not quiet and eff is not None and eff > cfg.oversub * 1.001:
         note(

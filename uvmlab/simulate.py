@@ -25,12 +25,14 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from uvmlab import SCHEMA_VERSION, __version__
+from uvmlab.advise.policies import get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import GpuSpec, get_gpu
@@ -92,8 +94,6 @@ def _policy_allocator(cfg: RunConfig, trace: Trace) -> tuple[str | None, list[in
     """The allocator settings and empty_cache points of ``cfg.policy`` (none without a policy)."""
     if not cfg.policy:
         return None, []
-    from uvmlab.advise.policies import get_policy
-
     pol = get_policy(cfg.policy)
     return pol.alloc_conf or None, (iteration_ends(trace) if pol.release_each_iteration else [])
 
@@ -266,17 +266,27 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
 
 
 def simulate_run(
-    cfg: RunConfig, rundir: RunDir, progress: Any = None, figures: bool = True, capture_progress: Any = None
+    cfg: RunConfig,
+    rundir: RunDir,
+    progress: Any = None,
+    figures: bool = True,
+    capture_progress: Any = None,
+    snapshot: str | Path | None = None,
+    timeline: str | Path | None = None,
 ) -> dict:
     """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last).
 
     ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
+    ``snapshot``: also write a PyTorch memory snapshot (uvmlab.export.snapshot); ``timeline``: a Chrome
+    trace-event / Perfetto JSON (uvmlab.export.timeline).
     """
     record = {"run": cfg.to_dict(), "mode": "sim"}
     if cfg.policy:
         from uvmlab.advise.advisor import resolve_policy
 
         cfg, available = resolve_policy(cfg, progress=capture_progress)
+        if snapshot is not None and get_policy(cfg.policy).release_each_iteration:
+            raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
         record["applied"] = cfg.to_dict()  # the policy's settings, on the given job's GPU memory
         prep = prepare(cfg, progress=capture_progress, available_bytes=available)
     else:
@@ -293,9 +303,21 @@ def simulate_run(
         from uvmlab.report.run_figures import write_run_figures
 
         write_run_figures(rundir, res.kernels, res.iterations, res.memory, title=_title(cfg))
+    if snapshot is not None:
+        from uvmlab.export.snapshot import write_run_snapshot
+
+        conf = get_policy(cfg.policy).alloc_conf if cfg.policy else ""
+        write_run_snapshot(
+            snapshot, prep.trace, cfg.pca, res.kernels, int(prep.placement.peak_reserved_bytes), alloc_conf=conf
+        )
     rundir.write_json(rundir.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rundir, timeline)
     return result
 
 
 def _title(cfg: RunConfig) -> str:
-    return f"{cfg.workload.workload}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"
+    name = Path(cfg.workload.workload).name
+    return f"{name}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"

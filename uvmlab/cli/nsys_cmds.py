@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from uvmlab.cli.options import format_option, out_option
+from uvmlab.cli.options import figure_format_option, format_option, out_option
 from uvmlab.console import note, print_csv, print_table
 
 ITERATION_HELP = (
@@ -83,14 +83,38 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
 @format_option()
-def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str) -> None:
+@click.option(
+    "--timeline",
+    "timeline_out",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
+@figure_format_option()
+def import_cmd(
+    report: Path,
+    out: Path,
+    force: bool,
+    iteration_pattern: str | None,
+    fmt: str,
+    timeline_out: Path | None,
+    figure_format: str,
+) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.measured import import_export
 
     rd, result = import_export(
-        report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN
+        report,
+        out,
+        force=force,
+        iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN,
+        timeline=timeline_out,
+        figure_format=figure_format,
     )
+    if timeline_out is not None:
+        note(f"Wrote timeline {timeline_out}")
     if fmt == "json":
         click.echo(json.dumps(result, indent=2, default=str))
         return
@@ -112,7 +136,8 @@ def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | No
     "table; json; csv: one row per figure, iteration or kernel (a first column `table`: totals, footprint, "
     "per_iteration, per_kernel)."
 )
-def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
+@figure_format_option()
+def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str, figure_format: str) -> None:
     """Compare two run directories side by side (RUN_A is the reference): totals, per iteration, per kernel.
 
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
@@ -122,7 +147,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
 
     cmp = compare_runs(run_a, run_b)
     if out is not None:
-        written = write_comparison(cmp, out)
+        written = write_comparison(cmp, out, figure_format)
         note(f"Wrote {out} ({len(written)} files)")
     if fmt == "json":
         click.echo(json.dumps(cmp.to_dict(), indent=2, default=str))

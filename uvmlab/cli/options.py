@@ -122,3 +122,17 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         iterations=kw["iterations"],
         options=parse_options(kw.get("options", ())),
     )
+
+
+def figure_format_option() -> Callable[[F], F]:
+    """Add ``--figure-format png|svg|pdf`` (as ``figure_format``) for commands that write figures."""
+    from uvmlab.rundir import FIGURE_FORMATS
+
+    return click.option(
+        "--figure-format",
+        "figure_format",
+        type=click.Choice(FIGURE_FORMATS),
+        default="png",
+        show_default=True,
+        help="File format of the figures (svg and pdf scale for papers).",
+    )

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, parse_options, workload_config, workload_options
+from uvmlab.cli.options import (
+    figure_format_option,
+    format_option,
+    out_option,
+    parse_options,
+    workload_config,
+    workload_options,
+)
 from uvmlab.errors import InputError
 
 
@@ -139,6 +147,21 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     help="A memory policy of uvmlab advise (e.g. release-each-iteration; combine with +), on the GPU memory the "
     "job as given has at --oversub.",
 )
+@click.option(
+    "--snapshot",
+    "snapshot_out",
+    default=None,
+    metavar="FILE.pickle",
+    help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
+)
+@click.option(
+    "--timeline",
+    "timeline_out",
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
+@figure_format_option()
 def run_command(
     workload: str,
     oversub: str,
@@ -159,6 +182,9 @@ def run_command(
     alloc_conf: str | None,
     strict_factor: bool,
     policy: str | None,
+    snapshot_out: str | None,
+    timeline_out: str | None,
+    figure_format: str,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -205,7 +231,13 @@ def run_command(
         gpu_options=gpu_flags,
         progress=_progress("simulating kernels"),
         capture_progress=_progress("capturing the trace (cached afterwards)"),
+        snapshot=snapshot_out,
+        timeline=timeline_out,
+        figure_format=figure_format,
     )
+    for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
+        if file is not None and not res.result.get("dry_run") and Path(file).is_file():
+            note(f"Wrote {what} {file}")
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         if not res.result.get("dry_run"):

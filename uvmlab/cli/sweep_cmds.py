@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option
+from uvmlab.cli.options import figure_format_option, format_option, out_option
 
 
 class _SweepGroup(click.Group):
@@ -27,6 +27,7 @@ def sweep() -> None:
 
     \b
     uvmlab sweep experiments/lin_jeon_2025.yaml -o sweeps/lin --jobs 2
+    uvmlab sweep SPEC workload=gpt2,bert oversub=1,2,4 -o DIR  # override grid axes
     uvmlab sweep SPEC -o DIR --executor slurm --dry-run   # show the job-array plan and sbatch script
     uvmlab sweep collect DIR                              # rebuild DIR/results.parquet
     """
@@ -34,8 +35,9 @@ def sweep() -> None:
 
 @sweep.command("run")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=V1,V2,...]...")
 @out_option(
-    "Sweep folder (runs/<hash>/ per configuration, results.parquet).",
+    "Sweep folder (runs/<workload>-x<F>-pca<on|off>-<hash>/ per configuration, results.parquet).",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
 )
@@ -64,6 +66,7 @@ def sweep() -> None:
 @format_option()
 def sweep_run(
     spec: Path,
+    overrides: tuple[str, ...],
     out: Path,
     executor: str,
     jobs: int,
@@ -76,14 +79,18 @@ def sweep_run(
     array_parallelism: int | None,
     fmt: str,
 ) -> None:
-    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes)."""
+    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes).
+
+    KEY=V1,V2 overrides replace a grid axis (or add one), Hydra-style: uvmlab sweep SPEC workload=gpt2,bert
+    oversub=1,2,4 -o DIR. Each run goes to OUT/runs/<workload>-x<F>-pca<on|off>-<short hash>.
+    """
     from uvmlab.console import note, print_csv, print_table
     from uvmlab.errors import InputError
     from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
     from uvmlab.sweep.slurm import check_slurm_field
     from uvmlab.sweep.spec import load_spec
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, overrides)
     overrides: dict[str, tuple[str, Any]] = {
         "configs_per_task": ("--configs-per-task", configs_per_task),
         "time_min": ("--time-min", time_min),
@@ -198,12 +205,13 @@ def sweep_collect(out: Path, fmt: str) -> None:
     default=None,
 )
 @format_option()
-def report(sweep_dir: Path, out_html: Path | None, fmt: str) -> None:
+@figure_format_option()
+def report(sweep_dir: Path, out_html: Path | None, fmt: str, figure_format: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
     from uvmlab.console import note, print_csv, print_table
     from uvmlab.report import build_report
 
-    built = build_report(sweep_dir, out_html)
+    built = build_report(sweep_dir, out_html, figure_format=figure_format)
     if fmt == "json":
         click.echo(json.dumps(built.to_dict(), indent=2))
         return

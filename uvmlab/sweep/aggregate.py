@@ -1,6 +1,6 @@
 """The sweep-level table ``DIR/results.parquet``: one row per complete run, rebuilt from run directories.
 
-Columns: ``run_id`` (the configuration hash, also the folder name), ``run_dir``; the configuration as
+Columns: ``run_id`` (the run folder name, ``<workload>-x<F>-pca<on|off>-<hash8>``), ``run_dir``; the configuration as
 ``cfg_<field>`` (workload fields, run fields, ``cfg_option.<key>``, ``cfg_sim.<knob>``); every scalar of
 result.json under its own name (uvmlab.stats.schema.RESULT_KEYS and any extra scalar key, nested mappings
 flattened one level as ``key.sub``); scalars of env.json as ``env_<key>``. Runs without result.json (pending or
