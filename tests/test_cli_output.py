@@ -277,6 +277,7 @@ def test_fragmentation_plan_line_says_what_none_means() -> None:
 def test_calibrate_shows_where_a_null_parameter_comes_from() -> None:
     from uvmlab.cli.nsys_cmds import _param_cell
 
-    value, used = _param_cell("zero_fill_bytes_per_s", None)
-    assert value is None and "HBM bandwidth" in used
-    assert _param_cell("fault_entry_ns", 300.0) == (300.0, "this value")
+    value, source = _param_cell("zero_fill_bytes_per_s", None, False)
+    assert value is None and "HBM bandwidth" in source
+    assert _param_cell("fault_entry_ns", 300.0, False) == (300.0, "default")
+    assert _param_cell("link_bytes_per_s", 2e10, True) == (2e10, "fitted")
