@@ -104,3 +104,25 @@ def test_cache_root_follows_uvmlab_cache_then_xdg(monkeypatch: pytest.MonkeyPatc
     assert cache_root() == Path.home() / ".cache" / "uvmlab" / "traces"
     monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "u"))
     assert cache_root() == tmp_path / "u" / "traces"
+
+
+def test_characterize_source_takes_a_trace_object_or_its_folder(tmp_path: Path) -> None:
+    from eval_helpers import make_trace
+
+    trace = make_trace([(3 * 2**20, 2), (2**20, 1), (2 * 2**20, 0)])
+    api.write_trace(trace, tmp_path / "t")
+    by_object = api.characterize_source(trace)
+    by_path = api.characterize_source(str(tmp_path / "t"))
+    assert by_object.table.drop(columns="allocator").equals(by_path.table.drop(columns="allocator"))
+    assert by_object.table["peak_reserved_bytes"].gt(0).all()
+
+
+@pytest.mark.real_data
+def test_evaluate_takes_a_ground_truth_path(real_data: Path, tmp_path: Path) -> None:
+    snap = real_data / "snapshots" / "silmont2000__assignment2-systems__75d09aad__mem_snapshot.pickle"
+    if not snap.is_file():
+        pytest.skip(f"{snap.name} missing from real data")
+    csv = tmp_path / "gt.csv"
+    csv.write_text(f"id,source,config,gpu_memory,measured_peak_bytes,oom\nr,{snap},,80GiB,98566144,0\n")
+    ev = api.evaluate(csv, ["shape-inference"])
+    assert list(ev.per_run["case_id"]) == ["r"] and ev.per_run["estimate_bytes"].iloc[0] > 0

@@ -35,8 +35,8 @@ def test_piped_table_is_markdown_with_every_cell_whole(capsys: pytest.CaptureFix
     text = capsys.readouterr().out
     assert LONG in text and "…" not in text
     lines = text.splitlines()
-    assert lines[0] == "Estimators"
-    assert lines[2].startswith("| estimator") and lines[3].startswith("|:--") and lines[3].endswith("-:|")
+    assert lines[:2] == ["", "Estimators"]
+    assert lines[3].startswith("| estimator") and lines[4].startswith("|:--") and lines[4].endswith("-:|")
     row = next(ln for ln in lines if "uvmlab-pca" in ln)
     assert row.split("|")[2].strip() == "n/a"
 
@@ -277,6 +277,7 @@ def test_fragmentation_plan_line_says_what_none_means() -> None:
 def test_calibrate_shows_where_a_null_parameter_comes_from() -> None:
     from uvmlab.cli.nsys_cmds import _param_cell
 
-    value, used = _param_cell("zero_fill_bytes_per_s", None)
-    assert value is None and "HBM bandwidth" in used
-    assert _param_cell("fault_entry_ns", 300.0) == (300.0, "this value")
+    value, source = _param_cell("zero_fill_bytes_per_s", None, False)
+    assert value is None and "HBM bandwidth" in source
+    assert _param_cell("fault_entry_ns", 300.0, False) == (300.0, "default")
+    assert _param_cell("link_bytes_per_s", 2e10, True) == (2e10, "fitted")

@@ -189,11 +189,16 @@ def test_results_table_has_config_and_result_columns(sweep_dir: Path) -> None:
         "outcome",
         "slowdown_vs_native",
         "native_pca_time_ns",
+        "slowdown_vs_oversub1",
         "htod_bytes",
         "env_uvmlab_version",
     ):
         assert col in df.columns, col
     assert df.loc[df["cfg_workload"] == "alexnet", "cfg_batch_size"].eq(2).all()
+    at1 = df[df["cfg_oversub"] == 1.0]
+    assert at1["slowdown_vs_oversub1"].eq(1.0).all() and len(at1) > 0
+    report_view = load_results(sweep_dir).set_index("run_id")["slowdown_vs_oversub1"]
+    assert df.set_index("run_id")["slowdown_vs_oversub1"].equals(report_view.loc[df["run_id"]])
 
 
 def test_sweep_collect_rebuilds_results(sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

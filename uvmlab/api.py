@@ -107,6 +107,13 @@ def _rundir(x: Any) -> Any:
     return x if isinstance(x, RunDir) else RunDir(_path_of(x))
 
 
+def _cases(x: Any) -> Any:
+    """Ground-truth cases: a CSV or snapshot folder path (the CLI's defaults), or the list of EvalCase itself."""
+    from uvmlab.evaluate.ground_truth import load_ground_truth
+
+    return load_ground_truth(x)[0] if _is_path(x) else x
+
+
 def _spec(x: Any) -> Any:
     from uvmlab.sweep.spec import load_spec
 
@@ -128,6 +135,7 @@ _ARGS: dict[str, dict[int, Callable[[Any], Any]]] = {
     "place": {0: _trace},
     "simulate_run": {1: _rundir},
     "run_sweep": {0: _spec},
+    "evaluate": {0: _cases},
 }
 """Per function: positional index -> how to turn a path (or name) into what the module function takes."""
 
@@ -138,6 +146,7 @@ _KWARGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "simulate_run": {"rundir": _rundir},
     "run_sweep": {"spec": _spec},
     "replay_snapshot": {"path": _path_of},
+    "evaluate": {"cases": _cases},
 }
 
 
@@ -152,7 +161,18 @@ def _summarize(ex: Any, *args: Any, **kwargs: Any) -> Any:
     return summarize(ex, *args, **kwargs)
 
 
-_REPLACED: dict[str, Callable[..., Any]] = {"summarize": _summarize}
+def _characterize_source(source: Any, *args: Any, **kwargs: Any) -> Any:
+    """``characterize_source`` of a workload name, snapshot or trace path, a read snapshot, or a Trace object."""
+    from uvmlab.fragmentation import characterize, characterize_source
+    from uvmlab.trace.schema import Trace
+
+    if isinstance(source, Trace):
+        grouping = kwargs.get("grouping", args[2] if len(args) > 2 else "best")
+        return characterize(source, name=str(source.header.get("workload", "trace")), grouping=grouping)
+    return characterize_source(_path_of(source), *args, **kwargs)
+
+
+_REPLACED: dict[str, Callable[..., Any]] = {"summarize": _summarize, "characterize_source": _characterize_source}
 
 
 # -- errors: Python names, not CLI flags ------------------------------------------------------------------------

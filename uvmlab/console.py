@@ -49,7 +49,8 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
 
 
 def markdown_table(title: str, columns: Sequence[str], cells: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
-    """A Markdown pipe table (title line, header, alignment row, rows), columns padded to their widest cell."""
+    """A Markdown pipe table (blank line, title line, header, alignment row, rows, blank line), columns padded to
+    their widest cell."""
 
     def esc(s: str) -> str:
         return s.replace("|", "\\|").replace("\n", " ")
@@ -68,7 +69,7 @@ def markdown_table(title: str, columns: Sequence[str], cells: Sequence[Sequence[
     align = "|" + "|".join(
         ("-" * (w + 1) + ":") if n else (":" + "-" * (w + 1)) for w, n in zip(widths, numeric, strict=True)
     )
-    text = [f"{title}", "", line(head), align + "|", *(line(r) for r in body), ""]
+    text = ["", title, "", line(head), align + "|", *(line(r) for r in body), ""]
     return "\n".join(text) + "\n"
 
 

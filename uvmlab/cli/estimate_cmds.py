@@ -66,8 +66,8 @@ def snapshot_show(file: str, fmt: str) -> None:
     conf = None if snap.allocator_settings is None else snap.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
     gen = snap.format_generation
     say(
-        f"{snap.path}\nformat {gen}: snapshot layout {GENERATIONS.get(gen, 'unknown')} "
-        f"(recognized by: {snap.format_evidence}); PYTORCH_CUDA_ALLOC_CONF: {conf!r}"
+        f"{snap.path}\nformat {gen}, the snapshot's layout generation: {GENERATIONS.get(gen, 'unknown')} "
+        f"(recognized by: {snap.format_evidence})\nPYTORCH_CUDA_ALLOC_CONF: {conf!r}\n"
     )
     print_table(
         "Snapshot per device",

@@ -199,11 +199,13 @@ def calibrate_cmd(
         click.echo(json.dumps(doc, indent=2, default=str))
         return
     fitted = doc.get("fitted", {})
-    rows = [[k, *_param_cell(k, v), "fitted" if k in fitted else "default"] for k, v in doc["params"].items()]
+    rows = [[k, *_param_cell(k, v, k in fitted)] for k, v in doc["params"].items()]
     if fmt == "csv":
-        print_csv(("params", ["parameter", "value", "used", "source"], rows))
+        print_csv(("params", ["parameter", "value", "source"], rows))
         return
-    print_table("Cost parameters", ["parameter", "value", "used", "source"], rows)
+    print_table(
+        "Cost parameters", ["parameter", "value", "source"], [[k, "per GPU" if v is None else v, s] for k, v, s in rows]
+    )
     for n in doc.get("notes", []):
         note(n)
     note(f"Wrote {out}")
@@ -216,11 +218,12 @@ PER_GPU = {
 """Parameters a file leaves null: CostParams.for_gpu fills them from the run's GPU (uvmlab.sim.timing)."""
 
 
-def _param_cell(name: str, value: object) -> tuple[object, str]:
-    """(value as written in the file, what a run uses): a null per-GPU parameter is not 'n/a', it is the GPU's."""
+def _param_cell(name: str, value: object, fitted: bool) -> tuple[object, str]:
+    """(value as written in the file, where it comes from): a null per-GPU parameter is not 'n/a', a run takes it
+    from its GPU."""
     if value is None and name in PER_GPU:
-        return None, f"per GPU: {PER_GPU[name]}"
-    return value, "this value"
+        return None, f"default: {PER_GPU[name]}"
+    return value, "fitted" if fitted else "default"
 
 
 nsys.add_command(summarize_cmd)

@@ -107,8 +107,8 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
             print_csv(("replay", ["metric", *columns[1:]], [[name, *vals] for name, vals in metrics]))
         else:
             say(
-                f"{report.path}\nformat {report.format_generation} (snapshot layout generation); "
-                f"PYTORCH_CUDA_ALLOC_CONF simulated: {report.alloc_conf!r}"
+                f"{report.path}\nformat {report.format_generation} (the snapshot's layout generation: see "
+                f"uvmlab snapshot show); PYTORCH_CUDA_ALLOC_CONF simulated: {report.alloc_conf!r}\n"
             )
             title = "Replay vs the real allocator (sim = simulated, real = recorded)"
             print_table(title, columns, [[name, *vals] for name, vals in metrics])

@@ -22,12 +22,11 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS
+from uvmlab.sweep.aggregate import GROUP_KEYS, slowdown_vs_oversub1
 
 STUDY_ORDER = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
 """The seed study's order of workloads in its figures (seeds/003, figures 3-9)."""
 MEASURED_MODES = ("gpu", "measured")
-GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
-"""What identifies 'the same job' across factors and PCA settings."""
 NATIVE_COLUMNS = ("native_time_ns", "slowdown_vs_native", "native_pca_time_ns", "slowdown_vs_native_pca")
 """result.json's no-UVM references and the slowdowns against them (uvmlab.stats.schema.RESULT_KEYS)."""
 
@@ -66,16 +65,6 @@ def load_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     df["migration_bytes"] = df["htod_bytes"] + df["dtoh_bytes"]
     df["slowdown_vs_oversub1"] = slowdown_vs_oversub1(df)
     return df
-
-
-def slowdown_vs_oversub1(df: pd.DataFrame) -> pd.Series:
-    """Iteration time / that of the same job (GROUP_KEYS) with the same PCA setting at factor <= 1.0; NaN without
-    such a run (the study's Figure 3 ratio)."""
-    keys = [*GROUP_KEYS, "pca"]
-    ok = df[(df["oversub"] <= 1.0) & (df["outcome"] == "ok") & df["iteration_time_ns"].notna()]
-    base_time = ok.groupby(keys, dropna=False)["iteration_time_ns"].mean().rename("_base")
-    merged = df.join(base_time, on=keys)
-    return (merged["iteration_time_ns"] / merged["_base"]).astype(float)
 
 
 def ok_runs(df: pd.DataFrame, measured: bool | None = None) -> pd.DataFrame:
