@@ -119,20 +119,29 @@ def trace_show(directory: str, fmt: str) -> None:
 
 
 @click.command("workloads")
+@click.option("--all", "show_all", is_flag=True, help="Also list every torchvision:, timm: and hf: model name.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def workloads_cmd(fmt: str) -> None:
-    """List the built-in workloads: default (seed study) batch size, parameter count, options."""
-    from workloads.info import describe_workloads
+def workloads_cmd(show_all: bool, fmt: str) -> None:
+    """List the built-in workloads: default (seed study) batch size, parameter count, options.
+
+    With --all, also the named models: torchvision:NAME, timm:NAME (listed from the installed packages) and
+    hf:ARCH (built-in configs, or any transformers config.json).
+    """
+    from workloads.info import describe_workloads, named_models
 
     rows = describe_workloads()
+    named = named_models() if show_all else []
     if fmt == "json":
-        click.echo(to_json(rows), nl=False)
+        click.echo(to_json({"builtin": rows, "named": named} if show_all else rows), nl=False)
         return
     print_table(
         "Built-in workloads (or give a Python workload file: docs/workloads.md)",
         ["workload", "default batch", "parameters", "options"],
         [[r["name"], r["default_batch_size"], f"{r['parameters'] / 1e6:.1f} M", ", ".join(r["options"])] for r in rows],
     )
+    for fam in named:
+        out.print(f"\n[bold]{fam['prefix']}:NAME[/bold] ({fam['package']}; {len(fam['names'])} models; {fam['note']})")
+        out.print(", ".join(fam["names"]), soft_wrap=False, highlight=False)
 
 
 COMMANDS = [trace_group, workloads_cmd]
