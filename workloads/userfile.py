@@ -71,7 +71,7 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # anything the user's module raises: one sentence, exit 2
-            raise failure(f"workload file {file}", "importing it", exc) from None
+            raise failure(f"workload file {file.resolve()}", "importing it", exc) from None
         sys.modules[mod_name] = module
     build = getattr(module, "build", None)
     if not callable(build):
@@ -93,7 +93,7 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         except UvmlabError:
             raise
         except Exception as exc:
-            raise failure(f"workload file {file}", "building its model", exc) from None
+            raise failure(f"workload file {file.resolve()}", "building its model", exc) from None
         if not isinstance(wl, Workload):
             raise InputError(f"workload file {file}: build() returned {type(wl).__name__}, not a Workload")
         return wl
