@@ -175,16 +175,16 @@ def capture_trace(
         raise InputError(f"capture device must be one of {', '.join(CAPTURE_DEVICES)}, not {device!r}")
     spec = load_workload(cfg.workload)
     spec.resolve_options(cfg)  # refuse unknown options before any work
+    rec = Recorder(device)
     fraction = common_option(cfg, "data_dependent_fraction")
     if not 0 < fraction <= 1:
         raise InputError(f"option data_dependent_fraction must be in (0, 1], not {fraction!r}")
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
-    rec = Recorder(device)
     cat = _Categorizer(rec)
     sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention == "sdpa") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
-    data_dep = DataDependentEmulation(fraction) if device == "meta" else None
+    data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
     guard = _user_code_guard(spec.source, cfg.workload)
     start = time.perf_counter()

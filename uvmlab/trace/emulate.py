@@ -32,11 +32,14 @@
     its nonzero elements (the nonzero rule), as CUDA's indexing does (it calls ``nonzero`` and allocates them);
   - ``unique`` / ``unique_consecutive`` / ``unique_dim`` (``_unique2``, ``unique_consecutive``, ``unique_dim``):
     ``ceil(fraction * n)`` values (all distinct), inverse indices of the input's shape, counts like the values;
-  - ``bincount(x, weights, minlength)``: ``max(minlength, x.numel())`` bins (exact when the values are
-    labels 0..n-1; pass ``minlength`` for the exact size: no upper bound exists without the data).
+  - ``bincount(x, weights, minlength)``: ``minlength`` bins when given (the values assumed below it: counting
+    labels of a known range), else ``x.numel()`` (values assumed below the count, e.g. indices); no upper bound
+    exists without the data.
 
   Not emulated: ``.item()``/``.tolist()`` (Python needs the value), ``repeat_interleave`` without
-  ``output_size``.
+  ``output_size``, and the ``nonzero`` temporary CUDA's ``masked_select`` makes (it goes through ``index``).
+  A CPU capture cannot see the ``nonzero`` inside a boolean-mask ``index`` (it happens inside the CPU kernel);
+  the meta rule records it, as the CUDA caching allocator sees it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -263,8 +266,14 @@ def _ceil_fraction(n: int, fraction: float) -> int:
 class DataDependentEmulation(TorchDispatchMode):
     """Sizes for data-dependent ops on meta (rules in the module docstring); counts what it emulated."""
 
-    def __init__(self, fraction: float = 1.0) -> None:
+    def __init__(
+        self,
+        fraction: float = 1.0,
+        attributing: Callable[[str], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
+        """``attributing(op)``: a context under which new allocations are attributed to ``op`` (the recorder's)."""
         super().__init__()
+        self._attributing = attributing or (lambda _op: contextlib.nullcontext())
         if not 0 < fraction <= 1:
             raise ValueError(f"data_dependent_fraction must be in (0, 1], not {fraction}")
         self.fraction = fraction
@@ -282,12 +291,17 @@ class DataDependentEmulation(TorchDispatchMode):
             aten.unique_dim.default: self._unique_dim,
             aten.bincount.default: self._bincount,
         }
+        self._index_ops = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+        self._index_ops.add(aten._index_put_impl_.default)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         rule = self._rules.get(func)
         if rule is not None and _on_meta(args):
-            return rule(func, *args, **kwargs)
+            if func in self._index_ops:
+                return rule(func, *args, **kwargs)  # labels the nonzero it adds; the index op is recorded as is
+            with self._attributing(f"aten::{func._opname}"):
+                return rule(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _nonzero(self, func: Any, x: torch.Tensor) -> torch.Tensor:
@@ -304,7 +318,8 @@ class DataDependentEmulation(TorchDispatchMode):
         out: list[Any] = []
         for idx in indices:
             if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
-                nz = self._nonzero(None, idx)  # CUDA: at::native::expandTensors -> nonzero of the mask
+                with self._attributing("aten::nonzero"):  # CUDA: at::native::expandTensors -> mask.nonzero()
+                    nz = self._nonzero(None, idx)
                 out.extend(nz.select(1, d) for d in range(idx.dim()))
             else:
                 out.append(idx)
@@ -315,21 +330,29 @@ class DataDependentEmulation(TorchDispatchMode):
         return func(x, self._long_indices(indices), *rest, **kwargs)
 
     def _unique2(self, func: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        """_unique2(self, sorted, return_inverse, return_counts) and unique_consecutive(self, return_inverse,
+        return_counts, dim): outputs not asked for are empty, as in the real kernels."""
         self.counts[func._opname] += 1
+        names = ("return_inverse", "return_counts")
+        flags = args[1:3] if func._opname == "_unique2" else args[0:2]
+        inv, cnt = (kwargs.get(k, flags[i] if i < len(flags) else False) for i, k in enumerate(names))
         n = _ceil_fraction(x.numel(), self.fraction)
         values = torch.empty((n,), dtype=x.dtype, device=x.device)
-        inverse = torch.empty(x.shape, dtype=torch.long, device=x.device)
-        counts = torch.empty((n,), dtype=torch.long, device=x.device)
+        inverse = torch.empty(x.shape if inv else (0,), dtype=torch.long, device=x.device)
+        counts = torch.empty((n if cnt else 0,), dtype=torch.long, device=x.device)
         return values, inverse, counts
 
     def _unique_dim(self, func: Any, x: torch.Tensor, dim: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        """unique_dim(self, dim, sorted, return_inverse, return_counts)."""
         self.counts["unique_dim"] += 1
+        inv = kwargs.get("return_inverse", args[1] if len(args) > 1 else False)
+        cnt = kwargs.get("return_counts", args[2] if len(args) > 2 else False)
         rows = _ceil_fraction(x.size(dim), self.fraction)
         shape = list(x.shape)
         shape[dim] = rows
         values = torch.empty(shape, dtype=x.dtype, device=x.device)
-        inverse = torch.empty((x.size(dim),), dtype=torch.long, device=x.device)
-        counts = torch.empty((rows,), dtype=torch.long, device=x.device)
+        inverse = torch.empty((x.size(dim) if inv else 0,), dtype=torch.long, device=x.device)
+        counts = torch.empty((rows if cnt else 0,), dtype=torch.long, device=x.device)
         return values, inverse, counts
 
     def _bincount(
@@ -337,7 +360,7 @@ class DataDependentEmulation(TorchDispatchMode):
     ) -> torch.Tensor:
         self.counts["bincount"] += 1
         dtype = torch.long if weights is None else (torch.double if weights.dtype != torch.float else torch.float)
-        return torch.zeros((max(minlength, x.numel()),), dtype=dtype, device=x.device)
+        return torch.zeros((minlength if minlength > 0 else x.numel(),), dtype=dtype, device=x.device)
 
 
 def _on_meta(args: tuple[Any, ...]) -> bool:
