@@ -32,12 +32,15 @@ def _test_image_size(name: str) -> int:
     return max(SMALL_IMAGE, meta["min_size"][0])
 
 
-def test_torchvision_models_are_listed_from_torchvision_itself() -> None:
-    from workloads.info import named_models
-
-    rows = {r["prefix"]: r for r in named_models()}
+def test_workloads_all_lists_the_names_from_the_packages_themselves(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["workloads", "--all", "--format", "json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in listing["builtin"]} >= {"gpt2", "resnet50"}
+    rows = {r["prefix"]: r for r in listing["named"]}
     assert rows["torchvision"]["names"] == TV_NAMES and len(TV_NAMES) >= 80
     assert "llama-3.2-1b" in rows["hf"]["names"]
+    timm = pytest.importorskip("timm")
+    assert rows["timm"]["names"] == list(timm.list_models())
 
 
 @pytest.mark.slow

@@ -23,6 +23,13 @@ BROKEN = {
         "def build(cfg, device, options):\n    raise RuntimeError('no model\\nsecond line')\n",
         "failed while building its model: RuntimeError: no model",
     ),
+    "optimizer": (
+        "import torch\nfrom workloads.base import Workload\n\n\ndef build(cfg, device, options):\n"
+        "    dev = torch.device(device)\n"
+        "    batch = lambda: torch.ones(2, device=dev)\n"
+        "    return Workload('relu', torch.nn.ReLU(), batch, lambda m, x: m(x).sum(), dev)\n",
+        "failed while building its optimizer: ValueError: optimizer got an empty parameter list",
+    ),
     "forward": (
         EXAMPLE.read_text().replace("return F.cross_entropy(m(b[0]), b[1])", "raise KeyError('oops')"),
         "failed while running its forward phase (iteration 0): KeyError: 'oops'",

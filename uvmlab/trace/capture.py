@@ -204,7 +204,8 @@ def capture_trace(
         rec.set_phase("setup", -1)
         with guard("building its model"):
             workload = spec.build(cfg, device)
-        optimizer = make_optimizer(workload.model, cfg)
+        with guard("building its optimizer"):
+            optimizer = make_optimizer(workload.model, cfg)
         cat.after_setup(workload.model)
         state = {"phase": "setup"}
 
