@@ -158,3 +158,13 @@ def test_hf_config_file_and_num_layers(tmp_path: Path) -> None:
         load_workload(f"hf:{cfg_file}")
     with pytest.raises(InputError, match="neither a built-in config"):
         load_workload("hf:llama-9")
+
+
+def test_cache_key_of_a_named_model_uses_its_resolved_options() -> None:
+    from uvmlab.trace.cache import cache_key
+
+    base = cache_key(WorkloadConfig("hf:llama-3.2-1b"))
+    assert base == cache_key(WorkloadConfig("hf:Llama-3.2-1B", batch_size=8, options={"seq_len": 2048}))
+    assert base != cache_key(WorkloadConfig("hf:llama-3.2-1b", options={"seq_len": 1024}))
+    assert base != cache_key(WorkloadConfig("hf:llama-3.2-1b", options={"data_dependent_fraction": 0.5}))
+    assert cache_key(WorkloadConfig("torchvision:VGG16")) == cache_key(WorkloadConfig("torchvision:vgg16"))

@@ -45,12 +45,17 @@ def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = Tr
 
     Cheap: imports neither torch nor the workload (``workloads.registry.workload_identity``): a user file is
     keyed by its resolved path and content hash, so a warm hit never imports it and the same file named by
-    another path hits the same entry.
+    another path hits the same entry. Built-ins and named models are keyed by their resolved batch size and
+    options (``--seq-len 2048`` and the default 2048 share an entry); a user file by the options as given.
     """
-    from workloads.registry import workload_identity
+    from workloads.registry import is_path, load_workload, workload_identity
 
     identity = workload_identity(cfg.workload)
     config = {**cfg.to_dict(), "workload": identity["workload"]}
+    if not is_path(cfg.workload):  # built-ins and named models: specs are cheap, so key on what is built
+        spec = load_workload(cfg.workload)
+        common = {k: v for k, v in cfg.options.items() if k not in spec.options}
+        config.update(batch_size=spec.batch_size(cfg), options={**spec.resolve_options(cfg), **common})
     blob = {
         "config": config,
         "identity": identity,
