@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import uvmlab.trace.capture as capture_mod
 from uvmlab.config import WorkloadConfig
@@ -130,3 +132,22 @@ def test_data_dependent_rules_unit() -> None:
         assert torch.bincount(ids, weights=torch.empty(7, device="meta")).dtype == torch.float
     with pytest.raises(NotImplementedError):
         torch.nonzero(x)  # without the emulation meta cannot size it
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    f1=st.floats(0.01, 1.0),
+    f2=st.floats(0.01, 1.0),
+)
+def test_data_dependent_sizes_are_bounded_and_monotone_in_the_fraction(shape: list[int], f1: float, f2: float) -> None:
+    """Never more than the upper bound (every element selected / distinct), never less for a larger fraction."""
+    lo, hi = sorted((f1, f2))
+    x = torch.empty(shape, device="meta")
+    sizes = {}
+    for f in (lo, hi, 1.0):
+        with DataDependentEmulation(f):
+            sizes[f] = (torch.nonzero(x).shape[0], x[x > 0].numel(), torch.unique(x).numel())
+    n = x.numel()
+    assert sizes[1.0] == (n, n, n)
+    assert all(a <= b <= n for a, b in zip(sizes[lo], sizes[hi], strict=True))
