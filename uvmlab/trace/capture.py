@@ -152,7 +152,7 @@ def _user_code_guard(source: str, workload: str) -> Callable[[Any], contextlib.A
             raise
         except Exception as exc:
             what = f"workload file {source}" if source not in ("torchvision", "timm", "transformers") else workload
-            raise failure(f"{what}", phase() if callable(phase) else phase, exc) from None
+            raise failure(what, phase() if callable(phase) else phase, exc) from None
 
     return guard
 
