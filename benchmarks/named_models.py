@@ -73,7 +73,11 @@ def _dropout() -> None:
     import uvmlab.trace.capture as capture_mod
     from uvmlab.config import WorkloadConfig
     from uvmlab.console import print_table
+    from uvmlab.estimate import estimate
+    from uvmlab.gpus import get_gpu
     from uvmlab.trace.emulate import DropoutEmulation
+
+    gpu = get_gpu("A100-80GB")
 
     class Unfused(DropoutEmulation):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -97,13 +101,15 @@ def _dropout() -> None:
             capture_mod.DropoutEmulation = real  # type: ignore[misc]
         fused = int(after.allocations[after.allocations.op == "aten::native_dropout"].shape[0] // 2)
         diff = dropout_bytes(before) - dropout_bytes(after)
+        peaks = [estimate(cfg, gpu, trace=t).peak_reserved_bytes / 2**20 for t in (before, after)]
         rows.append([name, batch, fused, f"{dropout_bytes(before) / 2**20:.1f}", f"{dropout_bytes(after) / 2**20:.1f}",
-                     f"{diff / 2**20:.1f}"])  # fmt: skip
+                     f"{diff / 2**20:.1f}", f"{peaks[0]:.0f} -> {peaks[1]:.0f}"])  # fmt: skip
     print_table(
         "Dropout on meta: activations kept for backward per iteration (iteration 0), MiB",
-        ["workload", "batch", "fused dropouts", "before (fp32 noise)", "after (1-byte mask)", "difference"],
+        ["workload", "batch", "fused dropouts", "before (fp32 noise)", "after (1-byte mask)", "difference",
+         "peak reserved (A100-80GB)"],
         rows,
-    )
+    )  # fmt: skip
 
 
 @click.command()
