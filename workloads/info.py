@@ -1,7 +1,8 @@
-"""Descriptions of the built-in workloads for ``uvmlab workloads`` (parameter counts from a meta build).
+"""Descriptions of the workloads for ``uvmlab workloads`` (parameter counts from a meta build) and, with
+``--all``, the names of every named model available (listed from the packages, nothing built).
 
-Listing is torch-free and instant; counting parameters builds each model on the meta device (imports torch and
-the model libraries: seconds), so it is asked for separately.
+Listing built-ins is torch-free and instant; counting parameters builds each model on the meta device (imports
+torch and the model libraries: seconds), so it is asked for separately.
 """
 
 from __future__ import annotations
@@ -39,4 +40,42 @@ def describe_workloads(parameters: bool = True, progress: Callable[[str], None] 
                 "options": dict(spec.options),
             }
         )
+    return rows
+
+
+def named_models() -> list[dict[str, Any]]:
+    """Every named model this installation offers: one dict per family (prefix, package, names, note).
+
+    torchvision's and timm's names come from the packages themselves (``list_models``: imports them, builds
+    nothing); ``hf:`` lists the built-in configs (any transformers config.json also works).
+    """
+    from uvmlab.errors import InputError
+    from workloads.base import package_version
+    from workloads.hf_models import PRESETS
+    from workloads.timm_models import list_timm_models
+    from workloads.torchvision_models import list_torchvision_models
+
+    rows = [
+        {
+            "prefix": "torchvision",
+            "package": f"torchvision {package_version('torchvision')}",
+            "names": list_torchvision_models(),
+            "note": "classification models; options image_size, num_classes",
+        }
+    ]
+    try:
+        timm_names, timm_note = list_timm_models(), "options image_size (0: the model's own), num_classes"
+    except InputError as exc:
+        timm_names, timm_note = [], str(exc)
+    rows.append(
+        {"prefix": "timm", "package": f"timm {package_version('timm')}", "names": timm_names, "note": timm_note}
+    )
+    rows.append(
+        {
+            "prefix": "hf",
+            "package": f"transformers {package_version('transformers')}",
+            "names": list(PRESETS),
+            "note": "built-in configs, or hf:PATH/config.json; options seq_len, num_layers",
+        }
+    )
     return rows

@@ -50,7 +50,8 @@ def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
 
 
 def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
-    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations and --option KEY=VALUE."""
+    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations, the shortcuts --seq-len,
+    --image-size and --num-classes, and --option KEY=VALUE."""
 
     def decorate(fn: F) -> F:
         opts = [
@@ -81,6 +82,11 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 show_default=True,
                 help="Training iterations.",
             ),
+            click.option("--seq-len", type=int, default=None, help="Sequence length (same as --option seq_len=N)."),
+            click.option(
+                "--image-size", type=int, default=None, help="Image side in pixels (same as --option image_size=N)."
+            ),
+            click.option("--num-classes", type=int, default=None, help="Classes (same as --option num_classes=N)."),
             click.option(
                 "--option",
                 "options",
@@ -110,8 +116,20 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
+SHORTCUTS = {"seq_len": "--seq-len", "image_size": "--image-size", "num_classes": "--num-classes"}
+"""Flags that set a workload option (the workload refuses it if it has no such option)."""
+
+
 def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
     """Build the WorkloadConfig from the values of :func:`workload_options` (validation happens in the config)."""
+    options = parse_options(kw.get("options", ()))
+    for key, flag in SHORTCUTS.items():
+        value = kw.get(key)
+        if value is None:
+            continue
+        if key in options and options[key] != value:
+            raise InputError(f"{flag} {value} contradicts --option {key}={options[key]}")
+        options[key] = value
     return WorkloadConfig(
         workload=workload,
         batch_size=kw["batch_size"],
@@ -120,7 +138,7 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         attention=kw["attention"],
         dtype=kw["dtype"],
         iterations=kw["iterations"],
-        options=parse_options(kw.get("options", ())),
+        options=options,
     )
 
 

@@ -9,7 +9,7 @@ import click
 from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import CAPTURE_DEVICES
-from uvmlab.console import err, note, plain, print_csv, print_table, say
+from uvmlab.console import err, note, out, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes
 
 TRACE_TERMS = """\b
@@ -149,19 +149,22 @@ def trace_show(directory: str, fmt: str) -> None:
     is_flag=True,
     help="Also count each model's parameters (builds it on the meta device: imports torch, a few seconds).",
 )
+@click.option("--all", "show_all", is_flag=True, help="Also list every torchvision:, timm: and hf: model name.")
 @format_option()
-def workloads_cmd(parameters: bool, fmt: str) -> None:
+def workloads_cmd(parameters: bool, show_all: bool, fmt: str) -> None:
     """List the built-in workloads: default (seed study) batch size, options (and, with -p, parameter counts).
 
-    Listing is instant (no torch import). Give a Python workload file instead of a name anywhere a WORKLOAD is
-    taken (docs/workloads.md).
+    Listing is instant (no torch import). With --all, also the named models: torchvision:NAME, timm:NAME (listed
+    from the installed packages) and hf:ARCH (built-in configs, or any transformers config.json). Give a Python
+    workload file instead of a name anywhere a WORKLOAD is taken (docs/workloads.md).
     """
-    from workloads.info import describe_workloads
+    from workloads.info import describe_workloads, named_models
 
     with err.status("listing workloads") as status:
         rows = describe_workloads(parameters, progress=lambda n: status.update(plain(f"counting parameters of {n}")))
+        named = named_models() if show_all else []
     if fmt == "json":
-        click.echo(to_json(rows), nl=False)
+        click.echo(to_json({"builtin": rows, "named": named} if show_all else rows), nl=False)
         return
     cols = ["workload", "default batch", "parameters", "options", "description"]
     if fmt == "csv":
@@ -185,6 +188,9 @@ def workloads_cmd(parameters: bool, fmt: str) -> None:
     )
     if not parameters:
         note("parameters: n/a until counted; add --parameters (-p) to build each model on the meta device")
+    for fam in named:
+        out.print(f"\n{fam['prefix']}:NAME ({fam['package']}; {len(fam['names'])} models; {fam['note']})")
+        out.print(", ".join(fam["names"]), soft_wrap=False, highlight=False)
 
 
 COMMANDS = [trace_group, workloads_cmd]
