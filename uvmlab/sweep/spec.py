@@ -155,9 +155,14 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
             if not path.is_file():
                 raise InputError(f"workload file {str(path)!r} does not exist")
             return str(path.resolve())
+        from workloads.registry import family
+
         known = known_workloads()
-        if value not in known:
-            raise InputError(f"unknown workload {value!r}; known workloads: {', '.join(known)} (or a .py file)")
+        if value not in known and family(value) is None:
+            raise InputError(
+                f"unknown workload {value!r}; known workloads: {', '.join(known)}, a named model "
+                "(torchvision:NAME, timm:NAME, hf:ARCH) or a .py file"
+            )
         return value
     if name in ("batch_size", "iterations"):
         if value is None and name == "batch_size":
