@@ -129,3 +129,16 @@ def test_mlp_sample_check_points_are_validation_points_within_5_percent() -> Non
     assert len(points) == 30 and not any(p.fitted for p in points)
     errors = sorted(abs(p.ratio - 1) for p in points if p.ratio is not None)
     assert errors[len(errors) // 2] <= 0.05  # median relative error (the acceptance target for the whole set)
+
+
+def test_fitted_cases_get_a_validation_summary_row() -> None:
+    from uvmlab.evaluate.harness import evaluate
+
+    def case(cid: str, fitted: bool, measured: float) -> EvalCase:
+        return EvalCase(cid, 1000, False, measured, recorded={"xmem": 100.0}, fitted=fitted)
+
+    ev = evaluate([case("a", True, 100.0), case("b", False, 50.0), case("c", False, 50.0)], ["xmem"])
+    rows = {r["estimator"]: r for r in ev.summary.to_dict("records")}
+    assert rows["xmem"]["n"] == 3 and rows["xmem"]["mre"] == 1.0  # errors 0, 1, 1
+    assert rows["xmem (validation runs)"]["n"] == 2 and rows["xmem (validation runs)"]["mre"] == 1.0
+    assert list(ev.per_run["fitted"]) == [True, False, False]

@@ -88,7 +88,9 @@ def evaluate(
     summary = summary.merge(runtime, left_on="estimator", right_index=True, how="left")
     summary["quadrant"] = [quadrant(p, m) for p, m in zip(summary["pef"], summary["mre"], strict=True)]
     by_group = summarize(per_run, by=("estimator", "group"))
-    if "fitted" in per_run and per_run["fitted"].any():  # scores on the validation runs alone
+    fitted = set(estimates.loc[estimates["fitted"].astype(bool), "case_id"]) if "fitted" in estimates else set()
+    per_run["fitted"] = per_run["case_id"].isin(fitted)
+    if per_run["fitted"].any():  # scores on the validation runs alone
         held = summarize(per_run[~per_run["fitted"].astype(bool)])
         held["estimator"] = held["estimator"] + " (validation runs)"
         summary = pd.concat([summary, held], ignore_index=True)
