@@ -60,7 +60,7 @@ def gpumemnet_mlp_sample(data_dir: Path) -> list[Point]:
 
 @check("memory/xmem_rtx3060_sample", needs=XMEM_DIR)
 def xmem_sample(data_dir: Path) -> list[Point]:
-    """xMem's sample: uvmlab's device peak per row (peers' estimates are in ``uvmlab evaluate``)."""
+    """xMem's sample: uvmlab's peak reserved bytes per row (peers' estimates are in ``uvmlab evaluate``)."""
     from uvmlab.evaluate.estimators import UvmlabEstimator
     from uvmlab.evaluate.xmem_sample import read_xmem_sample
 
@@ -70,14 +70,14 @@ def xmem_sample(data_dir: Path) -> list[Point]:
         Point(
             XMEM_DIR,
             c.case_id,
-            "device_peak_bytes",
+            "peak_reserved_bytes",
             "bytes",
             c.measured_peak_bytes,
             float(est.estimate(c)),
-            note=f"{c.gpu_name}, lazy module loading",
+            note=f"{c.gpu_name}; xMem's ground truth is net of framework memory (seeds/000 4.1.4)",
         )
         for c in cases
     ]
-    points += [Point(XMEM_DIR, cid, "device_peak_bytes", "bytes", float("nan"), None, note=why)
+    points += [Point(XMEM_DIR, cid, "peak_reserved_bytes", "bytes", float("nan"), None, note=why)
                for cid, why in skipped]  # fmt: skip
     return points
