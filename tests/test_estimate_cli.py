@@ -50,8 +50,12 @@ def test_nocache_and_oom(capsys: pytest.CaptureFixture[str]) -> None:
     pca = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json"])
     nocache = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--allocator", "nocache"])
     assert nocache["peak_reserved_bytes"] <= pca["peak_reserved_bytes"]
-    tight = pca["context_bytes"] + pca["peak_allocated_bytes"] // 2
-    small = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--gpu-memory", str(tight)])
+    eager = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--module-loading", "eager"])
+    assert eager["context_bytes"] > pca["context_bytes"]  # eager modules count in the context
+    assert eager["device_peak_bytes"] - pca["device_peak_bytes"] == eager["context_bytes"] - pca["context_bytes"]
+    tight = eager["context_bytes"] + pca["peak_allocated_bytes"] // 2  # above the GpuSpec's 512 MiB floor
+    small = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--gpu-memory", str(tight),
+                           "--module-loading", "eager"])  # fmt: skip
     assert small["oom"] and small["oom_phase"] in ("setup", "data", "forward", "backward", "optimizer")
 
 

@@ -9,7 +9,10 @@
    reserves when it has room: ``peak_reserved_bytes``) and, when that does not fit, again with the GPU's
    capacity minus the CUDA context, so the allocator's own OOM path (free the cache, retry) decides the verdict.
 
-``required_mb`` is what a scheduler should reserve for the job: peak reserved + CUDA context + a margin, in MiB
+``device_peak_bytes`` is what nvidia-smi would show at the peak: the CUDA context and loaded modules
+(``uvmlab.devicemem.context_model``: by GPU, module loading lazy/eager) + the allocator's reserved peak + buffers
+outside the caching allocator (none modelled yet: cuBLAS/cuDNN workspaces go through the allocator).
+``required_mb`` is what a scheduler should reserve for the job: ``device_peak_bytes`` + a margin, in MiB
 (nvidia-smi's and CARMA's "MB"). The default margin is ``max(5 % of peak reserved, 256 MiB)``: our choice, to
 cover what the simulation does not model (cuDNN's real algorithm choice, allocator version differences, NCCL);
 unverified, overridable with ``margin_bytes``. Every JSON key is documented in docs/estimate.md.
@@ -19,15 +22,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from uvmlab.config import ALLOCATORS, WorkloadConfig
+from uvmlab.devicemem import ContextModel, context_model
 from uvmlab.errors import InputError, InvariantError, OutOfMemoryError
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import DEFAULT_CONTEXT_BYTES, GpuSpec
 from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.trace.summary import live_by_category, peak_live
@@ -83,6 +87,15 @@ class Estimate:
     gpu_spec: GpuSpec | None = field(default=None, repr=False)
     constrained: bool = False
     """True when the verdict came from a second run with the GPU's capacity (the unlimited run did not fit)."""
+    context: ContextModel | None = None
+    """How ``context_bytes`` was modelled (None: given by the GpuSpec)."""
+    outside_allocator_bytes: int = 0
+    """Device buffers outside the caching allocator at the peak (none modelled: always 0 for now)."""
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """What nvidia-smi shows at the peak: context + modules + peak reserved + buffers outside the allocator."""
+        return self.context_bytes + self.peak_reserved_bytes + self.outside_allocator_bytes
 
     @property
     def usable_bytes(self) -> int:
@@ -91,8 +104,8 @@ class Estimate:
 
     @property
     def required_bytes(self) -> int:
-        """Peak reserved + CUDA context + margin."""
-        return self.peak_reserved_bytes + self.context_bytes + self.margin_bytes
+        """``device_peak_bytes`` + margin."""
+        return self.device_peak_bytes + self.margin_bytes
 
     @property
     def required_mb(self) -> int:
@@ -109,6 +122,7 @@ class Estimate:
             "gpu": self.gpu,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "context_bytes": self.context_bytes,
+            "context_model": None if self.context is None else self.context.to_json(),
             "usable_bytes": self.usable_bytes,
             "allocator": self.allocator,
             "alloc_conf": self.alloc_conf,
@@ -126,6 +140,9 @@ class Estimate:
             "oom_phase": self.oom_phase,
             "oom_iteration": self.oom_iteration,
             "alloc_retries_on_gpu": self.alloc_retries_on_gpu,
+            "outside_allocator_bytes": self.outside_allocator_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
+            "device_peak_mb": -(-self.device_peak_bytes // MB_BYTES),
             "margin_bytes": self.margin_bytes,
             "margin_rule": self.margin_rule,
             "required_bytes": self.required_bytes,
@@ -133,6 +150,8 @@ class Estimate:
             "workspace_bytes": {
                 "cublas": ws.get("cublas_workspace_bytes"),
                 "cublaslt": ws.get("cublaslt_workspace_bytes"),
+                "cudnn_peak": ws.get("cudnn_workspace_peak_bytes"),
+                "cudnn_benchmark_trial_peak": ws.get("cudnn_benchmark_trial_peak_bytes"),
             },
             "orchestration_changes": ws.get("changes", {}),
             "trace_allocations": self.trace_allocations,
@@ -233,11 +252,16 @@ def estimate(
     trace: Trace | None = None,
     progress: ProgressFn | None = None,
     capture_progress: Callable[[int, int], None] | None = None,
+    module_loading: str = "lazy",
+    context: ContextModel | None = None,
 ) -> Estimate:
-    """Estimate peak reserved/allocated memory, the OOM verdict and ``required_mb`` of ``cfg`` on ``gpu``.
+    """Estimate peak reserved/allocated memory, the OOM verdict, ``device_peak_bytes`` and ``required_mb``.
 
     ``trace`` skips the capture (tests, callers that already hold one). ``progress(message)`` is told each step;
     ``capture_progress(done_iterations, total)`` follows a capture when the trace is not cached yet.
+    The CUDA context: ``context`` if given; else a ``gpu`` whose ``context_bytes`` was set explicitly (not the
+    512 MiB placeholder of uvmlab.gpus) keeps it; else ``uvmlab.devicemem.context_model(gpu.name,
+    module_loading)``. The modelled context is also taken off the capacity for the OOM verdict.
     """
     from uvmlab.sim.allocconf import AllocatorSettings
 
@@ -246,6 +270,14 @@ def estimate(
     if margin_bytes is not None and margin_bytes < 0:
         raise InputError(f"the margin cannot be negative ({margin_bytes} B); pass 0 or more")
     settings = AllocatorSettings.parse(alloc_conf or "")
+    if context is None and gpu.context_bytes == DEFAULT_CONTEXT_BYTES:
+        context = context_model(gpu.name, module_loading)
+    if context is not None:
+        if context.total_bytes >= gpu.memory_bytes:
+            raise InputError(
+                f"the modelled CUDA context ({context.total_bytes} B) does not fit {gpu.name}; give a larger GPU"
+            )
+        gpu = replace(gpu, context_bytes=context.total_bytes)
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     if trace is None:
@@ -260,16 +292,23 @@ def estimate(
     say(f"simulating the {allocator} allocator")
     free_run = _place(cuda, allocator, settings, None)
     usable = gpu.memory_bytes - gpu.context_bytes
-    on_gpu = free_run
-    if free_run.peak_reserved_bytes > usable:
-        on_gpu = _place(cuda, allocator, settings, gpu)
+    bench = rules is not None and rules.cudnn_benchmark
+    # cudnn.benchmark trials are an upper bound that PyTorch shrinks (halves) when they do not fit, so they never
+    # cause an OOM: the verdict, the timeline and --snapshot come from the same run without the trials.
+    verdict = to_cuda(trace, gpu, replace(rules, cudnn_benchmark=False)) if bench and rules else cuda
+    verdict_free = _place(verdict, allocator, settings, None) if bench else free_run
+    on_gpu = verdict_free
+    if verdict_free.peak_reserved_bytes > usable:
+        on_gpu = _place(verdict, allocator, settings, gpu)
     t3 = time.perf_counter()
     oom_seq = on_gpu.oom_seq
-    phase, iteration = _where(cuda, oom_seq)
+    phase, iteration = _where(verdict, oom_seq)
     peak_seq = _peak_seq(free_run.timeline, "reserved_bytes")
     peak_phase, peak_iteration = _where(cuda, peak_seq)
     alloc_peak_seq = _peak_seq(free_run.timeline, "allocated_bytes")
     peak_reserved = int(free_run.peak_reserved_bytes)
+    if bench:  # a trial takes at most what the device has left
+        peak_reserved = max(min(peak_reserved, usable), int(verdict_free.peak_reserved_bytes))
     if margin_bytes is None:
         margin = default_margin(peak_reserved)
         rule = f"max({MARGIN_FRACTION:g} x peak reserved, {MARGIN_MIN_BYTES // MiB} MiB)"
@@ -308,10 +347,11 @@ def estimate(
         trace_allocations=len(cuda.allocations),
         trace_events=len(cuda.allocations) + int((cuda.allocations["free_seq"] != NEVER_FREED).sum()),
         timeline=on_gpu.timeline,
-        trace=cuda,
+        trace=verdict,
         settings=settings,
         gpu_spec=gpu,
-        constrained=on_gpu is not free_run,
+        constrained=on_gpu is not verdict_free,
+        context=context,
     )
 
 

@@ -101,6 +101,11 @@ def snapshot_show(file: str, fmt: str) -> None:
     default=None,
     help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
 )
+@click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
+              help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
+              "with CUDA >= 11.7; eager: older stacks), for the context model.")  # fmt: skip
+@click.option("--cudnn-benchmark", is_flag=True, help="Simulate torch.backends.cudnn.benchmark=True (a trial "
+              "workspace before each distinct convolution: an upper bound).")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @format_option(
@@ -117,6 +122,8 @@ def estimate_cmd(
     allocator: str,
     alloc_conf: str,
     margin_mb: int | None,
+    module_loading: str,
+    cudnn_benchmark: bool,
     out_dir: str | None,
     force: bool,
     fmt: str,
@@ -135,6 +142,7 @@ def estimate_cmd(
     from uvmlab.estimate import CARMA_PLACEMENT_MARGIN_MB, estimate, snapshot_dicts, write_estimate
     from uvmlab.gpus import get_gpu
     from uvmlab.rundir import RunDir
+    from uvmlab.trace.orchestrate import OrchestrationRules
     from uvmlab.units import MiB
 
     cfg = workload_config(workload, **kw)
@@ -160,6 +168,8 @@ def estimate_cmd(
             allocator=allocator,
             alloc_conf=alloc_conf,
             margin_bytes=None if margin_mb is None else margin_mb * MiB,
+            rules=OrchestrationRules(cudnn_benchmark=cudnn_benchmark),
+            module_loading=module_loading,
             progress=lambda msg: bar.update(task, description=plain(msg)),
             capture_progress=capture_progress,
         )
@@ -171,7 +181,8 @@ def estimate_cmd(
         write_snapshot(snapshot_out, segments, traces, allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": alloc_conf})
         note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
     if rundir is not None:
-        config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes}
+        config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes,
+                  "module_loading": module_loading, "cudnn_benchmark": cudnn_benchmark}  # fmt: skip
         if est.trace is not None:  # the batch actually used (the workload's default when none was given)
             config["used"] = {"batch_size": est.trace.header.get("batch_size")}
         write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
@@ -181,7 +192,7 @@ def estimate_cmd(
         return
     if fmt == "carma":
         note(
-            f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context "
+            f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context and modules "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
             f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement"
         )
@@ -203,7 +214,11 @@ def estimate_cmd(
             ["peak allocated", format_bytes(est.peak_allocated_bytes)],
             ["peak live tensors (requested)", format_bytes(est.peak_live_bytes)],
             *[[f"  at alloc. peak: {cat}", format_bytes(n)] for cat, n in sorted(est.live_at_allocated_peak.items())],
-            ["CUDA context", format_bytes(est.context_bytes)],
+            ["CUDA context + modules", f"{format_bytes(est.context_bytes)} ({module_loading} module loading)"],
+            [
+                "device peak (nvidia-smi)",
+                f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']} MB)",
+            ],
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],
             ["margin", f"{format_bytes(est.margin_bytes)} ({est.margin_rule})"],

@@ -13,6 +13,9 @@ from uvmlab.console import err, note, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes, parse_bytes
 
 ESTIMATOR_NAMES = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
+PEER_NAMES = ("xmem", "dnnmem-reported", "schedtune")
+"""Peers' own published estimates, when the ground truth carries them (xMem's sample)."""
+MAX_PER_RUN_ROWS = 40
 
 
 def _pct(x: float) -> str:
@@ -26,8 +29,9 @@ def _pct(x: float) -> str:
     "--estimator",
     "estimators",
     multiple=True,
-    type=click.Choice(ESTIMATOR_NAMES),
-    help="Estimators to evaluate (repeatable) [default: all four].",
+    type=click.Choice((*ESTIMATOR_NAMES, *PEER_NAMES)),
+    help="Estimators to evaluate (repeatable) [default: all four; whole-device ground truth (GPUMemNet, xMem's "
+    "sample): uvmlab-pca and the peers the ground truth records].",
 )
 @click.option(
     "--gpu-memory",
@@ -58,7 +62,11 @@ def evaluate_cmd(
 
     src = Path(ground_truth)
     cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm)
-    names = estimators or ESTIMATOR_NAMES
+    names: tuple[str, ...] = estimators or ESTIMATOR_NAMES
+    if not estimators:
+        if any(c.target == "device" for c in cases):  # whole-device ground truth: only uvmlab models the context
+            names = ("uvmlab-pca",)
+        names = (*names, *[p for p in PEER_NAMES if any(p in c.recorded for c in cases)])
     with err.status("estimating...") as status:
         ev = evaluate(cases, names, progress=lambda msg: status.update(plain(f"estimating {msg}")))
     if output:
@@ -107,13 +115,15 @@ def evaluate_cmd(
                     _pct(r["error_mre"]),
                     "pass" if r["c2"] else "FAIL",
                 ]
-                for r in ev.per_run.to_dict("records")
+                for r in ev.per_run.head(MAX_PER_RUN_ROWS).to_dict("records")
             ],
         )
+        if len(ev.per_run) > MAX_PER_RUN_ROWS:
+            note(f"per-run table cut at {MAX_PER_RUN_ROWS} of {len(ev.per_run)} rows (all in -o DIR/tables/per_run)")
     for c, e, r in ev.failures:
         note(f"{e} on {c}: not estimated ({r})")
     if skipped:
-        note(f"{len(skipped)} snapshot devices are not ground truth (e.g. {skipped[0][0]}: {skipped[0][1]})")
+        note(f"{len(skipped)} runs or snapshot devices are not ground truth (e.g. {skipped[0][0]}: {skipped[0][1]})")
     if output:
         note(f"Wrote {output}")
 

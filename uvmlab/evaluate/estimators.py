@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from uvmlab.config import WorkloadConfig
-from uvmlab.errors import InputError
+from uvmlab.errors import InputError, UnavailableError
 from uvmlab.evaluate.bfc import BfcArena
 from uvmlab.trace.schema import Trace
 from uvmlab.trace.summary import peak_live
@@ -46,6 +46,17 @@ class EvalCase:
     round2_oom: bool | None = None
     round2_peak_bytes: float | None = None
     notes: list[str] = field(default_factory=list)
+    target: str = "reserved"
+    """What was measured: ``reserved`` (PyTorch's ``max_memory_reserved()``) or ``device`` (nvidia-smi / NVML
+    whole-process memory: uvmlab then reports ``device_peak_bytes``)."""
+    gpu_name: str | None = None
+    """The GPU of the run (a ``uvmlab.gpus`` name, or a name ``uvmlab.devicemem`` knows); None: an A100."""
+    module_loading: str = "lazy"
+    """CUDA module loading of the run (``uvmlab.devicemem``), for ``target == "device"``."""
+    recorded: dict[str, float] = field(default_factory=dict)
+    """Estimates other tools published for this run, by estimator name (``RECORDED_PEERS``)."""
+    fitted: bool = False
+    """True when the run was used to calibrate anything (it is then not a validation point)."""
 
     def get_trace(self) -> Trace:
         """The trace estimators see; a workload case is captured (meta device, cached) on first use."""
@@ -69,9 +80,17 @@ class EvalCase:
 
 
 def _case_gpu(case: EvalCase) -> Any:
-    from uvmlab.gpus import get_gpu
+    from dataclasses import replace
 
-    base = get_gpu("A100-80GB")
+    from uvmlab.gpus import GPUS, get_gpu
+
+    if case.gpu_name is not None and case.gpu_name not in GPUS:
+        # a GPU uvmlab.gpus does not list (e.g. xMem's RTX 3060): only its name (SM count, uvmlab.devicemem) and
+        # memory matter to the estimate; the cuBLAS workspace default is the same for every non-sm90 GPU
+        return replace(get_gpu("RTX4060"), name=case.gpu_name, memory_bytes=case.gpu_memory_bytes)
+    base = get_gpu(case.gpu_name or "A100-80GB")
+    if case.gpu_memory_bytes == base.memory_bytes:
+        return base
     return base.with_memory(case.gpu_memory_bytes) if case.gpu_memory_bytes > base.context_bytes else base
 
 
@@ -129,13 +148,35 @@ class UvmlabEstimator:
 
     def estimate(self, case: EvalCase) -> int:
         if case.workload is not None:
+            from uvmlab.devicemem import context_model
             from uvmlab.estimate import estimate
 
+            gpu = _case_gpu(case)
             est = estimate(
-                case.workload, _case_gpu(case), allocator=self.allocator, alloc_conf=case.alloc_conf, trace=case.trace
+                case.workload,
+                gpu,
+                allocator=self.allocator,
+                alloc_conf=case.alloc_conf,
+                trace=case.trace,
+                context=context_model(gpu.name, case.module_loading) if case.target == "device" else None,
             )
-            return int(est.peak_reserved_bytes)
+            return int(est.device_peak_bytes if case.target == "device" else est.peak_reserved_bytes)
+        if case.target == "device":
+            raise UnavailableError(f"case {case.case_id}: a device-level measurement needs a workload, not a trace")
         return placement_peak(case.get_trace(), self.allocator, case.alloc_conf)
+
+
+class RecordedEstimator:
+    """A peer's own published estimate for the run (e.g. xMem's evaluation_result.json), read from the case."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def estimate(self, case: EvalCase) -> int:
+        value = case.recorded.get(self.name)
+        if value is None or value != value:  # absent or NaN
+            raise UnavailableError(f"case {case.case_id}: no recorded {self.name} estimate")
+        return int(value)
 
 
 def placement_peak(trace: Trace, allocator: str, alloc_conf: str = "") -> int:
@@ -149,6 +190,8 @@ def placement_peak(trace: Trace, allocator: str, alloc_conf: str = "") -> int:
 
 
 ESTIMATORS = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
+RECORDED_PEERS = ("xmem", "dnnmem-reported", "schedtune")
+"""Peers whose own estimates a ground truth can carry (xMem's sample: xMem, DNNMem and SchedTune as xMem ran them)."""
 
 
 def get_estimators(names: tuple[str, ...] | list[str] = ESTIMATORS) -> list[Estimator]:
@@ -158,10 +201,11 @@ def get_estimators(names: tuple[str, ...] | list[str] = ESTIMATORS) -> list[Esti
         "uvmlab-nocache": lambda: UvmlabEstimator("nocache"),
         "shape-inference": ShapeInferenceEstimator,
         "dnnmem": DnnMemEstimator,
+        **{p: (lambda p=p: RecordedEstimator(p)) for p in RECORDED_PEERS},
     }
     out = []
     for n in names:
         if n not in table:
-            raise InputError(f"unknown estimator {n!r}; known: {', '.join(ESTIMATORS)}")
+            raise InputError(f"unknown estimator {n!r}; known: {', '.join((*ESTIMATORS, *RECORDED_PEERS))}")
         out.append(table[n]())
     return out

@@ -382,8 +382,16 @@ def _csv_field(value: str) -> str:
 def load_ground_truth(
     path: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES, max_warm: float = MAX_WARM_FRACTION
 ) -> tuple[list[EvalCase], list[tuple[str, str]]]:
-    """A CSV file (:func:`read_ground_truth`) or a folder of snapshots (:func:`snapshot_cases`): (cases, skipped)."""
+    """A CSV file (:func:`read_ground_truth`), a folder of snapshots (:func:`snapshot_cases`), the GPUMemNet A100
+    MLP set (``uvmlab.evaluate.gpumemnet``) or xMem's sample (``uvmlab.evaluate.xmem_sample``): (cases, skipped)."""
+    from uvmlab.evaluate import gpumemnet, xmem_sample
+
     src = Path(path)
+    if gpumemnet.is_mlp_set(src):
+        rows, bad = gpumemnet.read_mlp_set(src)
+        return gpumemnet.mlp_cases(rows), [(f"row {i}", why) for i, why in bad]
+    if xmem_sample.is_xmem_sample(src):
+        return xmem_sample.read_xmem_sample(src)
     if src.is_dir():
         return snapshot_cases(src, gpu_memory_bytes, max_warm)
     return read_ground_truth(src), []

@@ -17,10 +17,12 @@ reference/allocator.md sections 2.18 and 6:
   ``CUBLASLT_WORKSPACE_SIZE`` = 1024 KiB capped at the cuBLAS workspace, allocated at the first addmm-like op
   (``addmm``/``_addmm_activation``/``_scaled_mm``: the ops that take the Lt path; APPROXIMATION: the real choice
   depends on shapes, dtypes and bias layout).
-- ``cudnn_workspace``: a temporary workspace around each convolution kernel (cuDNN allocates it through the caching
-  allocator and frees it after the call). APPROXIMATION, unverified: its size depends on the algorithm cuDNN picks;
-  we take the largest tensor the kernel touches, capped at ``cudnn_workspace_cap_bytes``, which is at the high end
-  for implicit-GEMM algorithms and in the range of FFT/Winograd ones.
+- ``cudnn_workspace``: a temporary workspace per cuDNN call (forward; backward-data and backward-filter), allocated
+  through the caching allocator by PyTorch's ``run_conv_plan`` and freed when the call returns
+  (aten/src/ATen/native/cudnn/Conv_v8.cpp); with ``cudnn_benchmark`` a trial workspace before the first call of
+  each distinct convolution (``generate_and_filter_plans``). APPROXIMATION, unverified: the size depends on the
+  engine cuDNN picks; we take the largest tensor the call touches, capped at ``cudnn_workspace_cap_bytes``, and
+  the benchmark trial as everything available (an upper bound); see ``rule_cudnn_workspace``.
 - CUDA context: NOT an allocator allocation; it is recorded as ``header["orchestration"]["context_bytes"]``
   (``gpu.context_bytes``) so that device-level accounting (estimate, UVM sim) subtracts it from the capacity.
 
@@ -107,6 +109,9 @@ class OrchestrationRules:
     """A ``CUBLAS_WORKSPACE_CONFIG`` value (e.g. ``":4096:8"``); None: PyTorch's default for the GPU."""
     cublaslt_workspace_bytes: int = CUBLASLT_DEFAULT_WORKSPACE_BYTES
     cudnn_workspace_cap_bytes: int = CUDNN_WORKSPACE_CAP_BYTES
+    cudnn_benchmark: bool = False
+    """``torch.backends.cudnn.benchmark=True``: a trial workspace before each distinct convolution (see
+    ``rule_cudnn_workspace``)."""
 
     @classmethod
     def none(cls) -> OrchestrationRules:
@@ -131,13 +136,26 @@ class _Builder:
         self.new_access: list[dict[str, Any]] = []
         self.next_id = int(self.a["alloc_id"].max()) + 1 if len(self.a) else 0
 
-    def insert(self, row: dict[str, Any], before_seq: int, free_after_seq: int | None, order: int) -> int:
-        """Add an allocation just before event ``before_seq`` (freed just after ``free_after_seq`` or never)."""
+    def insert(
+        self,
+        row: dict[str, Any],
+        before_seq: int,
+        free_after_seq: int | None,
+        order: int,
+        free_order: int | None = None,
+    ) -> int:
+        """Add an allocation just before event ``before_seq`` (freed just after ``free_after_seq`` or never).
+
+        ``free_order``: instead, free it just before event ``before_seq`` too, after the insertions of lower order
+        and before those of higher order (a temporary that dies before the event)."""
         alloc_id = self.next_id
         self.next_id += 1
         self.new_rows.append({"alloc_id": alloc_id, "alloc_seq": 0, "free_seq": NEVER_FREED, **row})
         self.new_alloc_key.append(before_seq - 0.5 + order * 1e-3)
-        self.new_free_key.append(np.nan if free_after_seq is None else free_after_seq + 0.25)
+        if free_order is not None:
+            self.new_free_key.append(before_seq - 0.5 + (free_order + 0.5) * 1e-3)
+        else:
+            self.new_free_key.append(np.nan if free_after_seq is None else free_after_seq + 0.25)
         return alloc_id
 
     def build(self, header: dict[str, Any]) -> Trace:
@@ -251,39 +269,80 @@ def rule_cublas_workspace(b: _Builder, trace: Trace, size: int, ops: frozenset[s
     return len(first)
 
 
-def rule_cudnn_workspace(b: _Builder, trace: Trace, cap: int) -> int:
-    """A temporary workspace around each convolution kernel: largest operand it touches, capped (approximation)."""
+def _live_bytes_before(trace: Trace, seqs: np.ndarray) -> np.ndarray:
+    """Requested bytes alive just before each event ``seqs`` of ``trace`` (allocations alive at that seq)."""
+    a = trace.allocations
+    if a.empty:
+        return np.zeros(len(seqs), dtype=np.int64)
+    starts = a["alloc_seq"].to_numpy()
+    ends = np.where(a["free_seq"].to_numpy() == NEVER_FREED, np.iinfo(np.int64).max, a["free_seq"].to_numpy())
+    size = a["size_bytes"].to_numpy().astype(np.int64)
+    order_s, order_e = np.argsort(starts, kind="stable"), np.argsort(ends, kind="stable")
+    cum_s = np.concatenate([[0], np.cumsum(size[order_s])])
+    cum_e = np.concatenate([[0], np.cumsum(size[order_e])])
+    born = cum_s[np.searchsorted(starts[order_s], seqs, side="left")]
+    dead = cum_e[np.searchsorted(ends[order_e], seqs, side="left")]
+    return born - dead
+
+
+def rule_cudnn_workspace(
+    b: _Builder, trace: Trace, cap: int, benchmark: bool = False, available_bytes: int | None = None
+) -> tuple[int, int, int]:
+    """cuDNN convolution workspaces as PyTorch's v8 path allocates them (aten/src/ATen/native/cudnn/Conv_v8.cpp).
+
+    Each cuDNN call (forward; backward-data and backward-filter are two calls inside ``convolution_backward``)
+    allocates its plan's workspace through the caching allocator in ``run_conv_plan`` and frees it when the call
+    returns: a temporary workspace made just before the kernel and freed just after it. The two backward calls are
+    modelled as one workspace: they run one after the other with the same size rule, so the second reuses the
+    block the first freed (same reserved and allocated peaks). Its size is
+    the engine's ``getWorkspaceSize()``, which only cuDNN knows: APPROXIMATION, the largest operand the call
+    touches, capped at ``cap``.
+
+    ``benchmark`` (``torch.backends.cudnn.benchmark=True``): the first call of each distinct convolution
+    (PyTorch's ``benchmark_cache`` key: op and operand shapes; here the op and operand sizes) first runs
+    ``get_plans_from_find`` -> ``generate_and_filter_plans``: the candidates are filtered by
+    ``get_available_workspace()`` (the larger of free device memory and the largest cached block), the largest
+    remaining workspace is allocated (halved on OOM), every candidate is timed with it, and it is freed; the
+    caching allocator keeps the freed segment. We do not know cuDNN's candidate list, so the trial takes
+    everything ``available_bytes`` minus what is live at that point: an UPPER BOUND (issues #124326 and #15872
+    report trials of this order: 30 GB to tune a 5 GB model; 7.5 GB vs 4.5 GB). Later calls of the same key use
+    the cached plan (no trial).
+
+    Returns (workspaces added, largest per-call workspace, largest trial workspace).
+    """
     k = trace.kernels
-    convs = k[k["name"].map(op_base).isin(CONV_OPS)]
+    convs = k[k["name"].map(op_base).isin(CONV_OPS)].sort_values("seq", kind="stable")
     if convs.empty:
-        return 0
-    acc = trace.accesses
-    largest = acc[acc["kernel_id"].isin(convs["kernel_id"])].groupby("kernel_id")["size_bytes"].max()
-    added = 0
-    for _, kern in convs.iterrows():
-        size = min(int(largest.get(kern["kernel_id"], 0)), cap)
+        return 0, 0, 0
+    acc = trace.accesses[trace.accesses["kernel_id"].isin(convs["kernel_id"])]
+    largest = acc.groupby("kernel_id")["size_bytes"].max()
+    sig = acc.groupby("kernel_id")["size_bytes"].agg(lambda s: tuple(sorted(int(x) for x in s)))
+    live = _live_bytes_before(trace, convs["seq"].to_numpy()) if benchmark else None
+    seen: set[tuple[Any, ...]] = set()
+    added, top, trial_top = 0, 0, 0
+    for i, (_, kern) in enumerate(convs.iterrows()):
+        kid = kern["kernel_id"]
+        size = min(int(largest.get(kid, 0)), cap)
         if size <= 0:
             continue
-        row = {
-            "size_bytes": size,
-            "category": "workspace",
-            "phase": kern["phase"],
-            "iteration": int(kern["iteration"]),
-            "op": "cudnn_workspace",
-            "stream": int(kern["stream"]),
-        }
-        alloc_id = b.insert(row, int(kern["seq"]), int(kern["seq"]), order=2)
+        base = {"category": "workspace", "phase": kern["phase"], "iteration": int(kern["iteration"]),
+                "stream": int(kern["stream"])}  # fmt: skip
+        key = (op_base(kern["name"]), sig.get(kid, ()))
+        if benchmark and key not in seen and available_bytes is not None and live is not None:
+            seen.add(key)
+            trial = max(int(available_bytes) - int(live[i]), size)
+            b.insert({**base, "size_bytes": trial, "op": "cudnn_benchmark_workspace"}, int(kern["seq"]), None,
+                     order=2, free_order=2)  # fmt: skip
+            trial_top = max(trial_top, trial)
+            added += 1
+        alloc_id = b.insert({**base, "size_bytes": size, "op": "cudnn_workspace"}, int(kern["seq"]),
+                            int(kern["seq"]), order=3)  # fmt: skip
         b.new_access.append(
-            {
-                "kernel_id": kern["kernel_id"],
-                "alloc_id": alloc_id,
-                "offset_bytes": 0,
-                "size_bytes": size,
-                "is_write": True,
-            }
+            {"kernel_id": kid, "alloc_id": alloc_id, "offset_bytes": 0, "size_bytes": size, "is_write": True}
         )
         added += 1
-    return added
+        top = max(top, size)
+    return added, top, trial_top
 
 
 def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None) -> Trace:
@@ -311,8 +370,12 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         changes["cublas_workspace"] = rule_cublas_workspace(b, trace, ws, CUBLAS_OPS, "cublas_workspace")
     if rules.cublaslt_workspace:
         changes["cublaslt_workspace"] = rule_cublas_workspace(b, trace, lt, CUBLASLT_OPS, "cublaslt_workspace")
+    cudnn_top = trial_top = 0
     if rules.cudnn_workspace:
-        changes["cudnn_workspace"] = rule_cudnn_workspace(b, trace, rules.cudnn_workspace_cap_bytes)
+        available = gpu.memory_bytes - gpu.context_bytes
+        changes["cudnn_workspace"], cudnn_top, trial_top = rule_cudnn_workspace(
+            b, trace, rules.cudnn_workspace_cap_bytes, rules.cudnn_benchmark, available
+        )
     header = dict(trace.header)
     header["orchestration"] = {
         "gpu": gpu.name,
@@ -320,6 +383,8 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         "changes": changes,
         "cublas_workspace_bytes": ws if rules.cublas_workspace else None,
         "cublaslt_workspace_bytes": lt if rules.cublaslt_workspace else None,
+        "cudnn_workspace_peak_bytes": cudnn_top if rules.cudnn_workspace else None,
+        "cudnn_benchmark_trial_peak_bytes": trial_top if rules.cudnn_benchmark else None,
         "context_bytes": gpu.context_bytes,
         "zero_grad": zero_grad,
     }

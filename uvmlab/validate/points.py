@@ -83,6 +83,7 @@ CHECK_MODULES: list[str] = [
     "uvmlab.validate.nsys_checks",
     "uvmlab.validate.titanv_checks",
     "uvmlab.validate.microbench_checks",
+    "uvmlab.validate.memory_checks",
 ]
 
 

@@ -1,0 +1,144 @@
+"""The GPUMemNet A100 MLP set and xMem's sample as ground truth; the recorded peers; the memory checks."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from uvmlab.errors import InputError, UnavailableError
+from uvmlab.evaluate import gpumemnet, xmem_sample
+from uvmlab.evaluate.estimators import EvalCase, RecordedEstimator, get_estimators
+from uvmlab.evaluate.ground_truth import load_ground_truth
+
+MEMORY = Path(__file__).resolve().parents[2] / "shared" / "real-data" / "memory"
+MLP = MEMORY / "gpumemnet_mlp_a100"
+XMEM = MEMORY / "xmem_rtx3060_sample"
+needs_mlp = pytest.mark.skipif(not (MLP / gpumemnet.CSV_NAME).is_file(), reason="GPUMemNet MLP set absent")
+needs_xmem = pytest.mark.skipif(not (XMEM / xmem_sample.CSV_NAME).is_file(), reason="xMem sample absent")
+
+ROW = {
+    "Filename": "input:10_output:3_depth:1_arch:pyramid_batch:7_act:relu_dropout:0.25_dropout:True_batchnorm:True.out",
+    "Activations-Params": "[('linear', 5, 55), ('batch_normalization', 5, 10), ('ReLU', 5, 0), ('dropout', 5, 0), "
+    "('linear', 3, 18), ('Softmax', 3, 0)]",
+    "Max GPU Memory (MiB)": "1500",
+}
+
+
+def test_parse_row_and_config() -> None:
+    r = gpumemnet.parse_row(7, ROW)
+    assert (r.input_size, r.batch_size, r.dropout, r.measured_bytes) == (10, 7, 0.25, 1500 << 20)
+    assert r.layers[0] == ("linear", 5) and r.layers[-1] == ("Softmax", 3)
+    assert not r.fitted and gpumemnet.parse_row(10, ROW).fitted  # every CALIBRATION_STRIDE-th row calibrates
+    cfg = r.config()
+    assert cfg.optimizer == "adam" and cfg.batch_size == 7 and cfg.workload.endswith("gpumemnet_mlp.py")
+    with pytest.raises(InputError):
+        gpumemnet.parse_row(1, {**ROW, "Filename": "not-a-gpumemnet-name"})
+    with pytest.raises(InputError):
+        gpumemnet.parse_row(1, {**ROW, "Activations-Params": "[('conv2d', 5, 1)]"})
+
+
+def test_rebuilt_mlp_has_the_rows_parameters() -> None:
+    """The workload file rebuilds each layer with the parameter count torchsummary printed for it."""
+    pytest.importorskip("torch")
+    from workloads.registry import load_workload
+
+    r = gpumemnet.parse_row(0, ROW)
+    spec = load_workload(str(gpumemnet.WORKLOAD_FILE))
+    wl = spec.build(r.config(), "meta")
+    params = [sum(p.numel() for p in m.parameters()) for m in wl.model]
+    assert params == [p for _k, _w, p in ast.literal_eval(ROW["Activations-Params"])]
+
+
+@needs_mlp
+def test_every_mlp_row_rebuilds_with_its_parameter_count() -> None:
+    pytest.importorskip("torch")
+    from workloads.registry import load_workload
+
+    rows, skipped = gpumemnet.read_mlp_set(MLP)
+    assert len(rows) == 3000 and not skipped
+    with (MLP / gpumemnet.CSV_NAME).open(newline="") as fh:
+        raw = list(csv.DictReader(fh))
+    spec = load_workload(str(gpumemnet.WORKLOAD_FILE))
+    import torch
+
+    for r in rows[::97]:  # a spread of 31 rows (building 3,000 models on meta takes minutes)
+        wl = spec.build(r.config(), "meta")
+        # GPUMemNet's cleaner sums the Linear and BatchNorm lines of torchsummary (PReLU's one weight is not counted)
+        counted = (torch.nn.Linear, torch.nn.BatchNorm1d)
+        n = sum(p.numel() for m in wl.model if isinstance(m, counted) for p in m.parameters())
+        assert n == int(raw[r.index]["Total Parameters"]), r.name
+    assert sum(r.fitted for r in rows) == 600
+
+
+@needs_mlp
+def test_mlp_set_loads_as_device_cases() -> None:
+    cases, skipped = load_ground_truth(MLP)
+    assert len(cases) == 3000 and not skipped
+    c = cases[0]
+    assert (c.target, c.gpu_name, c.module_loading, c.fitted) == ("device", "A100-40GB", "eager", True)
+
+
+@needs_xmem
+def test_xmem_sample_cases_skips_and_peers() -> None:
+    cases, skipped = load_ground_truth(XMEM)
+    assert len(cases) == 11 and len(skipped) == 2
+    assert {s.split("_")[0] for s, _ in skipped} == {"ConvNeXtTiny", "EleutherAI/gpt-neo-125M"}
+    by_id = {c.case_id: c for c in cases}
+    mnas = by_id["MnasNet(alpha=1.0;num_classes=10)_AdamW_200"]
+    assert mnas.workload is not None and mnas.workload.options["arch"] == "mnasnet1_0"
+    assert mnas.workload.options["num_classes"] == 10 and mnas.gpu_name == "RTX3060"
+    assert by_id["ResNet50_Adam_250"].gpu_name == "RTX4060"
+    first = by_id["ConvNeXtTiny_SGD_200"]
+    assert first.target == "reserved"  # xMem's ground truth is net of framework memory (seeds/000 4.1.4)
+    assert RecordedEstimator("xmem").estimate(first) == 3523215360
+    assert math.isnan(first.recorded["dnnmem-reported"]) is False
+
+
+def test_recorded_estimator_without_a_value_is_unavailable() -> None:
+    case = EvalCase("c", 1 << 30, False, 1.0, recorded={"xmem": float("nan")})
+    with pytest.raises(UnavailableError):
+        RecordedEstimator("xmem").estimate(case)
+    with pytest.raises(UnavailableError):
+        RecordedEstimator("schedtune").estimate(case)
+    assert [e.name for e in get_estimators(["xmem", "schedtune"])] == ["xmem", "schedtune"]
+
+
+def test_memory_checks_are_registered() -> None:
+    import importlib
+
+    from uvmlab.validate.points import CHECK_MODULES, CHECKS
+
+    assert "uvmlab.validate.memory_checks" in CHECK_MODULES
+    importlib.import_module("uvmlab.validate.memory_checks")
+    assert {"memory/gpumemnet_mlp_a100", "memory/gpumemnet_mlp_a100_sample", "memory/xmem_rtx3060_sample"} <= set(
+        CHECKS
+    )
+    assert CHECKS["memory/gpumemnet_mlp_a100_sample"].fast
+
+
+@needs_mlp
+def test_mlp_sample_check_points_are_validation_points_within_5_percent() -> None:
+    """The fast check: 30 held-out rows (index % 100 == 1) through trace, orchestrate, simulate, context model."""
+    from uvmlab.validate.memory_checks import gpumemnet_mlp_sample
+
+    points = gpumemnet_mlp_sample(MEMORY.parent)
+    assert len(points) == 30 and not any(p.fitted for p in points)
+    errors = sorted(abs(p.ratio - 1) for p in points if p.ratio is not None)
+    assert errors[len(errors) // 2] <= 0.05  # median relative error (the acceptance target for the whole set)
+
+
+def test_fitted_cases_get_a_validation_summary_row() -> None:
+    from uvmlab.evaluate.harness import evaluate
+
+    def case(cid: str, fitted: bool, measured: float) -> EvalCase:
+        return EvalCase(cid, 1000, False, measured, recorded={"xmem": 100.0}, fitted=fitted)
+
+    ev = evaluate([case("a", True, 100.0), case("b", False, 50.0), case("c", False, 50.0)], ["xmem"])
+    rows = {r["estimator"]: r for r in ev.summary.to_dict("records")}
+    assert rows["xmem"]["n"] == 3 and rows["xmem"]["mre"] == 1.0  # errors 0, 1, 1
+    assert rows["xmem (validation runs)"]["n"] == 2 and rows["xmem (validation runs)"]["mre"] == 1.0
+    assert list(ev.per_run["fitted"]) == [True, False, False]

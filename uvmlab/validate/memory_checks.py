@@ -1,0 +1,83 @@
+"""Scorecard checks of whole-device peak memory (``device_peak_bytes``) against real nvidia-smi/NVML data.
+
+- ``memory/gpumemnet_mlp_a100``: the 3,000 GPUMemNet MLPs on an A100-40GB (``uvmlab.evaluate.gpumemnet``);
+  the calibration rows (every ``CALIBRATION_STRIDE``-th) are ``fitted=True``: they set the eager module size.
+- ``memory/gpumemnet_mlp_a100_sample``: 30 validation rows of it (index % 100 == 1), fast.
+- ``memory/xmem_rtx3060_sample``: xMem's 13-row sample (``uvmlab.evaluate.xmem_sample``); rows uvmlab cannot
+  rebuild are points with ``predicted=None`` and the reason. Nothing is fitted on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from uvmlab.validate.points import Point, check
+
+MLP_DIR = "memory/gpumemnet_mlp_a100"
+XMEM_DIR = "memory/xmem_rtx3060_sample"
+
+
+def _mlp_points(data_dir: Path, keep: object = None) -> list[Point]:
+    import gc
+
+    from uvmlab.evaluate.gpumemnet import estimate_row, read_mlp_set
+
+    rows, skipped = read_mlp_set(data_dir / MLP_DIR)
+    if callable(keep):
+        rows = [r for r in rows if keep(r)]
+    points = []
+    for r in rows:
+        gc.freeze()  # keeps the capture's gc.collect() small (see uvmlab.evaluate.harness)
+        res = estimate_row(r)
+        points.append(
+            Point(
+                dataset=MLP_DIR,
+                case=f"row {r.index}",
+                quantity="device_peak_bytes",
+                unit="bytes",
+                measured=float(r.measured_bytes),
+                predicted=float(res["device_peak_bytes"]),
+                fitted=r.fitted,
+                note="eager module loading (the stack's floor rules out lazy)",
+            )
+        )
+    points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
+               for i, why in skipped]  # fmt: skip
+    return points
+
+
+@check("memory/gpumemnet_mlp_a100", needs=MLP_DIR)
+def gpumemnet_mlp(data_dir: Path) -> list[Point]:
+    """Every row of the GPUMemNet A100 MLP set."""
+    return _mlp_points(data_dir)
+
+
+@check("memory/gpumemnet_mlp_a100_sample", needs=MLP_DIR, fast=True)
+def gpumemnet_mlp_sample(data_dir: Path) -> list[Point]:
+    """30 validation rows (index % 100 == 1) of the GPUMemNet A100 MLP set."""
+    return _mlp_points(data_dir, keep=lambda r: r.index % 100 == 1)
+
+
+@check("memory/xmem_rtx3060_sample", needs=XMEM_DIR)
+def xmem_sample(data_dir: Path) -> list[Point]:
+    """xMem's sample: uvmlab's peak reserved bytes per row (peers' estimates are in ``uvmlab evaluate``)."""
+    from uvmlab.evaluate.estimators import UvmlabEstimator
+    from uvmlab.evaluate.xmem_sample import read_xmem_sample
+
+    cases, skipped = read_xmem_sample(data_dir / XMEM_DIR)
+    est = UvmlabEstimator("pca")
+    points = [
+        Point(
+            XMEM_DIR,
+            c.case_id,
+            "peak_reserved_bytes",
+            "bytes",
+            c.measured_peak_bytes,
+            float(est.estimate(c)),
+            note=f"{c.gpu_name}; xMem's ground truth is net of framework memory (seeds/000 4.1.4)",
+        )
+        for c in cases
+    ]
+    points += [Point(XMEM_DIR, cid, "peak_reserved_bytes", "bytes", float("nan"), None, note=why)
+               for cid, why in skipped]  # fmt: skip
+    return points
