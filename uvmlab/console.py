@@ -6,22 +6,35 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.table import Table
+from rich.text import Text
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a rich table to stdout; numbers right-aligned, None shown as n/a."""
-    table = Table(title=title, title_justify="left")
+    """Print a rich table to stdout; numbers right-aligned, None shown as n/a.
+
+    Text that is not valid rich markup (a path like ``a[/]b``) is printed as it is instead of failing.
+    """
     rows = [list(r) for r in rows]
+    try:
+        out.print(_table(title, columns, rows, plain=False))
+    except MarkupError:
+        out.print(_table(title, columns, rows, plain=True))
+
+
+def _table(title: str, columns: Sequence[str], rows: list[list[Any]], plain: bool) -> Table:
+    wrap = Text if plain else str
+    table = Table(title=wrap(title), title_justify="left")
     for i, col in enumerate(columns):
         numeric = bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
-        table.add_column(col, justify="right" if numeric else "left")
+        table.add_column(wrap(col), justify="right" if numeric else "left")
     for r in rows:
-        table.add_row(*(_cell(v) for v in r))
-    out.print(table)
+        table.add_row(*(wrap(_cell(v)) for v in r))
+    return table
 
 
 def _is_number(v: Any) -> bool:
@@ -41,5 +54,8 @@ def _cell(v: Any) -> str:
 
 
 def note(message: str) -> None:
-    """A one-line note to stderr (e.g. 'no GPU found: running the simulator')."""
-    err.print(message)
+    """A one-line note to stderr (e.g. 'no GPU found: running the simulator'); invalid markup is printed as is."""
+    try:
+        err.print(message)
+    except MarkupError:
+        err.print(message, markup=False)

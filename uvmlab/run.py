@@ -112,7 +112,8 @@ def run(
         opts = _gpu_run_options(gpu_options)
         if not dry_run:
             rundir.prepare(force=force)
-        result = run_gpu(cfg, opts, rundir)
+        with rundir:  # releases the writer's lock
+            result = run_gpu(cfg, opts, rundir)
         return RunResult("gpu", path, result)
     if isinstance(gpu_options, dict) and not quiet:
         used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
@@ -121,7 +122,8 @@ def run(
     from uvmlab.simulate import simulate_run
 
     rundir.prepare(force=force)
-    result = simulate_run(cfg, rundir, progress=progress, capture_progress=capture_progress)
+    with rundir:  # releases the writer's lock
+        result = simulate_run(cfg, rundir, progress=progress, capture_progress=capture_progress)
     eff = result.get("effective_oversub")
     if not quiet and eff is not None and eff > cfg.oversub * 1.001:
         note(

@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not about a path the user named: a bug, keep the traceback
+        from uvmlab.rundir import os_error_sentence
+
+        click.echo(f"uvmlab: error: {os_error_sentence(exc, 'use')}", err=True)
+        return 2
     return 0
 
 

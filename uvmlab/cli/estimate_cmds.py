@@ -143,7 +143,8 @@ def estimate_cmd(
         note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
     if rundir is not None:
         config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes}
-        write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
+        with rundir:  # releases the writer's lock
+            write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
         note(rundir.summary_line())
     if fmt == "json":
         click.echo(to_json(result), nl=False)

@@ -188,7 +188,7 @@ def run_command(
     print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
     from uvmlab.rundir import RunDir
 
-    stdout.print(RunDir(res.path).summary_line())
+    stdout.print(RunDir(res.path).summary_line(), markup=False)
 
 
 def _progress(label: str) -> Any:

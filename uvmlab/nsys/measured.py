@@ -222,7 +222,8 @@ def import_export(
                 "gpus": _gpu_names(ex),
             },
         )
-    for name, df in tables.items():
-        rd.write_table(name, df)
-    rd.write_json(rd.result_json, result)
+    with rd:  # releases the writer's lock
+        for name, df in tables.items():
+            rd.write_table(name, df)
+        rd.write_json(rd.result_json, result)
     return rd, result

@@ -134,6 +134,8 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     for e in entries:
         rundir = RunDir(e.path)
         if not rundir.config_json.is_file():
+            rundir.path.mkdir(parents=True, exist_ok=True)
+            rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
             atomic_write_json(rundir.config_json, e.config.to_dict())
     _write_sweep_json(out, spec, entries, None)
     return entries

@@ -35,12 +35,14 @@ from typing import Any
 from uvmlab import SCHEMA_VERSION
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.rundir import RunDir
+from uvmlab.rundir import LOCK_NAME as RUNDIR_LOCK_NAME
+from uvmlab.rundir import MARKER_NAME, RunDir
 from uvmlab.stats.schema import RESULT_KEYS
 
 LOCK_NAME = ".worker.lock"
-KEEP = {"config.json", "logs", LOCK_NAME}
-"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the lock."""
+KEEP = {"config.json", "logs", LOCK_NAME, MARKER_NAME, RUNDIR_LOCK_NAME}
+"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the locks,
+the ownership marker."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
 INTERRUPTED_CODES = (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, 130, 143)
 """Child exits that mean "the sweep was interrupted" (no result is recorded; a resumed sweep runs it again)."""
@@ -122,6 +124,7 @@ def run_in_process(path: Path) -> str:
         if rundir.is_complete():
             return str(rundir.read_result().get("outcome", "ok"))
         clear_partial(path)
+        rundir.mark_owned()  # a sweep run directory is uvmlab's (older sweeps wrote no marker)
         _log_attempt(rundir, "start")
         try:
             _run_fn()(cfg, out=path, force=True)
