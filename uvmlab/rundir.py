@@ -150,6 +150,19 @@ class RunDir:
                     (self.path / name).unlink()
         self.mark_owned()
 
+    @classmethod
+    def for_writing(cls, out: str | os.PathLike[str] | RunDir, force: bool = False) -> RunDir:
+        """A prepared RunDir holding its lock: ``out`` itself if it is one already prepared, else a new one."""
+        rd = out if isinstance(out, RunDir) else cls(out)
+        if not rd.locked:
+            rd.prepare(force=force)
+        return rd
+
+    @property
+    def locked(self) -> bool:
+        """True while this object holds the writer's lock."""
+        return self._lock is not None and bool(self._lock.is_locked)
+
     def mark_owned(self) -> None:
         """Write the ownership marker (uvmlab created this folder and may replace its own files with --force)."""
         if self.marker.is_symlink():

@@ -46,6 +46,10 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
             spec.loader.exec_module(module)
         except (SyntaxError, ImportError) as exc:
             raise InputError(f"cannot import workload file {file}: {type(exc).__name__}: {exc}") from None
+        except SystemExit as exc:  # the file's own sys.exit(): not a successful run of anything
+            raise InputError(f"workload file {file} called sys.exit({exc.code!r}) while being imported") from None
+        except Exception as exc:  # the user's code raised: one sentence, not a traceback
+            raise InputError(f"workload file {file} raised {type(exc).__name__} while being imported: {exc}") from None
         sys.modules[mod_name] = module
     build = getattr(module, "build", None)
     if not callable(build):

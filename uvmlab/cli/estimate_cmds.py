@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -77,7 +78,7 @@ def snapshot_show(file: str, fmt: str) -> None:
     help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
 )
 @click.option("--output", "-o", "out_dir", default=None, metavar="DIR", help="Write a run directory here.")
-@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "carma"]), default="table", show_default=True)
 @click.option("--snapshot", "snapshot_out", default=None, metavar="OUT.pickle", help="Write the simulated run as a "
               "PyTorch memory snapshot (open it at pytorch.org/memory_viz).")  # fmt: skip
@@ -111,6 +112,10 @@ def estimate_cmd(
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
     rundir = None
+    if snapshot_out is not None:
+        from uvmlab.outputs import check_output_file
+
+        check_output_file(snapshot_out, [Path(workload)] if Path(workload).exists() else [], force, "--snapshot")
     if out_dir is not None:
         rundir = RunDir(out_dir)
         rundir.prepare(force=force)

@@ -105,10 +105,10 @@ def _status(rundir: RunDir) -> str:
     if not rundir.is_complete():
         return "pending"
     try:
-        outcome = rundir.read_result().get("outcome")
-    except InputError:
-        return "pending"  # an unreadable result.json cannot come from our atomic writes; treat it as absent
-    return "failed" if outcome == "error" else "done"
+        result = rundir.read_result()
+    except (InputError, ValueError, TypeError):
+        return "pending"  # an unreadable result.json cannot come from our atomic writes: the run is redone
+    return "failed" if result.get("outcome") == "error" else "done"
 
 
 def plan_entries(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:

@@ -27,13 +27,13 @@ import contextlib
 import datetime as _dt
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
-from uvmlab.errors import InputError
+from uvmlab.errors import InputError, UvmlabError
 from uvmlab.trace.emulate import AutocastEmulation, SdpaEmulation
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -126,6 +126,28 @@ class _Categorizer:
         return cats
 
 
+@contextlib.contextmanager
+def _workload_errors(cfg: WorkloadConfig) -> Iterator[None]:
+    """Turn an exception (or sys.exit) from the workload's code into one sentence (InputError, exit 2).
+
+    The workload's code (built-in or a user file) runs with the user's batch size and options; when it fails
+    (e.g. torch's "Storage size calculation overflowed" at a batch of 10**12, or a user file that raises), that
+    is the input's fault. uvmlab's own errors pass through unchanged.
+    """
+    try:
+        yield
+    except UvmlabError:
+        raise
+    except SystemExit as exc:
+        raise InputError(f"workload {cfg.workload} called sys.exit({exc.code!r}) during capture") from None
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise InputError(
+            f"workload {cfg.workload} (batch size {cfg.batch_size}) failed during capture: {type(exc).__name__}"
+            + (f": {text}" if text else "")
+        ) from None
+
+
 def capture_trace(
     cfg: WorkloadConfig,
     device: str = "meta",
@@ -161,6 +183,7 @@ def capture_trace(
             stack.enter_context(sdpa)
         stack.enter_context(rec)
         rec.set_phase("setup", -1)
+        stack.enter_context(_workload_errors(cfg))
         workload = spec.build(cfg, device)
         optimizer = make_optimizer(workload.model, cfg)
         cat.after_setup(workload.model)
