@@ -65,7 +65,9 @@ def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> s
         return "gpu"
     if not quiet:
         why = avail.reason or "no CUDA device found"
-        note(f"{why}: running the simulator (--mode sim)")
+        from rich.markup import escape
+
+        note(f"{escape(why)}: running the simulator (--mode sim)")  # the reason names e.g. 'uvmlab[gpu]'
     return "sim"
 
 
