@@ -25,6 +25,8 @@ from uvmlab.cli import main
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")
 RUN = ["run", "alexnet", "-b", "2", "-n", "1", "--mode", "sim"]
+PY_TAG = "grid: {{workload: [alexnet]}}\n{where}: !!python/object/apply:os.system ['touch {d}/pwned']{end}\n"
+"""A spec with a code-running YAML tag in field ``where`` (SafeLoader constructs nothing from it)."""
 READ_ONLY = Path("/sys/uvmlab-badinput")  # sysfs refuses mkdir even for root (EPERM); skipped where absent
 
 
@@ -233,13 +235,13 @@ CASES = [
     Case("evaluate-no-usable-snapshots", lambda d, o: ["evaluate", snapshot_folder_without_usable(d)]),
     Case("evaluate-o-is-the-input", lambda d, o: ["evaluate", (s := snapshot_folder_without_usable(d)), "-o", s]),
     # -- calibrate / compare / report / nsys / sweep / shim / colocate ------------------------------------------
-    Case("calibrate-o-is-the-input", lambda d, o: ["calibrate", (v := random_bytes(d, "v.sqlite")), "-o", v]),
+    Case("calibrate-o-is-the-input", lambda d, o: ["calibrate", (v := export(d)), "-o", v]),
     Case(
         "calibrate-o-existing",
-        lambda d, o: ["calibrate", random_bytes(d, "v.sqlite"), "-o", workload_file(d, "{}\n", "p.json")],
+        lambda d, o: ["calibrate", export(d), "-o", workload_file(d, "{}\n", "p.json")],
     ),
-    Case("compare-o-is-an-input", lambda d, o: ["compare", user_config(d), str(d), "-o", str(d / "mine")]),
-    Case("compare-o-existing", lambda d, o: ["compare", str(d), str(d), "-o", _comparison(d)]),
+    Case("compare-o-is-an-input", lambda d, o: ["compare", (a := fake_run(d, "A")), fake_run(d, "B"), "-o", a]),
+    Case("compare-o-existing", lambda d, o: ["compare", fake_run(d, "A"), fake_run(d, "B"), "-o", _comparison(d)]),
     Case("report-o-existing", lambda d, o: ["report", sweep_dir(d), "-o", workload_file(d, "<html/>", "r.html")]),
     Case("report-o-is-results", lambda d, o: ["report", (s := sweep_dir(d)), "-o", f"{s}/results.parquet"]),
     Case("nsys-import-random", lambda d, o: ["nsys", "import", random_bytes(d, "x.sqlite"), "-o", str(o)]),
@@ -260,6 +262,16 @@ CASES = [
         not_created="pwned",
     ),
     Case(
+        "sweep-yaml-python-in-name",
+        lambda d, o: ["sweep", yaml_file(d, PY_TAG.format(d=d, where="name", end="")), "-o", str(o)],
+        not_created="pwned",
+    ),
+    Case(
+        "sweep-yaml-python-in-values",
+        lambda d, o: ["sweep", yaml_file(d, PY_TAG.format(d=d, where="defaults: {iterations", end="}")), "-o", str(o)],
+        not_created="pwned",
+    ),
+    Case(
         "sweep-o-existing-file",
         lambda d, o: [
             "sweep",
@@ -276,6 +288,24 @@ CASES = [
     ),
     Case("colocate-o-user-config", lambda d, o: ["colocate", "alexnet:2", "-n", "1", "-o", user_config(d)]),
 ]
+
+
+def export(d: Path) -> str:
+    """A valid (synthetic) nsys export."""
+    from uvmlab.nsys.synthetic import write_synthetic_export
+
+    write_synthetic_export(d / "v.sqlite", faults=0, migrations=50, iterations=2, kernels_per_iteration=5)
+    return str(d / "v.sqlite")
+
+
+def fake_run(d: Path, name: str) -> str:
+    """A complete run directory, written in milliseconds by the sweep tests' stand-in for uvmlab.run."""
+    import sweep_fake_run
+
+    from uvmlab.config import RunConfig, WorkloadConfig
+
+    sweep_fake_run.run(RunConfig(WorkloadConfig("gpt2", iterations=2), oversub=2.0), out=d / name)
+    return str(d / name)
 
 
 def _binary_trace(d: Path) -> str:
