@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import sweep_fake_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import uvmlab.trace.capture as capture_mod
 from uvmlab.cli import main
@@ -234,3 +236,27 @@ def test_a_corrupt_results_parquet_is_rebuilt(tmp_path: Path, fake_env: dict[str
     path.write_bytes(b"PAR1" + os.urandom(100))
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 60))  # newer than every result.json
     assert len(read_results(out)) == 2
+
+
+def _naive_count(obj: object) -> int:
+    if isinstance(obj, dict):
+        return 1 + sum(_naive_count(k) + _naive_count(v) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return 1 + sum(_naive_count(x) for x in obj)
+    return 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.recursive(
+        st.integers() | st.text(max_size=3) | st.none(),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=2), kids, max_size=3),
+        max_leaves=20,
+    ),
+    st.integers(min_value=1, max_value=4),
+)
+def test_expanded_count_equals_the_naive_count_with_sharing(tree: object, copies: int) -> None:
+    shared = [tree] * copies + [{"again": tree}]  # the same object referenced copies + 1 times
+    assert _check_tree(shared) == _naive_count(shared)
+    back = safe_loads(pickle.dumps(shared, protocol=4), "prop")  # the pickle memo keeps the sharing
+    assert _check_tree(back) == _naive_count(shared)
