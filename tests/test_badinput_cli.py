@@ -140,6 +140,7 @@ class Case:
     sub: bool = False
     needs: Path | None = None
     not_created: str | None = None  # a file under inputs that must NOT exist afterwards (code did not run)
+    in_inputs: bool = False  # run from inside the input folder (relative paths in the input resolve there)
 
 
 CASES = [
@@ -231,7 +232,7 @@ CASES = [
     # -- evaluate -----------------------------------------------------------------------------------------------
     Case("evaluate-random-bytes-csv", lambda d, o: ["evaluate", random_bytes(d, "g.csv")]),
     Case("evaluate-csv-absolute-code", lambda d, o: ["evaluate", gt_csv(d, evil_py(d))], not_created="pwned"),
-    Case("evaluate-csv-relative-code", lambda d, o: ["evaluate", _rel_csv(d)], not_created="pwned"),
+    Case("evaluate-csv-relative-code", lambda d, o: ["evaluate", _rel_csv(d)], not_created="pwned", in_inputs=True),
     Case("evaluate-no-usable-snapshots", lambda d, o: ["evaluate", snapshot_folder_without_usable(d)]),
     Case("evaluate-o-is-the-input", lambda d, o: ["evaluate", (s := snapshot_folder_without_usable(d)), "-o", s]),
     # -- calibrate / compare / report / nsys / sweep / shim / colocate ------------------------------------------
@@ -353,11 +354,15 @@ def test_corpus_is_large_enough() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input(
+    case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     if case.needs is not None and not case.needs.is_dir():
         pytest.skip(f"{case.needs} is not on this machine")
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
+    if case.in_inputs:
+        monkeypatch.chdir(inputs)
     argv = case.argv(inputs, out)
     before = tree_hashes(inputs)
     if case.sub:
