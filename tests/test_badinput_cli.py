@@ -273,6 +273,10 @@ CASES = [
         not_created="pwned",
     ),
     Case(
+        "sweep-o-holds-a-users-spec",
+        lambda d, o: ["sweep", yaml_file(d, "grid: {workload: [alexnet]}\n"), "-o", _users_spec_folder(d)],
+    ),
+    Case(
         "sweep-o-existing-file",
         lambda d, o: [
             "sweep",
@@ -289,6 +293,12 @@ CASES = [
     ),
     Case("colocate-o-user-config", lambda d, o: ["colocate", "alexnet:2", "-n", "1", "-o", user_config(d)]),
 ]
+
+
+def _users_spec_folder(d: Path) -> str:
+    (d / "project").mkdir()
+    (d / "project" / "spec.yaml").write_text("# the user's own notes\n")
+    return str(d / "project")
 
 
 def export(d: Path) -> str:

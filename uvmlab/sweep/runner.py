@@ -35,6 +35,7 @@ from typing import Any
 
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, UnavailableError
+from uvmlab.outputs import same_path
 from uvmlab.rundir import RunDir
 from uvmlab.sweep.slurm import SlurmOptions
 from uvmlab.sweep.spec import SweepSpec
@@ -128,9 +129,13 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     if out.exists() and not out.is_dir():
         raise InputError(f"sweep output {out} exists and is not a folder; choose another -o")
     entries = plan_entries(spec, out)
+    copy = out / "spec.yaml"
+    source = Path(spec.source) if spec.source and Path(spec.source).is_file() else None
+    if source is not None and copy.exists() and not same_path(source, copy) and not (out / "sweep.json").is_file():
+        raise InputError(f"{out} holds a spec.yaml that uvmlab did not write; choose another -o for the sweep")
     out.mkdir(parents=True, exist_ok=True)
-    if spec.source and Path(spec.source).is_file():
-        shutil.copyfile(spec.source, out / "spec.yaml")
+    if source is not None and not same_path(source, copy):  # `sweep spec.yaml -o .` keeps the user's file
+        shutil.copyfile(source, copy)
     for e in entries:
         rundir = RunDir(e.path)
         if not rundir.config_json.is_file():
