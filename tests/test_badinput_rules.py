@@ -260,3 +260,18 @@ def test_expanded_count_equals_the_naive_count_with_sharing(tree: object, copies
     assert _check_tree(shared) == _naive_count(shared)
     back = safe_loads(pickle.dumps(shared, protocol=4), "prop")  # the pickle memo keeps the sharing
     assert _check_tree(back) == _naive_count(shared)
+
+
+def test_nsys_import_force_keeps_unrelated_files(tmp_path: Path) -> None:
+    """Defect 1 for `nsys import -o P --force`: the old code removed the whole folder."""
+    from uvmlab.nsys.synthetic import write_synthetic_export
+
+    db = tmp_path / "x.sqlite"
+    write_synthetic_export(db, faults=10, migrations=20, iterations=2, kernels_per_iteration=5)
+    out = tmp_path / "P"
+    assert main(["nsys", "import", str(db), "-o", str(out), "--format", "json"]) == 0
+    (out / "src").mkdir()
+    (out / "src" / "main.py").write_text("print(1)\n")
+    assert main(["nsys", "import", str(db), "-o", str(out), "--format", "json"]) == 2  # complete: needs --force
+    assert main(["nsys", "import", str(db), "-o", str(out), "--force", "--format", "json"]) == 0
+    assert (out / "src" / "main.py").read_text() == "print(1)\n" and (out / "result.json").is_file()
