@@ -296,17 +296,17 @@ def colocate(
     return result
 
 
-def write_colocation(res: Colocation, out: str, config: dict[str, Any]) -> Any:
+def write_colocation(res: Colocation, out: Any, config: dict[str, Any], force: bool = False) -> Any:
     """Write config.json, tables (verdict, uvm) and result.json into ``out``."""
     from uvmlab.rundir import RunDir
 
-    rd = RunDir(out)
-    rd.path.mkdir(parents=True, exist_ok=True)
+    rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
     rd.write_json(rd.config_json, config)
     rd.write_table("verdict", res.verdict)
     if res.uvm is not None:
         rd.write_table("uvm", res.uvm)
     rd.write_json(rd.result_json, res.to_dict())
+    rd.release()
     return rd.path
 
 

@@ -61,6 +61,8 @@ class WorkloadConfig:
         _choice("dtype", self.dtype, DTYPES)
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
             raise InputError(f"iterations must be a whole number >= 1, not {self.iterations!r}")
+        if self.iterations > MAX_ITERATIONS:
+            raise InputError(f"iterations {self.iterations:,} is over uvmlab's limit of {MAX_ITERATIONS:,} per run")
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1024:
             raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {steps!r}")
@@ -68,6 +70,13 @@ class WorkloadConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (config.json, hashing)."""
         return asdict(self)
+
+
+MIN_OVERSUB = 1e-3
+"""Smallest factor accepted: footprint / factor must stay a byte count (1e-300 overflowed to infinity)."""
+MAX_ITERATIONS = 10_000
+"""Most training iterations a run may ask for: capture and simulation are linear in iterations (the study used
+a handful), and 10**12 was accepted and ran without an end."""
 
 
 def check_oversub(value: float) -> float:
@@ -83,6 +92,11 @@ def check_oversub(value: float) -> float:
         )
     if f > 1000:
         raise InputError(f"oversubscription factor {f:g} is not plausible (over 1000x); the study used 1.0 to 10")
+    if f < MIN_OVERSUB:
+        raise InputError(
+            f"oversubscription factor {f:g} is not plausible (under {MIN_OVERSUB:g}); <= 1 already means everything "
+            "fits, and the study used 1.0 to 10"
+        )
     return f
 
 

@@ -215,14 +215,13 @@ def figure(frag: Fragmentation) -> Any:
     return fig
 
 
-def write_fragmentation(frag: Fragmentation, out: str | Path, config: dict[str, Any]) -> Path:
+def write_fragmentation(frag: Fragmentation, out: Any, config: dict[str, Any], force: bool = False) -> Path:
     """Write config.json, tables (summary, timeline, plan), the figure, and result.json into ``out``."""
     import matplotlib.pyplot as plt
 
     from uvmlab.rundir import RunDir
 
-    rd = RunDir(out)
-    rd.path.mkdir(parents=True, exist_ok=True)
+    rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
     rd.write_json(rd.config_json, config)
     rd.write_table("fragmentation", frag.table)
     rd.write_table("timeline", frag.timeline)
@@ -239,4 +238,5 @@ def write_fragmentation(frag: Fragmentation, out: str | Path, config: dict[str, 
         "notes": frag.notes,
     }
     rd.write_json(rd.result_json, result)
+    rd.release()
     return rd.path

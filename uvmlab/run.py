@@ -79,7 +79,7 @@ def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> s
         return "gpu"
     if not quiet:
         why = avail.reason or "no CUDA device found"
-        note(f"{why}: running the simulator (--mode sim)")
+        note(f"{why}: running the simulator (--mode sim)")  # printed as written: the console has markup off
     return "sim"
 
 
@@ -135,13 +135,14 @@ def run(
             cfg, opts = _gpu_policy(cfg, opts)
         if not dry_run:
             rundir.prepare(force=force)
-        result = run_gpu(cfg, opts, rundir)
-        if snapshot is not None and not quiet:
-            note("--snapshot applies to simulated runs only (a GPU run: torch.cuda.memory._dump_snapshot); ignored")
-        if timeline is not None and not dry_run and rundir.is_complete():
-            from uvmlab.export.timeline import run_timeline
+        with rundir:  # releases the writer's lock
+            result = run_gpu(cfg, opts, rundir)
+            if snapshot is not None and not quiet:
+                note("--snapshot applies to simulated runs only (a GPU run: torch.cuda.memory._dump_snapshot); ignored")
+            if timeline is not None and not dry_run and rundir.is_complete():
+                from uvmlab.export.timeline import run_timeline
 
-            run_timeline(rundir, timeline)
+                run_timeline(rundir, timeline)
         return RunResult("gpu", path, result)
     if isinstance(gpu_options, dict) and not quiet:
         used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
@@ -150,9 +151,10 @@ def run(
     from uvmlab.simulate import simulate_run
 
     rundir.prepare(force=force)
-    result = simulate_run(
-        cfg, rundir, progress=progress, capture_progress=capture_progress, snapshot=snapshot, timeline=timeline
-    )
+    with rundir:  # releases the writer's lock
+        result = simulate_run(
+            cfg, rundir, progress=progress, capture_progress=capture_progress, snapshot=snapshot, timeline=timeline
+        )
     eff = result.get("effective_oversub")
     if not quiet and eff is not None and eff > cfg.oversub * 1.001:
         note(

@@ -70,6 +70,8 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
+        except SystemExit as exc:  # the file's own sys.exit(): not a successful run of anything
+            raise InputError(f"workload file {file} called sys.exit({exc.code!r}) while being imported") from None
         except Exception as exc:  # anything the user's module raises: one sentence, exit 2
             raise failure(f"workload file {file.resolve()}", "importing it", exc) from None
         sys.modules[mod_name] = module

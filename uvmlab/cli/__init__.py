@@ -58,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
-    except click.ClickException as exc:  # usage errors: exit code 2
-        exc.show()
+    except click.UsageError as exc:  # usage errors: one line, exit code 2
+        where = exc.ctx.command_path if exc.ctx is not None else "uvmlab"
+        click.echo(f"uvmlab: error: {exc.format_message()} (see: {where} --help)", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        click.echo(f"uvmlab: error: {exc.format_message()}", err=True)
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
@@ -71,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not about a path the user named: a bug, keep the traceback
+        from uvmlab.rundir import os_error_sentence
+
+        click.echo(f"uvmlab: error: {os_error_sentence(exc, 'use')}", err=True)
+        return 2
     return 0
 
 

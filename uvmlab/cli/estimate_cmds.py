@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -107,7 +108,7 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--cudnn-benchmark", is_flag=True, help="Simulate torch.backends.cudnn.benchmark=True (a trial "
               "workspace before each distinct convolution: an upper bound).")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
-@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(
     "table, json (the estimate as JSON only), csv (quantity,value rows) or carma (only the required MiB CARMA's "
     "task files take).",
@@ -148,6 +149,10 @@ def estimate_cmd(
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
     rundir = None
+    if snapshot_out is not None:
+        from uvmlab.outputs import check_output_file
+
+        check_output_file(snapshot_out, [Path(workload)] if Path(workload).exists() else [], force, "--snapshot")
     if out_dir is not None:
         rundir = RunDir(out_dir)
         rundir.prepare(force=force)
@@ -185,7 +190,8 @@ def estimate_cmd(
                   "module_loading": module_loading, "cudnn_benchmark": cudnn_benchmark}  # fmt: skip
         if est.trace is not None:  # the batch actually used (the workload's default when none was given)
             config["used"] = {"batch_size": est.trace.header.get("batch_size")}
-        write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
+        with rundir:  # releases the writer's lock
+            write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
         note(rundir.summary_line())
     if fmt == "json":
         click.echo(to_json(result), nl=False)

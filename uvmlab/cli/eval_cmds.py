@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +17,17 @@ ESTIMATOR_NAMES = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
 PEER_NAMES = ("xmem", "dnnmem-reported", "schedtune")
 """Peers' own published estimates, when the ground truth carries them (xMem's sample)."""
 MAX_PER_RUN_ROWS = 40
+
+
+def _output_rundir(output: str | None, inputs: list[Any], force: bool) -> Any:
+    """The prepared (locked, owned) RunDir of ``-o`` before any work starts, or None without ``-o``."""
+    if not output:
+        return None
+    from uvmlab.outputs import refuse_input_as_output
+    from uvmlab.rundir import RunDir
+
+    refuse_input_as_output(output, inputs)
+    return RunDir.for_writing(output, force)
 
 
 def _pct(x: float) -> str:
@@ -46,14 +58,28 @@ def _pct(x: float) -> str:
     show_default=True,
     help="Snapshot folders: admit traces that began with at most this share of their peak already reserved.",
 )
+@click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
+@click.option(
+    "--allow-code",
+    is_flag=True,
+    help="Let the CSV's source column name Python workload files (their code runs); only for CSVs you trust.",
+)
 @format_option()
 def evaluate_cmd(
-    ground_truth: str, output: str | None, estimators: tuple[str, ...], gpu_memory: str, max_warm: float, fmt: str
+    ground_truth: str,
+    output: str | None,
+    estimators: tuple[str, ...],
+    gpu_memory: str,
+    max_warm: float,
+    force: bool,
+    allow_code: bool,
+    fmt: str,
 ) -> None:
     """Score peak-memory estimators against GROUND_TRUTH with xMem's metrics (MRE, PEF, MCP).
 
     GROUND_TRUTH is a CSV of measured runs (columns: id, source, config, gpu_memory, measured_peak_bytes, oom;
-    see docs/evaluation.md) or a folder of PyTorch memory snapshots (every snapshot whose trace covers the run
+    see docs/evaluation.md; a source naming a Python workload file is refused without --allow-code) or a folder
+    of PyTorch memory snapshots (every snapshot whose trace covers the run
     is a ground-truth run: its peak reserved bytes, its own alloc/free stream as the estimators' input).
     Prints MRE, PEF (two-round rule), MCP per estimator; -o DIR also writes tables and the PEF-vs-MRE figure.
     """
@@ -61,7 +87,8 @@ def evaluate_cmd(
     from uvmlab.evaluate.harness import evaluate, write_evaluation
 
     src = Path(ground_truth)
-    cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm)
+    rd = _output_rundir(output, [src], force)
+    cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm, allow_code=allow_code)
     names: tuple[str, ...] = estimators or ESTIMATOR_NAMES
     if not estimators:
         if any(c.target == "device" for c in cases):  # whole-device ground truth: only uvmlab models the context
@@ -70,7 +97,7 @@ def evaluate_cmd(
     with err.status("estimating...") as status:
         ev = evaluate(cases, names, progress=lambda msg: status.update(plain(f"estimating {msg}")))
     if output:
-        write_evaluation(ev, output, {"ground_truth": str(src), "estimators": list(names), "n_cases": len(cases)})
+        write_evaluation(ev, rd, {"ground_truth": str(src), "estimators": list(names), "n_cases": len(cases)})
     if fmt == "json":
         payload = {
             "summary": ev.summary.to_dict("records"),
@@ -141,9 +168,10 @@ def evaluate_cmd(
     help="Planner grouping (HomoPhase groups, one group per request, or the smaller of both).",
 )
 @out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def fragmentation_cmd(
-    source: str, device: int | None, gpu: str, grouping: str, output: str | None, fmt: str, **kw
+    source: str, device: int | None, gpu: str, grouping: str, output: str | None, force: bool, fmt: str, **kw
 ) -> None:
     """Memory efficiency and fragmentation (STWeaver) of SOURCE: PCA vs an offline plan vs the lower bound.
 
@@ -153,10 +181,11 @@ def fragmentation_cmd(
     from uvmlab.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
 
     cfg = workload_config(source, **kw)
+    rd = _output_rundir(output, [source] if Path(source).exists() else [], force)
     with err.status(plain(f"tracing, simulating and planning {source}...")):
         frag = characterize_source(source, cfg, device, grouping, gpu)
     if output:
-        write_fragmentation(frag, output, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
+        write_fragmentation(frag, rd, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
     if fmt == "json":
         payload = {
             "name": frag.name,
@@ -221,6 +250,7 @@ def _plan_words(plan: object) -> str:
 )
 @workload_options(iterations_default=2)
 @out_option("Write tables here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def colocate_cmd(
     jobs: tuple[str, ...],
@@ -229,6 +259,7 @@ def colocate_cmd(
     margin: str,
     simulate: str,
     output: str | None,
+    force: bool,
     fmt: str,
     **kw,
 ) -> None:
@@ -244,12 +275,13 @@ def colocate_cmd(
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
+    rd = _output_rundir(output, [j.split(":")[0] for j in jobs if Path(j.split(":")[0]).exists()], force)
     with err.status("tracing and placing jobs...") as status:
         res = colocate_workloads(
             jobs, spec, base, parse_bytes(margin), simulate, progress=lambda m: status.update(plain(m))
         )
     if output:
-        write_colocation(res, output, {"jobs": list(jobs), "gpu": spec.name, "margin": margin})
+        write_colocation(res, rd, {"jobs": list(jobs), "gpu": spec.name, "margin": margin})
     if fmt == "json":
         click.echo(to_json(res.to_dict()), nl=False)
         return

@@ -132,19 +132,23 @@ def import_cmd(
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @out_option("Folder for tables and figures.", type=click.Path(path_type=Path), default=None)
+@click.option("--force", is_flag=True, help="Replace an earlier comparison in -o.")
 @format_option(
     "table; json; csv: one row per figure, iteration or kernel (a first column `table`: totals, footprint, "
     "per_iteration, per_kernel)."
 )
 @figure_format_option()
-def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str, figure_format: str) -> None:
+def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: str, figure_format: str) -> None:
     """Compare two run directories side by side (RUN_A is the reference): totals, per iteration, per kernel.
 
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
     (B - A) / |A|; n/a where either side lacks the figure. With -o, writes comparison.json, tables and figures.
     """
     from uvmlab.compare import compare_runs, write_comparison
+    from uvmlab.outputs import check_output_folder
 
+    if out is not None:
+        check_output_folder(out, ["comparison.json", "tables", "figures"], [run_a, run_b], force)
     cmp = compare_runs(run_a, run_b)
     if out is not None:
         written = write_comparison(cmp, out, figure_format)
@@ -177,9 +181,10 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str, figure_for
     help="Start from this parameter file instead of the built-in defaults.",
 )
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
+@click.option("--force", is_flag=True, help="Replace an existing parameter file -o.")
 @format_option()
 def calibrate_cmd(
-    report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool, fmt: str
+    report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool, force: bool, fmt: str
 ) -> None:
     """Fit the simulator's cost parameters (uvmlab.sim.timing.CostParams) from REPORT.sqlite and write them.
 
@@ -188,6 +193,9 @@ def calibrate_cmd(
     """
     from uvmlab.calibrate import calibrate, calibrate_microbench
     from uvmlab.errors import InputError
+    from uvmlab.outputs import check_output_file
+
+    check_output_file(out, [report, sim_run, base], force)
 
     if microbench:
         doc = calibrate_microbench(out)

@@ -150,6 +150,7 @@ def sweep_run(
     summary = run_sweep(loaded, out, executor=executor, jobs=jobs, retry_failed=retry_failed, slurm=slurm)
     if fmt == "json":
         click.echo(json.dumps(summary.to_dict(), indent=2))
+        _raise_if_failed(summary, out)
         return
     table = (
         f"sweep {loaded.name} -> {out}",
@@ -171,6 +172,21 @@ def sweep_run(
     for line in summary.errors:
         note(line, style="yellow")
     note(f"Wrote {summary.results_path}; next: uvmlab report {out}")
+    _raise_if_failed(summary, out)
+
+
+def _raise_if_failed(summary: Any, out: Path) -> None:
+    """Exit non-zero (1) when any configuration this sweep ran did not succeed; say how many."""
+    from uvmlab.errors import UvmlabError
+
+    bad = {k: v for k, v in summary.outcomes.items() if k not in ("ok", "oom") and v}
+    if bad or summary.errors:
+        n = sum(bad.values())
+        kinds = ", ".join(f"{v} {k}" for k, v in sorted(bad.items()))
+        raise UvmlabError(
+            f"{n} of {summary.ran} configurations did not finish ({kinds or 'array task errors'}); "
+            f"see {out}/runs/*/result.json and logs/, and rerun with --retry-failed"
+        )
 
 
 @sweep.command("collect")
@@ -204,12 +220,19 @@ def sweep_collect(out: Path, fmt: str) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
 )
+@click.option("--force", is_flag=True, help="Replace an existing -o page and the figures/ folder beside it.")
 @format_option()
 @figure_format_option()
-def report(sweep_dir: Path, out_html: Path | None, fmt: str, figure_format: str) -> None:
+def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure_format: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
     from uvmlab.console import note, print_csv, print_table
+    from uvmlab.outputs import check_output_file, check_output_folder
     from uvmlab.report import build_report
+
+    if out_html is not None:  # the default page inside SWEEP_DIR/report is uvmlab's own and is rebuilt freely
+        inputs = [sweep_dir / n for n in ("results.parquet", "sweep.json", "spec.yaml")]
+        check_output_file(out_html, inputs, force)
+        check_output_folder(out_html.parent, ["figures"], inputs, force)
 
     built = build_report(sweep_dir, out_html, figure_format=figure_format)
     if fmt == "json":

@@ -99,18 +99,26 @@ def _print_summary(s: dict[str, Any], fmt: str = "table") -> None:
     is_flag=True,
     help="Do not route SDPA to CUDA's flash/efficient kernels (for comparing meta with cpu captures).",
 )
+@click.option("--force", is_flag=True, help="Replace a trace already in -o.")
 @format_option()
 @workload_options()
-def trace_capture(workload: str, out_dir: str, device: str, no_emulate_cuda: bool, fmt: str, **kw: Any) -> None:
+def trace_capture(
+    workload: str, out_dir: str, device: str, no_emulate_cuda: bool, force: bool, fmt: str, **kw: Any
+) -> None:
     """Capture N training iterations of WORKLOAD into the trace folder -o DIR and print its summary."""
     # (terms: see uvmlab trace show --help)
+    from pathlib import Path
+
     from rich.progress import Progress
 
+    from uvmlab.outputs import check_output_folder
     from uvmlab.trace.capture import capture_trace
-    from uvmlab.trace.schema import write_trace
+    from uvmlab.trace.schema import SCHEMAS, write_trace
     from uvmlab.trace.summary import summarize
 
     cfg = workload_config(workload, **kw)
+    names = ["trace.json", *(f"{n}.parquet" for n in SCHEMAS)]
+    check_output_folder(out_dir, names, [workload] if Path(workload).exists() else [], force)
     with Progress(console=err, transient=True, disable=fmt != "table") as bar:
         task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
 

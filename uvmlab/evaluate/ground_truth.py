@@ -1,5 +1,9 @@
 """Ground truth for the estimator evaluation: a CSV of measured runs, or real PyTorch memory snapshots.
 
+Safety: a CSV is data, so a ``source`` naming a workload FILE (Python code) is refused unless the caller passes
+``allow_code=True`` (``uvmlab evaluate --allow-code``); built-in workload names, snapshots and trace folders
+never run code from the CSV.
+
 CSV format (one row per real run; header required; extra columns are ignored):
 
 =====================  ===================================================================================
@@ -265,6 +269,9 @@ def snapshot_cases(
                 skipped.append((f"{f.name}:{row['device']}", why))
                 continue
             cases.append(snapshot_case(f, row["device"], gpu_memory_bytes))
+    if not cases:
+        first = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise InputError(f"{folder}: none of its {len(files)} snapshot files is usable ground truth{first}")
     return cases, skipped
 
 
@@ -279,18 +286,26 @@ def _workload_config(source: str, config: dict[str, Any], where: str) -> Workloa
     return WorkloadConfig(workload=source, **config)
 
 
-def read_ground_truth(path: str | Path) -> list[EvalCase]:
-    """Read a ground-truth CSV (module docstring) into EvalCases; errors name the row and the column."""
+def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCase]:
+    """Read a ground-truth CSV (module docstring) into EvalCases; errors name the row and the column.
+
+    A ``source`` that is a workload file (Python) is refused unless ``allow_code`` (the CSV may come from anyone).
+    """
     src = Path(path)
     if not src.is_file():
         raise InputError(f"ground truth {src} not found; give a CSV file (columns: {', '.join(REQUIRED_COLUMNS)})")
-    with src.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise InputError(f"{src}: missing columns {missing}; required: {', '.join(REQUIRED_COLUMNS)}")
-        rows = list(reader)
+    try:
+        with src.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                raise InputError(f"{src}: missing columns {missing}; required: {', '.join(REQUIRED_COLUMNS)}")
+            rows = list(reader)
+    except UnicodeDecodeError:
+        raise InputError(f"{src} is not a UTF-8 text CSV file (columns: {', '.join(REQUIRED_COLUMNS)})") from None
+    except csv.Error as exc:
+        raise InputError(f"{src} is not a readable CSV file ({exc})") from None
     if not rows:
         raise InputError(f"{src}: no runs (the CSV has a header but no rows)")
     cases: list[EvalCase] = []
@@ -348,6 +363,13 @@ def read_ground_truth(path: str | Path) -> list[EvalCase]:
 
             case = EvalCase(cid, gpu, oom, peak, trace=read_trace(src_path), alloc_conf=alloc_conf)
         else:
+            from workloads.registry import WORKLOADS, is_path
+
+            if source not in WORKLOADS and is_path(source) and not allow_code:
+                raise InputError(
+                    f"{where}: source {source!r} is a Python workload file, and running code named by a CSV needs "
+                    "--allow-code (pass it only if you trust this CSV)"
+                )
             cfg = _workload_config(source, config, where)
             case = EvalCase(cid, gpu, oom, peak, workload=cfg, alloc_conf=alloc_conf)
         case.group = group or case.group or source
@@ -380,7 +402,10 @@ def _csv_field(value: str) -> str:
 
 
 def load_ground_truth(
-    path: str | Path, gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES, max_warm: float = MAX_WARM_FRACTION
+    path: str | Path,
+    gpu_memory_bytes: int = DEFAULT_SNAPSHOT_GPU_BYTES,
+    max_warm: float = MAX_WARM_FRACTION,
+    allow_code: bool = False,
 ) -> tuple[list[EvalCase], list[tuple[str, str]]]:
     """A CSV file (:func:`read_ground_truth`), a folder of snapshots (:func:`snapshot_cases`), the GPUMemNet A100
     MLP set (``uvmlab.evaluate.gpumemnet``) or xMem's sample (``uvmlab.evaluate.xmem_sample``): (cases, skipped)."""
@@ -394,4 +419,4 @@ def load_ground_truth(
         return xmem_sample.read_xmem_sample(src)
     if src.is_dir():
         return snapshot_cases(src, gpu_memory_bytes, max_warm)
-    return read_ground_truth(src), []
+    return read_ground_truth(src, allow_code=allow_code), []

@@ -137,12 +137,11 @@ def quadrant_figure(ev: Evaluation, title: str = "Estimators: PEF vs MRE (xMem F
     return fig
 
 
-def write_evaluation(ev: Evaluation, out: str | Path, config: dict[str, Any]) -> Path:
+def write_evaluation(ev: Evaluation, out: Any, config: dict[str, Any], force: bool = False) -> Path:
     """Write tables (estimates, per_run, summary, by_group), the quadrant figure and result.json into ``out``."""
     from uvmlab.rundir import RunDir
 
-    rd = RunDir(out)
-    rd.path.mkdir(parents=True, exist_ok=True)
+    rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
     rd.write_json(rd.config_json, config)
     per_run = ev.per_run.copy()
     if "round2_oom" in per_run:
@@ -165,4 +164,5 @@ def write_evaluation(ev: Evaluation, out: str | Path, config: dict[str, Any]) ->
         "failures": [{"case_id": c, "estimator": e, "reason": r} for c, e, r in ev.failures],
     }
     rd.write_json(rd.result_json, result)
+    rd.release()
     return rd.path

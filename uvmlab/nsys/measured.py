@@ -231,15 +231,16 @@ def import_export(
                 "gpus": _gpu_names(ex),
             },
         )
-    for name, df in tables.items():
-        rd.write_table(name, df)
-    from uvmlab.report.run_figures import write_run_figures
+    with rd:  # releases the writer's lock
+        for name, df in tables.items():
+            rd.write_table(name, df)
+        from uvmlab.report.run_figures import write_run_figures
 
-    title = f"{Path(path).name} (measured, nsys)"
-    write_run_figures(rd, tables["kernels"], tables["iterations"], tables["memory"], title=title)
-    rd.write_json(rd.result_json, result)
-    if timeline is not None:
-        from uvmlab.export.timeline import run_timeline
+        title = f"{Path(path).name} (measured, nsys)"
+        write_run_figures(rd, tables["kernels"], tables["iterations"], tables["memory"], title=title)
+        rd.write_json(rd.result_json, result)
+        if timeline is not None:
+            from uvmlab.export.timeline import run_timeline
 
-        run_timeline(rd, timeline, faults=faults, ranges=ranges)
+            run_timeline(rd, timeline, faults=faults, ranges=ranges)
     return rd, result

@@ -108,8 +108,11 @@ class DeviceSim:
                 return addr
         align = DRIVER_VA_ALIGNMENT_BYTES if size >= DRIVER_VA_ALIGNMENT_BYTES else CUDA_MALLOC_ALIGNMENT_BYTES
         addr = (self._next_top - size) // align * align
-        if addr < self.va_bottom:
-            raise InvariantError("made-up device VA range exhausted")
+        if addr < self.va_bottom:  # only absurd inputs get here (a batch of 10**12): the user's mistake, exit 2
+            raise InputError(
+                f"the simulated job asked for more than the {DEFAULT_VA_SIZE_BYTES // 2**40} TiB device address range "
+                f"(request of {size:,} bytes); the batch size or workload options are far beyond any GPU"
+            )
         self._next_top = addr
         return addr
 

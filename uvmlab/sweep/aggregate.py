@@ -107,13 +107,15 @@ def run_dirs(out: str | os.PathLike[str]) -> list[Path]:
 def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
     """One row per complete run of sweep folder ``out`` (see the module docstring for the columns)."""
     rows = []
+    unreadable: list[str] = []
     for path in run_dirs(out):
         rundir = RunDir(path)
         if not rundir.is_complete():
             continue
         result = _read_json(rundir.result_json)
-        if result is None:
-            continue  # result.json is written atomically; an unreadable one was not written by uvmlab
+        if not isinstance(result, dict):
+            unreadable.append(path.name)  # not written by uvmlab (its writes are atomic): said, then left out
+            continue
         row: dict[str, Any] = {"run_id": path.name, "run_dir": str(path)}
         cfg = unwrap_config(_read_json(rundir.config_json))
         if isinstance(cfg, dict):
@@ -123,6 +125,13 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         if env is not None:
             row.update({f"env_{k}": v for k, v in _scalars(env, depth=0).items()})
         rows.append(row)
+    if unreadable:
+        from uvmlab.console import note
+
+        note(
+            f"warning: {len(unreadable)} run(s) of {out} have an unreadable result.json and are left out "
+            f"(e.g. runs/{unreadable[0]}); `uvmlab sweep SPEC -o {out}` redoes them"
+        )
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame({"run_id": pd.Series(dtype="string"), "outcome": pd.Series(dtype="string")})
@@ -153,4 +162,10 @@ def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
             newest = max(newest, r.stat().st_mtime)
     if not path.is_file() or path.stat().st_mtime < newest:
         write_results(out)
-    return pd.read_parquet(path)
+    try:
+        return pd.read_parquet(path)
+    except Exception:  # derived data: a damaged results.parquet is rebuilt from the run directories
+        from uvmlab.console import note
+
+        note(f"warning: {path} is unreadable; rebuilding it from {Path(out) / 'runs'}")
+        return pd.read_parquet(write_results(out))

@@ -36,6 +36,7 @@ from typing import Any
 
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, UnavailableError
+from uvmlab.outputs import same_path
 from uvmlab.rundir import RunDir
 from uvmlab.sweep.slurm import SlurmOptions
 from uvmlab.sweep.spec import SweepSpec
@@ -106,10 +107,10 @@ def _status(rundir: RunDir) -> str:
     if not rundir.is_complete():
         return "pending"
     try:
-        outcome = rundir.read_result().get("outcome")
-    except InputError:
-        return "pending"  # an unreadable result.json cannot come from our atomic writes; treat it as absent
-    return "failed" if outcome == "error" else "done"
+        result = rundir.read_result()
+    except (InputError, ValueError, TypeError):
+        return "pending"  # an unreadable result.json cannot come from our atomic writes: the run is redone
+    return "failed" if result.get("outcome") == "error" else "done"
 
 
 def run_dir_name(cfg: Any) -> str:
@@ -142,12 +143,18 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     if out.exists() and not out.is_dir():
         raise InputError(f"sweep output {out} exists and is not a folder; choose another -o")
     entries = plan_entries(spec, out)
+    copy = out / "spec.yaml"
+    source = Path(spec.source) if spec.source and Path(spec.source).is_file() else None
+    if source is not None and copy.exists() and not same_path(source, copy) and not (out / "sweep.json").is_file():
+        raise InputError(f"{out} holds a spec.yaml that uvmlab did not write; choose another -o for the sweep")
     out.mkdir(parents=True, exist_ok=True)
-    if spec.source and Path(spec.source).is_file():
-        shutil.copyfile(spec.source, out / "spec.yaml")
+    if source is not None and not same_path(source, copy):  # `sweep spec.yaml -o .` keeps the user's file
+        shutil.copyfile(source, copy)
     for e in entries:
         rundir = RunDir(e.path)
         if not rundir.config_json.is_file():
+            rundir.path.mkdir(parents=True, exist_ok=True)
+            rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
             atomic_write_json(rundir.config_json, e.config.to_dict())
     _write_sweep_json(out, spec, entries, None)
     return entries

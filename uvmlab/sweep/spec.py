@@ -353,7 +353,16 @@ def parse_spec(
     overrides: dict[str, list[Any]] | None = None,
 ) -> SweepSpec:
     """Validate the YAML text of a spec, with command-line ``overrides`` (see the module docstring)."""
-    overrides = overrides or {}
+    try:
+        return _parse_spec(text, source, base_dir, overrides or {})
+    except yaml.YAMLError as exc:  # e.g. a !!python/... tag: SafeLoader refuses to construct it (nothing runs)
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{source}{line}: {problem} (specs hold plain YAML values only)") from None
+
+
+def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[str, list[Any]]) -> SweepSpec:
     where = _Where(source)
     base = (base_dir or Path.cwd()).resolve()
     try:

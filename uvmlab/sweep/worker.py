@@ -28,19 +28,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from uvmlab import SCHEMA_VERSION
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.rundir import RunDir
+from uvmlab.rundir import LOCK_NAME as RUNDIR_LOCK_NAME
+from uvmlab.rundir import MARKER_NAME, RunDir
 from uvmlab.stats.schema import RESULT_KEYS
 
 LOCK_NAME = ".worker.lock"
-KEEP = {"config.json", "logs", LOCK_NAME}
-"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the lock."""
+KEEP = {"config.json", "logs", LOCK_NAME, MARKER_NAME, RUNDIR_LOCK_NAME}
+"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the locks,
+the ownership marker."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
 INTERRUPTED_CODES = (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, 130, 143)
 """Child exits that mean "the sweep was interrupted" (no result is recorded; a resumed sweep runs it again)."""
@@ -114,14 +116,39 @@ def _log_attempt(rundir: RunDir, event: str) -> None:
         fh.write(f"{time.time():.6f} {os.getpid()} {event}\n")
 
 
+def completed_outcome(rundir: RunDir) -> str | None:
+    """The outcome of a complete run, or None if it has no usable result.json.
+
+    An unreadable result.json cannot come from uvmlab's atomic writes; it is moved aside into logs/ (kept, not
+    deleted) so the configuration counts as pending everywhere (dry run, sweep, --retry-failed, collect) and
+    runs again.
+    """
+    if not rundir.is_complete():
+        return None
+    try:
+        result = rundir.read_result()
+    except (InputError, ValueError, TypeError):
+        result = None
+    if isinstance(result, dict):
+        return str(result.get("outcome", "ok"))
+    rundir.logs.mkdir(parents=True, exist_ok=True)
+    aside = rundir.logs / f"result.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    with suppress(FileNotFoundError):
+        os.replace(rundir.result_json, aside)
+    print(f"uvmlab: warning: {rundir.result_json} was unreadable; moved to {aside}; the run is redone", file=sys.stderr)
+    return None
+
+
 def run_in_process(path: Path) -> str:
     """Run the configuration of run directory ``path`` in this process; return its outcome."""
     rundir = RunDir(path)
     cfg = read_config(rundir)
     with run_lock(path):
-        if rundir.is_complete():
-            return str(rundir.read_result().get("outcome", "ok"))
+        done = completed_outcome(rundir)
+        if done is not None:
+            return done
         clear_partial(path)
+        rundir.mark_owned()  # a sweep run directory is uvmlab's (older sweeps wrote no marker)
         _log_attempt(rundir, "start")
         try:
             _run_fn()(cfg, out=path, force=True)
@@ -166,8 +193,10 @@ def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: 
     """
     path = Path(path)
     rundir = RunDir(path)
-    if rundir.is_complete():
-        return str(rundir.read_result().get("outcome", "ok"))
+    with run_lock(path):
+        done = completed_outcome(rundir)
+    if done is not None:
+        return done
     rundir.logs.mkdir(parents=True, exist_ok=True)
     out_log, err_log = rundir.logs / "worker.stdout", rundir.logs / "worker.stderr"
     header = f"--- attempt at {time.strftime('%Y-%m-%dT%H:%M:%S')} ---\n"

@@ -7,7 +7,9 @@ version, ``CAPTURE_VERSION`` (bumped when capture's rules change) and the worklo
 (``workloads.registry.workload_identity``: for user workload files, the resolved path and SHA-256; for named
 models, the defining package's version). Entries are written to a temporary folder and renamed into place,
 so a killed capture leaves no entry; an entry that cannot be read (corrupt, truncated, older schema) is
-captured again and replaced.
+captured again and replaced, with a one-line warning. One writer per entry: a miss takes ``<key>.lock``
+(filelock) and checks again, so concurrent processes asking for one uncached configuration capture it once
+(the others wait and then read it).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from uvmlab import SCHEMA_VERSION
 from uvmlab.config import WorkloadConfig
-from uvmlab.errors import InputError
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
@@ -80,24 +82,61 @@ def _torch_version() -> str:
         return "none"
 
 
+LOCK_TIMEOUT_S = 3600.0
+"""How long a process waits for another one capturing the same entry (a large workload captures in minutes)."""
+
+
+def _read_valid(entry: Path) -> Trace | None:
+    """The entry's trace, or None if absent; a bad entry is removed with a one-line warning (then captured again)."""
+    if not entry.exists():
+        return None
+    try:
+        return read_trace(entry)
+    except Exception as exc:  # any damage (InputError, a malformed header, ...) means "rebuild"
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        _warn_line(f"uvmlab: warning: trace cache entry {entry} is unreadable ({reason}); capturing it again")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def _warn_line(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr)
+
+
 def get_trace(
     cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True, progress: ProgressFn | None = None
 ) -> Trace:
     """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable."""
     entry = cache_root() / cache_key(cfg, device, emulate_cuda)
-    if (entry / "trace.json").is_file():
-        try:
-            return read_trace(entry)
-        except InputError:
-            shutil.rmtree(entry, ignore_errors=True)  # corrupt: capture again
-    from uvmlab.trace.capture import capture_trace  # imports torch: only on a cache miss
+    trace = _read_valid(entry)
+    if trace is not None:
+        return trace
+    lock = _entry_lock(entry)
+    with lock if lock is not None else contextlib.nullcontext():
+        trace = _read_valid(entry)  # another process may have captured it while we waited
+        if trace is not None:
+            return trace
+        from uvmlab.trace.capture import capture_trace  # imports torch: only on a cache miss
 
-    trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=emulate_cuda)
-    try:
-        _store(trace, entry)
-    except OSError as exc:  # caching is an optimization: an unwritable cache must not fail the run
-        warnings.warn(f"trace cache {entry.parent} is not writable ({exc}); the trace was not cached", stacklevel=2)
+        trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=emulate_cuda)
+        try:
+            _store(trace, entry)
+        except OSError as exc:  # caching is an optimization: an unwritable cache must not fail the run
+            warnings.warn(f"trace cache {entry.parent} is not writable ({exc}); the trace was not cached", stacklevel=2)
     return trace
+
+
+def _entry_lock(entry: Path) -> Any:
+    """The filelock of a cache entry (``<key>.lock`` beside it), or None if the cache folder is not writable."""
+    from filelock import FileLock
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return FileLock(str(entry.parent / f"{entry.name}.lock"), timeout=LOCK_TIMEOUT_S)
 
 
 def _store(trace: Trace, entry: Path) -> None:

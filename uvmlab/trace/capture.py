@@ -134,24 +134,32 @@ class _Categorizer:
         return cats
 
 
-def _user_code_guard(source: str, workload: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
-    """A context maker turning exceptions of user/named-model code into one-sentence input errors.
+def _user_code_guard(cfg: WorkloadConfig, source: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
+    """A context maker turning exceptions (and ``sys.exit``) of the workload's code into one-sentence input errors.
 
-    ``guard(phase)`` (a string or a callable giving it at failure time) re-raises any non-uvmlab exception
-    as :func:`workloads.userfile.failure`; for the built-in workloads it does nothing.
+    ``guard(phase)`` (a string or a callable giving it at failure time) re-raises any non-uvmlab exception as
+    :func:`workloads.userfile.failure` (exit 2). User files and named models name themselves; a built-in workload
+    names its batch size too: the workload's code runs with the user's batch size and options, and when it fails
+    (e.g. torch's "Storage size calculation overflowed" at a batch of 10**12) that is the input's fault.
+    uvmlab's own errors pass through unchanged.
     """
+    if source == "builtin":
+        what = f"workload {cfg.workload}" + (f" (batch size {cfg.batch_size})" if cfg.batch_size is not None else "")
+    elif source in ("torchvision", "timm", "transformers"):
+        what = cfg.workload
+    else:
+        what = f"workload file {source}"
 
     @contextlib.contextmanager
     def guard(phase: Any) -> Any:
-        if source == "builtin":
-            yield
-            return
         try:
             yield
         except UvmlabError:
             raise
+        except SystemExit as exc:  # the workload's own sys.exit(): not a successful run of anything
+            when = phase() if callable(phase) else phase
+            raise InputError(f"{what} called sys.exit({exc.code!r}) while {when}") from None
         except Exception as exc:
-            what = f"workload file {source}" if source not in ("torchvision", "timm", "transformers") else workload
             raise failure(what, phase() if callable(phase) else phase, exc) from None
 
     return guard
@@ -186,7 +194,7 @@ def capture_trace(
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
-    guard = _user_code_guard(spec.source, cfg.workload)
+    guard = _user_code_guard(cfg, spec.source)
     start = time.perf_counter()
     gc.collect()
     gc_was_enabled = gc.isenabled()

@@ -8,6 +8,12 @@ Snapshot pickles come from other people's machines, so ``pickle.load`` is never 
 2. ``persistent_load`` refuses persistent ids (PERSID/BINPERSID), which would otherwise hand control to us.
 3. After loading, the object tree is checked: only dict, list, tuple, str, bytes, int, float, bool and None are
    accepted (e.g. a set or bytearray built by protocol-4/5 opcodes is refused too).
+4. Limits, counted before anything is expanded: a pickle's memo lets one small object be referenced many times
+   (a 400 KB file can name a list of 200,000 events 500 times), so the EXPANDED size is computed (every use of a
+   shared object counts again, memoized per object so the count itself costs one visit per distinct object) and
+   refused above :data:`MAX_EXPANDED_OBJECTS`; a cycle (infinite expansion), nesting deeper than
+   :data:`MAX_DEPTH`, a str/bytes over :data:`MAX_STRING_BYTES` or an int over :data:`MAX_INT_BITS` bits are
+   refused too. Snapshot-level limits (devices, events, segments, blocks) live in :mod:`uvmlab.trace.snapshot`.
 
 Every failure is an :class:`~uvmlab.errors.InputError` with one sentence naming the file and the reason. The
 loader is the C unpickler (``pickle.Unpickler`` subclass), so it is fast (0.06 s for a 3.9 MB snapshot).
@@ -24,6 +30,16 @@ from uvmlab.errors import InputError
 
 ALLOWED_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
 """The only Python types a restricted load may produce."""
+MAX_EXPANDED_OBJECTS = 50_000_000
+"""Objects an untrusted pickle may expand to (shared references counted at every use). The largest count among
+the real snapshots in ../shared/real-data/snapshots is 7,214,581 (cranberrii__ftcourse__9f4902cf, 2.6 MB); 50
+million is ~7x that."""
+MAX_DEPTH = 200
+"""Nesting depth (real snapshots nest about 6 deep: dict > list > dict > list > dict > str)."""
+MAX_STRING_BYTES = 16 * 1024 * 1024
+"""Longest str/bytes accepted (frames' file names and annotations are short)."""
+MAX_INT_BITS = 128
+"""Widest int accepted; addresses and sizes fit 64 bits, anything wider is not a snapshot value."""
 
 
 class RefusedPickleError(pickle.UnpicklingError):
@@ -40,26 +56,58 @@ class RestrictedUnpickler(pickle.Unpickler):
         raise RefusedPickleError("it uses a persistent id (PERSID)")
 
 
-def _check_tree(obj: Any, max_depth: int = 200) -> None:
-    """Raise TypeError if ``obj`` contains anything but plain containers and scalars (iterative walk)."""
-    stack: list[tuple[Any, int]] = [(obj, 0)]
-    seen: set[int] = set()
+def _check_tree(obj: Any, max_objects: int = MAX_EXPANDED_OBJECTS, max_depth: int = MAX_DEPTH) -> int:
+    """Check types and limits of ``obj``; return its expanded object count (shared objects counted per use).
+
+    Raises TypeError (a refused type), or ValueError (a limit; the message says which). Iterative post-order walk:
+    each distinct container is visited once and its expanded size memoized, so a shared list counts at every use
+    without being walked again; a container met again while still open is a cycle.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    keep: list[Any] = []  # keeps objects alive so their ids stay unique during the walk
+    stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
+    total = 0
     while stack:
-        item, depth = stack.pop()
-        if type(item) not in ALLOWED_TYPES:
-            raise TypeError(type(item).__name__)
-        if isinstance(item, (dict, list, tuple)):
-            if id(item) in seen:  # memo references (shared sub-objects) are fine, visit once
-                continue
-            seen.add(id(item))
-            if depth > max_depth:
-                raise TypeError(f"nesting deeper than {max_depth}")
-            if isinstance(item, dict):
-                for k, v in item.items():
-                    stack.append((k, depth + 1))
-                    stack.append((v, depth + 1))
-            else:
-                stack.extend((x, depth + 1) for x in item)
+        item, depth, done = stack.pop()
+        kind = type(item)
+        if kind not in ALLOWED_TYPES:
+            raise TypeError(kind.__name__)
+        if kind is str or kind is bytes:
+            if len(item) > MAX_STRING_BYTES:
+                raise ValueError(f"a string of {len(item):,} characters (the limit is {MAX_STRING_BYTES:,})")
+            continue
+        if kind is int and item.bit_length() > MAX_INT_BITS:
+            raise ValueError(f"an integer of {item.bit_length()} bits (the limit is {MAX_INT_BITS})")
+        if kind not in (dict, list, tuple):
+            continue
+        key = id(item)
+        children = list(item.keys()) + list(item.values()) if kind is dict else item
+        if done:
+            n = 1 + sum(sizes.get(id(c), 1) for c in children)
+            sizes[key] = n
+            open_.discard(key)
+            if depth == 0:
+                total = n
+            if n > max_objects:
+                raise ValueError(
+                    f"it expands to more than {max_objects:,} objects (shared references count at every use)"
+                )
+            continue
+        if key in sizes:
+            if depth == 0:
+                total = sizes[key]
+            continue
+        if key in open_:
+            raise ValueError("it contains a cycle (an object that contains itself)")
+        if depth > max_depth:
+            raise ValueError(f"it nests deeper than {max_depth} levels")
+        open_.add(key)
+        keep.append(item)
+        stack.append((item, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if type(c) in (dict, list, tuple) and id(c) not in sizes)
+        stack.extend((c, depth + 1, False) for c in children if type(c) not in (dict, list, tuple))
+    return total if sizes else 1
 
 
 def safe_loads(data: bytes, source: str = "<bytes>") -> Any:
@@ -91,6 +139,8 @@ def safe_loads(data: bytes, source: str = "<bytes>") -> Any:
             f"{source} was refused: it contains a {exc} object, and uvmlab loads only dict/list/tuple/str/bytes/"
             "int/float/bool/None from untrusted pickles (nothing in the file was run)"
         ) from None
+    except ValueError as exc:
+        raise InputError(f"{source} was refused: {exc}; see the limits in docs/safety.md") from None
     return obj
 
 

@@ -172,6 +172,10 @@ def read_trace(directory: str | Path) -> Trace:
         header = json.loads(head_path.read_text())
     except json.JSONDecodeError as exc:
         raise InputError(f"{head_path} is not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{head_path} is not text (it is not a uvmlab trace header)") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{head_path} holds a JSON {type(header).__name__}, not a uvmlab trace header (an object)")
     version = header.get("schema_version")
     if version != SCHEMA_VERSION:
         raise InputError(f"{src}: trace schema version {version!r}; this uvmlab reads version {SCHEMA_VERSION}")

@@ -60,6 +60,18 @@ GENERATIONS = {
 """Format generations (reference/allocator.md section 3.6; G6 is our own observation, e.g. the Wedsonlin files).
 The mapping to PyTorch versions is approximate."""
 
+MAX_DEVICES = 64
+"""Device traces a snapshot may hold (real data: at most 4, ../shared/real-data/snapshots)."""
+MAX_EVENTS = 2_000_000
+"""Trace entries over all devices, shared lists counted at every use (real data: at most 22,332; PyTorch's ring
+keeps ``max_entries`` per device, typically 100,000)."""
+MAX_SEGMENTS = 1_000_000
+"""Segments (real data: at most 1,722)."""
+MAX_BLOCKS = 5_000_000
+"""Blocks over all segments (real data: at most 6,644)."""
+INT64_MAX = 2**63 - 1
+"""Largest address/size/stream/time a snapshot may hold (PyTorch stores them as int64/size_t; tables are int64)."""
+
 SEGMENT_COLUMNS = ["device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
                    "segment_type", "segment_pool_id", "is_expandable", "n_blocks"]  # fmt: skip
 BLOCK_COLUMNS = ["device", "segment_address", "address", "offset", "size", "requested_size", "state",
@@ -208,7 +220,26 @@ def _num(value: Any, what: str, source: str, optional: bool = False) -> int | No
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _unknown_format(source, f"{what} is a {type(value).__name__} ({str(value)[:40]!r}), not an integer")
+    if not 0 <= value <= INT64_MAX:
+        raise InputError(f"{source}: {what} {str(value)[:40]} is outside 0..2**63-1; it is not a real snapshot value")
     return value
+
+
+def _check_limits(top: dict[str, Any], source: str) -> None:
+    """Refuse a snapshot larger than the documented limits, counted from list lengths before any table is built."""
+    segs, traces = top.get("segments"), top.get("device_traces", [])
+    counts = {"devices": len(traces) if isinstance(traces, list) else 0,
+              "trace events": sum(len(d) for d in traces if isinstance(d, list)) if isinstance(traces, list) else 0,
+              "segments": len(segs) if isinstance(segs, list) else 0,
+              "blocks": sum(len(s["blocks"]) for s in segs if isinstance(s, dict) and isinstance(s.get("blocks"), list))
+              if isinstance(segs, list) else 0}  # fmt: skip
+    limits = {"devices": MAX_DEVICES, "trace events": MAX_EVENTS, "segments": MAX_SEGMENTS, "blocks": MAX_BLOCKS}
+    for what, n in counts.items():
+        if n > limits[what]:
+            raise InputError(
+                f"{source} was refused: it holds {n:,} {what} (shared references count at every use), more than "
+                f"uvmlab's limit of {limits[what]:,} for untrusted snapshots (docs/safety.md)"
+            )
 
 
 def _tables(top: dict[str, Any], source: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -301,6 +332,7 @@ def read_snapshot(path: str | Path) -> Snapshot:
     top, is_list = _check_structure(raw, source)
     if isinstance(top, list):
         raise _not_snapshot(source, "a list whose items are not segments")
+    _check_limits(top, source)
     segments, blocks, events = _tables(top, source)  # validates the structure first
     generation, evidence = _detect_generation(top, is_list)
     settings = top.get("allocator_settings")

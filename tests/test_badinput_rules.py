@@ -1,0 +1,277 @@
+"""Unit tests of the data-safety rules (docs/safety.md): owned and locked run directories, output checks,
+untrusted-pickle limits, the self-healing trace cache, sweep exit codes and unreadable results."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import sweep_fake_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import uvmlab.trace.capture as capture_mod
+from uvmlab.cli import main
+from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError
+from uvmlab.outputs import check_output_file, check_output_folder
+from uvmlab.rundir import MARKER_NAME, RunDir
+from uvmlab.sweep.aggregate import collect, read_results, write_results
+from uvmlab.trace import cache
+from uvmlab.trace import snapshot as snapshot_mod
+from uvmlab.trace.safe_pickle import _check_tree, safe_loads
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "docs" / "examples" / "tiny_mlp.py"
+
+
+# -- run directories ---------------------------------------------------------------------------------------------
+
+
+def _complete(rd: RunDir) -> None:
+    rd.write_json(rd.config_json, {"a": 1})
+    rd.write_table("t", pd.DataFrame({"x": [1]}))
+    rd.write_json(rd.result_json, {"outcome": "ok"})
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:
+    first = RunDir(tmp_path / "R")
+    first.prepare()
+    with pytest.raises(InputError, match="another uvmlab process is writing"):
+        RunDir(tmp_path / "R").prepare()
+    first.release()
+    RunDir(tmp_path / "R").prepare()  # free again
+
+
+def test_force_removes_only_uvmlabs_names_and_not_through_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.parquet").write_text("precious")
+    rd = RunDir(tmp_path / "R")
+    rd.prepare()
+    _complete(rd)
+    rd.release()
+    (rd.path / "mine.txt").write_text("mine")
+    (rd.path / "figures").symlink_to(outside, target_is_directory=True)  # a link among uvmlab's names
+    with pytest.raises(InputError, match="--force"):
+        RunDir(rd.path).prepare()
+    again = RunDir(rd.path)
+    again.prepare(force=True)
+    assert (rd.path / "mine.txt").read_text() == "mine"  # not uvmlab's: kept
+    assert not rd.result_json.exists() and not (rd.path / "tables").exists()
+    assert not (rd.path / "figures").exists() and (outside / "keep.parquet").read_text() == "precious"
+    assert (rd.path / MARKER_NAME).is_file()
+
+
+def test_writes_never_go_through_a_link_inside_the_run_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rd = RunDir(tmp_path / "R")
+    rd.prepare()
+    (rd.path / "tables").symlink_to(outside, target_is_directory=True)  # planted after prepare
+    with pytest.raises(InputError, match="symbolic link"):
+        rd.write_table("t", pd.DataFrame({"x": [1]}))
+    assert list(outside.iterdir()) == []
+
+
+def test_an_incomplete_owned_run_loses_a_planted_tables_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rd = RunDir(tmp_path / "R")
+    rd.prepare()
+    rd.release()
+    (rd.path / "tables").symlink_to(outside, target_is_directory=True)
+    again = RunDir(rd.path)
+    again.prepare()
+    again.write_table("t", pd.DataFrame({"x": [1]}))
+    assert (rd.path / "tables").is_dir() and not (rd.path / "tables").is_symlink()
+    assert list(outside.iterdir()) == []
+
+
+def test_output_file_rules(tmp_path: Path) -> None:
+    src = tmp_path / "v.sqlite"
+    src.write_text("x")
+    with pytest.raises(InputError, match="also an input"):
+        check_output_file(src, [src], force=True)  # --force never lets an output replace an input
+    with pytest.raises(InputError, match="--force"):
+        check_output_file(src, [], force=False)
+    assert check_output_file(src, [], force=True) == src
+    with pytest.raises(InputError, match="is a folder"):
+        check_output_file(tmp_path, [])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "comparison.json").write_text("{}")
+    with pytest.raises(InputError, match=r"already holds comparison\.json"):
+        check_output_folder(tmp_path / "d", ["comparison.json", "tables"])
+    check_output_folder(tmp_path / "d", ["comparison.json"], force=True)
+
+
+# -- untrusted pickles ---------------------------------------------------------------------------------------------
+
+
+def test_expanded_size_counts_every_use_of_a_shared_object() -> None:
+    leaf = [1, 2, 3]  # 4 objects expanded
+    assert _check_tree(leaf) == 4
+    assert _check_tree([leaf, leaf, leaf]) == 1 + 3 * 4  # shared: counted at every use
+    with pytest.raises(ValueError, match="expands to more than"):
+        _check_tree([leaf] * 10, max_objects=20)
+
+
+def test_limits_refuse_before_expansion() -> None:
+    events = [{"action": "alloc", "addr": 1, "size": 512, "stream": 0, "frames": []}] * 200_000
+    data = pickle.dumps({"segments": [], "device_traces": [events] * 500}, protocol=4)
+    assert len(data) < 2_000_000  # a small file ...
+    with pytest.raises(InputError, match="expands to more than"):  # ... that would be ~1.3e9 objects
+        safe_loads(data, "bomb.pickle")
+    with pytest.raises(InputError, match="string of"):
+        safe_loads(pickle.dumps(["x" * (17 * 2**20)]), "long.pickle")
+    with pytest.raises(InputError, match="bits"):
+        safe_loads(pickle.dumps([2**200]), "wide.pickle")
+
+
+def test_snapshot_limits_count_shared_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshot_mod, "MAX_EVENTS", 10)
+    trace = [{"action": "alloc", "addr": 4096, "size": 512, "stream": 0}] * 4
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace, trace, trace]}))
+    with pytest.raises(InputError, match="12 trace events"):
+        snapshot_mod.read_snapshot(path)
+
+
+# -- the trace cache -----------------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_cache_header_is_rebuilt_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path))
+    calls: list[int] = []
+    real = capture_mod.capture_trace
+    monkeypatch.setattr(capture_mod, "capture_trace", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = WorkloadConfig(str(EXAMPLE), batch_size=4, iterations=1)
+    first = cache.get_trace(cfg)
+    entry = tmp_path / "traces" / cache.cache_key(cfg)
+    (entry / "trace.json").write_text("[1]\n")  # issue 13: AttributeError on every later estimate
+    capsys.readouterr()
+    again = cache.get_trace(cfg)
+    assert len(calls) == 2 and again.allocations.equals(first.allocations)
+    warning = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(warning) == 1 and "unreadable" in warning[0] and "capturing it again" in warning[0]
+    assert cache.get_trace(cfg).allocations.equals(first.allocations) and len(calls) == 2  # healed
+
+
+# -- evaluate and code in data ---------------------------------------------------------------------------------
+
+
+def test_allow_code_lets_a_trusted_csv_name_a_workload_file(tmp_path: Path) -> None:
+    from uvmlab.evaluate.ground_truth import read_ground_truth
+
+    csv = tmp_path / "gt.csv"
+    csv.write_text(f"id,source,config,gpu_memory,measured_peak_bytes,oom\nr,{EXAMPLE},,80GiB,1000,0\n")
+    with pytest.raises(InputError, match="--allow-code"):
+        read_ground_truth(csv)
+    (case,) = read_ground_truth(csv, allow_code=True)
+    assert case.workload is not None and case.workload.workload == str(EXAMPLE)
+
+
+# -- sweeps --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = sweep_fake_run.env_for_worker()
+    for key in ("UVMLAB_SWEEP_RUN_FN", "PYTHONPATH"):
+        monkeypatch.setenv(key, env[key])
+    return env
+
+
+SPEC = "name: t\ndefaults: {mode: sim, iterations: 1}\ngrid:\n  workload: [gpt2]\n  oversub: [1.0, 2]\n"
+
+
+def test_a_sweep_with_failures_exits_1_and_says_how_many(
+    tmp_path: Path, fake_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC + "include:\n  - {workload: bert, oversub: 2, sim.fail: [error]}\n")
+    assert main(["sweep", str(spec), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 3 configurations did not finish (1 error)" in err and "--retry-failed" in err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(SPEC)
+    assert main(["sweep", str(ok), "-o", str(tmp_path / "out2")]) == 0
+
+
+def test_an_unreadable_result_is_pending_everywhere_and_redone(
+    tmp_path: Path, fake_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "-o", str(out)]) == 0
+    victim = sorted((out / "runs").iterdir())[0]
+    (victim / "result.json").write_text("{not json")
+    capsys.readouterr()
+    collect(out)
+    assert "1 run(s)" in capsys.readouterr().err  # collect says so instead of silently dropping it
+    assert main(["sweep", str(spec), "-o", str(out), "--dry-run", "--format", "json"]) == 0
+    status = {c["run_id"]: c["status"] for c in json.loads(capsys.readouterr().out)["configs"]}
+    assert status[victim.name] == "pending"
+    assert main(["sweep", str(spec), "-o", str(out), "--format", "json"]) == 0  # was rc 2
+    assert json.loads(capsys.readouterr().out)["ran"] == 1
+    assert json.loads((victim / "result.json").read_text())["outcome"] == "ok"
+    kept = list((victim / "logs").glob("result.json.unreadable-*"))
+    assert len(kept) == 1 and kept[0].read_text() == "{not json"  # moved aside, not deleted
+    assert main(["sweep", str(spec), "-o", str(out), "--retry-failed"]) == 0
+
+
+def test_a_corrupt_results_parquet_is_rebuilt(tmp_path: Path, fake_env: dict[str, str]) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "-o", str(out)]) == 0
+    path = write_results(out)
+    path.write_bytes(b"PAR1" + os.urandom(100))
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 60))  # newer than every result.json
+    assert len(read_results(out)) == 2
+
+
+def _naive_count(obj: object) -> int:
+    if isinstance(obj, dict):
+        return 1 + sum(_naive_count(k) + _naive_count(v) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return 1 + sum(_naive_count(x) for x in obj)
+    return 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.recursive(
+        st.integers() | st.text(max_size=3) | st.none(),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=2), kids, max_size=3),
+        max_leaves=20,
+    ),
+    st.integers(min_value=1, max_value=4),
+)
+def test_expanded_count_equals_the_naive_count_with_sharing(tree: object, copies: int) -> None:
+    shared = [tree] * copies + [{"again": tree}]  # the same object referenced copies + 1 times
+    assert _check_tree(shared) == _naive_count(shared)
+    back = safe_loads(pickle.dumps(shared, protocol=4), "prop")  # the pickle memo keeps the sharing
+    assert _check_tree(back) == _naive_count(shared)
+
+
+def test_nsys_import_force_keeps_unrelated_files(tmp_path: Path) -> None:
+    """Defect 1 for `nsys import -o P --force`: the old code removed the whole folder."""
+    from uvmlab.nsys.synthetic import write_synthetic_export
+
+    db = tmp_path / "x.sqlite"
+    write_synthetic_export(db, faults=10, migrations=20, iterations=2, kernels_per_iteration=5)
+    out = tmp_path / "P"
+    assert main(["nsys", "import", str(db), "-o", str(out), "--format", "json"]) == 0
+    (out / "src").mkdir()
+    (out / "src" / "main.py").write_text("print(1)\n")
+    assert main(["nsys", "import", str(db), "-o", str(out), "--format", "json"]) == 2  # complete: needs --force
+    assert main(["nsys", "import", str(db), "-o", str(out), "--force", "--format", "json"]) == 0
+    assert (out / "src" / "main.py").read_text() == "print(1)\n" and (out / "result.json").is_file()
