@@ -113,6 +113,9 @@ def is_xmem_sample(path: str | Path) -> bool:
         src = src / CSV_NAME
     if not src.is_file() or src.suffix != ".csv":
         return False
-    with src.open(newline="") as fh:
-        header = fh.readline()
+    try:
+        with src.open(newline="") as fh:
+            header = fh.readline()
+    except UnicodeDecodeError:  # not text: not the sample (the generic CSV reader says what is wrong with it)
+        return False
     return MARKER_COLUMN in header
