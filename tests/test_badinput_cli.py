@@ -292,7 +292,24 @@ CASES = [
         needs=Path("/sys"),
     ),
     Case("colocate-o-user-config", lambda d, o: ["colocate", "alexnet:2", "-n", "1", "-o", user_config(d)]),
+    # -- commands merged beside issue 13 (validate, run --timeline/--snapshot, nsys import --timeline) -----------
+    Case(
+        "validate-o-is-the-data",
+        lambda d, o: ["validate", (v := _titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],
+    ),
+    Case("run-timeline-existing", lambda d, o: [*RUN, "-o", str(o), "--timeline", workload_file(d, "{}\n", "t.json")]),
+    Case("run-snapshot-existing", lambda d, o: [*RUN, "-o", str(o), "--snapshot", _pickle(d / "s.pickle", {})]),
+    Case(
+        "nsys-import-timeline-existing",
+        lambda d, o: ["nsys", "import", export(d), "-o", str(o), "--timeline", workload_file(d, "{}\n", "t.json")],
+    ),
 ]
+
+
+def _titanv_folder(d: Path) -> str:
+    """A data folder with the (empty) folder of the titanv-abc check: validate gets past its data check."""
+    (d / "data" / "uvm" / "uvm-eval_titanv_460.27.04").mkdir(parents=True)
+    return str(d / "data")
 
 
 def _users_spec_folder(d: Path) -> str:

@@ -110,3 +110,23 @@ def test_table_and_csv_output(
     assert main(["validate", str(real_data), "--check", "titanv-abc", "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("dataset,case,quantity,unit,measured,predicted,ratio") and len(lines) == 29
+
+
+@pytest.mark.real_data
+def test_output_is_owned_replaced_only_with_force_and_never_the_data(
+    real_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o follows docs/safety.md: a complete scorecard is replaced only with --force, the data folder never."""
+    out = tmp_path / "card"
+    args = ["validate", str(real_data), "--check", "titanv-abc", "--format", "json", "-o", str(out)]
+    assert main(args) == 0 and (out / ".uvmlab-run").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0 and (out / "result.json").is_file()
+    assert (out / "notes.txt").read_text() == "mine\n"  # --force replaced only uvmlab's files
+    before = sorted(p.name for p in real_data.iterdir())
+    assert main([*args[:-1], str(real_data), "--force"]) == 2
+    assert "also an input" in capsys.readouterr().err
+    assert sorted(p.name for p in real_data.iterdir()) == before

@@ -126,6 +126,8 @@ def run(
     )
     mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
     path = Path(out) if out is not None else default_run_dir(cfg)
+    if not dry_run:  # before anything runs or is removed: an existing file needs --force (uvmlab.outputs)
+        _check_output_files(cfg, force, {"--snapshot": snapshot if mode == "sim" else None, "--timeline": timeline})
     rundir = RunDir(path, figure_format=figure_format)
     if mode == "gpu":
         from uvmlab.gpu.runner import run_gpu
@@ -162,6 +164,18 @@ def run(
             "(give a larger --gpu-memory for the requested factor)"
         )
     return RunResult("sim", path, result)
+
+
+def _check_output_files(cfg: RunConfig, force: bool, files: dict[str, Path | str | None]) -> None:
+    """Refuse an extra output file (``--snapshot``, ``--timeline``) that is the workload file, a folder, or an
+    existing file without ``force``."""
+    from uvmlab.outputs import check_output_file
+
+    workload = Path(cfg.workload.workload)
+    inputs = [workload] if workload.exists() else []
+    for option, file in files.items():
+        if file is not None:
+            check_output_file(file, inputs, force, option)
 
 
 def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:

@@ -80,7 +80,7 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
 @nsys.command("import")
 @click.argument("report", type=click.Path(path_type=Path))
 @out_option("Run directory to write.", type=click.Path(path_type=Path), required=True)
-@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory, and an existing --timeline file.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
 @format_option()
 @click.option(

@@ -123,7 +123,9 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     default=None,
     metavar="DIR",
 )
-@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option(
+    "--force", is_flag=True, help="Overwrite a complete run directory, and an existing --snapshot or --timeline file."
+)
 @format_option("json: print result.json on stdout only; csv: its scalar keys as key,value rows.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
 @click.option(

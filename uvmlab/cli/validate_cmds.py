@@ -31,7 +31,6 @@ def validate_cmd(
     1.5x and 2x. With -o: tables/scorecard.parquet, figures/scorecard.png, result.json. Exit code 1 when a
     validation point leaves the band it promises, 3 when a check crashed (a uvmlab bug).
     """
-    from rich.markup import escape as esc
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from uvmlab.console import err
@@ -59,7 +58,7 @@ def validate_cmd(
         card.frame().to_csv(sys.stdout, index=False)
     else:
         rows = [
-            [esc(p.dataset), esc(p.case), esc(f"{p.quantity} ({p.unit})"), _value(p.measured),
+            [p.dataset, p.case, f"{p.quantity} ({p.unit})", _value(p.measured),
              _value(p.predicted), p.ratio, _flag(p.within(1.5)), _flag(p.within(2.0)), "fitted" if p.fitted else ""]
             for _, p in card.points
         ]  # fmt: skip

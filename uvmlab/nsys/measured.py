@@ -207,6 +207,10 @@ def import_export(
     rd = RunDir(out, figure_format=figure_format)
     if rd.path.exists() and not rd.path.is_dir():
         raise InputError(f"{rd.path} exists and is not a directory: give a new folder for the run directory")
+    if timeline is not None:  # before the export is read: an existing file needs --force (uvmlab.outputs)
+        from uvmlab.outputs import check_output_file
+
+        check_output_file(timeline, [path], force, "--timeline")
     with open_export(path) as ex:
         summary = summarize(ex, iteration_pattern)
         tables = to_run_tables(ex, iteration_pattern, summary)

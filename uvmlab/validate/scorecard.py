@@ -119,23 +119,24 @@ class Scorecard:
             "cpu_seconds": round(self.cpu_seconds, 2),
         }
 
-    def write(self, out: str | os.PathLike[str], force: bool = False) -> Path:
-        """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``."""
+    def write(self, out: str | os.PathLike[str] | Any, force: bool = False) -> Path:
+        """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``
+        (a path, or a RunDir already prepared by :func:`validate`); the writer's lock is released after."""
         from uvmlab.rundir import RunDir
         from uvmlab.validate.figure import scorecard_figure
 
-        rd = RunDir(out)
-        rd.prepare(force=force)
-        df = self.frame()
-        rd.write_table("scorecard", df)
-        fig = scorecard_figure(df)
-        try:
-            rd.write_figure("scorecard", fig)
-        finally:
-            import matplotlib.pyplot as plt
+        rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
+        with rd:
+            df = self.frame()
+            rd.write_table("scorecard", df)
+            fig = scorecard_figure(df)
+            try:
+                rd.write_figure("scorecard", fig)
+            finally:
+                import matplotlib.pyplot as plt
 
-            plt.close(fig)
-        rd.write_json(rd.result_json, self.summary())
+                plt.close(fig)
+            rd.write_json(rd.result_json, self.summary())
         return rd.path
 
 
@@ -162,6 +163,34 @@ def validate(
     the scorecard. ``progress(name)`` is called after each check."""
     root = resolve_data_dir(data_dir)
     checks = select_checks(load_checks(), fast, only)
+    if checks and not any((root / c.needs).is_dir() for c in checks):
+        needs = sorted({c.needs.split("/")[0] for c in checks})
+        raise InputError(f"{root} holds none of the real-data folders the checks read ({', '.join(needs)})")
+    rd = _output_rundir(out, root, force)  # before any check runs: a refused -o costs nothing
+    try:
+        card = _run_checks(root, checks, fast, progress)
+        if rd is not None:
+            card.write(rd)
+    finally:
+        if rd is not None:
+            rd.release()
+    return card
+
+
+def _output_rundir(out: str | os.PathLike[str] | None, root: Path, force: bool) -> Any:
+    """The prepared (owned, locked) run directory ``out``, before any check runs; None without ``out``.
+
+    ``out`` may not be the data folder (or a file in it) whatever ``--force`` says (uvmlab.outputs)."""
+    if out is None:
+        return None
+    from uvmlab.outputs import refuse_input_as_output
+    from uvmlab.rundir import RunDir
+
+    refuse_input_as_output(out, [root])
+    return RunDir.for_writing(out, force)
+
+
+def _run_checks(root: Path, checks: list[Check], fast: bool, progress: Callable[[str], None] | None) -> Scorecard:
     card = Scorecard(data_dir=str(root), fast=fast)
     t0 = time.process_time()
     for c in checks:
@@ -179,9 +208,4 @@ def validate(
         if progress is not None:
             progress(c.name)
     card.cpu_seconds = time.process_time() - t0
-    if checks and not card.ran and not card.errors:
-        needs = sorted({c.needs.split("/")[0] for c in checks})
-        raise InputError(f"{root} holds none of the real-data folders the checks read ({', '.join(needs)})")
-    if out is not None:
-        card.write(out, force=force)
     return card
