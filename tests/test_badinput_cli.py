@@ -293,6 +293,12 @@ CASES = [
     ),
     Case("colocate-o-user-config", lambda d, o: ["colocate", "alexnet:2", "-n", "1", "-o", user_config(d)]),
     # -- commands merged beside issue 13 (validate, run --timeline/--snapshot, nsys import --timeline) -----------
+    Case("advise-unknown-workload", lambda d, o: ["advise", "nosuchmodel", "-n", "1"]),
+    Case("advise-unknown-policy", lambda d, o: ["advise", "alexnet", "-b", "2", "-n", "1", "--policy", "nosuch"]),
+    Case(
+        "sweep-override-bad-value",
+        lambda d, o: ["sweep", yaml_file(d, "grid: {workload: [alexnet]}\n"), "oversub=abc", "-o", str(o)],
+    ),
     Case(
         "validate-o-is-the-data",
         lambda d, o: ["validate", (v := _titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],

@@ -205,7 +205,13 @@ def advise(
     """
     say = progress or (lambda _msg: None)
     from uvmlab.simulate import prepare
+    from workloads.registry import load_workload
 
+    names = policies if policies is not None else list(POLICIES)
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:  # bad input is one sentence before anything is simulated or printed
+        raise InputError(f"unknown policy {unknown[0]!r}; policies: {', '.join(POLICIES)}")
+    load_workload(cfg.workload.workload)  # an unknown workload, likewise
     given = replace(cfg, policy=None)
     say("the job as given")
     given_prep = prepare(given, available_bytes=available_bytes)
@@ -218,10 +224,6 @@ def advise(
     if not given.pca:
         _, pca_result = _simulate(replace(given, pca=True), available)
         native = _native_pca(pca_result)
-    names = policies if policies is not None else list(POLICIES)
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise InputError(f"unknown policy {unknown[0]!r}; policies: {', '.join(POLICIES)}")
     rows: list[dict[str, Any]] = []
     singles: dict[str, float] = {}
     for name in names:
