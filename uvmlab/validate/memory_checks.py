@@ -17,7 +17,13 @@ MLP_DIR = "memory/gpumemnet_mlp_a100"
 XMEM_DIR = "memory/xmem_rtx3060_sample"
 
 
-def _mlp_points(data_dir: Path, keep: object = None) -> list[Point]:
+SAMPLE_BAND = 1.1
+"""The band each fast-sample row promises (CI fails outside it): issue 12 asks an MRE of at most 5 % over the set;
+one row may miss by more (95th percentile of the 2,400 validation rows: 1.8 %, maximum 22 %), so single rows
+promise 10 %, and the fast sample's rows (index % 100 == 1) all sit within 3 %."""
+
+
+def _mlp_points(data_dir: Path, keep: object = None, band: float | None = None) -> list[Point]:
     import gc
 
     from uvmlab.evaluate.gpumemnet import estimate_row, read_mlp_set
@@ -39,6 +45,7 @@ def _mlp_points(data_dir: Path, keep: object = None) -> list[Point]:
                 predicted=float(res["device_peak_bytes"]),
                 fitted=r.fitted,
                 note="eager module loading (the stack's floor rules out lazy)",
+                band=None if r.fitted else band,
             )
         )
     points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
@@ -55,7 +62,7 @@ def gpumemnet_mlp(data_dir: Path) -> list[Point]:
 @check("memory/gpumemnet_mlp_a100_sample", needs=MLP_DIR, fast=True)
 def gpumemnet_mlp_sample(data_dir: Path) -> list[Point]:
     """30 validation rows (index % 100 == 1) of the GPUMemNet A100 MLP set."""
-    return _mlp_points(data_dir, keep=lambda r: r.index % 100 == 1)
+    return _mlp_points(data_dir, keep=lambda r: r.index % 100 == 1, band=SAMPLE_BAND)
 
 
 @check("memory/xmem_rtx3060_sample", needs=XMEM_DIR)
