@@ -89,7 +89,7 @@ def test_xmem_sample_cases_skips_and_peers() -> None:
     assert {s.split("_")[0] for s, _ in skipped} == {"ConvNeXtTiny", "EleutherAI/gpt-neo-125M"}
     by_id = {c.case_id: c for c in cases}
     mnas = by_id["MnasNet(alpha=1.0;num_classes=10)_AdamW_200"]
-    assert mnas.workload is not None and mnas.workload.options["arch"] == "mnasnet1_0"
+    assert mnas.workload is not None and mnas.workload.workload == "torchvision:mnasnet1_0"
     assert mnas.workload.options["num_classes"] == 10 and mnas.gpu_name == "RTX3060"
     assert by_id["ResNet50_Adam_250"].gpu_name == "RTX4060"
     first = by_id["ConvNeXtTiny_SGD_200"]

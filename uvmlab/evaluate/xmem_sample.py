@@ -32,7 +32,6 @@ from uvmlab.units import GiB
 
 CSV_NAME = "xmem_ground_truth_sample.csv"
 MARKER_COLUMN = "xmem_est_bytes"
-WORKLOAD_FILE = Path(__file__).resolve().parents[2] / "workloads" / "torchvision_model.py"
 ITERATIONS = 3
 """xMem trains about 4 iterations; the peak is reached by the second (optimizer state from the first step)."""
 MODELS = {"ConvNeXtTiny": ("convnext_tiny", 1000), "ConvNeXtBase": ("convnext_base", 1000),
@@ -83,11 +82,11 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
                 continue
             arch, classes = model
             cfg = WorkloadConfig(
-                workload=str(WORKLOAD_FILE),
+                workload=f"torchvision:{arch}",  # CIFAR-10's 10 label values change no allocation
                 batch_size=int(row["batch_size"]),
                 optimizer=opt,
                 iterations=ITERATIONS,
-                options={"arch": arch, "image_size": int(row["input_hw"]), "num_classes": classes, "labels": 10},
+                options={"image_size": int(row["input_hw"]), "num_classes": classes},
             )
             case = EvalCase(
                 case_id=cid,
