@@ -46,12 +46,13 @@ from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec
 from uvmlab.sim.timing import CostParams, transfer_time_ns
 from uvmlab.sim.uvm_faults import FaultService, UvmCounters, _Plan, run_lengths
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm_streams import StreamService
 
 Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService):
+class UvmSim(FaultService, StreamService):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
 
     def __init__(

