@@ -139,3 +139,40 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
     }
     atomic_write_json(path, doc)
     return path
+
+
+def derive_profile(
+    path: Path, gpu_name: str, base_doc: dict[str, Any], nsys_export: Path, base_gpu_defaults: CostParams
+) -> Path:
+    """A profile for a GPU with only an nsys export: the fault-path constants of ``base_doc`` (the newest driver
+    we have timings for), its own link bandwidth fitted on the export's UM migrations (``uvmlab.calibrate``), and
+    the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
+    from uvmlab.calibrate import fit_link_bandwidth
+    from uvmlab.nsys.read import open_export
+
+    link, info = fit_link_bandwidth(open_export(nsys_export))
+    if link is None:
+        raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
+    params = dict(base_doc["params"])
+    params.update(
+        link_bytes_per_s=link,
+        compute_efficiency=base_gpu_defaults.compute_efficiency,
+        memory_efficiency=base_gpu_defaults.memory_efficiency,
+        zero_fill_bytes_per_s=None,
+    )
+    doc = {
+        "schema_version": PARAMS_SCHEMA_VERSION,
+        "gpu": gpu_name,
+        "driver": f"fault path from the {base_doc['gpu']} profile ({base_doc['driver']})",
+        "link": GPUS[gpu_name].link,
+        "source": "uvmlab.calibrate_uvm.derive_profile",
+        "fitted_on": [
+            f"{nsys_export.name}: {info['migrations']} UM migrations -> link_bytes_per_s",
+            *[f"(from {base_doc['gpu']}) {x}" for x in base_doc["fitted_on"][1:2]],
+        ],
+        "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
+        "fit": {"link": info},
+        "params": params,
+    }
+    atomic_write_json(path, doc)
+    return path

@@ -80,8 +80,17 @@ def footprint_bytes(cfg: RunConfig) -> int:
 
 
 def load_costs(cfg: RunConfig) -> CostParams:
-    """Cost parameters: ``--params FILE`` or the defaults."""
-    return CostParams.from_file(cfg.params_file) if cfg.params_file else CostParams()
+    """Cost parameters: ``--params FILE``, else the GPU's cost profile (uvmlab.sim.profile.pick_profile)."""
+    return costs_and_source(cfg)[0]
+
+
+def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
+    """(cost parameters, where they come from) for ``cfg``."""
+    if cfg.params_file:
+        return CostParams.from_file(cfg.params_file), str(cfg.params_file)
+    from uvmlab.sim.profile import pick_profile
+
+    return pick_profile(run_gpu_spec(cfg))
 
 
 def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -153,7 +162,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "skipped_accesses": res.skipped_accesses,
             "knobs": knobs.to_dict(),
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
-            "cost_params_source": cfg.params_file or "defaults (uvmlab.sim.timing.CostParams)",
+            "cost_params_source": costs_and_source(cfg)[1],
         }
     )
     missing = [k for k in RESULT_KEYS if k not in d]

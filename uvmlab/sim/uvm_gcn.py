@@ -19,9 +19,11 @@ The trace follows the script tensor by tensor (sizes exact, fp32 features, int64
 
 Approximations: inference-mode evaluation after training, CPU-side ``.item()`` and the loss's small tensors are not
 modelled; ``y``/``train_mask`` indexing is one kernel. The user-prefetch variant (``with_prefetch``) issues a
-``cudaMemPrefetchAsync`` of every tensor to the GPU at its creation, which the replay models as a prefetch
-(uvm.md 1.9: migrates/populates without per-page faults); the source allocator of those runs is not in the
-repository (README of real-data/uvm), so this is the documented policy, not the measured program.
+``cudaMemPrefetchAsync`` of every new tensor to the GPU while the live managed bytes stay within
+``prefetch_budget`` (default 32 GiB, the RTX 5090's memory), which the replay models as a prefetch (uvm.md 1.9:
+populates without faults); beyond the budget the real allocator sets the preferred location to the CPU (remote
+access), which is not modelled: those tensors fault as without prefetch. The exact allocator source of those runs
+is not in the repository (README of real-data/uvm), so this is the documented policy, not the measured program.
 """
 
 from __future__ import annotations
@@ -49,12 +51,21 @@ class _Builder:
         self.seq = 0
         self.phase = "setup"
         self.it = -1
+        self.live = 0
+        self.prefetch_budget: int | None = None
 
     def _next(self) -> int:
         self.seq += 1
         return self.seq
 
     def alloc(self, nbytes: int, cat: str = "activation") -> int:
+        aid = self._alloc(nbytes, cat)
+        if self.prefetch_budget is not None and self.live + nbytes <= self.prefetch_budget:
+            self.prefetch(aid)
+        self.live += nbytes
+        return aid
+
+    def _alloc(self, nbytes: int, cat: str) -> int:
         aid = len(self.allocs)
         self.allocs.append(
             {
@@ -71,9 +82,16 @@ class _Builder:
         )
         return aid
 
+    def prefetch(self, aid: int) -> None:
+        """``cudaMemPrefetchAsync(ptr, size, gpu)`` of a whole tensor (a zero-FLOP "kernel" with api=prefetch)."""
+        self.kernel("cudaMemPrefetchAsync", [], [aid])
+        self.kernels[-1]["api"] = "prefetch"
+        self.kernels[-1]["touched_bytes"] = 0.0
+
     def free(self, *aids: int) -> None:
         for a in aids:
             self.allocs[a]["free_seq"] = self._next()
+            self.live -= self.allocs[a]["size_bytes"]
 
     def kernel(
         self,
@@ -99,6 +117,7 @@ class _Builder:
                 "flops": float(flops),
                 "stream": 0,
                 "touched_bytes": float(touched if touched is not None else sum(s for _, s, _ in acc)),
+                "api": "",
             }
         )
         for a, size, w in acc:
@@ -133,13 +152,14 @@ def _aggregate(b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: in
     return out
 
 
-def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False) -> Trace:
+def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch_budget: int = 32 * 2**30) -> Trace:
     """The chunked GCN of benchmark_gnn_uvm.py on ``nodes`` nodes: setup plus ``epochs`` epochs (the first is the
     script's warm-up epoch). See the module docstring."""
     n = int(nodes)
     e0 = EDGES_PER_NODE * n
     e = 2 * e0 + n
     b = _Builder()
+    b.prefetch_budget = prefetch_budget if with_prefetch else None
     edge_index = b.alloc(2 * e0 * 8, "input")
     b.kernel("randint", [], [edge_index])
     x = b.alloc(n * FEATURES * 4, "input")

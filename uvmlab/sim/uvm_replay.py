@@ -163,6 +163,9 @@ def replay(
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
     allocated_bytes = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
     is_copy = np.isin(kid, copy_kernels(trace))
+    kapi = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    """Optional kernels column ``api``: "" (a kernel), "prefetch" (cudaMemPrefetchAsync of the accessed ranges
+    to the GPU) or "host_write" (the CPU writes them): what a workload can say besides kernels (issue 11 item 4)."""
 
     # allocator events (map/unmap), in seq order
     r_id = ranges["range_id"].to_numpy(dtype=np.int64)
@@ -218,7 +221,19 @@ def replay(
             e += 1
         rows = [r for r in acc_rows[lo_b[i] : hi_b[i]] if r[0] in mapped]
         skipped += (hi_b[i] - lo_b[i]) - len(rows)
-        if is_copy[i]:
+        if kapi[i] == "prefetch":  # cudaMemPrefetchAsync issued by the workload (e.g. uvmlab.sim.uvm_gcn)
+            c = UvmCounters()
+            for r in rows:
+                c.add(sim.prefetch(r[0], r[1], r[2]))
+            dur = c.stall_ns
+            native_ns[i] = 0.0
+        elif kapi[i] == "host_write":  # the CPU writes the range before kernels use it
+            for r in rows:
+                sim.host_write(r[0], r[1], r[2])
+            c = UvmCounters()
+            dur = 0.0
+            native_ns[i] = 0.0
+        elif is_copy[i]:
             c = UvmCounters()
             for r in rows:
                 if r[3]:
