@@ -53,7 +53,7 @@ class Check:
 CHECKS: dict[str, Check] = {}
 
 #: Modules whose import registers checks (each owner adds its module here).
-CHECK_MODULES: list[str] = []
+CHECK_MODULES: list[str] = ["uvmlab.validate.uvm_checks"]
 
 
 def check(name: str, *, needs: str, fast: bool = False) -> Callable[[CheckFn], CheckFn]:
