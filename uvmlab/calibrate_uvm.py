@@ -32,7 +32,7 @@ from uvmlab.sim.timing import PARAMS_SCHEMA_VERSION, CostParams
 FAULT_PATH = ("batch_turnaround_ns", "fault_entry_ns", "block_service_ns", "block_first_gpu_ns", "evict_fixed_ns")
 GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
-BENCH_SCALE = 64
+BENCH_SCALE = 16
 """Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm_bench)."""
 
 
