@@ -39,7 +39,7 @@ def test_json_carma_table_agree(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", *TINY_GPT2, "--format", "carma"]) == 0
     captured = capsys.readouterr()
     assert captured.out == f"{data['required_mb']}\n"
-    assert "margin" in captured.err and "CARMA adds its own 2048 MB" in captured.err
+    assert "margin" in captured.err and "CARMA adds its own 2048 MiB" in captured.err
     assert main(["estimate", *TINY_GPT2]) == 0
     assert "fits" in capsys.readouterr().out
     h100 = _json(capsys, ["estimate", *TINY_GPT2, "--gpu", "H100-80GB", "--format", "json", "--margin-mb", "0"])

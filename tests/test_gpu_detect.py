@@ -19,6 +19,14 @@ class _NVMLError(Exception):
     pass
 
 
+# NVML index -> (name, PCI bus id, UUID): NVML's index order is not the PCI order here (NVML promises none).
+_GPUS = [
+    ("NVIDIA A100 80GB PCIe", "00000000:81:00.0", "GPU-aaaaaaaa-0000-0000-0000-000000000000"),
+    ("NVIDIA GeForce RTX 4090", "00000000:01:00.0", "GPU-bbbbbbbb-0000-0000-0000-000000000000"),
+    ("NVIDIA H100 PCIe", "00000000:41:00.0", "GPU-cccccccc-0000-0000-0000-000000000000"),
+]
+
+
 def _fake_pynvml(count: int = 1, init_error: bool = False) -> types.ModuleType:
     m = types.ModuleType("pynvml")
     m.NVMLError = _NVMLError
@@ -31,7 +39,18 @@ def _fake_pynvml(count: int = 1, init_error: bool = False) -> types.ModuleType:
     m.nvmlShutdown = lambda: None
     m.nvmlDeviceGetCount = lambda: count
     m.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
-    m.nvmlDeviceGetName = lambda h: b"NVIDIA A100 80GB PCIe"
+    m.nvmlDeviceGetIndex = lambda h: h[1]
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=_GPUS[h[1]][1].encode())
+    m.nvmlDeviceGetUUID = lambda h: _GPUS[h[1]][2]
+
+    def by_uuid(u: str) -> tuple[str, int]:
+        for i, g in enumerate(_GPUS[:count]):
+            if g[2] == u:
+                return ("handle", i)
+        raise _NVMLError("Not Found")
+
+    m.nvmlDeviceGetHandleByUUID = by_uuid
+    m.nvmlDeviceGetName = lambda h: _GPUS[h[1]][0].encode()
     m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=85899345920, used=1 << 30)
     m.nvmlSystemGetDriverVersion = lambda: "580.95.05"
     m.nvmlSystemGetCudaDriverVersion = lambda: 13000
@@ -76,6 +95,31 @@ def test_unavailable_reasons(monkeypatch, env, count, init_error, needle) -> Non
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(count, init_error))
     st = gpu_status(env=env)
     assert not st.available and needle in st.reason
+
+
+@pytest.mark.parametrize(
+    ("env", "name", "index"),
+    [
+        ({}, "NVIDIA GeForce RTX 4090", 1),  # CUDA device 0 = lowest PCI bus id, not NVML index 0
+        ({"CUDA_VISIBLE_DEVICES": "1"}, "NVIDIA H100 PCIe", 2),
+        ({"CUDA_VISIBLE_DEVICES": "2,0"}, "NVIDIA A100 80GB PCIe", 0),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-cccccccc-0000-0000-0000-000000000000"}, "NVIDIA H100 PCIe", 2),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-bbbb"}, "NVIDIA GeForce RTX 4090", 1),  # a unique prefix, as CUDA accepts
+    ],
+)
+def test_the_gpu_cuda_will_use_is_the_one_described(monkeypatch, env, name, index) -> None:
+    """Defect 6: the NVML device was the first NUMBER of CUDA_VISIBLE_DEVICES taken as an NVML index (UUIDs ignored),
+    so on a mixed host NVML described another GPU than the run used."""
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(3))
+    st = gpu_status(env=env)
+    assert st.available, st.reason
+    assert (st.name, st.index) == (name, index)
+
+
+def test_an_ambiguous_uuid_prefix_is_refused(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(3))
+    st = gpu_status(env={"CUDA_VISIBLE_DEVICES": "GPU-"})
+    assert not st.available and "matches 3 of the 3 GPU(s)" in st.reason
 
 
 def test_missing_bindings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -125,3 +125,66 @@ def test_run_microbench_refuses_without_a_gpu() -> None:
     with pytest.raises(UnavailableError):
         mb.calibrate_microbench("/nonexistent/p.json")
     assert GiB  # units import used by the module's defaults
+
+
+STUBS = Path(__file__).parent / "stubs"
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch):
+    """tests/stubs/fake_cupy.py as ``cupy``, and a GPU that NVML 'sees'."""
+    import importlib.util
+    import sys
+
+    from uvmlab.gpu import detect
+
+    spec = importlib.util.spec_from_file_location("cupy", STUBS / "fake_cupy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setitem(sys.modules, "cupy", mod)
+    monkeypatch.setattr(detect, "gpu_status", lambda: detect.GpuStatus(True, "", "Fake GPU", 80 * GiB, "1", "13.0"))
+    return mod
+
+
+@pytest.fixture(scope="module")
+def stub_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found: the stub CUDA runtime is C")
+    out = tmp_path_factory.mktemp("cudart") / "libcudart.so.13"
+    tail = (str(STUBS / "fake_cudart.c"), "-lpthread")
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-o", str(out), *tail],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.mark.parametrize("version", [13000, 12080])
+@pytest.mark.parametrize("old_cupy", [False, True])
+def test_run_microbench_drives_cupy_with_its_real_signatures(
+    fake_cupy, stub_cudart, tmp_path, monkeypatch, version: int, old_cupy: bool
+) -> None:
+    """Defect 1: microbench called ManagedMemory.prefetch(stream, dev), a TypeError with CuPy's keyword-only
+    device_id, before measuring anything. Every prefetch now goes through runtime.memPrefetchAsync (same
+    signature in all CuPy releases); to the host on CUDA 13 through the runtime itself with a host location."""
+    fake_cupy.RUNTIME_VERSION[0] = version
+    if old_cupy:
+        fake_cupy.MANAGED_CLASS[0] = fake_cupy.OldManagedMemory
+    monkeypatch.setattr(mb, "find_loaded_cudart", lambda: str(stub_cudart))
+    monkeypatch.setenv("FAKE_CUDART_LOG", str(tmp_path / "cudart.log"))
+    monkeypatch.setenv("FAKE_CUDART_VERSION", str(version))
+    t = mb.run_microbench(sizes=(2 * MiB,), factors=(1.5,), oversub_capacity_bytes=4 * MiB, repeats=1)
+    assert list(t["kind"]) == [*mb.KINDS[:5], "touch_oversub"] and (t["time_ns"] == 1e6).all()
+    pre = [c for c in fake_cupy.CALLS if c[0] == "memPrefetchAsync"]
+    assert all(c[2] == 2 * MiB and c[4] == 0xABC0 for c in pre)
+    host = (tmp_path / "cudart.log").read_text().splitlines() if (tmp_path / "cudart.log").exists() else []
+    if version >= 13000:
+        # htod + (htod before dtoh) via CuPy; the dtoh itself via the runtime with {Host, 0}
+        assert [c[3] for c in pre] == [0, 0]
+        assert len(host) == 1 and "loc_type=2 loc_id=0 flags=0" in host[0] and "stream=0xabc0" in host[0]
+    else:
+        assert [c[3] for c in pre] == [0, 0, -1] and host == []

@@ -392,8 +392,10 @@ def test_top_level_csrc_is_the_packaged_source_and_its_makefile_uses_the_same_fl
 
 _FAKE_WORKER = """#!{python}
 # Stands in for `python -m uvmlab.gpu.worker RUNDIR --role ROLE` on a machine without a GPU: it allocates through
-# the global cudaMalloc (the preloaded shim, in front of the stub runtime) and writes what the real worker writes.
-import ctypes, json, sys
+# the global cudaMalloc (the preloaded shim, in front of the stub runtime) and writes what the real worker writes,
+# with PyTorch's answers: with PYTORCH_NO_CUDA_MEMORY_CACHING set its allocator counters read 0. Its capacity probe
+# reads the stub's cudaMemGetInfo and the shim's counters after freeing everything, as the real worker does.
+import ctypes, json, os, sys, time
 from pathlib import Path
 import pandas as pd
 args = sys.argv[1:]
@@ -406,16 +408,100 @@ for size in (700 << 20, 500 << 20):
     p = ctypes.c_void_p()
     assert lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
     ptrs.append(p)
+t_sample = time.monotonic_ns()
 for p in ptrs:
     lib.cudaFree(p)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) == 0
+counters = {{}}
+for name in ("uvmlab_live_managed_bytes", "uvmlab_balloon_bytes"):
+    try:
+        fn = lib[name]
+    except AttributeError:  # a shim without the counter
+        counters[name] = None
+        continue
+    fn.restype = ctypes.c_size_t
+    counters[name] = int(fn())
+probe = dict(when="after the job's memory was released", free_bytes=free.value, total_bytes=total.value,
+             live_managed_bytes=counters["uvmlab_live_managed_bytes"], balloon_bytes=counters["uvmlab_balloon_bytes"])
+uncached = "PYTORCH_NO_CUDA_MEMORY_CACHING" in os.environ
+torch_says = 0 if uncached else None
 ms = {{"calibrate": 5, "baseline": 10, "run": 30}}[role]
 its = [dict(iteration=i, start_ns=i * 10**9, end_ns=i * 10**9 + ms * 10**6, duration_ns=ms * 10**6) for i in range(3)]
 (rundir / "logs").mkdir(parents=True, exist_ok=True)
-doc = dict(role=role, outcome="ok", error=None, iterations=its, peak_allocated_bytes=None, peak_reserved_bytes=None)
+doc = dict(role=role, outcome="ok", error=None, iterations=its, peak_allocated_bytes=torch_says,
+           peak_reserved_bytes=torch_says, capacity_probe=[probe])
 (rundir / "logs" / (role + ".worker.json")).write_text(json.dumps(doc))
-pd.DataFrame(dict(time_ns=[1], iteration=[0], phase=["end"], allocated_bytes=[None], reserved_bytes=[None],
-                  nvml_used_bytes=[None])).to_parquet(rundir / "logs" / (role + ".samples.parquet"))
+pd.DataFrame(dict(time_ns=[t_sample], iteration=[0], phase=["end"], allocated_bytes=[torch_says],
+                  reserved_bytes=[torch_says], nvml_used_bytes=[None])).to_parquet(
+    rundir / "logs" / (role + ".samples.parquet"))
 """
+
+
+def _stub_run(built, tmp_path, monkeypatch, *, pca: bool, context: int = 256 * MiB, strict: bool = False, base=True):
+    """run_gpu through the stub runtime (a 16 GiB card whose context and other tenants take ``context``) with
+    --footprint measure and --baseline (see test_run_gpu_end_to_end_with_the_stub_runtime)."""
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.gpu import runner
+    from uvmlab.gpu.detect import GpuStatus
+    from uvmlab.rundir import RunDir
+
+    total = 16 * GiB
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(runner, "gpu_status", lambda: GpuStatus(True, "", "Stub GPU", total, "0", "13.0", 0, 1))
+    monkeypatch.setenv("UVMLAB_CACHE", str(built["dir"] / "cache"))  # the shim the fixture built
+    for k in [k for k in os.environ if k.startswith(("UVMLAB_", "FAKE_CUDART_")) and k != "UVMLAB_CACHE"]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("FAKE_CUDART_TOTAL_BYTES", str(total))
+    monkeypatch.setenv("FAKE_CUDART_CONTEXT_BYTES", str(context))
+    fake = tmp_path / "fake_python"
+    fake.write_text(_FAKE_WORKER.format(python=sys.executable, cudart=str(built["cudart"])))
+    fake.chmod(0o755)
+    cfg = RunConfig(WorkloadConfig("gpt2"), oversub=2.0, pca=pca, mode="gpu")
+    extra = {"strict_factor": True} if strict else {}
+    opts = runner.GpuRunOptions(
+        footprint="measure", baseline=base, python=str(fake), host_memory_bytes=64 * GiB, **extra
+    )
+    rd = RunDir(tmp_path / "run")
+    rd.prepare()
+    return rd, runner.run_gpu(cfg, opts, rd)
+
+
+def test_pca_off_peak_memory_comes_from_the_shim_log(built, tmp_path, monkeypatch) -> None:
+    """Defect 2: with PYTORCH_NO_CUDA_MEMORY_CACHING PyTorch's counters read 0, and result.json and the memory table
+    said 0. The stub run with caching off: peaks and the memory table come from the shim's log."""
+    rd, res = _stub_run(built, tmp_path, monkeypatch, pca=False)
+    assert res["peak_allocated_bytes"] == res["peak_reserved_bytes"] == 1200 * MiB
+    mem = rd.read_table("memory")
+    assert list(mem["allocated_bytes"]) == list(mem["reserved_bytes"]) == [1200 * MiB]  # at the sample's time
+    assert res["native_pca_time_ns"] is None and res["slowdown_vs_native"] == 3.0  # baseline ran with PCA off
+
+
+def test_the_effective_factor_is_measured_and_a_short_one_is_loud(built, tmp_path, monkeypatch, capsys) -> None:
+    """Defect 4 and the effective factor: the balloon leaves exactly C + reserve on a roomy card (achieved = f);
+    on a card whose free memory is already below that, no balloon is taken, the shim says so, and the run's
+    result records both factors and warns (``--strict-factor``: an error, after result.json is written)."""
+    _rd, res = _stub_run(built, tmp_path / "roomy", monkeypatch, pca=True)
+    eff = res["gpu_run"]["effective"]
+    assert eff["measured_available_bytes"] == 600 * MiB and eff["achieved_oversub"] == 2.0 and eff["ok"] is True
+    assert eff["message"] is None and res["native_pca_time_ns"] == 10e6 and res["slowdown_vs_native_pca"] == 3.0
+    assert res["effective_oversub"] == 2.0
+
+    busy = 16 * GiB - 768 * MiB  # e.g. another process on the GPU: free 768 MiB < leave 856 MiB, no balloon
+    rd, res = _stub_run(built, tmp_path / "small", monkeypatch, pca=True, context=busy, base=False)
+    eff = res["gpu_run"]["effective"]
+    assert res["gpu_run"]["balloon_actual"]["balloon_bytes"] == 0
+    assert eff["measured_available_bytes"] == 768 * MiB - 256 * MiB
+    assert eff["achieved_oversub"] == pytest.approx(1200 / 512) and eff["ok"] is False
+    assert "WARNING: the run's measured factor is 2.344, not the requested 2" in capsys.readouterr().err
+    assert "no balloon" in (rd.logs / "run.err").read_text()
+
+    from uvmlab.errors import UvmlabError
+
+    with pytest.raises(UvmlabError, match=r"--strict-factor: WARNING: the run.s measured factor is 2\.344"):
+        _stub_run(built, tmp_path / "strict", monkeypatch, pca=True, context=busy, strict=True, base=False)
+    doc = json.loads((tmp_path / "strict" / "run" / "result.json").read_text())
+    assert doc["gpu_run"]["effective"]["achieved_oversub"] == pytest.approx(1200 / 512) and doc["oversub"] == 2.0
 
 
 def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) -> None:
@@ -453,7 +539,7 @@ def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) 
         "free_before_bytes": free,
         "result": 0,
     }
-    assert res["iteration_time_ns"] == 30e6 and res["baseline_time_ns"] == 10e6 and res["slowdown"] == 3.0
+    assert res["iteration_time_ns"] == 30e6 and res["native_time_ns"] == 10e6 and res["slowdown_vs_native"] == 3.0
     allocs = rd.read_table("shim_allocations")
     assert sorted(set(allocs["role"])) == ["baseline", "calibrate", "run"]
     by_role = {r: list(g["op"]) for r, g in allocs.groupby("role")}
@@ -474,9 +560,10 @@ subprocess.run([sys.argv[2], "m8192"], check=True)       # inherits LD_PRELOAD a
 
 
 def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> None:
+    claim = tmp_path / "run.balloon.claim"
     proc = subprocess.run(
         [sys.executable, "-c", _PARENT_AND_CHILD, str(built["client"]), str(built["main"])],
-        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB), UVMLAB_BALLOON_CLAIM=str(claim)),
         capture_output=True,
         text=True,
     )
@@ -486,6 +573,87 @@ def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> N
     assert sum(c.startswith("cudaMallocManaged") for c in calls) == 2  # parent 4096 and child 8192
     log = shim.read_alloc_log(tmp_path / "alloc.bin")  # both processes append to the same log
     assert log["pid"].nunique() == 2 and (log["op"] == "balloon_alloc").sum() == 1
+    owner = int(claim.read_text())
+    assert owner == int(log.loc[log["op"] == "balloon_alloc", "pid"].iloc[0])  # the parent took it
+
+
+_GETENV_AFTER_BALLOON = """
+import ctypes, sys
+client = ctypes.CDLL(sys.argv[1])
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+p = ctypes.c_void_p()
+assert client.client_malloc(ctypes.byref(p), 4096) == 0  # inflates the balloon
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+print(libc.getenv(b"UVMLAB_BALLOON_DONE"))
+"""
+
+
+def test_the_shim_never_changes_the_environment(built, tmp_path) -> None:
+    """Defect 6: setenv in the shim raced with getenv in other threads; the balloon no longer touches environ."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _GETENV_AFTER_BALLOON, str(built["client"])],
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"
+    assert "setenv(" not in shim.SOURCE.read_text() and "putenv(" not in shim.SOURCE.read_text()
+
+
+def test_an_inherited_balloon_marker_does_not_disable_the_balloon(built, tmp_path) -> None:
+    """Defect 5 (shim side): a stray UVMLAB_BALLOON_DONE from a parent's environment used to skip the balloon."""
+    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_BALLOON_BYTES=str(GiB), UVMLAB_BALLOON_DONE="1234")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0] == calls[0].split(" size=")[0] + f" size={GiB} -> 0" and calls[0].startswith("cudaMalloc ")
+
+
+def test_no_room_for_a_balloon_is_said_and_logged(built, tmp_path) -> None:
+    """Defect 4: free memory already at or below the amount to leave: the shim took no balloon and said nothing."""
+    total, context = 4 * GiB, 256 * MiB
+    free = total - context
+    proc, calls = _run_main(
+        built,
+        tmp_path,
+        "m4096",
+        FAKE_CUDART_TOTAL_BYTES=str(total),
+        FAKE_CUDART_CONTEXT_BYTES=str(context),
+        UVMLAB_BALLOON_LEAVE_BYTES=str(free + MiB),
+    )
+    assert proc.returncode == 0
+    assert not any(c.startswith("cudaMalloc ") for c in calls)  # nothing reserved
+    assert "WARNING" in proc.stderr and "no balloon" in proc.stderr and str(free) in proc.stderr
+    log = shim.read_alloc_log(tmp_path / "alloc.bin")
+    b = log[log["op"] == "balloon_alloc"]
+    assert len(b) == 1 and int(b["size_bytes"].iloc[0]) == 0 and int(b["arg"].iloc[0]) == free
+
+
+_LIVE_BYTES = """
+import ctypes, sys
+client = ctypes.CDLL(sys.argv[1])
+client.client_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+client.client_free.argtypes = [ctypes.c_void_p]
+live = ctypes.CDLL(None).uvmlab_live_managed_bytes
+live.restype = ctypes.c_size_t
+a, b = ctypes.c_void_p(), ctypes.c_void_p()
+client.client_malloc(ctypes.byref(a), 3 << 20)
+client.client_malloc(ctypes.byref(b), 5 << 20)
+print(live())
+client.client_free(a)
+print(live())
+"""
+
+
+def test_live_managed_bytes_follow_allocations_and_frees(built, tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIVE_BYTES, str(built["client"])],
+        env=_env(built, tmp_path, UVMLAB_BALLOON_BYTES=str(GiB)),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(8 << 20), str(5 << 20)]  # the balloon is not managed memory
 
 
 def test_an_unwritable_log_disables_logging_but_not_the_program(built, tmp_path) -> None:

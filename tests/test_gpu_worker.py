@@ -130,8 +130,9 @@ def test_collect_writes_the_run_directory_with_measured_slowdown(tmp_path: Path)
     _fake_gpu_outputs(rd, [30.0, 20.0, 22.0], [5.0, 4.0, 4.0], log)
     res = collect.collect_run(cfg, opts, plan, rd, status)
     assert rd.is_complete() and set(RESULT_KEYS) <= set(res)
-    assert res["mode"] == "gpu" and res["iteration_time_ns"] == 21e6 and res["baseline_time_ns"] == 4e6
-    assert res["slowdown"] == pytest.approx(21 / 4)
+    assert res["mode"] == "gpu" and res["iteration_time_ns"] == 21e6 and res["native_time_ns"] == 4e6
+    assert res["slowdown_vs_native"] == pytest.approx(21 / 4)
+    assert res["native_pca_time_ns"] is None and res["slowdown_vs_native_pca"] is None  # this run has PCA off
     assert res["fault_count"] is None  # no nsys: not collected, never 0
     assert res["available_bytes"] == 4 * GiB and res["footprint_bytes"] == 16 * GiB
     assert res["gpu_run"]["balloon_actual"] == {"balloon_bytes": balloon, "free_before_bytes": 79 * GiB, "result": 0}
@@ -153,7 +154,7 @@ def test_collect_without_baseline_has_no_slowdown(tmp_path: Path) -> None:
     rd = RunDir(tmp_path)
     _fake_gpu_outputs(rd, [10.0], None, None)
     res = collect.collect_run(cfg, opts, plan, rd, status)
-    assert res["iteration_time_ns"] == 10e6 and res["baseline_time_ns"] is None and res["slowdown"] is None
+    assert res["iteration_time_ns"] == 10e6 and res["native_time_ns"] is None and res["slowdown_vs_native"] is None
 
 
 def test_run_gpu_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:
@@ -187,3 +188,84 @@ def test_dry_run_returns_the_plan_and_writes_nothing(tmp_path: Path) -> None:
     assert "nsys profile --trace=cuda,nvtx" in plan and "UVMLAB_BALLOON_LEAVE_BYTES=" in plan
     assert [s["name"] for s in res["steps"]] == ["run", "export"]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_stray_parent_environment_does_not_reach_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 5: steps merged os.environ, so an inherited PYTORCH_NO_CUDA_MEMORY_CACHING turned a --pca on run
+    uncached and an inherited UVMLAB_BALLOON_DONE disabled the balloon."""
+    from uvmlab.gpu.runner import execute_step
+
+    stray = {
+        "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        "UVMLAB_BALLOON_DONE": "1234",
+        "UVMLAB_BALLOON_BYTES": "5",
+        "CUDA_DEVICE_ORDER": "FASTEST_FIRST",
+        "LD_PRELOAD": "/stray/lib.so",
+    }
+    for k, v in stray.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("KEEP_ME", "yes")
+    status = GpuStatus(True, "", "Fake GPU", 80 * GiB, "1", "13.0", 0, 1)
+    cfg = RunConfig(WorkloadConfig("gpt2", batch_size=2, iterations=3, options=TINY_GPT2), 4, pca=True, mode="gpu")
+    plan = plan_run(cfg, GpuRunOptions(footprint=16 * GiB, host_memory_bytes=512 * GiB), tmp_path, status=status)
+    run = plan.step("run")
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    probe = type(run)("probe", (sys.executable, "-c", code), run.env, str(tmp_path), "")
+    assert execute_step(probe, tmp_path / "logs") == 0
+    env = json.loads((tmp_path / "logs" / "probe.out").read_text())
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in env and "PYTORCH_ALLOC_CONF" not in env
+    assert "UVMLAB_BALLOON_DONE" not in env and "UVMLAB_BALLOON_BYTES" not in env
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["LD_PRELOAD"] == run.env["LD_PRELOAD"]
+    assert env["UVMLAB_BALLOON_LEAVE_BYTES"] == run.env["UVMLAB_BALLOON_LEAVE_BYTES"]
+    assert env["KEEP_ME"] == "yes"  # everything else is inherited (PATH, HOME, ...)
+
+
+def test_worker_memory_helpers_without_a_gpu() -> None:
+    """The capacity probe's pieces: caching is off for any value of the variable (c10 tests getenv != nullptr);
+    without a preloaded shim the counters are unknown (None), never 0; the release clears cuBLAS workspaces and
+    the cache."""
+    import types
+
+    from uvmlab.gpu import worker
+
+    assert worker.caching_disabled({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}) is True
+    assert worker.caching_disabled({}) is False
+    assert worker.shim_counter("uvmlab_live_managed_bytes") is None
+    calls: list[str] = []
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: calls.append("sync"),
+        mem_get_info=lambda: (3 << 30, 80 << 30),
+        empty_cache=lambda: calls.append("empty_cache"),
+    )
+    fake_torch = types.SimpleNamespace(
+        cuda=cuda, _C=types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: calls.append("cublas"))
+    )
+    probe = worker.memory_probe(fake_torch, "after iteration 0")
+    assert probe == {
+        "when": "after iteration 0",
+        "free_bytes": 3 << 30,
+        "total_bytes": 80 << 30,
+        "live_managed_bytes": None,
+        "balloon_bytes": None,
+    }
+    worker.release_job_memory(fake_torch)
+    assert calls[-3:] == ["sync", "cublas", "empty_cache"]
+
+
+def test_effective_factor_arithmetic() -> None:
+    from uvmlab.gpu.balloon import plan_balloon
+
+    b = plan_balloon(16 * GiB, 4.0, 80 * GiB, 512 << 20, host_memory_bytes=512 * GiB)
+    probe = {"free_bytes": b.leave_bytes, "live_managed_bytes": 0}
+    eff = collect.effective_factor({"capacity_probe": [probe]}, b, 0.05)
+    assert eff["measured_available_bytes"] == b.available_bytes and eff["ok"] is True and eff["message"] is None
+    # 300 MiB taken after the balloon by handles and modules: C is 7 % smaller, the factor 7.9 % larger
+    short = {"free_bytes": b.leave_bytes - (300 << 20), "live_managed_bytes": 0}
+    eff = collect.effective_factor({"capacity_probe": [probe, short]}, b, 0.05)
+    assert eff["achieved_oversub"] == pytest.approx(16 * GiB / (b.available_bytes - (300 << 20)))
+    assert eff["ok"] is False and "not the requested 4" in eff["message"]
+    gone = {"free_bytes": b.reserve_bytes - 1, "live_managed_bytes": 0}
+    assert collect.effective_factor({"capacity_probe": [gone]}, b, 0.05)["ok"] is False
+    none = collect.effective_factor({}, b, 0.05)
+    assert none["ok"] is None and none["message"].startswith("not measured")

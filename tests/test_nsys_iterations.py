@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sqlite3
 from pathlib import Path
@@ -126,8 +128,10 @@ def test_cli_formats(synth, capsys: pytest.CaptureFixture[str]) -> None:
     assert d["faults"]["gpu_fault_count"] == truth["faults"]
     assert len(d["iterations"]) == truth["iterations"]
     assert main(["nsys", "summarize", str(path), "--format", "csv"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("table,row,column,value")
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows and "table" in rows[0]  # wide: one row per entity, a first column naming its table
+    assert sum(r["table"] == "per_iteration" for r in rows) == truth["iterations"]
+    assert not any(str(path) in v for r in rows for v in r.values() if r["table"] != "export")
     assert main(["nsys", "summarize", str(path)]) == 0
     out = capsys.readouterr().out
     assert "Per iteration" in out and "Top kernels by faults" in out

@@ -40,7 +40,7 @@ def test_run_writes_a_complete_run_directory(tiny_run: Path) -> None:
     assert result["mode"] == "sim" and result["pca"] is False and result["oversub"] == 2.0
     assert result["iterations"] == 2
     assert result["available_bytes"] == int(result["footprint_bytes"] / 2)
-    assert result["slowdown"] > 1
+    assert result["slowdown_vs_native"] > 1 and "slowdown" not in result and "baseline_time_ns" not in result
     for name in ("iterations", "kernels", "memory"):
         df = rd.read_table(name)
         assert list(df.columns[: len(TABLE_COLUMNS[name])]) == list(TABLE_COLUMNS[name])
@@ -51,7 +51,35 @@ def test_run_writes_a_complete_run_directory(tiny_run: Path) -> None:
         assert rd.figure(fig).stat().st_size > 1000
     cfg = json.loads(rd.config_json.read_text())
     assert cfg["run"]["oversub"] == 2.0
+    assert cfg["run"]["workload"]["batch_size"] == 256 and cfg["used"]["batch_size"] == 256
     assert json.loads(rd.env_json.read_text())["mode"] == "sim"
+
+
+def test_both_native_figures_in_result_json_and_iterations_table(tiny_run: Path) -> None:
+    rd = RunDir(tiny_run)
+    result, its = rd.read_result(), rd.read_table("iterations")
+    # PCA off: its own native run pays one cudaMalloc and one cudaFree per tensor, PCA on's native run does not
+    assert result["native_time_ns"] > result["native_pca_time_ns"] > 0
+    assert result["slowdown_vs_native"] == pytest.approx(result["iteration_time_ns"] / result["native_time_ns"])
+    assert result["slowdown_vs_native_pca"] == pytest.approx(result["iteration_time_ns"] / result["native_pca_time_ns"])
+    assert result["slowdown_vs_native_pca"] > result["slowdown_vs_native"]
+    assert (its["native_time_ns"] > its["native_pca_time_ns"]).all()
+    assert result["native_time_ns"] == pytest.approx(its["native_time_ns"].iloc[1:].mean())
+
+
+def test_pca_on_native_is_the_pca_native(tmp_path: Path) -> None:
+    assert main(["run", *TINY_ARGS, "--oversub", "2", "--pca", "on", "-o", str(tmp_path / "on")]) == 0
+    result = RunDir(tmp_path / "on").read_result()
+    assert result["native_time_ns"] == result["native_pca_time_ns"]
+    assert result["slowdown_vs_native"] == result["slowdown_vs_native_pca"]
+
+
+def test_default_batch_is_recorded_in_config_json(tmp_path: Path) -> None:
+    args = [a for a in TINY_ARGS if a not in ("--batch-size", "256")]
+    assert main(["run", *args, "--oversub", "1", "-o", str(tmp_path / "d")]) == 0
+    cfg = json.loads(RunDir(tmp_path / "d").config_json.read_text())
+    assert cfg["run"]["workload"]["batch_size"] is None  # requested: the workload's default ...
+    assert isinstance(cfg["used"]["batch_size"], int) and cfg["used"]["batch_size"] >= 1  # ... and the one used
 
 
 def test_refuses_to_overwrite_without_force(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:

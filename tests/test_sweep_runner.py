@@ -64,7 +64,7 @@ def test_local_sweep_records_failures_and_resumes(tmp_path: Path, fake_env: dict
     assert summary.outcomes == {"ok": 4, "oom": 1, "error": 2}
     df = pd.read_parquet(out / "results.parquet")
     assert len(df) == 7 and df["run_id"].is_unique
-    assert set(df.columns) >= {"cfg_workload", "cfg_oversub", "cfg_pca", "outcome", "slowdown", "fault_count"}
+    assert set(df.columns) >= {"cfg_workload", "cfg_oversub", "cfg_pca", "outcome", "slowdown_vs_native", "fault_count"}
     by_fail = df.set_index("cfg_sim.fail")
     assert by_fail.loc["oom", "outcome"] == "oom"
     assert "out of memory" in by_fail.loc["oom", "error"]

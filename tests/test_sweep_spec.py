@@ -140,3 +140,10 @@ def test_grid_size_is_the_product(factors: list[float], pcas: list[str], workloa
     s = parse_spec(text)
     assert len(s.configs) == len(factors) * len(pcas) * len(workloads)
     assert len({c.config_hash() for c in s.configs}) == len(s.configs)
+
+
+def test_named_models_are_sweepable(tmp_path) -> None:
+    """torchvision:/timm:/hf: names pass the spec's workload check (the model itself is built at run time)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("grid:\n  workload: [torchvision:vgg11, hf:gpt2-medium]\n  oversub: [2]\n")
+    assert [c.workload.workload for c in load_spec(spec).configs] == ["torchvision:vgg11", "hf:gpt2-medium"]

@@ -121,7 +121,7 @@ def test_trace_help_explains_both_forms(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_workloads_command_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["workloads", "--format", "json"]) == 0
+    assert main(["workloads", "--parameters", "--format", "json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["gpt2"]["default_batch_size"] == 8 and 124e6 < rows["gpt2"]["parameters"] < 125e6
     assert set(rows) == {"alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small"}

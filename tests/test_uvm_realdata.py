@@ -17,61 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.sim.uvm import UvmSim
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-
-ACCESS = {1: "read", 2: "write"}
-
-
-def parse_abc(path: Path) -> dict:
-    """Batches (access kind, faults, distinct VA blocks), destroyed ranges and wall time of one abc log."""
-    batches: list[dict] = []
-    destroyed: list[tuple[int, int]] = []
-    t_first = t_last = None
-    for line in path.read_text().splitlines():
-        head, _, msg = line.partition(";")
-        t_us = int(head.split(",")[2])
-        if msg.startswith("s,"):
-            batches.append({"faults": [], "kinds": set()})
-            t_first = t_us if t_first is None else t_first
-        elif msg.startswith("f,"):
-            f = msg.split(",")
-            batches[-1]["faults"].append(int(f[1], 16))
-            batches[-1]["kinds"].add(ACCESS[int(f[4])])
-        elif msg.startswith("b,"):
-            t_last = t_us
-        elif "range destroy" in msg:
-            start, size = msg.split(":")[1].split(",")
-            destroyed.append((int(start, 16), int(size)))
-    out = []
-    for b in batches:
-        (kind,) = b["kinds"]
-        out.append((kind, len(b["faults"]), len({a // VA_BLOCK_BYTES for a in b["faults"]})))
-    return {"batches": out, "destroyed": destroyed, "wall_us": t_last - t_first}
-
-
-def simulate_abc() -> tuple[UvmSim, list[tuple]]:
-    # one warp: all its 64 loads are in flight together, so the batch is not limited by concurrency
-    sim = UvmSim(64 * 1024 * 1024, UvmKnobs(prefetch_enable=False, batch_unique_pages=256), record_events=True)
-    for r in range(3):
-        sim.map_range(r, VA_BLOCK_BYTES)
-        sim.host_write(r, 0, 32 * PAGE_BYTES)
-    accesses = []
-    for p in range(32):
-        accesses += [(0, p * PAGE_BYTES, 4, False), (1, p * PAGE_BYTES, 4, False), (2, p * PAGE_BYTES, 4, True)]
-    sim.access(accesses)
-    batches = [(e[1], e[2], e[3]) for e in sim.events if e[0] == "batch"]
-    return sim, batches
-
-
-def _merge_same_kind(batches: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
-    merged: list[tuple[str, int]] = []
-    for kind, n, _ in batches:
-        if merged and merged[-1][0] == kind:
-            merged[-1] = (kind, merged[-1][1] + n)
-        else:
-            merged.append((kind, n))
-    return merged
+from uvmlab.validate.titanv_checks import cublas_unique_pages, merge_same_kind, parse_abc, simulate_abc
 
 
 @pytest.mark.real_data
@@ -86,7 +33,7 @@ def test_abc_logs_reproduced(real_data: Path) -> None:
         assert sim.totals.fault_count == sum(n for _, n, _ in real["batches"]) == 96
         assert sim.totals.read_fault_count == 64 and sim.totals.write_fault_count == 32
         # same batches once the log's arrival split is merged; reads before the dependent writes
-        assert _merge_same_kind(real["batches"]) == [(k, n) for k, n, _ in sim_batches] == [("read", 64), ("write", 32)]
+        assert merge_same_kind(real["batches"]) == [(k, n) for k, n, _ in sim_batches] == [("read", 64), ("write", 32)]
         # the reads touch two VA blocks, the writes one
         assert [b for _, _, b in sim_batches] == [2, 1]
         # prefetch off: each faulted 4 KiB page migrates alone (CPU-initialised pages: HtoD, not zero-fill)
@@ -107,6 +54,5 @@ def test_abc_logs_reproduced(real_data: Path) -> None:
 def test_cublas_log_duplicate_ratio_is_the_default_batch_concurrency(real_data: Path) -> None:
     """The default batch_unique_pages (43) is 256 minus the mean duplicates of the cuBLAS log."""
     path = real_data / "uvm" / "uvm-eval_titanv_460.27.04" / "cublas_wq256-3.dmesg"
-    dups = [int(line.split("BC:")[1].split(":")[1]) for line in path.read_text().splitlines() if "BC:" in line]
-    assert len(dups) == 43
-    assert round(256 - sum(dups) / len(dups)) == UvmKnobs().batch_unique_pages
+    assert sum("BC:" in line for line in path.read_text().splitlines()) == 43
+    assert round(cublas_unique_pages(path)) == UvmKnobs().batch_unique_pages

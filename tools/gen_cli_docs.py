@@ -1,10 +1,11 @@
 """Regenerate docs/cli.md from the CLI's own --help texts (tests/test_core_cli_docs.py checks it is current).
 
-Usage: python tools/gen_cli_docs.py [--check]
+Usage: python tools/gen_cli_docs.py [--check] [--stdout]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,9 +36,19 @@ def render() -> str:
     return "".join(parts)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gen_cli_docs.py", description=f"Regenerate {DOC.name} from the CLI's own --help texts."
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md is out of date; write nothing")
+    group.add_argument("--stdout", action="store_true", help="print the reference instead of writing docs/cli.md")
+    args = parser.parse_args(argv)  # --help (or an unknown argument) exits here, before anything is written
     text = render()
-    if "--check" in sys.argv:
+    if args.stdout:
+        sys.stdout.write(text)
+        return 0
+    if args.check:
         current = DOC.read_text() if DOC.exists() else ""
         if current != text:
             print("docs/cli.md is out of date: run python tools/gen_cli_docs.py", file=sys.stderr)

@@ -7,12 +7,25 @@ functions that capture traces or run on a GPU. Example::
     from uvmlab.config import RunConfig, WorkloadConfig
 
     result = api.run(RunConfig(WorkloadConfig("gpt2"), oversub=4, pca=False, mode="sim"), out="runs/gpt2-x4")
-    est = api.estimate(WorkloadConfig("resnet50"), api.get_gpu("A100-80GB"))
+    result.table("iterations")                     # a pandas DataFrame; result.tables: all of them
+    est = api.estimate("resnet50", "A100-80GB")    # a workload name or WorkloadConfig, a GPU name or GpuSpec
+    api.summarize("report.sqlite")                 # a path, or an export opened with api.open_export
+
+Conventions every function here follows (the functions of the modules themselves stay strict):
+
+- Files and folders: a path (str or os.PathLike) or the opened object alike: an nsys export (``open_export``),
+  a snapshot (``read_snapshot``), a trace (``read_trace``), a run (``RunResult`` / ``RunDir``), a sweep spec
+  (``load_spec``); a GPU as its name or a ``GpuSpec``; a workload as its name or a ``WorkloadConfig``.
+- Errors are uvmlab.errors exceptions; their messages name Python parameters (``force=True``), not CLI flags.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
@@ -52,9 +65,161 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "uvmlab.evaluate.harness",
     "characterize_source": "uvmlab.fragmentation",
     "colocate_workloads": "uvmlab.colocate",
+    # fidelity scorecard
+    "validate": "uvmlab.validate.scorecard",
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+# -- arguments: a path or the opened object alike ---------------------------------------------------------------
+def _is_path(x: Any) -> bool:
+    return isinstance(x, str | os.PathLike)
+
+
+def _path_of(x: Any) -> Any:
+    """The path behind an opened object (export, snapshot, run, run directory), or ``x`` itself."""
+    value = getattr(x, "path", None)
+    return value if _is_path(value) else x
+
+
+def _gpu(x: Any) -> Any:
+    from uvmlab.gpus import get_gpu
+
+    return get_gpu(x) if isinstance(x, str) else x
+
+
+def _workload(x: Any) -> Any:
+    from uvmlab.config import WorkloadConfig
+
+    return WorkloadConfig(x) if isinstance(x, str) else x
+
+
+def _trace(x: Any) -> Any:
+    from uvmlab.trace.schema import read_trace
+
+    return read_trace(x) if _is_path(x) else x
+
+
+def _rundir(x: Any) -> Any:
+    from uvmlab.rundir import RunDir
+
+    return x if isinstance(x, RunDir) else RunDir(_path_of(x))
+
+
+def _cases(x: Any) -> Any:
+    """Ground-truth cases: a CSV or snapshot folder path (the CLI's defaults), or the list of EvalCase itself."""
+    from uvmlab.evaluate.ground_truth import load_ground_truth
+
+    return load_ground_truth(x)[0] if _is_path(x) else x
+
+
+def _spec(x: Any) -> Any:
+    from uvmlab.sweep.spec import load_spec
+
+    return load_spec(x) if _is_path(x) else x
+
+
+_ARGS: dict[str, dict[int, Callable[[Any], Any]]] = {
+    "calibrate": {0: _path_of},
+    "import_export": {0: _path_of},
+    "replay_snapshot": {0: _path_of},
+    "compare_runs": {0: _path_of, 1: _path_of},
+    "collect": {0: _path_of},
+    "build_report": {0: _path_of},
+    "estimate": {0: _workload, 1: _gpu},
+    "get_trace": {0: _workload},
+    "capture_trace": {0: _workload},
+    "colocate_workloads": {1: _gpu},
+    "to_cuda": {0: _trace, 1: _gpu},
+    "place": {0: _trace},
+    "simulate_run": {1: _rundir},
+    "run_sweep": {0: _spec},
+    "evaluate": {0: _cases},
+}
+"""Per function: positional index -> how to turn a path (or name) into what the module function takes."""
+
+_KWARGS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "estimate": {"cfg": _workload, "gpu": _gpu},
+    "colocate_workloads": {"gpu": _gpu},
+    "compare_runs": {"run_a": _path_of, "run_b": _path_of},
+    "simulate_run": {"rundir": _rundir},
+    "run_sweep": {"spec": _spec},
+    "replay_snapshot": {"path": _path_of},
+    "evaluate": {"cases": _cases},
+}
+
+
+def _summarize(ex: Any, *args: Any, **kwargs: Any) -> Any:
+    """``summarize`` of an opened export, or of a path (opened and closed here)."""
+    from uvmlab.nsys.read import open_export
+    from uvmlab.nsys.stats import summarize
+
+    if _is_path(ex):
+        with open_export(ex) as opened:
+            return summarize(opened, *args, **kwargs)
+    return summarize(ex, *args, **kwargs)
+
+
+def _characterize_source(source: Any, *args: Any, **kwargs: Any) -> Any:
+    """``characterize_source`` of a workload name, snapshot or trace path, a read snapshot, or a Trace object."""
+    from uvmlab.fragmentation import characterize, characterize_source
+    from uvmlab.trace.schema import Trace
+
+    if isinstance(source, Trace):
+        grouping = kwargs.get("grouping", args[2] if len(args) > 2 else "best")
+        return characterize(source, name=str(source.header.get("workload", "trace")), grouping=grouping)
+    return characterize_source(_path_of(source), *args, **kwargs)
+
+
+_REPLACED: dict[str, Callable[..., Any]] = {"summarize": _summarize, "characterize_source": _characterize_source}
+
+
+# -- errors: Python names, not CLI flags ------------------------------------------------------------------------
+_FLAG_WORDS = {
+    "--force": "force=True",
+    "--mode gpu": "mode='gpu'",
+    "--mode sim": "mode='sim'",
+    "--device meta": "device='meta'",
+    "--executor local": "executor='local'",
+    "--gpu-memory": "a GPU memory size (get_gpu(name, memory))",
+    "--option": "WorkloadConfig options",
+    "--sim-option": "RunConfig sim_options",
+    "--params": "RunConfig params_file",
+}
+_FLAG = re.compile("|".join(re.escape(k) for k in sorted(_FLAG_WORDS, key=len, reverse=True)) + r"|--([a-z][a-z0-9-]*)")
+
+
+def python_message(message: str) -> str:
+    """``message`` with uvmlab's CLI flags named as Python parameters; shell commands in backquotes stay as they are.
+
+    ``"... without --force"`` -> ``"... without force=True"``; ``"--jobs must be >= 1"`` -> ``"jobs must be >= 1"``.
+    """
+
+    def fix(part: str) -> str:
+        return _FLAG.sub(lambda m: _FLAG_WORDS.get(m.group(0)) or m.group(1).replace("-", "_"), part)
+
+    parts = message.split("`")
+    return "`".join(fix(p) if i % 2 == 0 else p for i, p in enumerate(parts))
+
+
+def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    from uvmlab.errors import UvmlabError
+
+    target = _REPLACED.get(name, fn)
+    pos, kw = _ARGS.get(name, {}), _KWARGS.get(name, {})
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            args = tuple(pos[i](a) if i in pos else a for i, a in enumerate(args))
+            kwargs = {k: kw[k](v) if k in kw else v for k, v in kwargs.items()}
+            return target(*args, **kwargs)
+        except UvmlabError as exc:
+            exc.args = (python_message(str(exc)), *exc.args[1:])
+            raise
+
+    return call
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +227,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"uvmlab.api has no {name!r}; public names: {', '.join(__all__)}")
     value = getattr(importlib.import_module(module), name)
+    if callable(value) and not isinstance(value, type):
+        value = _wrap(name, value)
     globals()[name] = value
     return value
 

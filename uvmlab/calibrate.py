@@ -51,13 +51,15 @@ def _shape(nbytes: np.ndarray) -> np.ndarray:
     return np.asarray(transfer_bandwidth(np.asarray(nbytes, dtype=float), 1.0), dtype=float)
 
 
-def fit_link_bandwidth(ex: Export) -> tuple[float | None, dict[str, Any]]:
-    """Fitted 2 MiB link bandwidth (bytes/s) from UM migrations, or None with the reason."""
+def fit_link_bandwidth(
+    ex: Export, copy_kinds: tuple[int, ...] = (S.COPY_KIND_UVM_HTOD, S.COPY_KIND_UVM_DTOH)
+) -> tuple[float | None, dict[str, Any]]:
+    """Fitted 2 MiB link bandwidth (bytes/s) from UM migrations of ``copy_kinds``, or None with the reason."""
     if not ex.has(S.MEMCPY):
         return None, {"reason": "no copy table in the export"}
+    kinds = ", ".join(str(int(k)) for k in copy_kinds)
     rows = ex.query(
-        f'SELECT bytes, "end" - start FROM {S.MEMCPY} WHERE copyKind IN ({S.COPY_KIND_UVM_HTOD}, '
-        f'{S.COPY_KIND_UVM_DTOH}) AND "end" > start AND bytes > 0'
+        f'SELECT bytes, "end" - start FROM {S.MEMCPY} WHERE copyKind IN ({kinds}) AND "end" > start AND bytes > 0'
     )
     if len(rows) < MIN_SAMPLES:
         return None, {"reason": f"{len(rows)} UM migrations with a duration (< {MIN_SAMPLES})"}

@@ -9,6 +9,12 @@ If at least half of the smaller run's kernel names occur in the other, kernels a
 number of that name); else, if both runs have the same number of kernels, by launch order; else not at all (with a
 note saying why).
 
+Like with like: a simulated run's ``fault_count`` is unique faulted pages, Nsight Systems counts raw fault-buffer
+entries (docs/uvm-sim.md). When one run is measured (mode gpu or measured) and the other simulated, the fault
+rows compare the measured count with the simulator's ``raw_fault_entries`` estimate (totals, per iteration, per
+kernel), named so in the table. Different workloads or GPUs give a warning note (the comparison still runs).
+Relative errors are fractions in comparison.json and percentages in the printed tables.
+
 Footprint: for each run, the simulated/declared peak managed footprint (result.json ``footprint_bytes``), the peak
 of ``memory.reserved_bytes``, and, where the run has a shim allocation log in ``RUN/logs`` (uvmlab.gpu.shim
 format, recognised by its header), the log's peak live managed bytes.
@@ -177,6 +183,16 @@ def match_kernels(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame | None
     )
 
 
+def percent(v: Any) -> str | None:
+    """A relative error (fraction) as a percentage with sign, "+12.3 %"; None where it is null."""
+    v = cell_value(v)
+    return None if v is None else f"{100 * float(v):+,.1f} %"
+
+
+def _row(cols: list[str], values: Any) -> list[Any]:
+    return [percent(v) if c.endswith("_rel_error") else cell_value(v) for c, v in zip(cols, values, strict=True)]
+
+
 @dataclass
 class Comparison:
     """The result of comparing two runs."""
@@ -211,42 +227,97 @@ class Comparison:
         }
 
     def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
-        """Printable tables: totals, footprint, per iteration, per kernel (first 20)."""
+        """Printable tables: totals, footprint, per iteration, per kernel (first 20); relative errors in %."""
         out = []
-        cols = ["figure", "A", "B", "rel_error"]
-        rows = [[r.figure, cell_value(r.a), cell_value(r.b), cell_value(r.rel_error)] for r in self.totals.itertuples()]
+        cols = ["figure", "A", "B", "error (B - A) / |A|"]
+        rows = [[r.figure, cell_value(r.a), cell_value(r.b), percent(r.rel_error)] for r in self.totals.itertuples()]
         out.append((f"Totals: A = {self.a.label}, B = {self.b.label}", cols, rows))
-        rows = [
-            [r.figure, cell_value(r.a), cell_value(r.b), cell_value(r.rel_error)] for r in self.footprint.itertuples()
-        ]
+        rows = [[r.figure, cell_value(r.a), cell_value(r.b), percent(r.rel_error)] for r in self.footprint.itertuples()]
         out.append(("Footprint (bytes)", cols, rows))
         if self.iterations is not None and len(self.iterations):
             c = ["iteration"]
             for k in ("duration_ns", "fault_count", "htod_bytes", "dtoh_bytes"):
                 c += [f"{k}_a", f"{k}_b", f"{k}_rel_error"]
             c = [x for x in c if x in self.iterations.columns]
-            out.append(
-                ("Per iteration", c, [[cell_value(v) for v in r] for r in self.iterations[c].itertuples(index=False)])
-            )
+            body = [_row(c, r) for r in self.iterations[c].itertuples(index=False)]
+            out.append(("Per iteration (errors in %)", c, body))
         if self.kernels is not None and len(self.kernels):
             key = [x for x in ("name", "occurrence", "position", "name_a", "name_b") if x in self.kernels.columns]
             c = key + [f"{k}{s}" for k in ("duration_ns", "fault_count") for s in ("_a", "_b", "_rel_error")]
             c = [x for x in c if x in self.kernels.columns]
-            body = [[cell_value(v) for v in r] for r in self.kernels[c].head(20).itertuples(index=False)]
-            out.append((f"Per kernel ({self.kernel_match}; first 20 of {len(self.kernels)})", c, body))
+            body = [_row(c, r) for r in self.kernels[c].head(20).itertuples(index=False)]
+            out.append((f"Per kernel ({self.kernel_match}; first 20 of {len(self.kernels)}; errors in %)", c, body))
         return out
+
+
+MEASURED_MODES = ("gpu", "measured")
+RAW_FAULTS = "raw_fault_entries"
+RAW_FAULTS_FIGURE = "fault_count (raw fault entries: measured count vs simulated raw_fault_entries)"
+
+
+def _gpu_tokens(name: Any) -> set[str]:
+    """Words of a GPU name without the vendor: "NVIDIA A100-SXM4-80GB" -> {"a100", "sxm4", "80gb"}."""
+    import re
+
+    return {t for t in re.split(r"[^a-z0-9]+", str(name).lower()) if t and t != "nvidia"}
+
+
+def mismatch_warnings(a: Run, b: Run) -> list[str]:
+    """Warnings when A and B are of different workloads or GPUs (where both runs name them).
+
+    GPUs match when the words of one name are all in the other ("A100-80GB" and "NVIDIA A100-SXM4-80GB").
+    """
+    out = []
+    wa, wb = a.result.get("workload"), b.result.get("workload")
+    if wa and wb and Path(str(wa)).name != Path(str(wb)).name:
+        out.append(f"warning: the runs are of different workloads (A: {wa}, B: {wb}); the errors compare unlike jobs")
+    ga, gb = a.result.get("gpu"), b.result.get("gpu")
+    if ga and gb:
+        ta, tb = _gpu_tokens(ga), _gpu_tokens(gb)
+        if not (ta <= tb or tb <= ta):
+            out.append(f"warning: the runs are on different GPUs (A: {ga}, B: {gb})")
+    return out
+
+
+def _sim_side(run: Run) -> bool:
+    return str(run.result.get("mode")) not in MEASURED_MODES
+
+
+def _raw_fault_tables(run: Run) -> None:
+    """On a simulated run compared with a measured one: fault_count := raw fault entries (kernels, iterations)."""
+    k = run.tables.get("kernels")
+    if k is None or RAW_FAULTS not in k.columns:
+        return
+    run.tables["kernels"] = k.assign(fault_count=k[RAW_FAULTS].astype(float))
+    its = run.tables.get("iterations")
+    if its is not None and "iteration" in k.columns:
+        per_it = k.groupby("iteration")[RAW_FAULTS].sum()
+        run.tables["iterations"] = its.assign(fault_count=its["iteration"].map(per_it).astype(float))
 
 
 def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -> Comparison:
     """Compare two run directories (A is the reference)."""
     a, b = load_run(run_a), load_run(run_b)
-    notes: list[str] = []
+    notes: list[str] = mismatch_warnings(a, b)
+    raw = _sim_side(a) != _sim_side(b)  # measured vs simulated: compare raw fault entries on both sides
+    if raw:
+        sim = a if _sim_side(a) else b
+        _raw_fault_tables(sim)
+        notes.append(
+            "fault_count: the measured side counts raw fault-buffer entries, so the simulated side uses its "
+            "raw_fault_entries estimate (not unique pages) in totals, per iteration and per kernel"
+        )
     rows = []
     for k in NUMERIC_RESULT_KEYS:
         va, vb = a.result.get(k), b.result.get(k)
         if va is None and vb is None:
             continue
-        rows.append({"figure": k, "a": va, "b": vb, "rel_error": rel_error(va, vb)})
+        figure = k
+        if raw and k == "fault_count":
+            va = a.result.get(RAW_FAULTS, va) if _sim_side(a) else va
+            vb = b.result.get(RAW_FAULTS, vb) if _sim_side(b) else vb
+            figure = RAW_FAULTS_FIGURE
+        rows.append({"figure": figure, "a": va, "b": vb, "rel_error": rel_error(va, vb)})
     totals = pd.DataFrame(rows, columns=["figure", "a", "b", "rel_error"])
     ia, ib = a.tables.get("iterations"), b.tables.get("iterations")
     iterations = None
@@ -265,7 +336,7 @@ def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -
     return Comparison(a, b, totals, iterations, kernels, how, fp, notes)
 
 
-def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]:
+def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format: str = "png") -> list[Path]:
     """Write comparison.json, tables/*.parquet and figures/*.png into ``out``; return the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -289,7 +360,7 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str]) -> list[Path]
         written.append(RunDir(out).write_table(name, frame))
     from uvmlab.report.compare_figures import plot_comparison
 
-    written += plot_comparison(cmp, out)
+    written += plot_comparison(cmp, out, figure_format)
     atomic_write_json(out / "comparison.json", cmp.to_dict())
     written.append(out / "comparison.json")
     return written

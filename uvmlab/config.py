@@ -45,6 +45,8 @@ class WorkloadConfig:
     dtype: str = "fp32"
     iterations: int = 3
     options: dict[str, Any] = field(default_factory=dict)
+    accumulation_steps: int = 1
+    """Gradient accumulation: micro-batches of ``batch_size`` per optimizer step (effective batch = the product)."""
 
     def __post_init__(self) -> None:
         if not self.workload:
@@ -59,6 +61,9 @@ class WorkloadConfig:
         _choice("dtype", self.dtype, DTYPES)
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
             raise InputError(f"iterations must be a whole number >= 1, not {self.iterations!r}")
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1024:
+            raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {steps!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (config.json, hashing)."""
@@ -96,6 +101,9 @@ class RunConfig:
     """JSON file of simulator cost parameters (uvmlab calibrate writes one)."""
     sim_options: dict[str, Any] = field(default_factory=dict)
     """Simulator knobs mirroring the UVM driver's module parameters (see uvmlab.sim.uvm)."""
+    policy: str | None = None
+    """A memory policy of ``uvmlab advise`` (uvmlab.advise.policies), e.g. ``release-each-iteration``; its
+    allocator settings and driver knobs are applied when the run is prepared (``RunConfig.with_policy``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "oversub", check_oversub(self.oversub))

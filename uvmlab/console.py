@@ -1,27 +1,115 @@
-"""Console output: tables on stdout, progress and notes on stderr (so ``--format json`` stdout stays clean)."""
+"""Console output, the one place uvmlab prints: tables and lines on stdout, progress and notes on stderr (so
+``--format json`` / ``csv`` stdout stays clean).
+
+Both consoles have rich markup off: a message such as ``pip install 'uvmlab[gpu]'`` prints as written (rich would
+read ``[gpu]`` as a style tag and drop it); colour goes through ``style=``. Tables are rich tables on a terminal
+(cells wrap or fold, never cut to "…") and plain Markdown pipe tables when stdout is not a terminal (a pipe, a
+file, a CI or Slurm log), so every cell arrives complete whatever the width. ``--format csv`` goes through
+:func:`print_csv`.
+"""
 
 from __future__ import annotations
 
+import csv
+import re
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+TableSpec = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
+"""(title, columns, rows) of one printable table."""
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a rich table to stdout; numbers right-aligned, None shown as n/a."""
-    table = Table(title=title, title_justify="left")
+    """Print a table to stdout: numbers right-aligned, None shown as n/a, no cell ever cut.
+
+    On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width.
+    """
     rows = [list(r) for r in rows]
-    for i, col in enumerate(columns):
-        numeric = bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
-        table.add_column(col, justify="right" if numeric else "left")
-    for r in rows:
-        table.add_row(*(_cell(v) for v in r))
-    out.print(table)
+    numeric = [bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(len(columns))]
+    cells = [[_cell(v) for v in r] for r in rows]
+    if out.is_terminal:
+        table = Table(title=Text(title), title_justify="left")
+        for col, num in zip(columns, numeric, strict=True):
+            table.add_column(Text(str(col)), justify="right" if num else "left", overflow="fold")
+        for r in cells:
+            table.add_row(*(Text(c) for c in r))
+        out.print(table)
+    else:
+        out.file.write(markdown_table(title, columns, cells, numeric))
+        out.file.flush()
+
+
+def markdown_table(title: str, columns: Sequence[str], cells: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
+    """A Markdown pipe table (blank line, title line, header, alignment row, rows, blank line), columns padded to
+    their widest cell."""
+
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    head = [esc(str(c)) for c in columns]
+    body = [[esc(c) for c in r] for r in cells]
+    widths = [max([len(head[i]), 3, *(len(r[i]) for r in body)]) for i in range(len(head))]
+
+    def line(vals: Sequence[str]) -> str:
+        return (
+            "| "
+            + " | ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(vals, widths, numeric, strict=True))
+            + " |"
+        )
+
+    align = "|" + "|".join(
+        ("-" * (w + 1) + ":") if n else (":" + "-" * (w + 1)) for w, n in zip(widths, numeric, strict=True)
+    )
+    text = ["", title, "", line(head), align + "|", *(line(r) for r in body), ""]
+    return "\n".join(text) + "\n"
+
+
+def table_key(title: str) -> str:
+    """A short machine name for a table title: 'Per kernel (name; first 20)' -> 'per_kernel'."""
+    head = re.split(r"[:(;,]| on | of | over | -> ", title, maxsplit=1)[0]
+    key = re.sub(r"[^0-9a-zA-Z]+", "_", head).strip("_").lower()
+    return key or "table"
+
+
+def print_csv(tables: Sequence[TableSpec] | TableSpec, file: Any = None) -> None:
+    """Write tables as CSV to stdout, one row per entity, null as an empty cell.
+
+    One table: its own columns. Several: a first column ``table`` (:func:`table_key` of the title) and the union
+    of their columns, in order of first appearance (cells a table lacks are empty).
+    """
+    if isinstance(tables, tuple) and len(tables) == 3 and isinstance(tables[0], str):
+        tables = [tables]  # one (title, columns, rows)
+    tables = list(tables)
+    w = csv.writer(file or sys.stdout, lineterminator="\n")
+    if len(tables) == 1:
+        _, cols, rows = tables[0]
+        w.writerow(cols)
+        w.writerows([_csv(v) for v in r] for r in rows)
+        return
+    union: list[str] = []
+    for _, cols, _ in tables:
+        union += [c for c in cols if c not in union]
+    w.writerow(["table", *union])
+    for title, cols, rows in tables:
+        key = table_key(title)
+        for r in rows:
+            by_col = dict(zip(cols, r, strict=True))
+            w.writerow([key, *(_csv(by_col.get(c)) for c in union)])
+
+
+def _csv(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    return v
 
 
 def _is_number(v: Any) -> bool:
@@ -36,10 +124,20 @@ def _cell(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        return f"{v:,.4g}"
+        return "n/a" if v != v else f"{v:,.4g}"
     return str(v)
 
 
-def note(message: str) -> None:
-    """A one-line note to stderr (e.g. 'no GPU found: running the simulator')."""
-    err.print(message)
+def say(message: str, style: str | None = None) -> None:
+    """A line on stdout, printed as written (no markup)."""
+    out.print(message, style=style)
+
+
+def note(message: str, style: str | None = None) -> None:
+    """A one-line note to stderr (e.g. 'no GPU found: running the simulator'), printed as written (no markup)."""
+    err.print(message, style=style)
+
+
+def plain(text: str) -> str:
+    """``text`` escaped for rich widgets that always read markup (progress descriptions, status spinners)."""
+    return escape(text)

@@ -164,11 +164,14 @@ def _place(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None) -> 
     )
 
 
-def recorded_run(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None) -> Any:
+def recorded_run(
+    trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None, entry_seqs: list[int] | None = None
+) -> Any:
     """Replay ``trace`` through a simulator that records PyTorch-style trace entries; returns the simulator.
 
     ``place()`` does not keep its simulator, so ``--snapshot`` replays once more with ``record_events=True``
-    (same models, same event order; :func:`estimate` checks the peaks agree).
+    (same models, same event order; :func:`estimate` checks the peaks agree). ``entry_seqs``, if given, receives
+    the trace ``seq`` of the alloc/free that caused each recorded entry (one per entry, in order).
     """
     from uvmlab.sim.caching import CachingAllocatorSim
     from uvmlab.sim.device import DeviceSim
@@ -182,16 +185,20 @@ def recorded_run(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | Non
     blocks: dict[int, Any] = {}
     ev = trace.events()
     cols = [ev[c].tolist() for c in ("seq", "alloc_id", "size_bytes", "is_alloc", "stream")]
-    for _seq, aid, size, is_alloc, stream in zip(*cols, strict=True):
+    for seq, aid, size, is_alloc, stream in zip(*cols, strict=True):
         if is_alloc:
             if size <= 0:
                 continue
             try:
                 blocks[aid] = sim.malloc(size, stream)
             except OutOfMemoryError:
+                if entry_seqs is not None:
+                    entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
                 break  # the snapshot then shows the state at the OOM, with its ``oom`` trace entry
         elif aid in blocks:
             sim.free(blocks.pop(aid))
+        if entry_seqs is not None:
+            entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
     sim.check_invariants()
     if not hasattr(sim, "to_snapshot_dicts"):
         raise InvariantError(f"the {allocator} simulator cannot export snapshot dicts")
@@ -313,13 +320,18 @@ def snapshot_dicts(est: Estimate) -> tuple[list[dict[str, Any]], list[list[dict[
 
     if est.trace is None:
         raise InputError("this estimate carries no trace to export; run estimate() again")
-    sim = recorded_run(est.trace, est.allocator, est.settings, est.gpu_spec if est.constrained else None)
+    from uvmlab.export.snapshot import annotate
+
+    seqs: list[int] = []
+    sim = recorded_run(est.trace, est.allocator, est.settings, est.gpu_spec if est.constrained else None, seqs)
     if sim.peak_reserved_bytes != est.peak_reserved_on_gpu_bytes:
         raise InvariantError(
             f"snapshot replay peak reserved {sim.peak_reserved_bytes} B != "
             f"the estimate's {est.peak_reserved_on_gpu_bytes} B"
         )
-    return sim.to_snapshot_dicts()
+    segments, traces = sim.to_snapshot_dicts()
+    annotate(est.trace, segments, traces, seqs)  # op/category/phase/iteration frames; time_us: event index
+    return segments, traces
 
 
 def plot_curve(est: Estimate, path: str | Path | None = None) -> Any:

@@ -21,11 +21,25 @@ from uvmlab.units import parse_bytes
 
 @dataclass
 class RunResult:
-    """What a run produced: the mode that ran, its directory and its result.json content."""
+    """What a run produced: the mode that ran, its directory and its result.json content.
+
+    ``table(name)`` / ``tables`` give the run directory's tables (iterations, kernels, memory, ...) as DataFrames.
+    """
 
     mode: str
     path: Path
     result: dict[str, Any]
+
+    def table(self, name: str) -> Any:
+        """Table ``name`` of the run directory as a pandas DataFrame (InputError if the run has none)."""
+        return RunDir(self.path).read_table(name)
+
+    @property
+    def tables(self) -> dict[str, Any]:
+        """Every table the run wrote, by name, as pandas DataFrames (read on access)."""
+        folder = self.path / "tables"
+        names = sorted(p.stem for p in folder.glob("*.parquet")) if folder.is_dir() else []
+        return {name: self.table(name) for name in names}
 
 
 def gpu_availability() -> Any:
@@ -95,8 +109,15 @@ def run(
     progress: Any = None,
     quiet: bool = False,
     capture_progress: Any = None,
+    snapshot: Path | str | None = None,
+    timeline: Path | str | None = None,
+    figure_format: str = "png",
 ) -> RunResult:
-    """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`)."""
+    """Run ``cfg`` (simulated or on the GPU) into ``out`` (default :func:`default_run_dir`).
+
+    ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline;
+    ``figure_format``: png, svg or pdf for the run's figures.
+    """
     from workloads.registry import load_workload
 
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
@@ -105,14 +126,22 @@ def run(
     )
     mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
     path = Path(out) if out is not None else default_run_dir(cfg)
-    rundir = RunDir(path)
+    rundir = RunDir(path, figure_format=figure_format)
     if mode == "gpu":
         from uvmlab.gpu.runner import run_gpu
 
         opts = _gpu_run_options(gpu_options)
+        if cfg.policy:
+            cfg, opts = _gpu_policy(cfg, opts)
         if not dry_run:
             rundir.prepare(force=force)
         result = run_gpu(cfg, opts, rundir)
+        if snapshot is not None and not quiet:
+            note("--snapshot applies to simulated runs only (a GPU run: torch.cuda.memory._dump_snapshot); ignored")
+        if timeline is not None and not dry_run and rundir.is_complete():
+            from uvmlab.export.timeline import run_timeline
+
+            run_timeline(rundir, timeline)
         return RunResult("gpu", path, result)
     if isinstance(gpu_options, dict) and not quiet:
         used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
@@ -121,7 +150,9 @@ def run(
     from uvmlab.simulate import simulate_run
 
     rundir.prepare(force=force)
-    result = simulate_run(cfg, rundir, progress=progress, capture_progress=capture_progress)
+    result = simulate_run(
+        cfg, rundir, progress=progress, capture_progress=capture_progress, snapshot=snapshot, timeline=timeline
+    )
     eff = result.get("effective_oversub")
     if not quiet and eff is not None and eff > cfg.oversub * 1.001:
         note(
@@ -129,3 +160,20 @@ def run(
             "(give a larger --gpu-memory for the requested factor)"
         )
     return RunResult("sim", path, result)
+
+
+def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
+    """A GPU run of ``cfg.policy``: the policy's settings (PCA, batch shape) on the GPU memory the job as given has.
+
+    With ``--footprint estimate`` (the default) the balloon is sized from the simulated footprint of the job as
+    given, so the policy runs on footprint(given) / --oversub of memory, as ``uvmlab advise`` simulated it.
+    """
+    from dataclasses import replace
+
+    from uvmlab.advise.advisor import resolve_policy
+    from uvmlab.simulate import footprint_bytes
+
+    eff, _ = resolve_policy(cfg)
+    if opts.footprint == "estimate":
+        opts = replace(opts, footprint=footprint_bytes(replace(cfg, policy=None)))
+    return eff, opts

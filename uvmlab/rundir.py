@@ -6,7 +6,7 @@ Layout (every write atomic; ``result.json`` is written last and marks the run co
     RUN/env.json           versions and settings of the machine (torch, CUDA, driver, GPU, PYTORCH_CUDA_ALLOC_CONF)
     RUN/result.json        scalars (keys documented in docs/result-json.md); its presence means "complete"
     RUN/tables/NAME.parquet  tables (schemas in uvmlab.stats.schema)
-    RUN/figures/NAME.png   figures
+    RUN/figures/NAME.png   figures (or .svg / .pdf: ``RunDir(path, figure_format=...)``, ``--figure-format``)
     RUN/logs/              anything a run wants to keep that is not a result (stdout, shim logs, nsys files)
 """
 
@@ -23,12 +23,23 @@ import pandas as pd
 from uvmlab.atomic import atomic_write_json, atomic_write_with
 from uvmlab.errors import InputError
 
+FIGURE_FORMATS = ("png", "svg", "pdf")
+"""Figure file formats (matplotlib backends on the Agg canvas; ``--figure-format``)."""
+
+
+def check_figure_format(fmt: str) -> str:
+    """``fmt`` if it is one of FIGURE_FORMATS, else an InputError."""
+    if fmt not in FIGURE_FORMATS:
+        raise InputError(f"figure format must be one of {', '.join(FIGURE_FORMATS)}, not {fmt!r}")
+    return fmt
+
 
 class RunDir:
     """Names and writes the files of one run directory."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], figure_format: str = "png") -> None:
         self.path = Path(path)
+        self.figure_format = check_figure_format(figure_format)
 
     # -- names -------------------------------------------------------------------------------
     @property
@@ -52,8 +63,8 @@ class RunDir:
         return self.path / "tables" / f"{name}.parquet"
 
     def figure(self, name: str) -> Path:
-        """Path of figure ``name`` (PNG)."""
-        return self.path / "figures" / f"{name}.png"
+        """Path of figure ``name`` (in ``self.figure_format``)."""
+        return self.path / "figures" / f"{name}.{self.figure_format}"
 
     # -- state -------------------------------------------------------------------------------
     def is_complete(self) -> bool:
@@ -82,9 +93,10 @@ class RunDir:
         return path
 
     def write_figure(self, name: str, fig: Any, dpi: int = 120) -> Path:
-        """Save a matplotlib figure as ``figures/NAME.png`` atomically."""
+        """Save a matplotlib figure as ``figures/NAME.<figure_format>`` atomically."""
         path = self.figure(name)
-        atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight"))
+        fmt = self.figure_format
+        atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight"))
         return path
 
     # -- reads -------------------------------------------------------------------------------
@@ -111,5 +123,6 @@ class RunDir:
     def summary_line(self) -> str:
         """'Wrote DIR (result.json, N tables, M figures)'."""
         tables = sorted((self.path / "tables").glob("*.parquet")) if (self.path / "tables").is_dir() else []
-        figures = sorted((self.path / "figures").glob("*.png")) if (self.path / "figures").is_dir() else []
+        fig_dir = self.path / "figures"
+        figures = [p for p in fig_dir.iterdir() if p.suffix[1:] in FIGURE_FORMATS] if fig_dir.is_dir() else []
         return f"Wrote {self.path} (result.json, {len(tables)} tables, {len(figures)} figures)"

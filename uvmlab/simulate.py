@@ -10,8 +10,14 @@ Pipeline (each step another module's public function):
    usable memory);
 5. ``uvmlab.sim.uvm_replay.replay``: the UVM driver model (uvmlab.sim.uvm) over every kernel of every iteration.
 
-The baseline is the same kernels with every page resident and no allocator API costs (PCA on, no UVM: the
-reference the seed study compares against), so ``slowdown = iteration_time_ns / baseline_time_ns``.
+Two native (no UVM, every page resident) references, mean over the iterations after the first:
+
+- ``native_pca_time_ns``: the same kernels with the caching allocator on (no allocator API calls in steady
+  iterations: PCA serves them from its cache): the reference of the seed study. ``slowdown_vs_native_pca``.
+- ``native_time_ns``: the same job with the same PCA setting. PCA on: equal to the above. PCA off: plus one
+  ``cudaMalloc`` and one ``cudaFree`` per tensor range of the iteration, priced as the managed calls
+  (CostParams.managed_alloc_ns / cudafree_sync_ns, both unverified; cudaFree synchronizes the device either
+  way, pytorch#106200). ``slowdown_vs_native = iteration_time_ns / native_time_ns``.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from uvmlab import SCHEMA_VERSION, __version__
+from uvmlab.advise.policies import get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import GpuSpec, get_gpu
@@ -60,18 +69,59 @@ def _pipeline() -> tuple[Any, Any, Any]:
     return get_trace, to_cuda, place
 
 
-def prepare(cfg: RunConfig, progress: Any = None) -> Prepared:
-    """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory."""
+def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = None) -> Prepared:
+    """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory.
+
+    ``available_bytes`` fixes the GPU memory UVM may use (``uvmlab advise`` compares policies on one GPU);
+    by default it is footprint / ``cfg.oversub``. ``cfg.policy`` adds its allocator settings and releases.
+    """
     get_trace, to_cuda, place = _pipeline()
     gpu = run_gpu_spec(cfg)
     trace = get_trace(cfg.workload, progress=progress)
     trace = to_cuda(trace, gpu)
-    placement = place(trace, "pca" if cfg.pca else "nocache")
+    conf, releases = _policy_allocator(cfg, trace)
+    placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
     footprint = peak_managed_bytes(placement.ranges)
     if footprint <= 0:
         raise InputError(f"workload {cfg.workload.workload!r} allocates no device memory: nothing to simulate")
-    available = min(int(footprint / cfg.oversub), gpu.usable_bytes)
+    if available_bytes is None:
+        available_bytes = int(footprint / cfg.oversub)
+    available = min(available_bytes, gpu.usable_bytes)
     return Prepared(gpu, trace, placement, footprint, available)
+
+
+def _policy_allocator(cfg: RunConfig, trace: Trace) -> tuple[str | None, list[int]]:
+    """The allocator settings and empty_cache points of ``cfg.policy`` (none without a policy)."""
+    if not cfg.policy:
+        return None, []
+    pol = get_policy(cfg.policy)
+    return pol.alloc_conf or None, (iteration_ends(trace) if pol.release_each_iteration else [])
+
+
+def iteration_ends(trace: Trace) -> list[int]:
+    """Seqs just after each optimizer step but the last (where ``torch.cuda.empty_cache()`` after the step runs).
+
+    For iteration i >= 1 that is the first event of iteration i: its first kernel or allocation, or, when
+    ``zero_grad(set_to_none=True)`` opens the iteration, the first gradient freed after iteration i-1's last kernel
+    (empty_cache runs before zero_grad, so those gradients are still alive then). The step's own temporaries are
+    freed before that point, as they are when ``step()`` returns.
+    """
+    k, a = trace.kernels, trace.allocations
+    last_kernel = k.groupby("iteration")["seq"].max()
+    first_kernel = k.groupby("iteration")["seq"].min()
+    first_alloc = a.groupby("iteration")["alloc_seq"].min()
+    grads = a.loc[(a["category"] == "gradient") & (a["free_seq"] >= 0), "free_seq"].sort_values().to_numpy()
+    ends: list[int] = []
+    for it in sorted(i for i in first_kernel.index if i >= 1):
+        cands = [int(first_kernel[it])]
+        if it in first_alloc.index:
+            cands.append(int(first_alloc[it]))
+        if it - 1 in last_kernel.index:
+            after = grads[grads > last_kernel[it - 1]]
+            if len(after):
+                cands.append(int(after[0]))
+        ends.append(min(cands))
+    return ends
 
 
 def footprint_bytes(cfg: RunConfig) -> int:
@@ -115,9 +165,9 @@ def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
 def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams) -> dict:
     """result.json content (docs/result-json.md documents every key)."""
     its = res.iterations
-    steady = its["duration_ns"].to_numpy()[1:] if len(its) > 1 else its["duration_ns"].to_numpy()
-    iteration_ns = float(np.mean(steady)) if len(steady) else float("nan")
-    baseline = res.baseline_iteration_ns
+    iteration_ns = _steady_mean(its["duration_ns"])
+    native = _steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
+    native_pca = res.baseline_iteration_ns
     totals = res.totals
     migrated = totals.htod_bytes + totals.dtoh_bytes
     place = prep.placement
@@ -137,8 +187,10 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
         "iterations": len(its),
         "iteration_time_ns": iteration_ns,
         "total_time_ns": res.total_time_ns,
-        "baseline_time_ns": baseline,
-        "slowdown": iteration_ns / baseline if baseline and baseline > 0 else None,
+        "native_time_ns": native,
+        "slowdown_vs_native": _ratio(iteration_ns, native),
+        "native_pca_time_ns": native_pca,
+        "slowdown_vs_native_pca": _ratio(iteration_ns, native_pca),
     }
     for col in FAULT_COLUMNS:
         d[col] = int(its[col].sum()) if len(its) else 0
@@ -165,10 +217,40 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "cost_params_source": costs_and_source(cfg)[1],
         }
     )
+    d["batch_size"] = prep.trace.header.get("batch_size")
     missing = [k for k in RESULT_KEYS if k not in d]
     if missing:
         raise InvariantError(f"result.json lacks shared keys {missing}")
     return d
+
+
+def _steady_mean(values: Any) -> float:
+    """Mean over the iterations after the first (all of them when there is one)."""
+    v = np.asarray(values, dtype=float)
+    v = v[1:] if len(v) > 1 else v
+    return float(np.mean(v)) if len(v) else float("nan")
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return a / b if b and b > 0 else None
+
+
+def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> Any:
+    """The iterations table with ``native_pca_time_ns`` (the replay's all-resident ``baseline_ns``) and
+    ``native_time_ns`` (plus, PCA off, the iteration's cudaMalloc/cudaFree calls; see the module docstring)."""
+    its = its.rename(columns={"baseline_ns": "native_pca_time_ns"})
+    api_ns = np.zeros(len(its))
+    if not pca and len(its):
+        k = prep.trace.kernels
+        first = k[k["iteration"] >= 0].groupby("iteration")["seq"].min()
+        bounds = np.append(first.to_numpy(), k["seq"].max() + 1)
+        rng = prep.placement.ranges
+        n_alloc = np.histogram(rng["alloc_seq"].to_numpy(), bins=bounds)[0]
+        n_free = np.histogram(rng["free_seq"].to_numpy(), bins=bounds)[0]
+        per_it = pd.Series(n_alloc * costs.managed_alloc_ns + n_free * costs.cudafree_sync_ns, index=first.index)
+        api_ns = its["iteration"].map(per_it).fillna(0.0).to_numpy()
+    its["native_time_ns"] = its["native_pca_time_ns"] + api_ns
+    return its
 
 
 def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
@@ -186,21 +268,42 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
         dtype=cfg.workload.dtype,
         progress=progress,
     )
+    res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
     result = result_dict(cfg, prep, res, knobs, costs)
     result["sim_wall_s"] = time.perf_counter() - t0
     return res, result
 
 
 def simulate_run(
-    cfg: RunConfig, rundir: RunDir, progress: Any = None, figures: bool = True, capture_progress: Any = None
+    cfg: RunConfig,
+    rundir: RunDir,
+    progress: Any = None,
+    figures: bool = True,
+    capture_progress: Any = None,
+    snapshot: str | Path | None = None,
+    timeline: str | Path | None = None,
 ) -> dict:
     """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last).
 
     ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
+    ``snapshot``: also write a PyTorch memory snapshot (uvmlab.export.snapshot); ``timeline``: a Chrome
+    trace-event / Perfetto JSON (uvmlab.export.timeline).
     """
-    prep = prepare(cfg, progress=capture_progress)
+    record = {"run": cfg.to_dict(), "mode": "sim"}
+    if cfg.policy:
+        from uvmlab.advise.advisor import resolve_policy
+
+        cfg, available = resolve_policy(cfg, progress=capture_progress)
+        if snapshot is not None and get_policy(cfg.policy).release_each_iteration:
+            raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
+        record["applied"] = cfg.to_dict()  # the policy's settings, on the given job's GPU memory
+        prep = prepare(cfg, progress=capture_progress, available_bytes=available)
+    else:
+        prep = prepare(cfg, progress=capture_progress)
     res, result = simulate_prepared(cfg, prep, progress)
-    rundir.write_json(rundir.config_json, {"run": cfg.to_dict(), "mode": "sim"})
+    result["policy"] = cfg.policy
+    record["used"] = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
+    rundir.write_json(rundir.config_json, record)
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))
     rundir.write_table("iterations", check_table("iterations", res.iterations))
     rundir.write_table("kernels", check_table("kernels", res.kernels))
@@ -209,9 +312,21 @@ def simulate_run(
         from uvmlab.report.run_figures import write_run_figures
 
         write_run_figures(rundir, res.kernels, res.iterations, res.memory, title=_title(cfg))
+    if snapshot is not None:
+        from uvmlab.export.snapshot import write_run_snapshot
+
+        conf = get_policy(cfg.policy).alloc_conf if cfg.policy else ""
+        write_run_snapshot(
+            snapshot, prep.trace, cfg.pca, res.kernels, int(prep.placement.peak_reserved_bytes), alloc_conf=conf
+        )
     rundir.write_json(rundir.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rundir, timeline)
     return result
 
 
 def _title(cfg: RunConfig) -> str:
-    return f"{cfg.workload.workload}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"
+    name = Path(cfg.workload.workload).name
+    return f"{name}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"

@@ -8,9 +8,11 @@ size and the workload-specific ``options`` it understands (with their defaults).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import importlib.metadata
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from uvmlab.errors import InputError
 
@@ -48,9 +50,10 @@ class WorkloadSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     """Workload-specific options and their defaults (``WorkloadConfig.options`` may override them)."""
     source: str = "builtin"
-    """``builtin`` or the path of the user file."""
+    """``builtin``, the package of a named model (``torchvision``, ``timm``, ``transformers``) or the resolved
+    path of the user file."""
     source_digest: str | None = None
-    """SHA-256 of the user file (part of the trace cache key), None for built-ins."""
+    """SHA-256 of the user file (or of an ``hf:`` config file), None otherwise."""
 
     def resolve_options(self, cfg: WorkloadConfig) -> dict[str, Any]:
         """The defaults overridden by ``cfg.options``; unknown keys are an InputError naming the known ones."""
@@ -68,8 +71,18 @@ class WorkloadSpec:
         return self.build_fn(replace(cfg, batch_size=self.batch_size(cfg)), device, self.resolve_options(cfg))
 
 
+COMMON_OPTIONS: dict[str, Any] = {"data_dependent_fraction": 1.0}
+"""Options every workload accepts. ``data_dependent_fraction``: the share of its upper bound that a
+data-dependent op (nonzero, boolean-mask indexing, masked_select, unique) returns on the meta device
+(``uvmlab.trace.emulate.DataDependentEmulation``); 1.0 is the upper bound."""
+
+
 def resolve_options(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge ``given`` into ``defaults``; refuse keys the workload does not know, and wrongly typed values."""
+    """Merge ``given`` into ``defaults``; refuse keys the workload does not know, and wrongly typed values.
+
+    The :data:`COMMON_OPTIONS` are accepted by every workload but not passed on to it.
+    """
+    given = {k: v for k, v in given.items() if k not in COMMON_OPTIONS or k in defaults}
     unknown = sorted(set(given) - set(defaults))
     if unknown:
         known = ", ".join(sorted(defaults)) or "none"
@@ -119,3 +132,73 @@ def token_lm_workload(name: str, model: Any, dev: Any, batch: int, seq: int, voc
         return m(input_ids=ids, labels=ids).loss
 
     return Workload(name, model, make_batch, loss_fn, dev, attention=model.config._attn_implementation)
+
+
+def common_option(cfg: WorkloadConfig, key: str) -> Any:
+    """The value of a :data:`COMMON_OPTIONS` key in ``cfg`` (its default when not given)."""
+    value = cfg.options.get(key, COMMON_OPTIONS[key])
+    default = COMMON_OPTIONS[key]
+    if isinstance(value, bool) or not isinstance(value, type(default) | int):
+        raise InputError(f"option {key} must be a {type(default).__name__} like {default!r}, not {value!r}")
+    return value
+
+
+def package_version(name: str) -> str:
+    """The installed version of package ``name`` from its metadata (no import), or ``none``."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+M = TypeVar("M")
+
+
+def build_module(device: str, factory: Callable[[], M]) -> M:
+    """Run ``factory()`` (which builds a model) so that the model's parameters and buffers live on ``device``.
+
+    On ``meta``, the model is built on the CPU while every parameter and buffer is moved to meta the moment a
+    module registers it (``torch.nn.modules.module`` global registration hooks), so weight initialization runs
+    on meta and nothing is filled on the CPU: unlike ``with torch.device("meta")``, this also builds models
+    whose constructors compute Python numbers from tensors (torchvision's RegNet ``BlockParams``, timm's
+    stochastic-depth schedules ``torch.linspace(...).tolist()``). Tensors a constructor keeps outside
+    parameters and buffers stay on the CPU, as they would after ``model.to("cuda")``. Other devices use
+    ``with torch.device(device)``.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "meta":
+        with dev:
+            return factory()
+    with _register_on(dev):
+        return factory()
+
+
+@contextlib.contextmanager
+def _register_on(dev: Any) -> Iterator[None]:
+    import torch
+    from torch.nn.modules.module import (
+        register_module_buffer_registration_hook,
+        register_module_parameter_registration_hook,
+    )
+
+    def param_hook(module: Any, name: str, param: Any) -> Any:
+        if param is None or param.device == dev:
+            return None
+        return torch.nn.Parameter(param.to(dev), requires_grad=param.requires_grad)
+
+    def buffer_hook(module: Any, name: str, buffer: Any) -> Any:
+        if buffer is None or buffer.device == dev:
+            return None
+        return buffer.to(dev)
+
+    handles = [
+        register_module_parameter_registration_hook(param_hook),
+        register_module_buffer_registration_hook(buffer_hook),
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -4,10 +4,11 @@ One iteration, with ``phase_hook(phase, iteration)`` called as each phase begins
 after the last one::
 
     [zero_grad]  if cfg.zero_grad == "iteration_start"
-    data         make the batch on the device
-    forward      model forward and loss (under bf16 autocast when cfg.dtype == "bf16")
-    [zero_grad]  if cfg.zero_grad == "before_backward"
-    backward     loss.backward()
+    data         make the batch on the device                 \
+    forward      model forward and loss (bf16 autocast when     | repeated cfg.accumulation_steps times
+                 cfg.dtype == "bf16"; divided by the steps)     | (gradient accumulation: gradients stay
+    [zero_grad]  if cfg.zero_grad == "before_backward" (first)  | alive between micro-batches)
+    backward     loss.backward()                               /
     optimizer    optimizer.step()
 
 ``optimizer.zero_grad(set_to_none=True)`` is PyTorch's default. Optimizers are built with CUDA's defaults
@@ -84,17 +85,21 @@ def train_step(
     if cfg.zero_grad == "iteration_start":
         hook("zero_grad", iteration)
         optimizer.zero_grad(set_to_none=True)
-    hook("data", iteration)
-    batch = workload.make_batch()
-    hook("forward", iteration)
-    ctx = autocast() if autocast is not None else autocast_for(cfg, workload.device)
-    with ctx:
-        loss = workload.loss_fn(workload.model, batch)
-    if cfg.zero_grad == "before_backward":
-        hook("zero_grad", iteration)
-        optimizer.zero_grad(set_to_none=True)
-    hook("backward", iteration)
-    loss.backward()
+    steps = cfg.accumulation_steps
+    for micro in range(steps):
+        hook("data", iteration)
+        batch = workload.make_batch()
+        hook("forward", iteration)
+        ctx = autocast() if autocast is not None else autocast_for(cfg, workload.device)
+        with ctx:
+            loss = workload.loss_fn(workload.model, batch)
+            if steps > 1:
+                loss = loss / steps
+        if cfg.zero_grad == "before_backward" and micro == 0:
+            hook("zero_grad", iteration)
+            optimizer.zero_grad(set_to_none=True)
+        hook("backward", iteration)
+        loss.backward()
     hook("optimizer", iteration)
     optimizer.step()
     hook(PHASE_END, iteration)

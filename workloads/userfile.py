@@ -13,6 +13,9 @@ The file defines (see docs/workloads.md and docs/examples/tiny_mlp.py)::
 ``cfg`` is the WorkloadConfig with ``batch_size`` resolved (the configured one, else ``DEFAULT_BATCH_SIZE``),
 ``device`` the device to build the model on, ``options`` OPTIONS merged with ``cfg.options`` (unknown keys are
 refused before build runs).
+
+A file that fails while it is imported, while ``build`` runs or while its model trains (trace capture) is an
+input error: one sentence naming the file, the phase and the exception (:func:`failure`), exit 2.
 """
 
 from __future__ import annotations
@@ -24,15 +27,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from uvmlab.errors import InputError
+from uvmlab.errors import InputError, UvmlabError
 from workloads.base import Workload, WorkloadSpec
+
+MAX_MESSAGE = 300
+"""Longest exception message quoted in a failure sentence (characters)."""
+
+
+def _existing(path: str | Path) -> Path:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InputError(f"workload file {file} does not exist; give a built-in name (uvmlab workloads) or a .py file")
+    return file
+
+
+def file_identity(path: str | Path) -> dict[str, str]:
+    """The resolved path and SHA-256 of the file at ``path`` (reads it; imports nothing)."""
+    file = _existing(path)
+    return {"path": str(file.resolve()), "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+
+
+def failure(what: str, phase: str, exc: BaseException) -> InputError:
+    """One sentence: ``what`` failed while ``phase``, with the exception's type and first line (shortened)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip() if lines else ""
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 3] + "..."
+    return InputError(f"{what} failed while {phase}: {type(exc).__name__}" + (f": {text}" if text else ""))
 
 
 def load_user_workload(path: str | Path) -> WorkloadSpec:
     """Import the workload file at ``path`` and describe it as a WorkloadSpec."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise InputError(f"workload file {file} does not exist; give a built-in name (uvmlab workloads) or a .py file")
+    file = _existing(path)
     data = file.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     mod_name = f"uvmlab_user_workload_{digest[:16]}"
@@ -44,8 +70,8 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
-        except (SyntaxError, ImportError) as exc:
-            raise InputError(f"cannot import workload file {file}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # anything the user's module raises: one sentence, exit 2
+            raise failure(f"workload file {file.resolve()}", "importing it", exc) from None
         sys.modules[mod_name] = module
     build = getattr(module, "build", None)
     if not callable(build):
@@ -62,7 +88,12 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
     n_params = len(inspect.signature(build).parameters)
 
     def build_fn(cfg: Any, device: str, opts: dict[str, Any]) -> Workload:
-        wl = build(cfg, device, opts) if n_params >= 3 else build(cfg, device)
+        try:
+            wl = build(cfg, device, opts) if n_params >= 3 else build(cfg, device)
+        except UvmlabError:
+            raise
+        except Exception as exc:
+            raise failure(f"workload file {file.resolve()}", "building its model", exc) from None
         if not isinstance(wl, Workload):
             raise InputError(f"workload file {file}: build() returned {type(wl).__name__}, not a Workload")
         return wl

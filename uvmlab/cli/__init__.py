@@ -23,8 +23,10 @@ COMMAND_MODULES = (
     "run_cmds",  # run
     "nsys_cmds",  # nsys summarize, compare, calibrate
     "sweep_cmds",  # sweep, report
-    "gpu_cmds",  # shim, doctor
+    "gpu_cmds",  # shim, doctor, gpus
     "eval_cmds",  # evaluate, fragmentation, colocate
+    "validate_cmds",  # validate
+    "advise_cmds",  # advise
 )
 
 

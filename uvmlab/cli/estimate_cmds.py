@@ -7,12 +7,10 @@ from typing import Any
 import click
 
 from uvmlab.atomic import to_json
-from uvmlab.cli.options import workload_config, workload_options
+from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS
-from uvmlab.console import note, out, print_table
+from uvmlab.console import note, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes
-
-FORMATS = click.Choice(["table", "json"])
 
 
 @click.group("snapshot")
@@ -22,13 +20,22 @@ def snapshot_group() -> None:
 
 @snapshot_group.command("show")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 def snapshot_show(file: str, fmt: str) -> None:
     """Summarize FILE: format generation, segments, reserved/allocated bytes and trace events per device.
 
+    \b
+    Terms:
+      format G1..G6   the snapshot layout generation (which keys PyTorch wrote; G4 = PyTorch 2.5+ with
+                      external_annotations); the line names the PyTorch versions and the evidence
+      segments        cudaMalloc'd ranges the caching allocator holds (reserved memory)
+      blocks          pieces of segments: allocated to a tensor, or free and cached
+      events          entries of the allocation trace (alloc, free_requested, segment_alloc, ...)
+      peak reserved   the highest reserved bytes the trace reaches (replayed from the snapshot's state)
+
     The pickle is loaded with a restricted unpickler that refuses every global, so nothing in the file runs.
     """
-    from uvmlab.trace.snapshot import read_snapshot
+    from uvmlab.trace.snapshot import GENERATIONS, read_snapshot
 
     snap = read_snapshot(file)
     rows = snap.summary()
@@ -42,11 +49,29 @@ def snapshot_show(file: str, fmt: str) -> None:
         }
         click.echo(to_json(payload), nl=False)
         return
+    columns = ["device", "segments", "blocks", "reserved", "allocated", "peak reserved (trace)", "events", "actions"]
+    if fmt == "csv":
+        keys = ["device", "segments", "blocks", "reserved_bytes", "allocated_bytes", "peak_reserved_in_trace_bytes"]
+        print_csv(
+            (
+                "devices",
+                [*keys, "events", "actions"],
+                [
+                    [*(r[k] for k in keys), r["events"], " ".join(f"{k}:{v}" for k, v in r["actions"].items())]
+                    for r in rows
+                ],
+            )
+        )
+        return
     conf = None if snap.allocator_settings is None else snap.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
-    out.print(f"{snap.path}\nformat {snap.format_generation} ({snap.format_evidence}); alloc conf: {conf!r}")
+    gen = snap.format_generation
+    say(
+        f"{snap.path}\nformat {gen}, the snapshot's layout generation: {GENERATIONS.get(gen, 'unknown')} "
+        f"(recognized by: {snap.format_evidence})\nPYTORCH_CUDA_ALLOC_CONF: {conf!r}\n"
+    )
     print_table(
         "Snapshot per device",
-        ["device", "segments", "blocks", "reserved", "allocated", "peak reserved (trace)", "events", "actions"],
+        columns,
         [
             [
                 r["device"],
@@ -76,9 +101,13 @@ def snapshot_show(file: str, fmt: str) -> None:
     default=None,
     help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
 )
-@click.option("--output", "-o", "out_dir", default=None, metavar="DIR", help="Write a run directory here.")
+@out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "carma"]), default="table", show_default=True)
+@format_option(
+    "table, json (the estimate as JSON only), csv (quantity,value rows) or carma (only the required MiB CARMA's "
+    "task files take).",
+    extra=("carma",),
+)
 @click.option("--snapshot", "snapshot_out", default=None, metavar="OUT.pickle", help="Write the simulated run as a "
               "PyTorch memory snapshot (open it at pytorch.org/memory_viz).")  # fmt: skip
 def estimate_cmd(
@@ -122,7 +151,7 @@ def estimate_cmd(
         task = bar.add_task("estimating", total=None)
 
         def capture_progress(done: int, total: int) -> None:
-            bar.update(task, description=f"capturing {workload} (first time; cached afterwards)", completed=done,
+            bar.update(task, description=plain(f"capturing {workload} (first time; cached afterwards)"), completed=done,
                        total=total)  # fmt: skip
 
         est = estimate(
@@ -131,7 +160,7 @@ def estimate_cmd(
             allocator=allocator,
             alloc_conf=alloc_conf,
             margin_bytes=None if margin_mb is None else margin_mb * MiB,
-            progress=lambda msg: bar.update(task, description=msg),
+            progress=lambda msg: bar.update(task, description=plain(msg)),
             capture_progress=capture_progress,
         )
     result = est.to_json()
@@ -143,6 +172,8 @@ def estimate_cmd(
         note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
     if rundir is not None:
         config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes}
+        if est.trace is not None:  # the batch actually used (the workload's default when none was given)
+            config["used"] = {"batch_size": est.trace.header.get("batch_size")}
         write_estimate(est, rundir, {**config, "allocator": allocator, "alloc_conf": alloc_conf})
         note(rundir.summary_line())
     if fmt == "json":
@@ -152,13 +183,17 @@ def estimate_cmd(
         note(
             f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
-            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MB at placement"
+            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement"
         )
         click.echo(est.carma_text(), nl=False)
         return
     verdict = (
         "fits" if not est.oom else f"OUT OF MEMORY at event {est.oom_seq} ({est.oom_phase}, it {est.oom_iteration})"
     )
+    if fmt == "csv":
+        scalars = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
+        print_csv(("estimate", ("key", "value"), scalars))
+        return
     print_table(
         f"{cfg.workload} on {gpu.name}, {allocator} allocator",
         ["quantity", "value"],
@@ -172,7 +207,7 @@ def estimate_cmd(
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],
             ["margin", f"{format_bytes(est.margin_bytes)} ({est.margin_rule})"],
-            ["required", f"{est.required_mb} MB (MiB)"],
+            ["required (required_mb, for a scheduler)", f"{est.required_mb:,} MiB"],
             ["time", f"{est.seconds['total']:.2f} s"],
         ],
     )

@@ -8,11 +8,10 @@ from pathlib import Path
 import click
 
 from uvmlab.atomic import to_json
-from uvmlab.cli.options import workload_config, workload_options
-from uvmlab.console import err, note, out, print_table
+from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.console import err, note, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes, parse_bytes
 
-FORMATS = click.Choice(["table", "json"])
 ESTIMATOR_NAMES = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
 
 
@@ -22,7 +21,7 @@ def _pct(x: float) -> str:
 
 @click.command("evaluate")
 @click.argument("ground_truth", type=click.Path(exists=False, path_type=str))
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables/figure here.")
+@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
 @click.option(
     "--estimator",
     "estimators",
@@ -43,7 +42,7 @@ def _pct(x: float) -> str:
     show_default=True,
     help="Snapshot folders: admit traces that began with at most this share of their peak already reserved.",
 )
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 def evaluate_cmd(
     ground_truth: str, output: str | None, estimators: tuple[str, ...], gpu_memory: str, max_warm: float, fmt: str
 ) -> None:
@@ -61,7 +60,7 @@ def evaluate_cmd(
     cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm)
     names = estimators or ESTIMATOR_NAMES
     with err.status("estimating...") as status:
-        ev = evaluate(cases, names, progress=lambda msg: status.update(f"estimating {msg}"))
+        ev = evaluate(cases, names, progress=lambda msg: status.update(plain(f"estimating {msg}")))
     if output:
         write_evaluation(ev, output, {"ground_truth": str(src), "estimators": list(names), "n_cases": len(cases)})
     if fmt == "json":
@@ -72,6 +71,10 @@ def evaluate_cmd(
             "skipped": [{"source": s, "reason": r} for s, r in skipped],
         }
         click.echo(to_json(payload), nl=False)
+        return
+    if fmt == "csv":  # one row per (run, estimator), raw numbers
+        cols = list(ev.per_run.columns)
+        print_csv(("per_run", cols, ev.per_run[cols].astype(object).to_numpy().tolist()))
         return
     if not ev.summary.empty:
         print_table(
@@ -127,8 +130,8 @@ def evaluate_cmd(
     show_default=True,
     help="Planner grouping (HomoPhase groups, one group per request, or the smaller of both).",
 )
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables/figure here.")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@format_option()
 def fragmentation_cmd(
     source: str, device: int | None, gpu: str, grouping: str, output: str | None, fmt: str, **kw
 ) -> None:
@@ -140,7 +143,7 @@ def fragmentation_cmd(
     from uvmlab.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
 
     cfg = workload_config(source, **kw)
-    with err.status(f"tracing, simulating and planning {source}..."):
+    with err.status(plain(f"tracing, simulating and planning {source}...")):
         frag = characterize_source(source, cfg, device, grouping, gpu)
     if output:
         write_fragmentation(frag, output, {"source": source, "device": device, "grouping": grouping, "gpu": gpu})
@@ -153,6 +156,10 @@ def fragmentation_cmd(
             "notes": frag.notes,
         }
         click.echo(to_json(payload), nl=False)
+        return
+    if fmt == "csv":
+        cols = list(frag.table.columns)
+        print_csv(("allocators", cols, frag.table[cols].astype(object).to_numpy().tolist()))
         return
     print_table(
         f"Fragmentation of {frag.name}",
@@ -168,15 +175,26 @@ def fragmentation_cmd(
             for r in frag.table.to_dict("records")
         ],
     )
-    out.print(
+    say(
         f"planned vs PCA: fragmentation reduced by {_pct(frag.reduction())} "
-        f"(STWeaver reports {_pct(STWEAVER_REPORTED['mean_fragmentation_reduction'])} on average); "
-        f"plan: {frag.plan.grouping}, {frag.plan.n_groups} groups, {frag.plan.n_fusions} fusions"
+        f"(STWeaver reports {_pct(STWEAVER_REPORTED['mean_fragmentation_reduction'])} on average)"
     )
+    say(f"the planned row's offline plan: {_plan_words(frag.plan)}")
     for n in frag.notes:
         note(n)
     if output:
         note(f"Wrote {output}")
+
+
+def _plan_words(plan: object) -> str:
+    """The plan in words: grouping 'none' is one group per request (still a plan), not the absence of a plan."""
+    grouping = getattr(plan, "grouping", "?")
+    how = {
+        "homophase": "HomoPhase grouping (requests of one phase share a group)",
+        "none": "no grouping (one group per request)",
+    }.get(grouping, f"{grouping} grouping")
+    groups, fusions = getattr(plan, "n_groups", 0), getattr(plan, "n_fusions", 0)
+    return f"{how}, {groups:,} groups, {fusions:,} fusions of groups"
 
 
 @click.command("colocate")
@@ -192,8 +210,8 @@ def fragmentation_cmd(
     help="Simulate UVM oversubscription: auto = only when the jobs do not fit.",
 )
 @workload_options(iterations_default=2)
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=str), help="Write tables here.")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@out_option("Write tables here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@format_option()
 def colocate_cmd(
     jobs: tuple[str, ...],
     gpu: str,
@@ -217,11 +235,17 @@ def colocate_cmd(
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
     with err.status("tracing and placing jobs...") as status:
-        res = colocate_workloads(jobs, spec, base, parse_bytes(margin), simulate, progress=status.update)
+        res = colocate_workloads(
+            jobs, spec, base, parse_bytes(margin), simulate, progress=lambda m: status.update(plain(m))
+        )
     if output:
         write_colocation(res, output, {"jobs": list(jobs), "gpu": spec.name, "margin": margin})
     if fmt == "json":
         click.echo(to_json(res.to_dict()), nl=False)
+        return
+    if fmt == "csv":  # one row per job: the verdict columns, and the UVM ones when simulated
+        df = res.verdict if res.uvm is None else res.verdict.merge(res.uvm, on="job", how="left")
+        print_csv(("jobs", list(df.columns), df.astype(object).to_numpy().tolist()))
         return
     print_table(
         f"Collocation on {spec.name} ({format_bytes(spec.memory_bytes)})",
@@ -237,7 +261,7 @@ def colocate_cmd(
         ],
     )
     verdict = "FIT" if res.fits else "DO NOT FIT"
-    out.print(
+    say(
         f"{verdict}: {format_bytes(res.need_bytes)} needed (incl. {format_bytes(res.margin_bytes)} margin) "
         f"of {format_bytes(spec.memory_bytes)}"
     )
@@ -253,8 +277,8 @@ def colocate_cmd(
                 "evictions",
                 "stall (ms)",
                 "compute (ms)",
-                "slowdown",
-                "vs native",
+                "slowdown vs alone",
+                "slowdown vs native",
             ],
             [
                 [

@@ -1,4 +1,5 @@
-"""``uvmlab shim build|path|status`` and ``uvmlab doctor``: the GPU path's tools (logic in uvmlab.gpu)."""
+"""``uvmlab shim build|path|status``, ``uvmlab doctor`` and ``uvmlab gpus``: the GPU path's tools (logic in
+uvmlab.gpu and uvmlab.gpus)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import click
 
-FORMAT = click.option(
-    "--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True, help="Output format."
-)
+from uvmlab.cli.options import format_option
+
+FORMAT = format_option()
 
 
 @click.group("shim")
@@ -45,7 +46,7 @@ def shim_path_cmd(cache_dir: Path | None) -> None:
 @FORMAT
 def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
     """Whether the shim is built for the current source, where, and with which compiler."""
-    from uvmlab.console import print_table
+    from uvmlab.console import print_csv, print_table
     from uvmlab.gpu.shim import shim_status
 
     s = shim_status(cache_dir)
@@ -53,34 +54,105 @@ def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
-    from rich.markup import escape
-
-    print_table("uvmlab shim", ["item", "value"], [(k, escape("n/a" if v is None else str(v))) for k, v in doc.items()])
+    table = ("uvmlab shim", ["item", "value"], [(k, v) for k, v in doc.items()])
+    if fmt == "csv":
+        print_csv(table)
+    else:
+        print_table(*table)
 
 
 @click.command("doctor")
 @FORMAT
 def doctor(fmt: str) -> None:
     """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim) and which modes it can run."""
-    from uvmlab.console import print_table
+    from uvmlab.console import print_csv, print_table
     from uvmlab.gpu.doctor import doctor_report
 
     report = doctor_report()
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
         return
-    from rich.markup import escape
+    tables = [
+        (
+            "This machine",
+            ["item", "status", "detail"],
+            [(r["item"], "ok" if r["ok"] else "missing", r["detail"]) for r in report["checks"]],
+        ),
+        (
+            "Modes",
+            ["item", "status", "detail"],
+            [(r["item"], "ok" if r["ok"] else "unavailable", r["detail"]) for r in report["modes"]],
+        ),
+    ]
+    if fmt == "csv":
+        print_csv(tables)
+        return
+    for table in tables:
+        print_table(*table)
 
+
+def _known_match(detected: str | None) -> str | None:
+    """The known GPU whose name's parts all appear in the detected name ('A100-80GB' in 'NVIDIA A100 80GB PCIe');
+    a heuristic: None when no known name fits."""
+    from uvmlab.gpus import GPUS
+
+    if not detected:
+        return None
+    words = detected.upper().replace("-", " ").split()
+    fits = [k for k in GPUS if all(part in words for part in k.upper().split("-"))]
+    return max(fits, key=len) if fits else None
+
+
+@click.command("gpus")
+@FORMAT
+def gpus_cmd(fmt: str) -> None:
+    """List the GPU models uvmlab knows (for --gpu) and the GPU this machine has, if any.
+
+    Figures are vendor datasheet peaks (uvmlab/gpus.py names the sources); "link" is the sustained 2 MiB
+    host<->device bandwidth UVM migrations get, "context" the memory a job cannot use (CUDA context).
+    """
+    from uvmlab.console import note, print_csv, print_table, say
+    from uvmlab.gpu.detect import gpu_status
+    from uvmlab.gpus import DEFAULT_GPU, GPUS
+    from uvmlab.units import format_bytes
+
+    status = gpu_status()
+    detected = status.to_dict() | {"known_as": _known_match(status.name)}
+    keys = ["name", "memory_bytes", "context_bytes", "fp32_flops", "tensor_flops", "hbm_bytes_per_s"]
+    keys += ["link_bytes_per_s", "link"]
+    known = [{k: getattr(g, k) for k in keys} | {"default": g.name == DEFAULT_GPU} for g in GPUS.values()]
+    if fmt == "json":
+        click.echo(json.dumps({"known": known, "detected": detected}, indent=2))
+        return
+    if fmt == "csv":
+        print_csv(("known", [*keys, "default"], [[r[k] for k in [*keys, "default"]] for r in known]))
+        return
     print_table(
-        "This machine",
-        ["item", "status", "detail"],
-        [(r["item"], "ok" if r["ok"] else "missing", escape(r["detail"])) for r in report["checks"]],
+        "GPU models uvmlab knows (--gpu NAME; --gpu-memory SIZE overrides the memory)",
+        ["GPU", "memory", "CUDA context", "FP32 TFLOP/s", "tensor TFLOP/s", "HBM GB/s", "link GB/s", "link"],
+        [
+            [
+                g.name + (" (default)" if g.name == DEFAULT_GPU else ""),
+                format_bytes(g.memory_bytes),
+                format_bytes(g.context_bytes),
+                g.fp32_flops / 1e12,
+                g.tensor_flops / 1e12,
+                g.hbm_bytes_per_s / 1e9,
+                g.link_bytes_per_s / 1e9,
+                g.link,
+            ]
+            for g in GPUS.values()
+        ],
     )
-    print_table(
-        "Modes",
-        ["mode", "status", "detail"],
-        [(r["item"], "ok" if r["ok"] else "unavailable", escape(r["detail"])) for r in report["modes"]],
-    )
+    if status.available:
+        match = detected["known_as"]
+        say(
+            f"This machine: {status.name} ({format_bytes(status.memory_bytes or 0)}), driver {status.driver}, "
+            f"CUDA {status.cuda}, {status.device_count} GPU(s); "
+            + (f"runs as --gpu {match}" if match else "not a known model: give --gpu and --gpu-memory")
+        )
+    else:
+        note(f"This machine: no GPU detected ({status.reason})")
 
 
-COMMANDS = [shim_group, doctor]
+COMMANDS = [shim_group, doctor, gpus_cmd]

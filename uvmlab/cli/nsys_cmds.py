@@ -3,14 +3,13 @@ simulated)."""
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from uvmlab.console import note, print_table
+from uvmlab.cli.options import figure_format_option, format_option, out_option
+from uvmlab.console import note, print_csv, print_table
 
 ITERATION_HELP = (
     "Regular expression for iteration NVTX ranges; its first group is the iteration number "
@@ -25,22 +24,34 @@ def nsys() -> None:
 
 @nsys.command("summarize")
 @click.argument("report", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@format_option(
+    "table; json; csv: one row per entity, a first column `table` naming its table (export, "
+    "what_was_collected, page_faults, um_migrations, um_total_sum_figures, um_sum_top_addresses, attribution, "
+    "per_iteration, top_kernels_by_faults, gpu_memory_usage_events); an empty cell = not collected."
+)
+@click.option(
+    "--table",
+    "only",
+    default=None,
+    metavar="NAME",
+    help="Only this table (its name in the csv `table` column); csv then has exactly its columns.",
+)
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
-def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None:
+def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: str | None) -> None:
     """Unified Memory statistics of REPORT.sqlite: faults, migrations, per-kernel and per-iteration attribution.
 
-    Figures that were not collected print n/a (null in JSON), never 0. Also gives the totals of
-    `nsys stats -r um_total_sum,um_sum`, including where those reports refuse to run.
+    Figures that were not collected print n/a (null in JSON, an empty cell in CSV), never 0. Also gives the
+    totals of `nsys stats -r um_total_sum,um_sum`, including where those reports refuse to run.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from uvmlab.console import err
+    from uvmlab.console import err, table_key
+    from uvmlab.errors import InputError
     from uvmlab.nsys import schema as S
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.read import open_export
     from uvmlab.nsys.stats import summarize
-    from uvmlab.nsys.tables import summary_csv_rows, summary_tables
+    from uvmlab.nsys.tables import summary_tables
 
     with open_export(report) as ex:
         for w in ex.warnings:
@@ -52,44 +63,81 @@ def summarize_cmd(report: Path, fmt: str, iteration_pattern: str | None) -> None
             s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN, progress=lambda n: bar.advance(task, n))
     if fmt == "json":
         click.echo(json.dumps(s.to_dict(), indent=2, default=str))
-    elif fmt == "csv":
-        w = csv.writer(sys.stdout)
-        w.writerow(["table", "row", "column", "value"])
-        w.writerows(summary_csv_rows(s))
+        return
+    tables = summary_tables(s)
+    if only is not None:
+        names = [table_key(t[0]) for t in tables]
+        if only not in names:
+            raise InputError(f"--table takes one of {', '.join(names)}, not {only!r}")
+        tables = [t for t in tables if table_key(t[0]) == only]
+    if fmt == "csv":
+        print_csv(tables)
     else:
-        for title, cols, rows in summary_tables(s):
+        for title, cols, rows in tables:
             print_table(title, cols, rows)
 
 
 @nsys.command("import")
 @click.argument("report", type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Run directory to write.")
+@out_option("Run directory to write.", type=click.Path(path_type=Path), required=True)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def import_cmd(report: Path, out: Path, force: bool, iteration_pattern: str | None, fmt: str) -> None:
+@format_option()
+@click.option(
+    "--timeline",
+    "timeline_out",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
+@figure_format_option()
+def import_cmd(
+    report: Path,
+    out: Path,
+    force: bool,
+    iteration_pattern: str | None,
+    fmt: str,
+    timeline_out: Path | None,
+    figure_format: str,
+) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
     from uvmlab.nsys.measured import import_export
 
     rd, result = import_export(
-        report, out, force=force, iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN
+        report,
+        out,
+        force=force,
+        iteration_pattern=iteration_pattern or DEFAULT_ITERATION_PATTERN,
+        timeline=timeline_out,
+        figure_format=figure_format,
     )
+    if timeline_out is not None:
+        note(f"Wrote timeline {timeline_out}")
     if fmt == "json":
         click.echo(json.dumps(result, indent=2, default=str))
         return
     for w in result["nsys"]["warnings"]:
         note(f"warning: {w}")
-    print_table("Measured run", ["key", "value"], [[k, v] for k, v in result.items() if k != "nsys"])
+    rows = [[k, v] for k, v in result.items() if not isinstance(v, dict | list)]
+    if fmt == "csv":
+        print_csv(("result", ["key", "value"], rows))
+        return
+    print_table("Measured run", ["key", "value"], rows)
     note(rd.summary_line())
 
 
 @click.command("compare")
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None, help="Folder for tables and figures.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
+@out_option("Folder for tables and figures.", type=click.Path(path_type=Path), default=None)
+@format_option(
+    "table; json; csv: one row per figure, iteration or kernel (a first column `table`: totals, footprint, "
+    "per_iteration, per_kernel)."
+)
+@figure_format_option()
+def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str, figure_format: str) -> None:
     """Compare two run directories side by side (RUN_A is the reference): totals, per iteration, per kernel.
 
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
@@ -99,10 +147,13 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
 
     cmp = compare_runs(run_a, run_b)
     if out is not None:
-        written = write_comparison(cmp, out)
+        written = write_comparison(cmp, out, figure_format)
         note(f"Wrote {out} ({len(written)} files)")
     if fmt == "json":
         click.echo(json.dumps(cmp.to_dict(), indent=2, default=str))
+        return
+    if fmt == "csv":
+        print_csv(cmp.tables())
         return
     for title, cols, rows in cmp.tables():
         print_table(title, cols, rows)
@@ -112,7 +163,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
 
 @click.command("calibrate")
 @click.argument("report", type=click.Path(path_type=Path), required=False)
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Parameter file to write (JSON).")
+@out_option("Parameter file to write (JSON).", type=click.Path(path_type=Path), required=True)
 @click.option(
     "--sim-run",
     type=click.Path(path_type=Path),
@@ -126,7 +177,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, fmt: str) -> None:
     help="Start from this parameter file instead of the built-in defaults.",
 )
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option()
 def calibrate_cmd(
     report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool, fmt: str
 ) -> None:
@@ -148,14 +199,31 @@ def calibrate_cmd(
         click.echo(json.dumps(doc, indent=2, default=str))
         return
     fitted = doc.get("fitted", {})
+    rows = [[k, *_param_cell(k, v, k in fitted)] for k, v in doc["params"].items()]
+    if fmt == "csv":
+        print_csv(("params", ["parameter", "value", "source"], rows))
+        return
     print_table(
-        "Cost parameters",
-        ["parameter", "value", "fitted"],
-        [[k, v, "fitted" if k in fitted else "default"] for k, v in doc["params"].items()],
+        "Cost parameters", ["parameter", "value", "source"], [[k, "per GPU" if v is None else v, s] for k, v, s in rows]
     )
     for n in doc.get("notes", []):
         note(n)
     note(f"Wrote {out}")
+
+
+PER_GPU = {
+    "link_bytes_per_s": "the GPU's link bandwidth (uvmlab.gpus GpuSpec.link_bytes_per_s)",
+    "zero_fill_bytes_per_s": "the GPU's HBM bandwidth (uvmlab.gpus GpuSpec.hbm_bytes_per_s)",
+}
+"""Parameters a file leaves null: CostParams.for_gpu fills them from the run's GPU (uvmlab.sim.timing)."""
+
+
+def _param_cell(name: str, value: object, fitted: bool) -> tuple[object, str]:
+    """(value as written in the file, where it comes from): a null per-GPU parameter is not 'n/a', a run takes it
+    from its GPU."""
+    if value is None and name in PER_GPU:
+        return None, f"default: {PER_GPU[name]}"
+    return value, "fitted" if fitted else "default"
 
 
 nsys.add_command(summarize_cmd)

@@ -1,5 +1,5 @@
 """Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate) and
-``--format table|json``."""
+``--format table|json[|csv]``."""
 
 from __future__ import annotations
 
@@ -15,15 +15,43 @@ from uvmlab.errors import InputError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def format_option(help: str | None = None) -> Callable[[F], F]:
-    """Add ``--format table|json`` (as ``fmt``): rich tables, or JSON only on stdout; ``help`` is its --help text."""
+def format_option(help: str | None = None, csv: bool = True, extra: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Add ``--format table|json|csv`` (as ``fmt``): tables (rich on a terminal, Markdown otherwise), or only JSON /
+    CSV on stdout (``csv=False`` where the output is not rows); ``extra`` adds command-specific formats."""
+    choices = ["table", "json", *(["csv"] if csv else []), *extra]
+    default_help = "table: readable tables (Markdown when stdout is not a terminal); json: JSON only on stdout" + (
+        "; csv: CSV rows only on stdout." if csv else "."
+    )
     return click.option(
-        "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help=help
+        "--format",
+        "fmt",
+        type=click.Choice(choices),
+        default="table",
+        show_default=True,
+        help=help or default_help,
     )
 
 
+class _OutOption(click.Option):
+    """An option whose ``--output`` spelling works but is left out of --help (the documented one is ``--out``)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts = self.opts
+        self.opts = [o for o in opts if o != "--output"]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+
+def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
+    """``-o/--out`` (as ``dest``), the one spelling of an output path everywhere; ``--output`` is a hidden alias."""
+    return click.option("-o", "--out", "--output", dest, cls=_OutOption, help=help, **kw)
+
+
 def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
-    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations and --option KEY=VALUE."""
+    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations, the shortcuts --seq-len,
+    --image-size and --num-classes, and --option KEY=VALUE."""
 
     def decorate(fn: F) -> F:
         opts = [
@@ -54,6 +82,11 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 show_default=True,
                 help="Training iterations.",
             ),
+            click.option("--seq-len", type=int, default=None, help="Sequence length (same as --option seq_len=N)."),
+            click.option(
+                "--image-size", type=int, default=None, help="Image side in pixels (same as --option image_size=N)."
+            ),
+            click.option("--num-classes", type=int, default=None, help="Classes (same as --option num_classes=N)."),
             click.option(
                 "--option",
                 "options",
@@ -83,8 +116,20 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
+SHORTCUTS = {"seq_len": "--seq-len", "image_size": "--image-size", "num_classes": "--num-classes"}
+"""Flags that set a workload option (the workload refuses it if it has no such option)."""
+
+
 def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
     """Build the WorkloadConfig from the values of :func:`workload_options` (validation happens in the config)."""
+    options = parse_options(kw.get("options", ()))
+    for key, flag in SHORTCUTS.items():
+        value = kw.get(key)
+        if value is None:
+            continue
+        if key in options and options[key] != value:
+            raise InputError(f"{flag} {value} contradicts --option {key}={options[key]}")
+        options[key] = value
     return WorkloadConfig(
         workload=workload,
         batch_size=kw["batch_size"],
@@ -93,5 +138,19 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         attention=kw["attention"],
         dtype=kw["dtype"],
         iterations=kw["iterations"],
-        options=parse_options(kw.get("options", ())),
+        options=options,
+    )
+
+
+def figure_format_option() -> Callable[[F], F]:
+    """Add ``--figure-format png|svg|pdf`` (as ``figure_format``) for commands that write figures."""
+    from uvmlab.rundir import FIGURE_FORMATS
+
+    return click.option(
+        "--figure-format",
+        "figure_format",
+        type=click.Choice(FIGURE_FORMATS),
+        default="png",
+        show_default=True,
+        help="File format of the figures (svg and pdf scale for papers).",
     )

@@ -45,9 +45,23 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
     with what the real allocator did: allocation addresses, the segment_alloc/free (map/unmap) sequence, peak
     reserved, peak requested and the final blocks. Exit code 0 when identical, 1 on a divergence (the first one
     is reported), 2 when the file is not a usable snapshot.
+
+    \b
+    Terms:
+      format G1..G6        the snapshot layout generation (see uvmlab snapshot show --help)
+      sim / real           the simulated allocator / what PyTorch's allocator recorded
+      segment events       segment_alloc and segment_free: cudaMalloc / cudaFree of whole segments
+      peak requested       bytes the program asked for (before rounding); allocated adds the rounding
+      segments before the trace (blocks inferred)
+                           the state the trace starts from, rebuilt by undoing the trace on the
+                           snapshot's final state: segments alive before recording began, and how
+                           many of their blocks had sizes the trace's events had to supply
+      empty_cache bursts   segment releases the trace shows without a cause in it, replayed as
+                           torch.cuda.empty_cache() calls
+      device capacity      memory inferred from the trace's OOM events, when it has some
     """
     from uvmlab.atomic import to_json
-    from uvmlab.console import out, print_table
+    from uvmlab.console import print_csv, print_table, say
     from uvmlab.errors import UvmlabError
     from uvmlab.replay import replay_snapshot
     from uvmlab.units import format_bytes
@@ -56,7 +70,6 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
     if fmt == "json":
         click.echo(to_json(report.to_dict()), nl=False)
     else:
-        out.print(f"{report.path}\nformat {report.format_generation}; alloc conf {report.alloc_conf!r}")
         devs = report.devices
         metrics = [
             ("trace events", [d.events for d in devs]),
@@ -74,10 +87,10 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
             ("peak allocated (sim)", [format_bytes(d.peak_allocated_sim) for d in devs]),
             ("final blocks", ["same" if d.final_blocks_equal else "DIFFER" for d in devs]),
             (
-                "initial segments (inferred blocks)",
+                "segments before the trace (blocks inferred)",
                 [f"{d.initial_segments} ({d.initial_blocks_inferred})" for d in devs],
             ),
-            ("emulated empty_cache bursts", [d.release_bursts for d in devs]),
+            ("empty_cache bursts emulated", [d.release_bursts for d in devs]),
             (
                 "OOMs sim/real (device capacity)",
                 [
@@ -89,14 +102,19 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
             ("identical", ["yes" if d.identical else "NO" for d in devs]),
             ("first divergence", [_fmt_div(d.first_divergence) for d in devs]),
         ]
-        print_table(
-            "Replay vs the real allocator",
-            ["", *[f"device {d.device}" for d in devs]],
-            [[name, *vals] for name, vals in metrics],
-        )
-        for d in report.devices:
-            for n in d.notes:
-                out.print(f"device {d.device}: {n}")
+        columns = ["", *[f"device {d.device}" for d in devs]]
+        if fmt == "csv":
+            print_csv(("replay", ["metric", *columns[1:]], [[name, *vals] for name, vals in metrics]))
+        else:
+            say(
+                f"{report.path}\nformat {report.format_generation} (the snapshot's layout generation: see "
+                f"uvmlab snapshot show); PYTORCH_CUDA_ALLOC_CONF simulated: {report.alloc_conf!r}\n"
+            )
+            title = "Replay vs the real allocator (sim = simulated, real = recorded)"
+            print_table(title, columns, [[name, *vals] for name, vals in metrics])
+            for d in report.devices:
+                for n in d.notes:
+                    say(f"device {d.device}: {n}")
     if not report.identical:
         bad = next(d for d in report.devices if not d.identical)
         raise UvmlabError(f"replay of {snapshot} diverged on device {bad.device}: {_fmt_div(bad.first_divergence)}")

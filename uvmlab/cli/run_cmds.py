@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, parse_options, workload_config, workload_options
+from uvmlab.cli.options import (
+    figure_format_option,
+    format_option,
+    out_option,
+    parse_options,
+    workload_config,
+    workload_options,
+)
 from uvmlab.errors import InputError
 
 
@@ -31,7 +39,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         v = r.get(key)
         return "n/a" if v is None or v != v else f"{v / 1e6:,.2f} ms"
 
-    slow = r.get("slowdown")
+    def x(key: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None or v != v else f"{v:,.2f}x"
+
     return [
         ("workload", r.get("workload")),
         ("mode", r.get("mode")),
@@ -42,8 +53,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("available to UVM", b("available_bytes")),
         ("iterations", r.get("iterations")),
         ("iteration time", ms("iteration_time_ns")),
-        ("baseline iteration (all resident)", ms("baseline_time_ns")),
-        ("slowdown", "n/a" if slow is None else f"{slow:,.2f}x"),
+        ("native iteration (no UVM, same PCA setting)", ms("native_time_ns")),
+        ("slowdown vs native", x("slowdown_vs_native")),
+        ("native iteration (no UVM, PCA on)", ms("native_pca_time_ns")),
+        ("slowdown vs native PCA on", x("slowdown_vs_native_pca")),
         (
             "page faults (read / write)",
             f"{r.get('fault_count', 0):,} ({r.get('read_fault_count', 0):,} / {r.get('write_fault_count', 0):,})",
@@ -104,9 +117,14 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     metavar="FILE",
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
 )
-@click.option("-o", "--out", default=None, metavar="DIR", help="Run directory [default: runs/<name>-x<F>-pca..].")
+@out_option(
+    "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
+    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder].",
+    default=None,
+    metavar="DIR",
+)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
-@format_option("json: print result.json on stdout only.")
+@format_option("json: print result.json on stdout only; csv: its scalar keys as key,value rows.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
 @click.option(
     "--footprint",
@@ -117,6 +135,33 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option("--baseline", is_flag=True, help="GPU mode: also run without UVM for the slowdown baseline.")
 @click.option("--nsys", is_flag=True, help="GPU mode: profile with Nsight Systems (UM faults and migrations).")
 @click.option("--alloc-conf", default=None, metavar="CONF", help="GPU mode: PYTORCH_CUDA_ALLOC_CONF to set.")
+@click.option(
+    "--strict-factor",
+    is_flag=True,
+    help="GPU mode: fail when the measured oversubscription factor is more than 5% from the requested one.",
+)
+@click.option(
+    "--policy",
+    default=None,
+    metavar="NAME",
+    help="A memory policy of uvmlab advise (e.g. release-each-iteration; combine with +), on the GPU memory the "
+    "job as given has at --oversub.",
+)
+@click.option(
+    "--snapshot",
+    "snapshot_out",
+    default=None,
+    metavar="FILE.pickle",
+    help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
+)
+@click.option(
+    "--timeline",
+    "timeline_out",
+    default=None,
+    metavar="FILE.json",
+    help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
+)
+@figure_format_option()
 def run_command(
     workload: str,
     oversub: str,
@@ -135,6 +180,11 @@ def run_command(
     baseline: bool,
     nsys: bool,
     alloc_conf: str | None,
+    strict_factor: bool,
+    policy: str | None,
+    snapshot_out: str | None,
+    timeline_out: str | None,
+    figure_format: str,
     **wl: Any,
 ) -> None:
     """Run WORKLOAD under CUDA Unified Memory at an oversubscription factor, with PCA on or off.
@@ -146,8 +196,7 @@ def run_command(
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
     from uvmlab.config import RunConfig
-    from uvmlab.console import note, print_table
-    from uvmlab.console import out as stdout
+    from uvmlab.console import note, print_csv, print_table, say
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
 
@@ -161,13 +210,19 @@ def run_command(
         prefetch=prefetch,
         params_file=params_file,
         sim_options=parse_options(sim_options),
+        policy=policy,
     )
+    if policy:
+        from uvmlab.advise.policies import get_policy
+
+        get_policy(policy)  # an unknown name is one sentence before anything runs
     gpu_flags = {
         "dry_run": dry_run,
         "footprint": footprint,
         "baseline": baseline,
         "nsys": nsys,
         "alloc_conf": alloc_conf,
+        "strict_factor": strict_factor,
     }
     res = run(
         cfg,
@@ -176,7 +231,13 @@ def run_command(
         gpu_options=gpu_flags,
         progress=_progress("simulating kernels"),
         capture_progress=_progress("capturing the trace (cached afterwards)"),
+        snapshot=snapshot_out,
+        timeline=timeline_out,
+        figure_format=figure_format,
     )
+    for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
+        if file is not None and not res.result.get("dry_run") and Path(file).is_file():
+            note(f"Wrote {what} {file}")
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         if not res.result.get("dry_run"):
@@ -185,10 +246,15 @@ def run_command(
     if res.result.get("dry_run"):
         click.echo(res.result["plan"], nl=False)
         return
-    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
     from uvmlab.rundir import RunDir
 
-    stdout.print(RunDir(res.path).summary_line())
+    if fmt == "csv":
+        scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
+        print_csv(("result", ("key", "value"), scalars))
+        note(RunDir(res.path).summary_line())
+        return
+    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
+    say(RunDir(res.path).summary_line())
 
 
 def _progress(label: str) -> Any:

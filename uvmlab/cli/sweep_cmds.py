@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option
+from uvmlab.cli.options import figure_format_option, format_option, out_option
 
 
 class _SweepGroup(click.Group):
@@ -27,6 +27,7 @@ def sweep() -> None:
 
     \b
     uvmlab sweep experiments/lin_jeon_2025.yaml -o sweeps/lin --jobs 2
+    uvmlab sweep SPEC workload=gpt2,bert oversub=1,2,4 -o DIR  # override grid axes
     uvmlab sweep SPEC -o DIR --executor slurm --dry-run   # show the job-array plan and sbatch script
     uvmlab sweep collect DIR                              # rebuild DIR/results.parquet
     """
@@ -34,13 +35,11 @@ def sweep() -> None:
 
 @sweep.command("run")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "-o",
-    "--out",
-    "out",
+@click.argument("overrides", nargs=-1, metavar="[KEY=V1,V2,...]...")
+@out_option(
+    "Sweep folder (runs/<workload>-x<F>-pca<on|off>-<hash>/ per configuration, results.parquet).",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="Sweep folder (runs/<hash>/ per configuration, results.parquet).",
 )
 @click.option(
     "--executor",
@@ -67,6 +66,7 @@ def sweep() -> None:
 @format_option()
 def sweep_run(
     spec: Path,
+    overrides: tuple[str, ...],
     out: Path,
     executor: str,
     jobs: int,
@@ -79,14 +79,18 @@ def sweep_run(
     array_parallelism: int | None,
     fmt: str,
 ) -> None:
-    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes)."""
-    from uvmlab.console import note, print_table
+    """Run every configuration of SPEC into OUT (completed runs are skipped; a killed sweep resumes).
+
+    KEY=V1,V2 overrides replace a grid axis (or add one), Hydra-style: uvmlab sweep SPEC workload=gpt2,bert
+    oversub=1,2,4 -o DIR. Each run goes to OUT/runs/<workload>-x<F>-pca<on|off>-<short hash>.
+    """
+    from uvmlab.console import note, print_csv, print_table
     from uvmlab.errors import InputError
     from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
     from uvmlab.sweep.slurm import check_slurm_field
     from uvmlab.sweep.spec import load_spec
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, overrides)
     overrides: dict[str, tuple[str, Any]] = {
         "configs_per_task": ("--configs-per-task", configs_per_task),
         "time_min": ("--time-min", time_min),
@@ -131,10 +135,12 @@ def sweep_run(
             )
             for e in entries
         ]
+        cols = ["run", "workload", "batch", "oversub", "PCA", "mode", "status"]
+        if fmt == "csv":
+            print_csv(("configs", cols, rows))
+            return
         print_table(
-            f"{loaded.name}: {len(entries)} configurations ({loaded.duplicates} duplicates dropped)",
-            ["run", "workload", "batch", "oversub", "PCA", "mode", "status"],
-            rows,
+            f"{loaded.name}: {len(entries)} configurations ({loaded.duplicates} duplicates dropped)", cols, rows
         )
         if plan is not None:
             click.echo(f"array of {len(plan.chunks)} tasks; submitit parameters: {json.dumps(plan.parameters)}")
@@ -145,7 +151,7 @@ def sweep_run(
     if fmt == "json":
         click.echo(json.dumps(summary.to_dict(), indent=2))
         return
-    print_table(
+    table = (
         f"sweep {loaded.name} -> {out}",
         ["configurations", "skipped (complete)", "ran", "outcomes", "wall time (s)"],
         [
@@ -158,8 +164,12 @@ def sweep_run(
             )
         ],
     )
+    if fmt == "csv":
+        print_csv(table)
+    else:
+        print_table(*table)
     for line in summary.errors:
-        note(f"[yellow]{line}[/yellow]")
+        note(line, style="yellow")
     note(f"Wrote {summary.results_path}; next: uvmlab report {out}")
 
 
@@ -170,7 +180,7 @@ def sweep_collect(out: Path, fmt: str) -> None:
     """Rebuild OUT/results.parquet from the run directories (one row per complete run)."""
     import pandas as pd
 
-    from uvmlab.console import print_table
+    from uvmlab.console import print_csv, print_table
     from uvmlab.sweep.aggregate import write_results
 
     path = write_results(out)
@@ -179,34 +189,43 @@ def sweep_collect(out: Path, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps({"results": str(path), "rows": len(df), "outcomes": counts}))
         return
-    print_table(f"{path}", ["rows", "outcomes"], [(len(df), ", ".join(f"{k} {v}" for k, v in counts.items()))])
+    table = (f"{path}", ["rows", "outcomes"], [(len(df), ", ".join(f"{k} {v}" for k, v in counts.items()))])
+    if fmt == "csv":
+        print_csv(table)
+    else:
+        print_table(*table)
 
 
 @click.command("report")
 @click.argument("sweep_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option(
-    "-o",
-    "--out",
-    "out_html",
+@out_option(
+    "HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
+    dest="out_html",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
 )
 @format_option()
-def report(sweep_dir: Path, out_html: Path | None, fmt: str) -> None:
+@figure_format_option()
+def report(sweep_dir: Path, out_html: Path | None, fmt: str, figure_format: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
-    from uvmlab.console import note, print_table
+    from uvmlab.console import note, print_csv, print_table
     from uvmlab.report import build_report
 
-    built = build_report(sweep_dir, out_html)
+    built = build_report(sweep_dir, out_html, figure_format=figure_format)
     if fmt == "json":
         click.echo(json.dumps(built.to_dict(), indent=2))
         return
-    print_table(
-        f"report of {sweep_dir}", ["figure", "file", "runs"], [(f.key, str(f.path), f.runs) for f in built.figures]
+    table = (
+        f"report of {sweep_dir}",
+        ["figure", "file", "runs"],
+        [(f.key, str(f.path), f.runs) for f in built.figures],
     )
+    if fmt == "csv":
+        print_csv(table)
+        return
+    print_table(*table)
     for skipped in built.skipped:
-        note(f"[yellow]skipped: {skipped}[/yellow]")
+        note(f"skipped: {skipped}", style="yellow")
     note(f"Wrote {built.html}")
 
 

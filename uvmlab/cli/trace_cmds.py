@@ -7,12 +7,19 @@ from typing import Any
 import click
 
 from uvmlab.atomic import to_json
-from uvmlab.cli.options import workload_config, workload_options
+from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import CAPTURE_DEVICES
-from uvmlab.console import err, out, print_table
+from uvmlab.console import err, note, out, plain, print_csv, print_table, say
 from uvmlab.units import format_bytes
 
-FORMATS = click.Choice(["table", "json"])
+TRACE_TERMS = """\b
+Terms:
+  event N        the Nth entry of the trace's one global sequence of allocations, frees and kernels
+                 (the trace's `seq` column): where in the run something happened
+  allocations    tensor storages allocated (requested bytes, before the allocator's rounding)
+  accesses       (kernel, storage) pairs: which tensors each kernel reads or writes
+  live at peak   requested bytes of storages alive at the peak, by category
+  FLOP           floating-point operations of the kernels (shape formulas, see docs/trace.md)"""
 
 
 class _TraceGroup(click.Group):
@@ -37,16 +44,32 @@ def trace_group() -> None:
     """
 
 
-def _print_summary(s: dict[str, Any]) -> None:
-    out.print(
+def _summary_tables(s: dict[str, Any]) -> list[Any]:
+    """The trace summary's two tables with raw numbers (for CSV)."""
+    cats = ["category", "allocations", "allocated_bytes", "live_at_peak_bytes"]
+    phases = ["phase", "allocations", "allocated_bytes", "kernels", "flops"]
+    return [
+        ("Bytes per category", cats, [[c[k] for k in cats] for c in s["categories"]]),
+        ("Per phase", phases, [[p[k] for k in phases] for p in s["phases"]]),
+    ]
+
+
+def _print_summary(s: dict[str, Any], fmt: str = "table") -> None:
+    if fmt == "csv":
+        print_csv(_summary_tables(s))
+        return
+    say(
         f"{s['workload']} on {s['capture_device']}: batch {s['batch_size']}, {s['iterations']} iterations; "
         f"{s['allocations']:,} allocations, {s['frees']:,} frees, {s['kernels']:,} kernels "
-        f"({s['total_flops']:.4g} FLOP), {s['accesses']:,} accesses"
+        f"({s['total_flops']:.4g} FLOP), {s['accesses']:,} accesses (kernel reads/writes of a tensor)"
     )
-    when = f"seq {s['peak_seq']}, {s['peak_phase']} of iteration {s['peak_iteration']}"
-    out.print(f"peak live tensor bytes: {format_bytes(s['peak_live_bytes'])} ({when})")
+    when = (
+        f"trace event {s['peak_seq']} (of its alloc/free/kernel sequence), "
+        f"{s['peak_phase']} of iteration {s['peak_iteration']}"
+    )
+    say(f"peak live tensor bytes: {format_bytes(s['peak_live_bytes'])} at {when}")
     if s.get("parameter_bytes") is not None:
-        out.print(f"model parameters: {format_bytes(s['parameter_bytes'])}")
+        say(f"model parameters: {format_bytes(s['parameter_bytes'])}")
     print_table(
         "Bytes per category",
         ["category", "allocations", "allocated", "live at peak"],
@@ -64,22 +87,23 @@ def _print_summary(s: dict[str, Any]) -> None:
         ],
     )
     for n in s["notes"]:
-        out.print(f"note: {n}")
+        say(f"note: {n}")
 
 
 @trace_group.command("capture")
 @click.argument("workload")
-@click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False), help="Trace folder to write.")
+@out_option("Trace folder to write.", dest="out_dir", required=True, type=click.Path(file_okay=False))
 @click.option("--device", type=click.Choice(CAPTURE_DEVICES), default="meta", show_default=True)
 @click.option(
     "--no-emulate-cuda",
     is_flag=True,
     help="Do not route SDPA to CUDA's flash/efficient kernels (for comparing meta with cpu captures).",
 )
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @workload_options()
 def trace_capture(workload: str, out_dir: str, device: str, no_emulate_cuda: bool, fmt: str, **kw: Any) -> None:
     """Capture N training iterations of WORKLOAD into the trace folder -o DIR and print its summary."""
+    # (terms: see uvmlab trace show --help)
     from rich.progress import Progress
 
     from uvmlab.trace.capture import capture_trace
@@ -87,8 +111,8 @@ def trace_capture(workload: str, out_dir: str, device: str, no_emulate_cuda: boo
     from uvmlab.trace.summary import summarize
 
     cfg = workload_config(workload, **kw)
-    with Progress(console=err, transient=True, disable=fmt == "json") as bar:
-        task = bar.add_task(f"capturing {workload} on {device}", total=cfg.iterations)
+    with Progress(console=err, transient=True, disable=fmt != "table") as bar:
+        task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done)
@@ -99,13 +123,13 @@ def trace_capture(workload: str, out_dir: str, device: str, no_emulate_cuda: boo
     if fmt == "json":
         click.echo(to_json({"trace": str(out_dir), **summary}), nl=False)
         return
-    err.print(f"wrote {out_dir} in {trace.header['capture_seconds']:.1f} s")
-    _print_summary(summary)
+    note(f"wrote {out_dir} in {trace.header['capture_seconds']:.1f} s")
+    _print_summary(summary, fmt)
 
 
-@trace_group.command("show")
+@trace_group.command("show", epilog=TRACE_TERMS)
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 def trace_show(directory: str, fmt: str) -> None:
     """Summarize the trace folder DIRECTORY: counts, bytes per category, peak live bytes, phases, FLOPs."""
     from uvmlab.trace.schema import read_trace
@@ -115,24 +139,58 @@ def trace_show(directory: str, fmt: str) -> None:
     if fmt == "json":
         click.echo(to_json(summary), nl=False)
         return
-    _print_summary(summary)
+    _print_summary(summary, fmt)
 
 
 @click.command("workloads")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def workloads_cmd(fmt: str) -> None:
-    """List the built-in workloads: default (seed study) batch size, parameter count, options."""
-    from workloads.info import describe_workloads
+@click.option(
+    "--parameters",
+    "-p",
+    is_flag=True,
+    help="Also count each model's parameters (builds it on the meta device: imports torch, a few seconds).",
+)
+@click.option("--all", "show_all", is_flag=True, help="Also list every torchvision:, timm: and hf: model name.")
+@format_option()
+def workloads_cmd(parameters: bool, show_all: bool, fmt: str) -> None:
+    """List the built-in workloads: default (seed study) batch size, options (and, with -p, parameter counts).
 
-    rows = describe_workloads()
+    Listing is instant (no torch import). With --all, also the named models: torchvision:NAME, timm:NAME (listed
+    from the installed packages) and hf:ARCH (built-in configs, or any transformers config.json). Give a Python
+    workload file instead of a name anywhere a WORKLOAD is taken (docs/workloads.md).
+    """
+    from workloads.info import describe_workloads, named_models
+
+    with err.status("listing workloads") as status:
+        rows = describe_workloads(parameters, progress=lambda n: status.update(plain(f"counting parameters of {n}")))
+        named = named_models() if show_all else []
     if fmt == "json":
-        click.echo(to_json(rows), nl=False)
+        click.echo(to_json({"builtin": rows, "named": named} if show_all else rows), nl=False)
+        return
+    cols = ["workload", "default batch", "parameters", "options", "description"]
+    if fmt == "csv":
+        keys = ["name", "default_batch_size", "parameters", "options", "description"]
+        body = [[r[k] if k != "options" else " ".join(r[k]) for k in keys] for r in rows]
+        print_csv(("workloads", keys, body))
         return
     print_table(
         "Built-in workloads (or give a Python workload file: docs/workloads.md)",
-        ["workload", "default batch", "parameters", "options"],
-        [[r["name"], r["default_batch_size"], f"{r['parameters'] / 1e6:.1f} M", ", ".join(r["options"])] for r in rows],
+        cols,
+        [
+            [
+                r["name"],
+                r["default_batch_size"],
+                None if r["parameters"] is None else f"{r['parameters'] / 1e6:.1f} M",
+                ", ".join(r["options"]),
+                r["description"],
+            ]
+            for r in rows
+        ],
     )
+    if not parameters:
+        note("parameters: n/a until counted; add --parameters (-p) to build each model on the meta device")
+    for fam in named:
+        out.print(f"\n{fam['prefix']}:NAME ({fam['package']}; {len(fam['names'])} models; {fam['note']})")
+        out.print(", ".join(fam["names"]), soft_wrap=False, highlight=False)
 
 
 COMMANDS = [trace_group, workloads_cmd]

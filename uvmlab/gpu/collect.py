@@ -7,18 +7,26 @@ Inputs: ``<role>.worker.json`` and ``<role>.samples.parquet`` (uvmlab.gpu.worker
   one, with fault and migration columns; otherwise from the worker's wall times, fault columns null
   (not collected).
 * ``tables/kernels``, ``tables/migrations``: from the export only.
-* ``tables/memory``: the export's alloc/free log, else the worker's samples (``allocated_bytes`` =
-  torch.cuda.memory_allocated, ``reserved_bytes`` = memory_reserved; ``resident_bytes`` null: NVML's used memory
-  includes the balloon and the context, it is kept as ``nvml_used_bytes``).
+* ``tables/memory``: the export's alloc/free log (the balloon's allocations excluded), else the worker's samples
+  (``allocated_bytes`` = torch.cuda.memory_allocated, ``reserved_bytes`` = memory_reserved; with the caching
+  allocator off those read 0, so both are the shim log's live managed bytes at the sample's time;
+  ``resident_bytes`` null: NVML's used memory includes the balloon and the context, it is kept as
+  ``nvml_used_bytes``).
 * ``tables/shim_allocations``: every shim log record of every step, with a ``role`` column.
-* ``result.json``: RESULT_KEYS with ``mode = "gpu"``; ``slowdown`` = run iteration time / baseline iteration time
-  (mean over iterations after the first) when ``--baseline`` ran; plus a ``gpu_run`` block with the balloon plan
-  and what the shim actually reserved.
+* ``result.json``: RESULT_KEYS with ``mode = "gpu"``; ``native_time_ns`` = the ``--baseline`` run's iteration time
+  (same job, same PCA setting, no UVM; mean over iterations after the first), ``slowdown_vs_native`` = iteration
+  time / that; ``native_pca_time_ns`` / ``slowdown_vs_native_pca`` the same against the baseline with PCA on (the
+  study's reference: set when this run has PCA on, else null: that baseline was not run). Peak allocated/reserved
+  with the caching allocator off: the shim log's peak live managed bytes. Plus a ``gpu_run`` block with the
+  balloon plan, what the shim actually reserved, and ``effective``: the factor the run really had
+  (:func:`effective_factor`).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -90,6 +98,91 @@ def memory_from_samples(path: Path) -> pd.DataFrame:
     return out[list(MEMORY_COLUMNS) + [c for c in out.columns if c not in MEMORY_COLUMNS]]
 
 
+def live_bytes_at(log: pd.DataFrame, times_ns: Any, ops: tuple[str, ...] = ("malloc", "pluggable_malloc")) -> list[int]:
+    """Live bytes of the ``ops`` allocations (minus their frees) at each of ``times_ns`` (the log's clock)."""
+    ok = log[log["result"] == 0]
+    live: dict[int, int] = {}
+    t_events: list[int] = []
+    level: list[int] = []
+    current = 0
+    for t, op, ptr, size in zip(ok["time_ns"], ok["op"], ok["ptr"], ok["size_bytes"], strict=True):
+        if op in ops and size > 0:
+            live[int(ptr)] = int(size)
+            current += int(size)
+        elif op in ("free", "pluggable_free"):
+            current -= live.pop(int(ptr), 0)
+        else:
+            continue
+        t_events.append(int(t))
+        level.append(current)
+    out = []
+    for t in times_ns:
+        i = bisect.bisect_right(t_events, int(t)) - 1
+        out.append(level[i] if i >= 0 else 0)
+    return out
+
+
+def peak_live_bytes(log: pd.DataFrame, role: str, ops: tuple[str, ...]) -> int | None:
+    """Peak live bytes of ``role``'s ``ops`` allocations in the shim log (None when the role left no log)."""
+    from uvmlab.gpu.shim import managed_footprint_bytes
+
+    if log.empty or not (log["role"] == role).any():
+        return None
+    part = log[log["role"] == role]
+    if ops != ("malloc", "pluggable_malloc"):
+        part = part.assign(op=part["op"].replace({o: "malloc" for o in ops}))
+    return managed_footprint_bytes(part)
+
+
+def effective_factor(run: dict[str, Any], balloon_plan: Any, tolerance: float) -> dict[str, Any]:
+    """The UVM capacity the run really had and the factor that gives, from the worker's capacity probe.
+
+    ``capacity = free + live managed - reserve`` measured after the job's memory was released (worker docstring):
+    free memory then is what UVM could fill, plus the reserve the balloon leaves on purpose (the plan's
+    ``reserve_bytes``, not counted as UVM capacity by the plan either); managed bytes still live are counted as
+    usable (they may be resident). ``achieved = footprint / capacity``; ``ok`` is False when it is more than
+    ``tolerance`` (relative) from the requested factor. [approximation] Freed managed memory shows as free because
+    UVM returns free 2 MiB root chunks to PMA (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` ->
+    ``free_next_available_root_chunk``); chunks it kept would bias the measured capacity down.
+    """
+    probes = run.get("capacity_probe") or []
+    final = probes[-1] if probes else None
+    out: dict[str, Any] = {
+        "requested_oversub": balloon_plan.oversub,
+        "planned_available_bytes": balloon_plan.available_bytes,
+        "measured_available_bytes": None,
+        "achieved_oversub": None,
+        "deviation": None,
+        "tolerance": tolerance,
+        "ok": None,
+        "probes": probes,
+        "method": "free + live managed - reserve, after the job's memory was released (uvmlab.gpu.worker)",
+        "message": None,
+    }
+    if final is None or final.get("live_managed_bytes") is None:
+        out["message"] = "not measured: the run left no capacity probe with the shim's counters"
+        return out
+    capacity = int(final["free_bytes"]) + int(final["live_managed_bytes"]) - int(balloon_plan.reserve_bytes)
+    out["measured_available_bytes"] = capacity
+    if capacity <= 0:
+        out.update(ok=False, achieved_oversub=math.inf)
+        out["message"] = (
+            f"WARNING: the run had no UVM capacity left ({capacity} B after the reserve) instead of "
+            f"{balloon_plan.available_bytes} B: its figures are not those of factor {balloon_plan.oversub:g}"
+        )
+        return out
+    achieved = balloon_plan.footprint_bytes / capacity
+    deviation = achieved / balloon_plan.oversub - 1.0
+    out.update(achieved_oversub=achieved, deviation=deviation, ok=abs(deviation) <= tolerance)
+    if not out["ok"]:
+        out["message"] = (
+            f"WARNING: the run's measured factor is {achieved:.3f}, not the requested {balloon_plan.oversub:g} "
+            f"({deviation:+.1%}; UVM had {capacity} B instead of {balloon_plan.available_bytes} B): its figures "
+            "are those of the measured factor"
+        )
+    return out
+
+
 def shim_allocations(logs: Path) -> pd.DataFrame:
     """Every step's shim log, with a ``role`` column."""
     from uvmlab.gpu.shim import read_alloc_log
@@ -100,6 +193,15 @@ def shim_allocations(logs: Path) -> pd.DataFrame:
         df.insert(0, "role", path.name.split(".")[0])
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def balloon_pieces(allocs: pd.DataFrame, role: str = "run") -> list[tuple[int, int]]:
+    """(address, bytes) of the balloon allocations the shim made in ``role``: not the job's memory, so an nsys
+    export of the run must not count them (uvmlab.nsys.read.Export ``exclude_allocations``)."""
+    if allocs.empty:
+        return []
+    b = allocs[(allocs["role"] == role) & (allocs["op"] == "balloon_alloc") & (allocs["result"] == 0)]
+    return [(int(p), int(n)) for p, n in zip(b["ptr"], b["size_bytes"], strict=True) if int(n) > 0]
 
 
 def balloon_actual(allocs: pd.DataFrame, role: str = "run") -> dict[str, Any]:
@@ -135,7 +237,7 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
         from uvmlab.nsys.read import open_export
         from uvmlab.nsys.stats import summarize
 
-        with open_export(export) as ex:
+        with open_export(export, exclude_allocations=balloon_pieces(allocs)) as ex:
             summary = summarize(ex)
             tables = to_run_tables(ex, summary=summary)
             nsys_result = result_of(ex, summary, tables)
@@ -143,11 +245,24 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
             rundir.write_table(name, df)
     else:
         rundir.write_table("iterations", iterations_from_worker(run))
-        rundir.write_table("memory", memory_from_samples(logs / "run.samples.parquet"))
+        memory = memory_from_samples(logs / "run.samples.parquet")
+        if not cfg.pca and not allocs.empty and len(memory):
+            # caching allocator off: PyTorch's counters read 0; every tensor is one managed allocation in the log
+            live = live_bytes_at(allocs[allocs["role"] == "run"], memory["time_ns"])
+            memory["allocated_bytes"] = pd.Series(live, dtype="float64")
+            memory["reserved_bytes"] = pd.Series(live, dtype="float64")
+        rundir.write_table("memory", memory)
 
     b = plan.balloon
     it_ns = mean_iteration_ns(run)
     base_ns = mean_iteration_ns(baseline)
+    peak_alloc, peak_res = run.get("peak_allocated_bytes"), run.get("peak_reserved_bytes")
+    if not cfg.pca:
+        peak = peak_live_bytes(allocs, "run", ("malloc", "pluggable_malloc"))
+        peak_alloc = peak_res = peak  # unknown (null) without a shim log, never PyTorch's 0
+    from uvmlab.gpu.plan import FACTOR_TOLERANCE
+
+    effective = effective_factor(run, b, FACTOR_TOLERANCE)
     res: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
     res.update(
         schema_version=RESULT_SCHEMA_VERSION,
@@ -160,20 +275,26 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
         gpu=plan.gpu_name,
         footprint_bytes=b.footprint_bytes,
         available_bytes=b.available_bytes,
-        peak_allocated_bytes=run.get("peak_allocated_bytes"),
-        peak_reserved_bytes=run.get("peak_reserved_bytes"),
+        peak_allocated_bytes=peak_alloc,
+        peak_reserved_bytes=peak_res,
         iterations=len(run.get("iterations") or []),
         iteration_time_ns=it_ns,
         total_time_ns=sum(i["duration_ns"] for i in run.get("iterations") or []) or None,
-        baseline_time_ns=base_ns,
-        slowdown=(it_ns / base_ns) if it_ns and base_ns else None,
+        native_time_ns=base_ns,
+        slowdown_vs_native=(it_ns / base_ns) if it_ns and base_ns else None,
+        native_pca_time_ns=base_ns if cfg.pca else None,
+        slowdown_vs_native_pca=(it_ns / base_ns) if it_ns and base_ns and cfg.pca else None,
     )
+    achieved = effective["achieved_oversub"]
+    # the factor the run really had (simulation mode writes the same key: the factor it simulated)
+    res["effective_oversub"] = achieved if achieved is not None and math.isfinite(achieved) else None
     for c in FAULT_COLUMNS:
         res[c] = nsys_result.get(c)
     res["gpu_run"] = {
         "footprint_source": plan.footprint_source,
         "balloon_plan": b.to_dict(),
         "balloon_actual": balloon_actual(allocs),
+        "effective": effective,
         "nsys": nsys_result.get("nsys"),
         "timing_note": "iteration times include nsys tracing overhead (UM fault tracing is costly); the baseline "
         "ran without nsys: for timing and slowdown, run without --nsys"

@@ -31,8 +31,10 @@ listed in the result's ``notes`` (and in the parameter file's ``source``).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -189,6 +191,56 @@ extern "C" __global__ void touch(unsigned char* p, const long long* order, long 
 """
 CUDA_CPU_DEVICE_ID = -1
 """cudaCpuDeviceId (driver_types.h)."""
+CUDA_MEM_LOCATION_TYPE_HOST = 2
+"""cudaMemLocationTypeHost (CUDA 13.0 driver_types.h enum cudaMemLocationType)."""
+CUDA13 = 13000
+
+
+class _MemLocation(ctypes.Structure):
+    """struct cudaMemLocation {cudaMemLocationType type; int id;} (CUDA >= 12.2 driver_types.h)."""
+
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+def find_loaded_cudart() -> str | None:
+    """Path of the libcudart this process has loaded (the one CuPy calls), from /proc/self/maps."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "libcudart.so" in Path(path).name:
+            return path
+    return None
+
+
+def prefetch(cp: Any, mem: Any, size: int, device: int, stream: Any) -> None:
+    """cudaMemPrefetchAsync of ``size`` bytes at ``mem`` (a CuPy MemoryPointer) to ``device`` (-1: the host).
+
+    Through ``cupy.cuda.runtime.memPrefetchAsync(devPtr, count, dstDevice, stream)``, whose signature is the same
+    in every CuPy release, not ``ManagedMemory.prefetch``: that one is ``prefetch(self, stream, *, device_id=...)``
+    in CuPy 13+ and ``prefetch(self, stream)`` (own device only) before (cupy/cuda/memory.pyx). On a CUDA 13
+    build CuPy passes ``{cudaMemLocationTypeDevice, dstDevice}`` (cupy_backends/cuda/api/runtime.pyx), which
+    cannot name the host, so the host destination calls the loaded runtime directly with
+    ``{cudaMemLocationTypeHost, 0}`` (CUDA 13.0 cuda_runtime_api.h cudaMemPrefetchAsync).
+    """
+    rt = cp.cuda.runtime
+    if device != CUDA_CPU_DEVICE_ID or rt.runtimeGetVersion() < CUDA13:
+        rt.memPrefetchAsync(mem.ptr, size, device, stream.ptr)
+        return
+    path = find_loaded_cudart()
+    if path is None:
+        raise UnavailableError("prefetching to the host on CUDA 13 needs the CUDA runtime CuPy loaded; none found")
+    fn = ctypes.CDLL(path).cudaMemPrefetchAsync
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, _MemLocation, ctypes.c_uint, ctypes.c_void_p]
+    host = _MemLocation(CUDA_MEM_LOCATION_TYPE_HOST, 0)
+    rc = fn(ctypes.c_void_p(mem.ptr), size, host, 0, ctypes.c_void_p(stream.ptr))
+    if rc != 0:
+        raise UnavailableError(f"cudaMemPrefetchAsync to the host failed with CUDA error {rc}")
+
+
 DEFAULT_SIZES = (2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB, 1024 * MiB)
 DEFAULT_FACTORS = (1.5, 2.0, 4.0)
 
@@ -242,8 +294,6 @@ def run_microbench(
             kernel(((npages + threads - 1) // threads,), (threads,), args)
 
     def host_fill(mem: Any, size: int) -> None:
-        import ctypes
-
         stream.synchronize()
         ctypes.memset(mem.ptr, 1, size)  # the CPU writes every page: they are host-resident
 
@@ -260,13 +310,12 @@ def run_microbench(
                     order = cp.asarray(rng.permutation(size // PAGE_BYTES).astype(np.int64))
                 if kind != "touch_fresh":
                     host_fill(mem, size)
-                # ManagedMemory.prefetch picks the runtime's ABI (CUDA 13 takes a location; cupy PR #9289)
                 if kind == "prefetch_htod":
-                    times.append(timed(lambda m=mem: m.mem.prefetch(stream, dev)))
+                    times.append(timed(lambda m=mem, s=size: prefetch(cp, m, s, dev, stream)))
                 elif kind == "prefetch_dtoh":
-                    mem.mem.prefetch(stream, dev)
+                    prefetch(cp, mem, size, dev, stream)
                     stream.synchronize()
-                    times.append(timed(lambda m=mem: m.mem.prefetch(stream, CUDA_CPU_DEVICE_ID)))
+                    times.append(timed(lambda m=mem, s=size: prefetch(cp, m, s, CUDA_CPU_DEVICE_ID, stream)))
                 else:
                     times.append(timed(lambda m=mem, s=size, o=order: touch(m, s, o)))
                 del mem, order
@@ -299,7 +348,6 @@ def write_fit(result: Fit, timings: pd.DataFrame, out: Any, source: str) -> dict
     """Write ``result.params`` as a CostParams file (notes appended to ``source``); return the file's content plus
     ``fitted`` (the parameter names the data set), ``notes`` and ``timings`` (records)."""
     import json
-    from pathlib import Path
 
     if result.notes:
         source += "; " + "; ".join(result.notes)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uvmlab.advise.policies import Policy, get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 from uvmlab.gpu.balloon import DEFAULT_RESERVE_BYTES, BalloonPlan, plan_balloon
@@ -41,6 +42,27 @@ NSYS_PROFILE_FLAGS = (
 FOOTPRINT_CHOICES = ("measure", "estimate")
 ALLOC_LOG = "{role}.alloc.bin"
 """Shim allocation log of each step, under RUNDIR/logs/."""
+BALLOON_CLAIM = "{role}.balloon.claim"
+"""The shim creates this file (O_EXCL) when it takes the balloon: the first process of a step to allocate owns it,
+later processes of the step (e.g. a child started by the worker) do not take a second one."""
+DEVICE_ORDER = "PCI_BUS_ID"
+"""CUDA_DEVICE_ORDER of every step: CUDA numbers GPUs as nvidia-smi and NVML's PCI listing do (CUDA's default,
+FASTEST_FIRST, may put another GPU at index 0; CUDA Programming Guide, "CUDA Environment Variables")."""
+EMPTY_CACHE_ENV = "UVMLAB_EMPTY_CACHE_EACH_ITERATION"
+"""Set by a plan whose policy releases cached blocks: the worker calls torch.cuda.empty_cache() after each step."""
+FACTOR_TOLERANCE = 0.05
+"""A run whose measured factor is more than 5 % from the requested one warns (``--strict-factor``: fails)."""
+INHERITED_ENV_DROPPED = (
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",  # any value turns the caching allocator off (c10 forceUncachedAllocator)
+    "PYTORCH_NO_HIP_MEMORY_CACHING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",  # the newer name of PYTORCH_CUDA_ALLOC_CONF (c10/core/AllocatorConfig.cpp)
+    "PYTORCH_HIP_ALLOC_CONF",
+    "CUDA_DEVICE_ORDER",
+    "LD_PRELOAD",
+)
+"""Variables of the parent's environment a step never inherits: each changes the experiment (allocator on/off,
+backend, which GPU, which shim). A step sets what it needs itself; ``UVMLAB_*`` variables are dropped too."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,8 @@ class GpuRunOptions:
     nsys_path: str = "nsys"
     shim_library: str | None = None
     """Path of the shim; None: the cached build for the current source (uvmlab.gpu.shim.shim_path)."""
+    strict_factor: bool = False
+    """Fail the run (after writing its results) when the measured factor is more than 5 % from the requested one."""
 
     def __post_init__(self) -> None:
         fp = self.footprint
@@ -109,6 +133,13 @@ class Plan:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+
+def step_environment(step: Step, parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment a step runs with: the parent's minus the variables that would change the experiment
+    (``INHERITED_ENV_DROPPED`` and every ``UVMLAB_*``), plus the step's own."""
+    kept = {k: v for k, v in parent.items() if k not in INHERITED_ENV_DROPPED and not k.startswith("UVMLAB_")}
+    return {**kept, **step.env}
 
 
 def build_alloc_conf(extra: str) -> str:
@@ -207,14 +238,24 @@ def plan_run(
     host = opts.host_memory_bytes
     if host is None and status.available:
         host = host_memory_bytes()
-    alloc_conf = build_alloc_conf(opts.alloc_conf)
+    policy = get_policy(cfg.policy) if cfg.policy else None
+    if policy is not None:
+        notes.extend(policy_notes(policy))
+    extra_conf = ",".join(c for c in (opts.alloc_conf, policy.alloc_conf if policy else "") if c)
+    alloc_conf = build_alloc_conf(extra_conf)
 
     from uvmlab.gpu import shim as shim_mod
 
     library = opts.shim_library or str(shim_mod.shim_path())
-    base_env: dict[str, str] = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "PYTHONUNBUFFERED": "1"}
+    base_env: dict[str, str] = {
+        "PYTORCH_CUDA_ALLOC_CONF": alloc_conf,
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_ORDER": DEVICE_ORDER,
+    }
     if not cfg.pca:
         base_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    if policy is not None and policy.release_each_iteration:
+        base_env[EMPTY_CACHE_ENV] = "1"
     worker = (opts.python, "-m", "uvmlab.gpu.worker", str(rundir))
     cwd = str(rundir)
 
@@ -225,6 +266,7 @@ def plan_run(
             advise=opts.advise if mode == "managed" else (),
             prefetch=opts.prefetch if mode == "managed" else "off",
             balloon_leave_bytes=leave,
+            balloon_claim=logs / BALLOON_CLAIM.format(role=role) if leave is not None else None,
             alloc_log=logs / ALLOC_LOG.format(role=role),
         )
 
@@ -338,6 +380,15 @@ def format_plan(plan: Plan) -> str:
             f"  = balloon (planned)        {b.balloon_bytes:>16}  {format_bytes(b.balloon_bytes)}",
             f"  the shim leaves C + reserve = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time",
             f"  factor over total memory (F_total): {b.oversub_total:.4f}",
+            "effective factor, measured by the run step (the plan above is only the intent):",
+            "  after the last timed iteration (the first one has loaded cuBLAS/cuDNN handles and lazy modules) the "
+            "worker frees the job's memory,",
+            "  then reads cudaMemGetInfo free F and the shim's live managed bytes L (uvmlab_live_managed_bytes):",
+            f"  C_measured = F + L - reserve ({b.reserve_bytes} B); factor achieved = footprint / C_measured",
+            f"  more than {FACTOR_TOLERANCE:.0%} from f = {b.oversub:g} warns and records both "
+            "(result.json gpu_run.effective); --strict-factor makes it an error",
+            "  a balloon the shim could not take (free memory already at or below what to leave) is logged as a "
+            "balloon_alloc record of 0 bytes and said on stderr",
         ]
     lines.append(f"PYTORCH_CUDA_ALLOC_CONF: {plan.alloc_conf}")
     for note in plan.notes:
@@ -350,3 +401,10 @@ def format_plan(plan: Plan) -> str:
     if plan.needs_measurement:
         lines.append("the steps after calibrate are re-planned with the measured footprint")
     return "\n".join(lines) + "\n"
+
+
+def policy_notes(policy: Policy) -> list[str]:
+    """What a policy needs on the GPU host that a plan cannot set for one process (driver module parameters)."""
+    if not policy.sim_options:
+        return []
+    return [f"policy {policy.name} needs the driver set up first, as root: {policy.apply_how}; uvmlab cannot check it"]

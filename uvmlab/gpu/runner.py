@@ -31,6 +31,7 @@ from uvmlab.gpu.plan import (
     format_plan,
     host_memory_bytes,
     plan_run,
+    step_environment,
 )
 
 __all__ = [
@@ -48,14 +49,16 @@ __all__ = [
     "host_memory_bytes",
     "plan_run",
     "run_gpu",
+    "step_environment",
 ]
 
 
 def execute_step(step: Step, log_dir: Path, timeout_s: float | None = None) -> int:
-    """Run one step (argv list, no shell) with its variables on top of this environment; stdout/stderr go to
+    """Run one step (argv list, no shell) with its variables on top of this environment (minus the inherited
+    variables that would change the experiment: ``step_environment``); stdout/stderr go to
     ``log_dir/<step>.out`` / ``.err``. Returns the exit code; a missing program is an UnavailableError."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **step.env}
+    env = step_environment(step, os.environ)
     with open(log_dir / f"{step.name}.out", "wb") as out, open(log_dir / f"{step.name}.err", "wb") as err:
         try:
             proc = subprocess.run(list(step.argv), env=env, cwd=step.cwd, stdout=out, stderr=err, timeout=timeout_s)
@@ -93,8 +96,9 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
         raise UnavailableError(f"--nsys needs Nsight Systems: {opts.nsys_path} is not on PATH")
     rundir.logs.mkdir(parents=True, exist_ok=True)
     rundir.write_json(rundir.config_json, {**cfg.to_dict(), "gpu_options": _opts_dict(opts)})
-    for old in rundir.logs.glob("*.alloc.bin"):
-        old.unlink()
+    for pattern in ("*.alloc.bin", "*.balloon.claim"):
+        for old in rundir.logs.glob(pattern):
+            old.unlink()
     for step in plan.steps:  # with --footprint measure: only the calibrate step (standin=False)
         _run_checked(step, rundir.logs)
     if plan.needs_measurement:
@@ -105,7 +109,23 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
         plan = plan_run(cfg, opts, path.resolve(), status=status, measured_footprint_bytes=measured)
         for step in plan.steps:
             _run_checked(step, rundir.logs)
-    return collect.collect_run(cfg, opts, plan, rundir, status)
+    res = collect.collect_run(cfg, opts, plan, rundir, status)
+    check_effective_factor(res, opts.strict_factor)
+    return res
+
+
+def check_effective_factor(res: dict[str, Any], strict: bool) -> None:
+    """Say loudly (stderr) when the measured factor is off by more than the tolerance, or was not measured;
+    with ``strict`` a factor off by more than the tolerance is an error (result.json, with both factors, is
+    already written)."""
+    from uvmlab.console import err
+
+    eff = (res.get("gpu_run") or {}).get("effective") or {}
+    message = eff.get("message")
+    if message:
+        err.print(f"uvmlab: {message}", markup=False)
+    if strict and eff.get("ok") is False:
+        raise UvmlabError(f"--strict-factor: {message}")
 
 
 def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]:
@@ -147,4 +167,5 @@ def _opts_dict(opts: GpuRunOptions) -> dict[str, Any]:
         "reserve_bytes": opts.reserve_bytes,
         "calibration_iterations": opts.calibration_iterations,
         "shim_library": opts.shim_library,
+        "strict_factor": opts.strict_factor,
     }

@@ -27,6 +27,8 @@ import pandas as pd
 from uvmlab.errors import InputError, UnavailableError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "uvmlab_shim.cpp"
+ABI_HEADER = SOURCE.with_name("uvmlab_cuda_abi.h")
+"""The CUDA signatures and constants the shim relies on (included by SOURCE; checked against the real headers)."""
 LIBRARY_NAME = "libuvmlab_shim.so"
 CXX_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")
 LINK_FLAGS = ("-ldl", "-lpthread")
@@ -88,8 +90,9 @@ def _compiler_version(cxx: str) -> str:
 
 
 def source_hash(cxx: str | None = None) -> str:
-    """16 hex digits over the shim source, the build flags and the compiler version."""
+    """16 hex digits over the shim source and its header, the build flags and the compiler version."""
     h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(ABI_HEADER.read_bytes())
     h.update(" ".join(CXX_FLAGS + LINK_FLAGS).encode())
     if cxx:
         h.update(_compiler_version(cxx).encode())
@@ -153,6 +156,7 @@ def shim_env(
     prefetch: str = "off",
     balloon_bytes: int | None = None,
     balloon_leave_bytes: int | None = None,
+    balloon_claim: Path | str | None = None,
     alloc_log: Path | str | None = None,
     existing_preload: str = "",
 ) -> dict[str, str]:
@@ -181,6 +185,8 @@ def shim_env(
         env["UVMLAB_BALLOON_BYTES"] = str(balloon_bytes)
     if balloon_leave_bytes is not None:
         env["UVMLAB_BALLOON_LEAVE_BYTES"] = str(balloon_leave_bytes)
+    if balloon_claim is not None:
+        env["UVMLAB_BALLOON_CLAIM"] = str(balloon_claim)
     if alloc_log is not None:
         env["UVMLAB_ALLOC_LOG"] = str(alloc_log)
     return env

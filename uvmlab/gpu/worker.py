@@ -7,8 +7,20 @@ with the trace. Each iteration ends with a device synchronisation; its wall time
 ``time.monotonic_ns`` (the clock of the shim's allocation log). At every phase boundary it samples
 ``torch.cuda.memory_allocated`` / ``memory_reserved`` and NVML's used memory.
 
-Outputs (under RUNDIR/logs/): ``<role>.worker.json`` (outcome, iteration times, peaks, versions) and
-``<role>.samples.parquet``. Exit code 0 also for an out-of-memory outcome (it is a result), 2 for a bad setup.
+With the caching allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING`` set, any value: c10 ``forceUncachedAllocator``
+tests ``getenv(...) != nullptr``), PyTorch's uncached path bypasses the allocator statistics, so
+``memory_allocated/reserved`` and their peaks would read 0: they are recorded as null (unknown) and the collector
+takes them from the shim's allocation log.
+
+The capacity UVM really has (``capacity_probe``): right after the first iteration (cuBLAS/cuDNN handles created,
+lazy modules loaded) the worker records cudaMemGetInfo and the shim's live managed bytes; after the last timed
+iteration it frees the job's memory (model, optimizer, the caching allocator's cache, cuBLAS workspaces), so that
+no managed page occupies the GPU, and records them again: ``free + live managed`` is then what UVM can use plus
+the reserve the balloon left on purpose (uvmlab.gpu.collect.effective_factor). Measuring at the end keeps the
+timed iterations undisturbed.
+
+Outputs (under RUNDIR/logs/): ``<role>.worker.json`` (outcome, iteration times, peaks, capacity probe, versions)
+and ``<role>.samples.parquet``. Exit code 0 also for an out-of-memory outcome (it is a result), 2 for a bad setup.
 ``--device cpu`` runs the same code on the CPU (tests; no NVTX tool attached, no NVML).
 """
 
@@ -26,6 +38,7 @@ from typing import Any
 from uvmlab.atomic import atomic_write_json
 from uvmlab.config import RunConfig
 from uvmlab.errors import UvmlabError
+from uvmlab.gpu.plan import EMPTY_CACHE_ENV
 
 
 class _Nvtx:
@@ -49,9 +62,12 @@ class _Nvtx:
 
 
 class _Nvml:
-    """NVML used-memory sampler of the run's GPU (None values where NVML is absent)."""
+    """NVML used-memory sampler of the run's GPU (None values where NVML is absent).
 
-    def __init__(self, enabled: bool) -> None:
+    The GPU is found by the UUID CUDA reports for the device in use (exact whatever CUDA_DEVICE_ORDER and
+    CUDA_VISIBLE_DEVICES say), else by uvmlab.gpu.detect.nvml_handle's mapping."""
+
+    def __init__(self, enabled: bool, uuid: str | None = None) -> None:
         self.handle = None
         self.mod: Any = None
         if not enabled:
@@ -60,10 +76,13 @@ class _Nvml:
             import pynvml
         except ImportError:
             return
+        from uvmlab.gpu.detect import nvml_handle
+
         try:
             pynvml.nvmlInit()
-            index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
-            self.handle, self.mod = pynvml.nvmlDeviceGetHandleByIndex(index), pynvml
+            handle, _why = nvml_handle(pynvml, dict(os.environ), uuid=uuid)
+            if handle is not None:
+                self.handle, self.mod = handle, pynvml
         except (pynvml.NVMLError, ValueError):
             return
 
@@ -80,6 +99,50 @@ def _flush_shim_log() -> None:
     except (AttributeError, OSError):
         return
     fn()
+
+
+def shim_counter(name: str) -> int | None:
+    """A size_t counter of the preloaded shim (``uvmlab_live_managed_bytes``, ``uvmlab_balloon_bytes``); None
+    without the shim."""
+    try:
+        fn = ctypes.CDLL(None)[name]
+    except (AttributeError, OSError):
+        return None
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = []
+    return int(fn())
+
+
+def caching_disabled(env: Any = None) -> bool:
+    """PyTorch's caching allocator is off: PYTORCH_NO_CUDA_MEMORY_CACHING is set, whatever its value."""
+    return "PYTORCH_NO_CUDA_MEMORY_CACHING" in (os.environ if env is None else env)
+
+
+def memory_probe(torch: Any, when: str) -> dict[str, Any]:
+    """cudaMemGetInfo (through torch, i.e. the real runtime: the shim does not intercept it) and the shim's live
+    managed and balloon bytes, now."""
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "when": when,
+        "free_bytes": int(free),
+        "total_bytes": int(total),
+        "live_managed_bytes": shim_counter("uvmlab_live_managed_bytes"),
+        "balloon_bytes": shim_counter("uvmlab_balloon_bytes"),
+    }
+
+
+def release_job_memory(torch: Any) -> None:
+    """Give back every managed byte the job holds: the caller dropped its references; collect, empty the cache and
+    the cuBLAS workspaces (held by PyTorch outside the cache: torch._C._cuda_clearCublasWorkspaces)."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
 
 
 def run_worker(rundir: Path, role: str, iterations: int | None = None, device: str = "cuda") -> dict[str, Any]:
@@ -100,7 +163,11 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
         raise UvmlabError("the worker found no CUDA device (torch.cuda.is_available() is False)")
     sync = torch.cuda.synchronize if is_cuda else (lambda: None)
     nvtx = _Nvtx()
-    nvml = _Nvml(is_cuda)
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")) if is_cuda else ""
+    nvml = _Nvml(is_cuda, uuid or None)
+    uncached = is_cuda and caching_disabled()
+    release_each_iteration = is_cuda and os.environ.get(EMPTY_CACHE_ENV) == "1"
+    probes: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     its: list[dict[str, Any]] = []
     outcome, error = "ok", None
@@ -111,8 +178,8 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
                 "time_ns": time.monotonic_ns(),
                 "iteration": iteration,
                 "phase": phase,
-                "allocated_bytes": torch.cuda.memory_allocated() if is_cuda else None,
-                "reserved_bytes": torch.cuda.memory_reserved() if is_cuda else None,
+                "allocated_bytes": torch.cuda.memory_allocated() if is_cuda and not uncached else None,
+                "reserved_bytes": torch.cuda.memory_reserved() if is_cuda and not uncached else None,
                 "nvml_used_bytes": nvml.used(),
             }
         )
@@ -134,15 +201,27 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
             start = time.monotonic_ns()
             nvtx.push(f"iteration {it}")
             train_step(workload, optimizer, wcfg, hook, it)
+            if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
+                torch.cuda.empty_cache()
             sync()
             while nvtx.depth:
                 nvtx.pop()
             end = time.monotonic_ns()
             its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
+            if it == 0 and is_cuda:
+                probes.append(memory_probe(torch, "after iteration 0"))
     except torch.OutOfMemoryError as exc:
         outcome, error = "oom", str(exc).splitlines()[0]
     while nvtx.depth:
         nvtx.pop()
+    peaks = {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if is_cuda and not uncached else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if is_cuda and not uncached else None,
+    }
+    if is_cuda:
+        workload = optimizer = None  # drop the job's tensors before measuring
+        release_job_memory(torch)
+        probes.append(memory_probe(torch, "after the job's memory was released"))
     _flush_shim_log()
     logs = rundir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -154,8 +233,9 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
         "error": error,
         "iterations": its,
         "build_ns": (its[0]["start_ns"] if its else time.monotonic_ns()) - t_build,
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if is_cuda else None,
-        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if is_cuda else None,
+        **peaks,
+        "caching_allocator": None if not is_cuda else not uncached,
+        "capacity_probe": probes,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "device_name": torch.cuda.get_device_name() if is_cuda else None,

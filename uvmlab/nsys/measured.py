@@ -195,15 +195,24 @@ def import_export(
     *,
     force: bool = False,
     iteration_pattern: str = DEFAULT_ITERATION_PATTERN,
+    timeline: str | os.PathLike[str] | None = None,
+    figure_format: str = "png",
 ) -> tuple[RunDir, dict[str, Any]]:
-    """Write a measured run directory from an nsys export; return it and its result."""
-    rd = RunDir(out)
+    """Write a measured run directory from an nsys export; return it and its result.
+
+    ``timeline``: also write a Chrome trace-event / Perfetto JSON (uvmlab.export.timeline), with the export's
+    GPU page-fault records on the faults track. Figures: those of a simulated run (uvmlab.report.run_figures),
+    in ``figure_format``, where the export has the data.
+    """
+    rd = RunDir(out, figure_format=figure_format)
     if rd.path.exists() and not rd.path.is_dir():
         raise InputError(f"{rd.path} exists and is not a directory: give a new folder for the run directory")
     with open_export(path) as ex:
         summary = summarize(ex, iteration_pattern)
         tables = to_run_tables(ex, iteration_pattern, summary)
         result = result_of(ex, summary, tables)
+        faults = ex.gpu_faults() if timeline is not None else None
+        ranges = ex.nvtx_ranges() if timeline is not None else None
         rd.prepare(force=force)
         rd.write_json(
             rd.config_json,
@@ -224,5 +233,13 @@ def import_export(
         )
     for name, df in tables.items():
         rd.write_table(name, df)
+    from uvmlab.report.run_figures import write_run_figures
+
+    title = f"{Path(path).name} (measured, nsys)"
+    write_run_figures(rd, tables["kernels"], tables["iterations"], tables["memory"], title=title)
     rd.write_json(rd.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rd, timeline, faults=faults, ranges=ranges)
     return rd, result

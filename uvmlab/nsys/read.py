@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +79,12 @@ class Export:
     """One nsys SQLite export opened read-only (or a JSON export's GPU faults, converted in memory: see
     uvmlab.nsys.jsonexport); use as a context manager or call ``close()``."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], exclude_allocations: Iterable[tuple[int, int]] = ()) -> None:
         self.path = Path(path)
+        self.exclude_allocations = tuple((int(a), int(b)) for a, b in exclude_allocations)
+        """(address, bytes) of device allocations that are not the job's memory (the uvmlab shim's balloon, from
+        its allocation log): dropped from :meth:`memory_usage` with their frees."""
+        self.excluded_memory_rows = 0
         self.in_memory = _check_file(self.path)  # a JSON export, converted into an in-memory database
         uri = self.path.resolve().as_uri() + "?mode=ro&immutable=1"
         try:
@@ -329,8 +333,10 @@ class Export:
 
         Columns: time_ns, pid, device_id, address, bytes, mem_kind, op ("alloc"/"free"), delta_bytes, live_bytes
         (running sum of +bytes per alloc, -bytes per free of device-side kinds, per device; pinned and pageable host
-        memory are excluded; rows with start=0 are pre-capture state). Read once per export (summary, tables and
-        result.json all use it): treat the frame as read-only.
+        memory are excluded; rows with start=0 are pre-capture state). The allocations named in
+        ``exclude_allocations`` (address and size, e.g. the GPU path's balloon: a real cudaMalloc inside the profiled
+        process) are dropped with their first free after them; ``excluded_memory_rows`` counts them. Read once per
+        export (summary, tables and result.json all use it): treat the frame as read-only.
         """
         if self._memory_usage is None:
             self._memory_usage = self._read_memory_usage()
@@ -348,6 +354,10 @@ class Export:
         )
         df["pid"] = _pid(df["pid"])
         df["mem_kind"] = df.pop("mem_kind_id").map(S.MEM_KIND).fillna("unknown")
+        if self.exclude_allocations:
+            drop = _excluded_rows(df, self.exclude_allocations)
+            self.excluded_memory_rows = len(drop)
+            df = df.drop(index=drop).reset_index(drop=True)
         op = df.pop("op_id")
         df["op"] = np.where(op == S.MEM_OPER_FREE, "free", np.where(op == S.MEM_OPER_ALLOC, "alloc", "unknown"))
         sign = np.where(df["op"] == "alloc", 1, np.where(df["op"] == "free", -1, 0))
@@ -355,6 +365,21 @@ class Export:
         device_side = ~df["mem_kind"].isin(S.HOST_MEM_KINDS)
         df["live_bytes"] = df["delta_bytes"].where(device_side, 0).groupby(df["device_id"], dropna=False).cumsum()
         return df
+
+
+def _excluded_rows(df: pd.DataFrame, allocations: Sequence[tuple[int, int]]) -> list[int]:
+    """Index labels of the alloc rows matching (address, bytes) in ``allocations`` and of each one's first later
+    free of the same address (nsys records the freed size too, not needed for the match)."""
+    drop: list[int] = []
+    addr = pd.to_numeric(df["address"], errors="coerce")
+    for address, size in allocations:
+        allocs = df.index[(addr == address) & (df["bytes"] == size) & (df["op_id"] == S.MEM_OPER_ALLOC)]
+        for i in allocs:
+            drop.append(int(i))
+            later = df.index[(df.index > i) & (addr == address) & (df["op_id"] == S.MEM_OPER_FREE)]
+            if len(later):
+                drop.append(int(later[0]))
+    return sorted(set(drop))
 
 
 def _reraise_bug(exc: sqlite3.DatabaseError) -> None:
@@ -375,7 +400,7 @@ def _empty(columns: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype="object") for c in columns})
 
 
-def open_export(path: str | os.PathLike[str]) -> Export:
+def open_export(path: str | os.PathLike[str], exclude_allocations: Iterable[tuple[int, int]] = ()) -> Export:
     """Open an nsys SQLite export read-only (raises InputError for a missing, non-SQLite, truncated or foreign
-    file)."""
-    return Export(path)
+    file). ``exclude_allocations``: (address, bytes) of device allocations that are not the job's (Export)."""
+    return Export(path, exclude_allocations)

@@ -1,4 +1,5 @@
-"""A Summary as printable tables (title, columns, rows) and as flat CSV rows; "n/a" is None here."""
+"""A Summary as printable tables (title, columns, rows); "n/a" is None here (uvmlab.console prints them as
+tables or CSV)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def summary_tables(s: Summary) -> list[Table]:
     out: list[Table] = []
     out.append(
         (
-            f"Export {e['path']}",
+            "Export",
             ["field", "value"],
             [
+                ["path", str(e["path"])],
                 ["nsys version", e["nsys_version"]],
                 ["schema version", e["schema_version"]],
                 ["version from", e["version_source"]],
@@ -102,16 +104,6 @@ def summary_tables(s: Summary) -> list[Table]:
     mem = s.memory
     out.append(("GPU memory usage events", ["figure", "value"], [[k, v] for k, v in mem.items()]))
     return out
-
-
-def summary_csv_rows(s: Summary) -> list[list[Any]]:
-    """Flat ``table,row,column,value`` rows of every table."""
-    rows: list[list[Any]] = []
-    for title, cols, body in summary_tables(s):
-        for i, r in enumerate(body):
-            for c, v in zip(cols, r, strict=True):
-                rows.append([title, i, c, "n/a" if v is None else v])
-    return rows
 
 
 def _fmt(n: Any) -> str | None:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from uvmlab.atomic import atomic_write_text, atomic_write_with
 from uvmlab.report import captions, figures
-from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs
+from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
 
 
@@ -46,12 +46,57 @@ class Report:
         }
 
 
-def _save(fig: Any, path: Path) -> None:
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+def _save(fig: Any, path: Path, fmt: str = "png") -> None:
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=110))
 
 
-def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[str] | None = None) -> Report:
-    """Write the figures (PNG, in ``figures/`` beside the page) and the HTML page for sweep ``sweep_dir``."""
+RUN_COLUMNS = {
+    "run_id": "run",
+    "workload": "workload",
+    "cfg_batch_size": "batch",
+    "oversub": "factor",
+    "pca": "PCA",
+    "mode": "mode",
+    "outcome": "outcome",
+    "iteration_ms": "iteration (ms)",
+    "study_slowdown": "slowdown vs factor 1 (same PCA)",
+    "fault_count": "page faults",
+    "migration_gib": "migrated (GiB)",
+    "error": "error",
+}
+"""The runs table of the page: results.parquet column -> heading."""
+
+
+def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
+    """One row per run (ok first, then oom/error), the run id linking to its directory (relative to the page)."""
+    t = df.assign(
+        iteration_ms=df["iteration_time_ns"] / 1e6,
+        migration_gib=df["migration_bytes"] / (1 << 30),
+        pca=df["pca"].map(lambda v: None if v is None or v is pd.NA else ("on" if v else "off")),
+    )
+    order = {w: i for i, w in enumerate(workload_order(t["workload"]))}
+    t = t.assign(_ok=t["outcome"] != "ok", _w=t["workload"].map(order), _pca=t["pca"] != "on").sort_values(
+        ["_ok", "_w", "_pca", "oversub"], kind="stable"
+    )
+    cols = [c for c in RUN_COLUMNS if c in t.columns and (c != "error" or t[c].notna().any())]
+    out = t[cols].rename(columns=RUN_COLUMNS).reset_index(drop=True)
+    out["_href"] = [relative(Path(p), page_dir) + "/" for p in t["run_dir"]]
+    return out
+
+
+def build_report(
+    sweep_dir: str | os.PathLike[str],
+    out_html: str | os.PathLike[str] | None = None,
+    figure_format: str = "png",
+) -> Report:
+    """Write the figures (``figure_format``, in ``figures/`` beside the page) and the HTML page for ``sweep_dir``.
+
+    The page: headline numbers beside the study's (with why they differ), what was run (said once) and a table
+    of the runs linking to their directories, then each figure with its own caption.
+    """
+    from uvmlab.rundir import check_figure_format
+
+    check_figure_format(figure_format)
     sweep_dir = Path(sweep_dir)
     df = load_results(sweep_dir)
     html_path = Path(out_html) if out_html else sweep_dir / "report" / "report.html"
@@ -115,10 +160,11 @@ def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[
         if fig is None:
             report.skipped.append(f"{title}: the sweep has no runs with the needed values")
             continue
-        path = fig_dir / f"{key}.png"
-        _save(fig, path)
-        what = runs_text if key != "fig5_kernel_memory" else _kernel_caption(kernel_runs)
-        caption = f"{captions.FIGURE_TEXT[key]} What was run: {what}"
+        path = fig_dir / f"{key}.{figure_format}"
+        _save(fig, path, figure_format)
+        caption = captions.FIGURE_TEXT[key]  # what was run is said once, above the runs table
+        if key == "fig5_kernel_memory":
+            caption += f" Runs shown: {_kernel_caption(kernel_runs)}"
         report.figures.append(FigureFile(key, title, path, nruns, caption))
         table = None
         if key == "fig4_pca_ratio":
@@ -127,14 +173,21 @@ def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[
         if key == "fig_sim_vs_measured":
             table = _error_table(df)
         sections.append(Section(title, caption, relative(path, html_path.parent), table))
-    sections.insert(
-        0,
+    simulated = not sims.empty
+    sections[0:0] = [
         Section(
             "Headline numbers",
-            "The study's numbers (seeds/003 section 4.2, measured on an A100 80GB) beside this sweep's.",
-            table=captions.headlines(study_df, pca_ratio),
+            "The study's numbers (seeds/003 section 4.2, measured on an A100 80GB) beside this sweep's, and why "
+            + ("simulated numbers differ (docs/figures/README.md)." if simulated else "they may differ."),
+            table=captions.headlines(study_df, pca_ratio, simulated=simulated),
         ),
-    )
+        Section(
+            "Runs",
+            f"What was run: {runs_text} Each run links to its directory (result.json, tables, figures).",
+            table=runs_table(df, html_path.parent),
+            links={"run": "_href"},
+        ),
+    ]
     failed = df[df["outcome"] != "ok"]
     if not failed.empty:
         cols = [c for c in ("run_id", "workload", "oversub", "pca", "mode", "outcome", "error") if c in failed]
@@ -146,7 +199,7 @@ def build_report(sweep_dir: str | os.PathLike[str], out_html: str | os.PathLike[
             )
         )
     intro = (
-        f"Sweep {sweep_dir}: {len(df)} runs ({len(ok)} ok, {len(failed)} oom/error). {runs_text} "
+        f"Sweep {sweep_dir}: {len(df)} runs ({len(ok)} ok, {len(failed)} oom/error). "
         "Figures follow Lin & Jeon, 'Understanding Oversubscribed Memory Management for Deep Learning "
         "Training' (EuroMLSys '25), figures 3-9."
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uvmlab.report.ticks import log_axis
 from uvmlab.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -24,15 +25,18 @@ def _num(v: Any) -> float:
     return f
 
 
-def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
-    """Write the comparison figures into ``folder/figures`` (as a run directory names them); return their paths."""
+def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -> list[Path]:
+    """Write the comparison figures into ``folder/figures`` (as a run directory names them); return their paths.
+
+    The per-kernel scatter is log-log (kernel times and fault counts span decades).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rd = RunDir(folder)
+    rd = RunDir(folder, figure_format=figure_format)
     out: list[Path] = []
     la, lb = cmp.a.label, cmp.b.label
 
@@ -96,7 +100,7 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
     # 4. per kernel scatter
     k = cmp.kernels
     if k is not None and len(k):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
         for ax, c, (label, scale) in zip(
             axes,
             ("duration_ns", "fault_count"),
@@ -106,15 +110,23 @@ def plot_comparison(cmp: Comparison, folder: Path) -> list[Path]:
             xa = np.array([_num(v) / scale for v in k[f"{c}_a"]]) if f"{c}_a" in k else np.array([])
             yb = np.array([_num(v) / scale for v in k[f"{c}_b"]]) if f"{c}_b" in k else np.array([])
             ok = ~(np.isnan(xa) | np.isnan(yb)) if len(xa) else np.array([], bool)
-            if ok.any():
-                ax.scatter(xa[ok], yb[ok], s=8, alpha=0.6)
-                hi = max(xa[ok].max(), yb[ok].max(), 1e-9)
-                ax.plot([0, hi], [0, hi], color="gray", lw=0.8)
+            pos = ok & (xa > 0) & (yb > 0) if len(xa) else ok  # log-log: zero values cannot be drawn
+            if pos.any():
+                ax.scatter(xa[pos], yb[pos], s=8, alpha=0.6, label="kernel")
+                lo = min(xa[pos].min(), yb[pos].min())
+                hi = max(xa[pos].max(), yb[pos].max())
+                ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--", label="y = x")
+                log_axis(ax, "both")
+                ax.legend(fontsize=7, loc="upper left")
+                dropped = int(ok.sum() - pos.sum())
+                if dropped:
+                    ax.set_title(f"{dropped:,} kernels with 0 in a run not shown (log axes)", fontsize=8)
             else:
-                ax.text(0.5, 0.5, "n/a in a run", ha="center", va="center", transform=ax.transAxes)
+                ax.text(0.5, 0.5, "n/a in a run (or all zero)", ha="center", va="center", transform=ax.transAxes)
             ax.set_xlabel(f"A: {label}")
             ax.set_ylabel(f"B: {label}")
         fig.suptitle(f"Per kernel ({cmp.kernel_match})", fontsize=9)
+        fig.tight_layout()
         out.append(rd.write_figure("per_kernel", fig))
         plt.close(fig)
     return out

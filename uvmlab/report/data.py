@@ -2,12 +2,11 @@
 
 Torch-free; reads only Parquet/JSON. Derived quantities (each documented where the report shows it):
 
-- ``slowdown``: result.json's value (iteration time / the same job all-resident without UVM faults, as the
-  simulator or the GPU runner defines ``baseline_time_ns``).
-- ``study_slowdown``: the study's definition (seeds/003 section 4.2, figures 3a/3b): iteration time at the
+- ``slowdown_vs_native`` / ``slowdown_vs_native_pca``: result.json's values (iteration time / the same job
+  all-resident without UVM, with the same PCA setting / with PCA on; docs/result-json.md).
+- ``slowdown_vs_oversub1``: the study's definition (seeds/003 section 4.2, figures 3a/3b): iteration time at the
   factor / iteration time of the same job *with the same PCA setting* at factor 1.0 (UVM, no oversubscription)
-  in the sweep. Without a factor-1.0 run of that job it falls back to ``slowdown`` (``slowdown_source`` says
-  which was used).
+  in the sweep; null where the sweep has no factor-1.0 run of that job (never another ratio in its place).
 - ``migration_count`` = htod_count + dtoh_count; ``migration_bytes`` = htod_bytes + dtoh_bytes
   (the study counts both directions, seeds/003 section 4.5).
 """
@@ -23,12 +22,13 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS
+from uvmlab.sweep.aggregate import GROUP_KEYS, slowdown_vs_oversub1
 
 STUDY_ORDER = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
 """The seed study's order of workloads in its figures (seeds/003, figures 3-9)."""
 MEASURED_MODES = ("gpu", "measured")
-GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
-"""What identifies 'the same job' across factors and PCA settings."""
+NATIVE_COLUMNS = ("native_time_ns", "slowdown_vs_native", "native_pca_time_ns", "slowdown_vs_native_pca")
+"""result.json's no-UVM references and the slowdowns against them (uvmlab.stats.schema.RESULT_KEYS)."""
 
 
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
@@ -59,23 +59,11 @@ def load_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
             df[key] = df.get(f"cfg_{key}")
     df["oversub"] = pd.to_numeric(df["oversub"], errors="coerce")
     df["pca"] = df["pca"].astype("boolean")
-    for name in (*FAULT_COLUMNS, "iteration_time_ns", "baseline_time_ns", "slowdown", "footprint_bytes"):
+    for name in (*FAULT_COLUMNS, "iteration_time_ns", *NATIVE_COLUMNS, "footprint_bytes"):
         df[name] = _col(df, name)
     df["migration_count"] = df["htod_count"] + df["dtoh_count"]
     df["migration_bytes"] = df["htod_bytes"] + df["dtoh_bytes"]
-    return _study_slowdown(df)
-
-
-def _study_slowdown(df: pd.DataFrame) -> pd.DataFrame:
-    keys = [*GROUP_KEYS, "pca"]
-    ok = df[(df["oversub"] <= 1.0) & (df["outcome"] == "ok") & df["iteration_time_ns"].notna()]
-    base_time = ok.groupby(keys, dropna=False)["iteration_time_ns"].mean().rename("_base")
-    merged = df.join(base_time, on=keys)
-    ratio = merged["iteration_time_ns"] / merged["_base"]
-    df["study_slowdown"] = ratio.where(ratio.notna(), df["slowdown"])
-    df["slowdown_source"] = np.where(
-        ratio.notna(), "factor-1.0 run, same PCA setting", np.where(df["slowdown"].notna(), "result.json", "")
-    )
+    df["slowdown_vs_oversub1"] = slowdown_vs_oversub1(df)
     return df
 
 
@@ -130,7 +118,7 @@ def paired_sim_measured(df: pd.DataFrame) -> pd.DataFrame:
     if measured.empty or simulated.empty:
         return pd.DataFrame()
     keys = [c for c in df.columns if c.startswith("cfg_") and c != "cfg_mode"]
-    metrics = ["iteration_time_ns", "slowdown", "fault_count", "migration_count", "migration_bytes"]
+    metrics = ["iteration_time_ns", "slowdown_vs_native", "fault_count", "migration_count", "migration_bytes"]
     left = measured[[*keys, "workload", "oversub", "pca", *metrics]]
     right = simulated[[*keys, *metrics]]
     return left.merge(right, on=keys, suffixes=("_measured", "_sim"))

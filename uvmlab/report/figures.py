@@ -12,8 +12,10 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from uvmlab.report.data import ok_runs, paired_sim_measured, read_kernels, workload_order
+from uvmlab.report.ticks import log_axis
 from uvmlab.units import GiB, MiB
 
 PCA_PANELS = ((True, "(a) with PCA"), (False, "(b) without PCA"))
@@ -28,13 +30,8 @@ def _factor_colors(factors: list[float]) -> dict[float, tuple[float, ...]]:
 
 
 def _log_y(ax: object) -> None:
-    """Log y axis with plain numbers (1, 2, 5, 10) rather than 10^0 notation."""
-    from matplotlib.ticker import FuncFormatter
-
-    ax.set_yscale("log")  # type: ignore[attr-defined]
-    fmt = FuncFormatter(lambda v, _pos: f"{v:,.10g}")
-    ax.yaxis.set_major_formatter(fmt)  # type: ignore[attr-defined]
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))  # type: ignore[attr-defined]
+    """Log y axis ticked 1, 2, 5, 10, 20, 50 ... in plain numbers (uvmlab.report.ticks)."""
+    log_axis(ax, "y")
 
 
 def _grouped_bars(
@@ -111,11 +108,11 @@ def fig3_slowdown(df: pd.DataFrame) -> Figure | None:
     """Figure 3: slowdown per workload and factor > 1, (a) with and (b) without PCA.
 
     Slowdown is the study's: iteration time / iteration time at factor 1.0 with the same PCA setting
-    (``study_slowdown`` in uvmlab.report.data).
+    (``slowdown_vs_oversub1`` in uvmlab.report.data).
     """
     fig = _two_panels(
         df,
-        "study_slowdown",
+        "slowdown_vs_oversub1",
         "slowdown (x, vs factor 1.0 with the same PCA setting)",
         "Performance under oversubscription factors (study Fig. 3)",
         log=True,
@@ -263,6 +260,7 @@ def _pca_pairs(df: pd.DataFrame, value: str, ylabel: str, title: str, scale: flo
         ax.set_title(workload, fontsize=9)
         ax.set_xlabel("oversubscription factor")
         ax.set_ylabel(ylabel)
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.10g}"))  # 15,000 not 15000
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[len(workloads) :]:
         ax.set_visible(False)
@@ -284,7 +282,7 @@ def fig9_migration_bytes(df: pd.DataFrame) -> Figure | None:
 
 
 SIM_VS_MEASURED_METRICS = (
-    ("slowdown", "slowdown (x)"),
+    ("slowdown_vs_native", "slowdown vs native (x, no UVM, same PCA)"),
     ("iteration_time_ns", "iteration time (ms)"),
     ("fault_count", "page faults"),
     ("migration_bytes", "migrated bytes (GiB)"),
@@ -313,6 +311,8 @@ def fig_sim_vs_measured(df: pd.DataFrame) -> Figure | None:
         lo = float(min(m[ok].min(), s[ok].min()))
         hi = float(max(m[ok].max(), s[ok].max()))
         ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
+        if lo > 0:  # values span decades: log-log, readable ticks
+            log_axis(ax, "both")
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"simulated {label}")
         rel = ((s[ok] - m[ok]).abs() / m[ok].abs().where(m[ok] != 0)).dropna()

@@ -17,6 +17,7 @@ Both the UVM simulator and the estimator call this, so every PCA mode goes throu
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,11 +95,14 @@ def place(
     settings: AllocatorSettings | str | None = None,
     capacity_bytes: int | None = None,
     context_bytes: int = 0,
+    release_at_seqs: Sequence[int] = (),
 ) -> Placement:
     """Replay ``trace`` (a uvmlab Trace) through the ``pca`` or ``nocache`` model; see the module docstring.
 
     With ``capacity_bytes`` the device is that big (minus ``context_bytes``) and the OOM path runs as on a real
     device; ``oom_seq`` is the seq of the allocation that failed (the replay stops there).
+    ``release_at_seqs``: ``torch.cuda.empty_cache()`` runs just before the first event at or after each of these
+    seqs (e.g. the first event of every iteration: cached blocks released between iterations).
     """
     if allocator not in ALLOCATORS:
         raise InputError(f"unknown allocator {allocator!r}; use one of {ALLOCATORS}")
@@ -128,6 +132,8 @@ def place(
     add_id, add_addr, add_bytes, add_rid = b_ids.append, b_addr.append, b_bytes.append, b_rid.append
     add_alloc, add_res = t_alloc.append, t_res.append
     seqs = ev["seq"].tolist()
+    releases = sorted(release_at_seqs, reverse=True)
+    next_release = releases.pop() if releases else None
     for seq, alloc_id, size, is_alloc, stream in zip(
         seqs,
         ev["alloc_id"].tolist(),
@@ -136,6 +142,11 @@ def place(
         ev["stream"].tolist(),
         strict=True,
     ):
+        if next_release is not None and seq >= next_release:
+            sim.empty_cache()
+            seen = _sync_ranges(seg_events, seen, ranges, seq)
+            while next_release is not None and seq >= next_release:
+                next_release = releases.pop() if releases else None
         if is_alloc:
             if size <= 0:
                 add_id(alloc_id)

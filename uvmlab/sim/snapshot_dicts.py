@@ -1,7 +1,8 @@
 """Simulated allocator state as PyTorch snapshot dicts (allocator.md section 3), for write_snapshot.
 
-``time_us`` of a simulated trace entry is its index in the event log (there is no clock in the simulator);
-``frames`` are empty lists.
+``time_us`` of a simulated trace entry is its index in the event log (there is no clock in the allocator model)
+and ``frames`` are empty lists; ``uvmlab.export.snapshot.annotate`` then adds op/category/phase/iteration frames
+and, for ``uvmlab run``, the simulated time.
 """
 
 from __future__ import annotations

@@ -81,15 +81,40 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+TIME_COLUMNS = ("start_ns", "end_ns", "duration_ns", "time_ns")
+"""float64 on both sides (the simulator's clock is fractional ns; measured int64 ns are exact as float64)."""
+NULLABLE_INT_COLUMNS = ("fault_batch_count", "eviction_count", "kernel_bytes", "allocated_bytes", "resident_bytes")
+"""Counts and bytes one side cannot give (null in measured runs): nullable Int64 on both sides."""
+ID_COLUMNS = ("iteration", "kernel_id")
+"""int64 on both sides (-1: outside any iteration / kernel)."""
+
+
+def conform_dtypes(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the shared dtypes: time columns float64, ids int64, sim-only counts/bytes Int64, phase text."""
+    out = df.copy()
+    for c in out.columns:
+        if c in TIME_COLUMNS:
+            out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+        elif c in ID_COLUMNS and out[c].notna().all():
+            out[c] = out[c].astype("int64")
+        elif c in NULLABLE_INT_COLUMNS:
+            num = pd.to_numeric(out[c], errors="coerce")
+            out[c] = num.round().astype("Int64") if num.notna().any() else pd.array([pd.NA] * len(num), "Int64")
+        elif c == "phase":
+            out[c] = out[c].fillna("").astype(str)
+    return out
+
+
 def check_table(name: str, df: pd.DataFrame, source: str = "") -> pd.DataFrame:
-    """Raise InputError if ``df`` lacks a column of table ``name``; return it with the contract's columns first."""
+    """Raise InputError if ``df`` lacks a column of table ``name``; return it with the contract's columns first
+    and the shared dtypes (:func:`conform_dtypes`), so simulated and measured tables line up."""
     want = TABLE_COLUMNS[name]
     missing = [c for c in want if c not in df.columns]
     if missing:
         where = f" in {source}" if source else ""
         raise InputError(f"table {name!r}{where} lacks columns {missing} (uvmlab.stats.schema)")
     extra = [c for c in df.columns if c not in want]
-    return df[list(want) + extra]
+    return conform_dtypes(df[list(want) + extra])
 
 
 # Scalar keys of result.json shared by simulated and measured runs (docs/result-json.md documents each).
@@ -123,7 +148,9 @@ RESULT_KEYS: tuple[str, ...] = (
     "iterations",
     "iteration_time_ns",  # mean over iterations after the first (warm-up)
     "total_time_ns",
-    "baseline_time_ns",  # same job without oversubscription (sim: factor 1 without UVM faults; gpu: --baseline)
-    "slowdown",  # iteration_time_ns / baseline_time_ns
+    "native_time_ns",  # the same job, same PCA setting, without UVM (everything resident); gpu: --baseline
+    "slowdown_vs_native",  # iteration_time_ns / native_time_ns
+    "native_pca_time_ns",  # the same job all-resident with PCA on (the seed study's reference)
+    "slowdown_vs_native_pca",  # iteration_time_ns / native_pca_time_ns
     *FAULT_COLUMNS,  # totals over all iterations
 )

@@ -1,9 +1,10 @@
 """The sweep-level table ``DIR/results.parquet``: one row per complete run, rebuilt from run directories.
 
-Columns: ``run_id`` (the configuration hash, also the folder name), ``run_dir``; the configuration as
+Columns: ``run_id`` (the run folder name, ``<workload>-x<F>-pca<on|off>-<hash8>``), ``run_dir``; the configuration as
 ``cfg_<field>`` (workload fields, run fields, ``cfg_option.<key>``, ``cfg_sim.<knob>``); every scalar of
 result.json under its own name (uvmlab.stats.schema.RESULT_KEYS and any extra scalar key, nested mappings
-flattened one level as ``key.sub``); scalars of env.json as ``env_<key>``. Runs without result.json (pending or
+flattened one level as ``key.sub``); scalars of env.json as ``env_<key>``; ``slowdown_vs_oversub1``
+(:func:`slowdown_vs_oversub1`: the seed study's Figure 3 ratio). Runs without result.json (pending or
 interrupted) are not rows; :func:`collect` never reads temporary files.
 """
 
@@ -21,6 +22,24 @@ from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 
 RESULTS_NAME = "results.parquet"
+GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
+"""What identifies 'the same job' across factors and PCA settings."""
+
+
+def slowdown_vs_oversub1(df: pd.DataFrame) -> pd.Series:
+    """Iteration time / that of the same job (GROUP_KEYS) with the same PCA setting at factor <= 1.0 (seeds/003
+    section 4.2, Figure 3); NaN without such a run, never another ratio in its place."""
+    need = {"oversub", "pca", "outcome", "iteration_time_ns"}
+    if df.empty or not need <= set(df.columns):
+        return pd.Series(float("nan"), index=df.index, dtype=float)
+    df = df.assign(
+        oversub=pd.to_numeric(df["oversub"], errors="coerce"),
+        iteration_time_ns=pd.to_numeric(df["iteration_time_ns"], errors="coerce"),
+    )
+    keys = [df[k].map(str) for k in (*(k for k in GROUP_KEYS if k in df.columns), "pca")]  # None -> 'None'
+    at1 = df["iteration_time_ns"].where((df["oversub"] <= 1.0) & (df["outcome"] == "ok"))
+    base = at1.groupby(keys).transform("mean")
+    return (df["iteration_time_ns"] / base).astype(float)
 
 
 def _scalars(d: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, Any]:
@@ -112,6 +131,7 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
             kinds = {type(v) for v in df[col] if v is not None and v == v}
             if len(kinds) > 1 and not kinds <= {int, float}:
                 df[col] = df[col].map(lambda v: None if v is None or v != v else str(v))
+    df["slowdown_vs_oversub1"] = slowdown_vs_oversub1(df)
     return df
 
 

@@ -4,7 +4,8 @@ Layout of a sweep folder ``DIR``::
 
     DIR/spec.yaml            copy of the spec as last run
     DIR/sweep.json           name, source, configuration hashes, last summary
-    DIR/runs/<hash>/         one RunDir per configuration (config.json first, result.json last)
+    DIR/runs/<name>/         one RunDir per configuration (config.json first, result.json last), named
+                             <workload>-x<F>-pca<on|off>-<short config hash> (run_dir_name)
     DIR/results.parquet      one row per complete run (uvmlab.sweep.aggregate), rebuilt after every sweep
     DIR/submitit/            submitit job folders and per-task logs (executors slurm and submitit-local)
 
@@ -111,14 +112,27 @@ def _status(rundir: RunDir) -> str:
     return "failed" if outcome == "error" else "done"
 
 
+def run_dir_name(cfg: Any) -> str:
+    """Readable run directory name: ``<workload>-x<F>-pca<on|off>-<8 hex digits of config_hash()>``.
+
+    The same name as ``uvmlab run``'s default directory (uvmlab.run.default_run_dir), e.g. gpt2-x4-pcaoff-1a2b3c4d.
+    """
+    from uvmlab.run import default_run_dir
+
+    return default_run_dir(cfg, root="").name
+
+
 def plan_entries(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
-    """The configurations of ``spec`` with their run directories under ``out/runs`` and current status."""
+    """The configurations of ``spec`` with their run directories under ``out/runs`` and current status.
+
+    A sweep folder written before readable names (``runs/<12-hex config_hash>``) keeps its folders: resume works.
+    """
     runs = Path(out).resolve() / "runs"
     entries = []
     for cfg in spec.configs:
-        run_id = cfg.config_hash()
-        path = runs / run_id
-        entries.append(Entry(run_id, cfg, path, _status(RunDir(path))))
+        legacy = runs / cfg.config_hash()
+        path = legacy if legacy.is_dir() else runs / run_dir_name(cfg)
+        entries.append(Entry(path.name, cfg, path, _status(RunDir(path))))
     return entries
 
 
@@ -152,6 +166,7 @@ def _write_sweep_json(out: Path, spec: SweepSpec, entries: list[Entry], summary:
         "name": spec.name,
         "source": spec.source,
         "description": spec.description,
+        "overrides": list(spec.overrides),
         "run_ids": ids,
         "last_summary": summary.to_dict() if summary else previous.get("last_summary"),
     }
@@ -235,16 +250,22 @@ ProgressFn = Callable[[str, str], None]
 
 
 class _Progress:
-    """Rich progress on stderr: completed / failed / remaining and elapsed time."""
+    """Rich progress on stderr: bar, done / total, ok / oom / error counts, elapsed and estimated time remaining."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total = total
-        self.done = 0
-        self.failed = 0
+        self.counts = {"ok": 0, "oom": 0, "error": 0}
         self._progress: Any = None
         self._task: Any = None
         if enabled and total:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             from uvmlab.console import err
 
@@ -254,14 +275,21 @@ class _Progress:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[status]}"),
                 TimeElapsedColumn(),
+                TextColumn("remaining"),
+                TimeRemainingColumn(),
                 console=err,
                 transient=False,
             )
-            self._task = self._progress.add_task("sweep", total=total, status=self._status())
+            self._task = self._progress.add_task("sweep", total=total, status=self.status())
 
-    def _status(self) -> str:
-        remaining = self.total - self.done - self.failed
-        return f"ok/oom {self.done}  failed {self.failed}  remaining {remaining}"
+    @property
+    def done(self) -> int:
+        """Configurations finished (any outcome)."""
+        return sum(self.counts.values())
+
+    def status(self) -> str:
+        """'ok N  oom N  error N' (what the bar shows next to done / total)."""
+        return "  ".join(f"{k} {v}" for k, v in self.counts.items())
 
     def __enter__(self) -> _Progress:
         if self._progress is not None:
@@ -273,14 +301,21 @@ class _Progress:
             self._progress.stop()
 
     def update(self, outcome: str) -> None:
+        """Count one finished configuration by outcome (ok, oom, error; anything else counts as error)."""
         if outcome == "interrupted":
-            return  # not a result: stays "remaining" (a resumed sweep runs it)
-        if outcome == "error":
-            self.failed += 1
-        else:
-            self.done += 1
+            return  # not a result: stays remaining (a resumed sweep runs it)
+        key = outcome if outcome in self.counts else "error"
+        self.counts[key] += 1
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, status=self._status())
+            self._progress.update(self._task, advance=1, status=self.status())
+
+
+def _outcome(rundir: RunDir) -> str:
+    """The outcome recorded in a complete run's result.json ("error" if unreadable)."""
+    try:
+        return str(rundir.read_result().get("outcome", "ok"))
+    except InputError:
+        return "error"
 
 
 def _run_local(pending: list[Entry], jobs: int, progress: _Progress, outcomes: dict[str, int]) -> None:
@@ -333,8 +368,7 @@ def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, s
         for path, e in by_path.items():
             if path not in seen and RunDir(e.path).is_complete():
                 seen.add(path)
-                outcome = _status(RunDir(e.path))
-                progress.update("error" if outcome == "failed" else "ok")
+                progress.update(_outcome(RunDir(e.path)))
         if all(job.done() for job in jobs):
             break
         time.sleep(0.5)
@@ -345,7 +379,7 @@ def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, s
     for path, e in by_path.items():
         rundir = RunDir(e.path)
         if path not in seen and rundir.is_complete():
-            progress.update("error" if _status(rundir) == "failed" else "ok")
+            progress.update(_outcome(rundir))
         outcome = rundir.read_result().get("outcome", "ok") if rundir.is_complete() else "missing"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
 

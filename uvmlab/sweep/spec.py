@@ -17,13 +17,19 @@ A spec (``experiments/*.yaml``, documented in docs/sweeps.md)::
 The YAML is *composed* (not just loaded) so every error names the file, the line and the field
 (``lin.yaml line 7, grid.oversubb: unknown field; known fields: ...``). Configurations become
 :class:`uvmlab.config.RunConfig` objects; duplicates (same ``config_hash()``) are kept once.
+
+Command-line overrides (Hydra's multirun syntax, ``uvmlab sweep spec.yaml workload=gpt2,bert oversub=1,2,4``):
+``KEY=V1,V2,...`` (:func:`parse_overrides`) replaces the grid axis KEY by these values, or adds it as an axis
+when the grid has none (a value in ``defaults`` is overridden), and sets KEY to each value in every ``include``
+entry. A ``workload`` value naming a bundled grid entry (``{workload: alexnet, batch_size: 128}``) keeps the
+bundle. ``exclude`` rules still apply.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +68,8 @@ class SweepSpec:
     source: str = ""
     duplicates: int = 0
     """Configurations produced more than once by grid/include (kept once)."""
+    overrides: tuple[str, ...] = ()
+    """Command-line overrides applied (``KEY=V1,V2``), as given."""
 
 
 # -- YAML with line numbers --------------------------------------------------------------------------------
@@ -147,9 +155,14 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
             if not path.is_file():
                 raise InputError(f"workload file {str(path)!r} does not exist")
             return str(path.resolve())
+        from workloads.registry import family
+
         known = known_workloads()
-        if value not in known:
-            raise InputError(f"unknown workload {value!r}; known workloads: {', '.join(known)} (or a .py file)")
+        if value not in known and family(value) is None:
+            raise InputError(
+                f"unknown workload {value!r}; known workloads: {', '.join(known)}, a named model "
+                "(torchvision:NAME, timm:NAME, hf:ARCH) or a .py file"
+            )
         return value
     if name in ("batch_size", "iterations"):
         if value is None and name == "batch_size":
@@ -277,8 +290,9 @@ def _parse_slurm(where: _Where, node: yaml.Node) -> SlurmOptions:
     return SlurmOptions(**values)
 
 
-def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
-    """Read and validate a sweep spec; every error names the file, line and field (InputError, exit 2)."""
+def load_spec(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+    """Read and validate a sweep spec and its ``KEY=V1,V2`` overrides; every error names the file, line and field
+    (InputError, exit 2)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -286,11 +300,60 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
         raise InputError(f"sweep spec {str(path)!r} not found") from None
     except (IsADirectoryError, UnicodeDecodeError) as exc:
         raise InputError(f"sweep spec {str(path)!r} is not a readable YAML text file ({exc})") from None
-    return parse_spec(text, source=str(path), base_dir=path.parent)
+    spec = parse_spec(text, source=str(path), base_dir=path.parent, overrides=parse_overrides(overrides))
+    return replace(spec, overrides=tuple(overrides))
 
 
-def parse_spec(text: str, source: str = "<spec>", base_dir: Path | None = None) -> SweepSpec:
-    """Validate the YAML text of a spec (see the module docstring)."""
+def parse_overrides(items: list[str] | tuple[str, ...], base_dir: Path | None = None) -> dict[str, list[Any]]:
+    """``["oversub=1,2,4", "pca=off"]`` -> ``{"oversub": [1, 2, 4], "pca": [False]}``, each value validated.
+
+    Values are split on commas and read as YAML scalars (``2`` a number, ``gpt2`` text); errors name the override.
+    """
+    base = (base_dir or Path.cwd()).resolve()
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise InputError(f"override {item!r} is not KEY=VALUE[,VALUE...] (e.g. oversub=1,2,4)")
+        if not _is_field(key):
+            raise InputError(
+                f"override {item!r}: unknown field; known fields: {', '.join(CONFIG_FIELDS)}, sim.<knob>, option.<key>"
+            )
+        if key in out:
+            raise InputError(f"override {item!r}: {key} is given twice")
+        parts = [p.strip() for p in raw.split(",")]
+        if not raw.strip() or any(not p for p in parts):
+            raise InputError(f"override {item!r}: give one or more comma-separated values")
+        values = []
+        for part in parts:
+            try:
+                value = yaml.safe_load(part)
+            except yaml.YAMLError:
+                value = part
+            try:
+                values.append(_check_field(key, value, base))
+            except InputError as exc:
+                raise InputError(f"override {key}={part}: {exc}") from None
+        out[key] = values
+    return out
+
+
+def _apply_overrides(rows: list[dict[str, Any]], overrides: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every row once per combination of override values (include entries)."""
+    for key, values in overrides.items():
+        rows = [{**row, key: v} for row in rows for v in values]
+    return rows
+
+
+def parse_spec(
+    text: str,
+    source: str = "<spec>",
+    base_dir: Path | None = None,
+    overrides: dict[str, list[Any]] | None = None,
+) -> SweepSpec:
+    """Validate the YAML text of a spec, with command-line ``overrides`` (see the module docstring)."""
+    overrides = overrides or {}
     where = _Where(source)
     base = (base_dir or Path.cwd()).resolve()
     try:
@@ -317,11 +380,11 @@ def parse_spec(text: str, source: str = "<spec>", base_dir: Path | None = None) 
 
     bases: list[tuple[dict[str, Any], yaml.Node]] = []
     if "grid" in top:
-        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base))
+        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base, overrides))
     if "include" in top:
         for i, item in enumerate(_seq(top["include"][1])):
             rows = _config_mapping(where, item, f"include[{i}]", base, expand=True)
-            bases.extend((row, item) for row in rows)
+            bases.extend((row, item) for row in _apply_overrides(rows, overrides))
     if not bases:
         raise InputError(f"{source}: no configurations: give a 'grid' or an 'include' section")
 
@@ -362,8 +425,14 @@ def parse_spec(text: str, source: str = "<spec>", base_dir: Path | None = None) 
     )
 
 
-def _grid(where: _Where, node: yaml.Node, base: Path) -> list[dict[str, Any]]:
-    """Expand the grid: each axis is a list; ``workload`` items may be mappings bundling fields (batch size...)."""
+def _grid(
+    where: _Where, node: yaml.Node, base: Path, overrides: dict[str, list[Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Expand the grid: each axis is a list; ``workload`` items may be mappings bundling fields (batch size...).
+
+    ``overrides`` replace (or add) axes; see the module docstring.
+    """
+    overrides = overrides or {}
     axes: list[list[dict[str, Any]]] = []
     for key, key_node, value_node in _mapping_items(node, where, "grid"):
         p = _join("grid", key)
@@ -380,7 +449,12 @@ def _grid(where: _Where, node: yaml.Node, base: Path) -> list[dict[str, Any]]:
                 choices.append({key: _field_value(where, key, key_node, item, p, base)})
         if not choices:
             raise where.error(value_node, p, "an empty list selects nothing; remove the axis or give values")
+        if key in overrides:
+            bundles = {c["workload"]: c for c in choices} if key == "workload" else {}
+            choices = [bundles.get(v, {key: v}) for v in overrides[key]]
         axes.append(choices)
+    grid_keys = {k for k, _, _ in _mapping_items(node, where, "grid")}
+    axes.extend([{k: v} for v in vals] for k, vals in overrides.items() if k not in grid_keys)
     rows = []
     for combo in itertools.product(*axes):
         row: dict[str, Any] = {}

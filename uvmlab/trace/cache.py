@@ -1,10 +1,13 @@
 """On-disk cache of captured traces, so sweeps and runs capture each workload once.
 
-Location: ``$UVMLAB_CACHE/traces/<key>`` if ``UVMLAB_CACHE`` is set, else ``~/.cache/uvmlab/traces/<key>``.
+Location: ``$UVMLAB_CACHE/traces/<key>`` if ``UVMLAB_CACHE`` is set, else ``$XDG_CACHE_HOME/uvmlab/traces/<key>``
+(``~/.cache/uvmlab/traces/<key>`` without XDG_CACHE_HOME).
 The key is a stable hash of the WorkloadConfig, the capture device, the torch version, the uvmlab trace schema
-version, ``CAPTURE_VERSION`` (bumped when capture's rules change) and, for user workload files, the file's
-SHA-256. Entries are written to a temporary folder and renamed into place, so a killed capture leaves no
-entry; an entry that cannot be read (corrupt, truncated, older schema) is captured again and replaced.
+version, ``CAPTURE_VERSION`` (bumped when capture's rules change) and the workload's identity
+(``workloads.registry.workload_identity``: for user workload files, the resolved path and SHA-256; for named
+models, the defining package's version). Entries are written to a temporary folder and renamed into place,
+so a killed capture leaves no entry; an entry that cannot be read (corrupt, truncated, older schema) is
+captured again and replaced.
 """
 
 from __future__ import annotations
@@ -26,30 +29,44 @@ from uvmlab.errors import InputError
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
-CAPTURE_VERSION = 1
-"""Version of the capture rules (recorder, categories, emulation); part of the cache key."""
+CAPTURE_VERSION = 2
+"""Version of the capture rules (recorder, categories, emulation); part of the cache key.
+2: dropout keeps CUDA's 1-byte mask, data-dependent ops emulated, named models, parameters registered on meta."""
 
 
 def cache_root() -> Path:
-    """The folder holding cached traces."""
+    """The folder holding cached traces: ``$UVMLAB_CACHE``, else the XDG cache folder (``$XDG_CACHE_HOME``, else
+    ``~/.cache``) + ``uvmlab`` (what platformdirs.user_cache_dir gives on Linux, without the dependency)."""
     env = os.environ.get("UVMLAB_CACHE")
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "uvmlab"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(env).expanduser() if env else (Path(xdg) if xdg else Path.home() / ".cache") / "uvmlab"
     return base / "traces"
 
 
 def cache_key(cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True) -> str:
-    """Stable hash naming the cache entry of ``cfg`` captured on ``device`` (cheap: does not import torch)."""
-    from workloads.registry import load_workload
+    """Stable hash naming the cache entry of ``cfg`` captured on ``device``.
 
-    spec = load_workload(cfg.workload)
+    Cheap: imports neither torch nor the workload (``workloads.registry.workload_identity``): a user file is
+    keyed by its resolved path and content hash, so a warm hit never imports it and the same file named by
+    another path hits the same entry. Built-ins and named models are keyed by their resolved batch size and
+    options (``--seq-len 2048`` and the default 2048 share an entry); a user file by the options as given.
+    """
+    from workloads.registry import is_path, load_workload, workload_identity
+
+    identity = workload_identity(cfg.workload)
+    config = {**cfg.to_dict(), "workload": identity["workload"]}
+    if not is_path(cfg.workload):  # built-ins and named models: specs are cheap, so key on what is built
+        spec = load_workload(cfg.workload)
+        common = {k: v for k, v in cfg.options.items() if k not in spec.options}
+        config.update(batch_size=spec.batch_size(cfg), options={**spec.resolve_options(cfg), **common})
     blob = {
-        "config": cfg.to_dict(),
+        "config": config,
+        "identity": identity,
         "device": device,
         "emulate_cuda": emulate_cuda,
         "torch": _torch_version(),
         "schema": SCHEMA_VERSION,
         "capture": CAPTURE_VERSION,
-        "source": spec.source_digest,
     }
     text = json.dumps(blob, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -3,8 +3,14 @@
 ``capture_trace(cfg)`` builds the workload under a :class:`~uvmlab.trace.recorder.Recorder` (model and
 optimizer creation are phase ``setup``, iteration -1), then runs ``cfg.iterations`` iterations of
 ``workloads.train.train_step`` with a phase hook that labels phases. On meta it emulates CUDA's choices
-(``foreach`` optimizers are always passed by the training loop; SDPA routed to flash/efficient attention; bf16
-autocast emulated) and records them in ``header["notes"]``.
+(``foreach`` optimizers are always passed by the training loop; SDPA routed to flash/efficient attention;
+dropout routed to the fused kernel with its 1-byte mask; bf16 autocast emulated) and gives data-dependent ops
+(nonzero, boolean-mask indexing, unique, bincount) a documented size (uvmlab.trace.emulate), and records
+what it did in ``header["notes"]``.
+
+A user workload file or a named model (``torchvision:``/``timm:``/``hf:``) that raises while it is built or
+while it trains is an input error naming the workload, the phase and the exception (exit 2); the six built-in
+workloads' exceptions are uvmlab bugs and propagate.
 
 Categories, decided per allocation after the run, first rule that applies:
 
@@ -33,12 +39,14 @@ from typing import Any
 import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
-from uvmlab.errors import InputError
-from uvmlab.trace.emulate import AutocastEmulation, SdpaEmulation
+from uvmlab.errors import InputError, UvmlabError
+from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
+from workloads.base import common_option
 from workloads.registry import load_workload
 from workloads.train import PHASE_END, make_optimizer, train_step
+from workloads.userfile import failure
 
 ProgressFn = Callable[[int, int], None]
 """progress(done_iterations, total_iterations)."""
@@ -126,6 +134,29 @@ class _Categorizer:
         return cats
 
 
+def _user_code_guard(source: str, workload: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
+    """A context maker turning exceptions of user/named-model code into one-sentence input errors.
+
+    ``guard(phase)`` (a string or a callable giving it at failure time) re-raises any non-uvmlab exception
+    as :func:`workloads.userfile.failure`; for the built-in workloads it does nothing.
+    """
+
+    @contextlib.contextmanager
+    def guard(phase: Any) -> Any:
+        if source == "builtin":
+            yield
+            return
+        try:
+            yield
+        except UvmlabError:
+            raise
+        except Exception as exc:
+            what = f"workload file {source}" if source not in ("torchvision", "timm", "transformers") else workload
+            raise failure(what, phase() if callable(phase) else phase, exc) from None
+
+    return guard
+
+
 def capture_trace(
     cfg: WorkloadConfig,
     device: str = "meta",
@@ -144,12 +175,18 @@ def capture_trace(
         raise InputError(f"capture device must be one of {', '.join(CAPTURE_DEVICES)}, not {device!r}")
     spec = load_workload(cfg.workload)
     spec.resolve_options(cfg)  # refuse unknown options before any work
+    rec = Recorder(device)
+    fraction = common_option(cfg, "data_dependent_fraction")
+    if not 0 < fraction <= 1:
+        raise InputError(f"option data_dependent_fraction must be in (0, 1], not {fraction!r}")
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
-    rec = Recorder(device)
     cat = _Categorizer(rec)
     sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention == "sdpa") else None
+    dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
+    data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
+    guard = _user_code_guard(spec.source, cfg.workload)
     start = time.perf_counter()
     gc.collect()
     gc_was_enabled = gc.isenabled()
@@ -159,10 +196,16 @@ def capture_trace(
             stack.callback(gc.enable)
         if sdpa is not None:
             stack.enter_context(sdpa)
+        if dropout is not None:
+            stack.enter_context(dropout)
         stack.enter_context(rec)
+        if data_dep is not None:
+            stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
         rec.set_phase("setup", -1)
-        workload = spec.build(cfg, device)
-        optimizer = make_optimizer(workload.model, cfg)
+        with guard("building its model"):
+            workload = spec.build(cfg, device)
+        with guard("building its optimizer"):
+            optimizer = make_optimizer(workload.model, cfg)
         cat.after_setup(workload.model)
         state = {"phase": "setup"}
 
@@ -182,7 +225,8 @@ def capture_trace(
 
         autocast = autocast_emu.region if autocast_emu is not None else None
         for it in range(cfg.iterations):
-            train_step(workload, optimizer, cfg, hook, it, autocast)
+            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
+                train_step(workload, optimizer, cfg, hook, it, autocast)
             if progress is not None:
                 progress(it + 1, cfg.iterations)
         rec.close()
@@ -206,6 +250,17 @@ def capture_trace(
         )
     elif cfg.attention == "sdpa" and attention is not None:
         notes.append(f"scaled_dot_product_attention NOT emulated: {device}'s own SDPA path was captured")
+    if dropout is not None and dropout.counts["fused"]:
+        unfused = dropout.counts["unfused"]
+        notes.append(
+            f"dropout routed to CUDA's fused native_dropout (1-byte mask): {dropout.counts['fused']} calls"
+            + (f", {unfused} left unfused (in-place, eval, p 0 or 1)" if unfused else "")
+        )
+    if data_dep is not None and data_dep.counts:
+        notes.append(
+            f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "

@@ -13,18 +13,47 @@
   cached for the duration of the autocast region, as autocast's weight cache does. Approximation: autocast works
   at the dispatcher level and also reaches ops called inside C++ composites; this emulation sees only functions
   called from Python (which covers nn.Linear/Conv/LayerNorm/softmax/cross_entropy in the built-in models).
+* Dropout: on CUDA, ``F.dropout(x, p, training=True)`` with 0 < p < 1 on a non-empty tensor takes the fused
+  kernel (PyTorch aten/src/ATen/native/Dropout.cpp: ``dropout`` calls ``at::native_dropout`` when
+  ``is_fused_kernel_acceptable``), which returns the output and a 1-byte-per-element mask (``bool``;
+  aten/src/ATen/native/cuda/Dropout.cu allocates it with ``empty_like(self, ...dtype(kBool))``, older releases
+  ``kByte``) that autograd keeps for ``native_dropout_backward``. On meta and CPU, ``dropout`` takes the unfused
+  ``_dropout_impl``: a noise tensor of the input's dtype (4 bytes per element in fp32) and a multiply.
+  :class:`DropoutEmulation` routes the call to ``aten.native_dropout`` (which has a meta kernel and an autograd
+  formula). In-place dropout (``dropout_``), feature/alpha dropout and p in {0, 1} are unfused on CUDA too and
+  are left alone.
+* Data-dependent ops: the meta device cannot know how many elements ``nonzero`` and the ops built on it return.
+  :class:`DataDependentEmulation` gives each a documented size instead of failing; ``fraction``
+  (the ``data_dependent_fraction`` option, 1.0 by default) scales the upper bound:
+
+  - ``nonzero(x)``: ``(ceil(fraction * x.numel()), x.dim())`` int64 (the upper bound: every element nonzero);
+  - ``masked_select(x, mask)``: ``ceil(fraction * n)`` elements, n the broadcast size;
+  - indexing with a boolean mask (``x[mask]``, ``index``/``index_put_``): the mask becomes the long indices of
+    its nonzero elements (the nonzero rule), as CUDA's indexing does (it calls ``nonzero`` and allocates them);
+  - ``unique`` / ``unique_consecutive`` / ``unique_dim`` (``_unique2``, ``unique_consecutive``, ``unique_dim``):
+    ``ceil(fraction * n)`` values (all distinct), inverse indices of the input's shape, counts like the values;
+  - ``bincount(x, weights, minlength)``: ``minlength`` bins when given (the values assumed below it: counting
+    labels of a known range), else ``x.numel()`` (values assumed below the count, e.g. indices); no upper bound
+    exists without the data.
+
+  Not emulated: ``.item()``/``.tolist()`` (Python needs the value), ``repeat_interleave`` without
+  ``output_size``, and the ``nonzero`` temporary CUDA's ``masked_select`` makes (it goes through ``index``).
+  A CPU capture cannot see the ``nonzero`` inside a boolean-mask ``index`` (it happens inside the CPU kernel);
+  the meta rule records it, as the CUDA caching allocator sees it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 FLASH_MAX_HEAD_DIM = 256
 """Flash attention's largest head dimension (PyTorch sdp_utils.cpp check_head_dim_size_flash)."""
@@ -201,3 +230,138 @@ class SdpaEmulation(TorchFunctionMode):
             query, key, value, attn_mask, need_grad, dropout_p, is_causal, scale=scale
         )
         return out[0]
+
+
+class DropoutEmulation(TorchFunctionMode):
+    """Route training-mode ``F.dropout`` to CUDA's fused ``native_dropout`` (1-byte mask; module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.dropout or func is torch.dropout:
+            fused = self._fused(func, *args, **kwargs)
+            if fused is not None:
+                return fused
+        return func(*args, **kwargs)
+
+    def _fused(
+        self, func: Any, input: Any, p: float = 0.5, training: bool = True, inplace: bool = False, **kw: Any
+    ) -> Any:
+        if func is torch.dropout:  # torch.dropout(input, p, train): no inplace argument
+            training = kw.get("train", training)
+        if inplace or not training or not (0 < p < 1) or not isinstance(input, torch.Tensor) or input.numel() == 0:
+            self.counts["unfused"] += 1
+            return None
+        self.counts["fused"] += 1
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+
+
+def _ceil_fraction(n: int, fraction: float) -> int:
+    return min(n, math.ceil(fraction * n))
+
+
+class DataDependentEmulation(TorchDispatchMode):
+    """Sizes for data-dependent ops on meta (rules in the module docstring); counts what it emulated."""
+
+    def __init__(
+        self,
+        fraction: float = 1.0,
+        attributing: Callable[[str], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
+        """``attributing(op)``: a context under which new allocations are attributed to ``op`` (the recorder's)."""
+        super().__init__()
+        self._attributing = attributing or (lambda _op: contextlib.nullcontext())
+        if not 0 < fraction <= 1:
+            raise ValueError(f"data_dependent_fraction must be in (0, 1], not {fraction}")
+        self.fraction = fraction
+        self.counts: Counter[str] = Counter()
+        aten = torch.ops.aten
+        self._rules = {
+            aten.nonzero.default: self._nonzero,
+            aten.masked_select.default: self._masked_select,
+            aten.index.Tensor: self._index,
+            aten.index_put.default: self._index,
+            aten.index_put_.default: self._index,
+            aten._index_put_impl_.default: self._index,
+            aten._unique2.default: self._unique2,
+            aten.unique_consecutive.default: self._unique2,
+            aten.unique_dim.default: self._unique_dim,
+            aten.bincount.default: self._bincount,
+        }
+        self._index_ops = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+        self._index_ops.add(aten._index_put_impl_.default)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        rule = self._rules.get(func)
+        if rule is not None and _on_meta(args):
+            if func in self._index_ops:
+                return rule(func, *args, **kwargs)  # labels the nonzero it adds; the index op is recorded as is
+            with self._attributing(f"aten::{func._opname}"):
+                return rule(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _nonzero(self, func: Any, x: torch.Tensor) -> torch.Tensor:
+        self.counts["nonzero" if func is not None else "boolean-mask index"] += 1
+        n = _ceil_fraction(x.numel(), self.fraction)
+        return torch.empty((n, x.dim()), dtype=torch.long, device=x.device)
+
+    def _masked_select(self, func: Any, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.counts["masked_select"] += 1
+        n = torch.broadcast_shapes(x.shape, mask.shape).numel()
+        return torch.empty((_ceil_fraction(n, self.fraction),), dtype=x.dtype, device=x.device)
+
+    def _long_indices(self, indices: Any) -> list[Any]:
+        out: list[Any] = []
+        for idx in indices:
+            if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
+                with self._attributing("aten::nonzero"):  # CUDA: at::native::expandTensors -> mask.nonzero()
+                    nz = self._nonzero(None, idx)
+                out.extend(nz.select(1, d) for d in range(idx.dim()))
+            else:
+                out.append(idx)
+        return out
+
+    def _index(self, func: Any, x: torch.Tensor, indices: Any, *rest: Any, **kwargs: Any) -> Any:
+        """index / index_put / index_put_ / _index_put_impl_: boolean masks become long indices first."""
+        return func(x, self._long_indices(indices), *rest, **kwargs)
+
+    def _unique2(self, func: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        """_unique2(self, sorted, return_inverse, return_counts) and unique_consecutive(self, return_inverse,
+        return_counts, dim): outputs not asked for are empty, as in the real kernels."""
+        self.counts[func._opname] += 1
+        names = ("return_inverse", "return_counts")
+        flags = args[1:3] if func._opname == "_unique2" else args[0:2]
+        inv, cnt = (kwargs.get(k, flags[i] if i < len(flags) else False) for i, k in enumerate(names))
+        n = _ceil_fraction(x.numel(), self.fraction)
+        values = torch.empty((n,), dtype=x.dtype, device=x.device)
+        inverse = torch.empty(x.shape if inv else (0,), dtype=torch.long, device=x.device)
+        counts = torch.empty((n if cnt else 0,), dtype=torch.long, device=x.device)
+        return values, inverse, counts
+
+    def _unique_dim(self, func: Any, x: torch.Tensor, dim: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        """unique_dim(self, dim, sorted, return_inverse, return_counts)."""
+        self.counts["unique_dim"] += 1
+        inv = kwargs.get("return_inverse", args[1] if len(args) > 1 else False)
+        cnt = kwargs.get("return_counts", args[2] if len(args) > 2 else False)
+        rows = _ceil_fraction(x.size(dim), self.fraction)
+        shape = list(x.shape)
+        shape[dim] = rows
+        values = torch.empty(shape, dtype=x.dtype, device=x.device)
+        inverse = torch.empty((x.size(dim) if inv else 0,), dtype=torch.long, device=x.device)
+        counts = torch.empty((rows if cnt else 0,), dtype=torch.long, device=x.device)
+        return values, inverse, counts
+
+    def _bincount(
+        self, func: Any, x: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0
+    ) -> torch.Tensor:
+        self.counts["bincount"] += 1
+        dtype = torch.long if weights is None else (torch.double if weights.dtype != torch.float else torch.float)
+        return torch.zeros((minlength if minlength > 0 else x.numel(),), dtype=dtype, device=x.device)
+
+
+def _on_meta(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args)

@@ -23,7 +23,9 @@ One global sequence counter orders allocations, frees and kernels.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -111,6 +113,18 @@ class Recorder(TorchDispatchMode):
         self.x_write: list[bool] = []
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
+        self._label: str | None = None
+
+    @contextlib.contextmanager
+    def attributing(self, op: str) -> Iterator[None]:
+        """Attribute the allocations (and kernels) of the ops run inside to ``op``: an emulated op, e.g. the
+        ``aten::nonzero`` that ``uvmlab.trace.emulate.DataDependentEmulation`` builds from ``empty`` (which
+        launches no kernel, so the emulated op has none either; its outputs' first users are recorded)."""
+        prev, self._label = self._label, op
+        try:
+            yield
+        finally:
+            self._label = prev
 
     # ---- phases --------------------------------------------------------------------------------------------
     def set_phase(self, phase: str, iteration: int) -> None:
@@ -176,7 +190,7 @@ class Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self.closed or not isinstance(func, torch._ops.OpOverload):
             return out
-        opname = f"{func.namespace}::{func._opname}"
+        opname = self._label or f"{func.namespace}::{func._opname}"
         out_tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         for t in out_tensors:
             self._track(t, opname)

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+BANDS = (1.5, 2.0)
+"""The scorecard's bands: a point is *within F x* when ``1/F <= predicted / measured <= F``."""
+
 
 @dataclass(frozen=True)
 class Point:
@@ -18,6 +21,8 @@ class Point:
 
     ``fitted`` is true when the point was used to calibrate a constant (calibration set), false when it is a
     held-out validation point. ``predicted`` is None when uvmlab could not predict it (``note`` says why).
+    ``band`` is the factor this validation point promises to stay within (CI fails when it does not; 1.0 means
+    exact); None when the point is tabulated but promises nothing (a known miss, documented in its note).
     """
 
     dataset: str  # e.g. "uvm/noob512-uvm_rtx5090_pytorch_gcn"
@@ -28,6 +33,7 @@ class Point:
     predicted: float | None
     fitted: bool = False
     note: str = ""
+    band: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -35,6 +41,25 @@ class Point:
         if self.predicted is None or not self.measured:
             return None
         return self.predicted / self.measured
+
+    def within(self, factor: float) -> bool | None:
+        """True when predicted is within ``factor`` x of measured (both ways); None when there is no ratio.
+
+        A factor of 1.0 means equal (up to float rounding: relative 1e-9). A negative ratio (opposite signs) is
+        never within.
+        """
+        if factor < 1.0:
+            raise ValueError(f"a band factor is >= 1, not {factor}")
+        r = self.ratio
+        if r is None:
+            return None
+        tol = 1e-9
+        return r > 0 and 1.0 / factor - tol <= r <= factor + tol
+
+    @property
+    def keeps_band(self) -> bool | None:
+        """Whether the point stays within its declared ``band`` (None when it declares none or has no ratio)."""
+        return None if self.band is None else self.within(self.band)
 
 
 CheckFn = Callable[[Path], list[Point]]
@@ -53,7 +78,13 @@ class Check:
 CHECKS: dict[str, Check] = {}
 
 #: Modules whose import registers checks (each owner adds its module here).
-CHECK_MODULES: list[str] = ["uvmlab.validate.uvm_checks"]
+CHECK_MODULES: list[str] = [
+    "uvmlab.validate.snapshot_checks",
+    "uvmlab.validate.nsys_checks",
+    "uvmlab.validate.titanv_checks",
+    "uvmlab.validate.microbench_checks",
+    "uvmlab.validate.uvm_checks",
+]
 
 
 def check(name: str, *, needs: str, fast: bool = False) -> Callable[[CheckFn], CheckFn]:

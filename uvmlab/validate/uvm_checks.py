@@ -22,6 +22,10 @@ GCN_SIZES = (5_000_000, 7_000_000, 8_000_000, 10_000_000, 12_000_000, 15_000_000
 NATIVE_SIZES = (1_000_000, 3_000_000, 5_000_000, 7_000_000)
 PREFETCH_SIZES = (5_000_000, 7_000_000, 8_000_000, 10_000_000, 12_000_000)
 BENCH_POINTS = tuple((k, f) for k in ("seq_stream", "rand_stream") for f in (1.0, 1.25, 1.5))
+KNOWN_MISSES = {
+    ("rand_stream", 1.0): "known miss (2.6x): random order modelled as moving the same blocks as sequential",
+    ("rand_stream", 1.5): "known miss (2.2x): the model scales with the overflow, the measurement barely grows",
+}
 FITTED = {("gcn", 5_000_000, "uvm"), ("gcn", 5_000_000, "native"), ("seq_stream", 1.25)}
 
 
@@ -43,12 +47,15 @@ def gcn_points(data_dir: Path) -> list[Point]:
     for n in GCN_SIZES:
         t, _, peak = sim[n]
         case = f"{n // 10**6}M nodes, without user prefetch"
-        pts.append(Point(ds, case, "uvm_epoch_time", "s", gcn_measured(uvm, n), t, ("gcn", n, "uvm") in FITTED))
-        pts.append(Point(ds, case, "peak_allocated", "bytes", _peak_gb(uvm, n) * 1e9, float(peak)))
+        fit = ("gcn", n, "uvm") in FITTED
+        m = gcn_measured(uvm, n)
+        pts.append(Point(ds, case, "uvm_epoch_time", "s", m, t, fit, band=None if fit else 1.5))
+        pts.append(Point(ds, case, "peak_allocated", "bytes", _peak_gb(uvm, n) * 1e9, float(peak), band=1.5))
     for n in NATIVE_SIZES:
         case = f"{n // 10**6}M nodes, native (no UVM)"
         m = gcn_measured(uvm, n, uvm=False)
-        pts.append(Point(ds, case, "native_epoch_time", "s", m, sim[n][1], ("gcn", n, "native") in FITTED))
+        fit = ("gcn", n, "native") in FITTED
+        pts.append(Point(ds, case, "native_epoch_time", "s", m, sim[n][1], fit, band=None if fit else 1.5))
         if n in GCN_SIZES:
             slow_m = gcn_measured(uvm, n) / m
             pts.append(
@@ -64,10 +71,13 @@ def gcn_points(data_dir: Path) -> list[Point]:
             if n >= 10**7
             else ""
         )
-        pts.append(Point(ds, f"{n // 10**6}M nodes, with user prefetch", "uvm_epoch_time", "s", m, t, note=note))
+        band = None if note else 2.0
+        pts.append(
+            Point(ds, f"{n // 10**6}M nodes, with user prefetch", "uvm_epoch_time", "s", m, t, note=note, band=band)
+        )
         if n == 5_000_000:
             speed_m = gcn_measured(uvm, n) / m
-            pts.append(Point(ds, "5M nodes", "user_prefetch_speedup", "x", speed_m, sim[n][0] / t))
+            pts.append(Point(ds, "5M nodes", "user_prefetch_speedup", "x", speed_m, sim[n][0] / t, band=2.0))
     return pts
 
 
@@ -82,8 +92,15 @@ def uvmbench_points(data_dir: Path) -> list[Point]:
     for k, f in BENCH_POINTS:
         m, s = bench_measured(uvm, k, f), bench_ms(k, f, costs)
         got[(k, f)] = (m, s)
-        pts.append(Point(ds, f"{k} uvm {f}x", "kernel_time", "ms", m, s, (k, f) in FITTED))
+        fit = (k, f) in FITTED
+        miss = KNOWN_MISSES.get((k, f), "")
+        band = None if fit or miss else 2.0
+        pts.append(Point(ds, f"{k} uvm {f}x", "kernel_time", "ms", m, s, fit, note=miss, band=band))
     for k in ("seq_stream", "rand_stream"):
         (m1, s1), (m2, s2) = got[(k, 1.0)], got[(k, 1.25)]
-        pts.append(Point(ds, f"{k}", "time_ratio_1.25x_over_1.0x", "x", m2 / m1, s2 / s1))
+        pts.append(
+            Point(
+                ds, f"{k}", "time_ratio_1.25x_over_1.0x", "x", m2 / m1, s2 / s1, note="target: predicted >= 5", band=2.0
+            )
+        )
     return pts

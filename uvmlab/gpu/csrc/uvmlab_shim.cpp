@@ -5,7 +5,8 @@
 // reference, so this one wins). The real functions are found with dlsym(RTLD_NEXT), falling back to the
 // libcudart that is already loaded (found with dl_iterate_phdr) when the runtime sits in a RTLD_LOCAL scope
 // (Python extension modules are dlopen'ed RTLD_LOCAL). No CUDA header or library is needed to build it:
-// the few types and enum values used are declared below, values from CUDA 13.0 driver_types.h.
+// the few types, signatures and enum values used are declared in uvmlab_cuda_abi.h (values from CUDA 13.0
+// driver_types.h), which tests/test_gpu_shim_headers.py checks against the real CUDA 13 (and 12) headers.
 //
 // Environment (read once, at load):
 //   UVMLAB_SHIM_MODE          managed (default): cudaMalloc -> cudaMallocManaged(ptr, size, cudaMemAttachGlobal)
@@ -18,8 +19,12 @@
 //                             (rounded down to 2 MiB). The balloon is inflated at the first intercepted call
 //                             (the process's CUDA runtime is loaded by then), or by uvmlab_balloon(); it is
 //                             released at exit (atexit, registered after the runtime's own handlers).
-//                             Once it exists the shim exports UVMLAB_BALLOON_DONE=<pid>: child processes started
-//                             later (which inherit LD_PRELOAD) do not reserve a second balloon.
+//                             When free memory is already at or below what to leave, no balloon is taken: the
+//                             shim says so on stderr (always) and logs a balloon_alloc record of size 0.
+//   UVMLAB_BALLOON_CLAIM      path of a file the shim creates (O_EXCL) before taking the balloon: only the first
+//                             process of a step that allocates takes it; later ones (children inherit LD_PRELOAD)
+//                             find the file and do not. The shim never changes the environment (no setenv: other
+//                             threads may be reading it).
 //   UVMLAB_ALLOC_LOG          append one binary record per intercepted call to this file ("%p" -> pid);
 //                             buffered, flushed when the buffer fills, by uvmlab_flush_log(), and at exit.
 //   UVMLAB_CUDART             path of the CUDA runtime to use when no loaded one is found
@@ -52,41 +57,28 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
+
+#include "uvmlab_cuda_abi.h"
 
 namespace {
 
-// ---- the CUDA runtime types we need (ABI-compatible declarations) -----------------------------------------------
-typedef int cudaError_t;  // enum cudaError
-typedef void* cudaStream_t;
-constexpr cudaError_t kCudaSuccess = 0;
-constexpr cudaError_t kCudaErrorInvalidValue = 1;
-constexpr cudaError_t kCudaErrorInitializationError = 3;
-constexpr unsigned kCudaMemAttachGlobal = 0x01;       // driver_types.h cudaMemAttachGlobal
-constexpr int kCudaMemAdviseSetReadMostly = 1;        // enum cudaMemoryAdvise
-constexpr int kCudaMemAdviseSetPreferredLocation = 3;
-constexpr int kCudaMemAdviseSetAccessedBy = 5;
-constexpr int kCudaCpuDeviceId = -1;                  // cudaCpuDeviceId
-constexpr int kCudaMemLocationTypeDevice = 1;         // enum cudaMemLocationType
-constexpr int kCudaMemLocationTypeHost = 2;
-constexpr int kCuda13Version = 13000;                 // CUDA 13 changed cudaMemAdvise/cudaMemPrefetchAsync
-constexpr size_t kTwoMiB = size_t(2) << 20;           // balloon rounding: UVM's VA block / root chunk size
+// ---- the CUDA runtime types we need (uvmlab_cuda_abi.h: checked against the real headers by a test) -------------
+using namespace uvmlab_abi;
+constexpr size_t kTwoMiB = size_t(2) << 20;  // balloon rounding: UVM's VA block / root chunk size
 
-struct cudaMemLocation {  // CUDA >= 12.2 driver_types.h; passed by value (one 8-byte register on x86-64)
-  int type;
-  int id;
-};
-
-typedef cudaError_t (*MallocFn)(void**, size_t);
-typedef cudaError_t (*MallocManagedFn)(void**, size_t, unsigned);
-typedef cudaError_t (*FreeFn)(void*);
-typedef cudaError_t (*MemGetInfoFn)(size_t*, size_t*);
-typedef cudaError_t (*GetDeviceFn)(int*);
-typedef cudaError_t (*RuntimeGetVersionFn)(int*);
-typedef cudaError_t (*Advise13Fn)(const void*, size_t, int, cudaMemLocation);
-typedef cudaError_t (*Advise12Fn)(const void*, size_t, int, int);
-typedef cudaError_t (*Prefetch13Fn)(const void*, size_t, cudaMemLocation, unsigned, cudaStream_t);
-typedef cudaError_t (*Prefetch12Fn)(const void*, size_t, int, cudaStream_t);
+typedef cudaMalloc_fn MallocFn;
+typedef cudaMallocManaged_fn MallocManagedFn;
+typedef cudaFree_fn FreeFn;
+typedef cudaMemGetInfo_fn MemGetInfoFn;
+typedef cudaGetDevice_fn GetDeviceFn;
+typedef cudaRuntimeGetVersion_fn RuntimeGetVersionFn;
+typedef cudaMemAdvise_fn13 Advise13Fn;
+typedef cudaMemAdvise_fn12 Advise12Fn;
+typedef cudaMemPrefetchAsync_fn13 Prefetch13Fn;
+typedef cudaMemPrefetchAsync_fn12 Prefetch12Fn;
 
 enum Op : uint16_t {
   OP_MALLOC = 1,           // intercepted cudaMalloc served by cudaMallocManaged (arg = flags)
@@ -107,6 +99,7 @@ struct Config {
   bool prefetch_on_alloc = false;
   long long balloon_bytes = -1;        // -1: not set
   long long balloon_leave_bytes = -1;  // -1: not set
+  std::string balloon_claim;          // UVMLAB_BALLOON_CLAIM ("" = no claim file)
   std::string log_path;              // set once at parse time, never changed afterwards
   std::atomic<bool> log_on{false};   // false when unset or when the file cannot be opened
   std::string cudart_path;
@@ -173,12 +166,8 @@ void parse_config(Config& c) {
   }
   c.balloon_bytes = parse_size("UVMLAB_BALLOON_BYTES", getenv("UVMLAB_BALLOON_BYTES"));
   c.balloon_leave_bytes = parse_size("UVMLAB_BALLOON_LEAVE_BYTES", getenv("UVMLAB_BALLOON_LEAVE_BYTES"));
-  const char* done = getenv("UVMLAB_BALLOON_DONE");
-  if (done != nullptr && *done != '\0') {
-    // An ancestor already holds the balloon (it exported this marker): one balloon per job, not per process.
-    c.balloon_bytes = -1;
-    c.balloon_leave_bytes = -1;
-  }
+  const char* claim = getenv("UVMLAB_BALLOON_CLAIM");
+  if (claim != nullptr) c.balloon_claim = claim;
   if (c.balloon_bytes >= 0 && c.balloon_leave_bytes >= 0)
     die_config("UVMLAB_BALLOON_LEAVE_BYTES", getenv("UVMLAB_BALLOON_LEAVE_BYTES"),
                "to be unset when UVMLAB_BALLOON_BYTES is set (give one of the two)");
@@ -450,11 +439,7 @@ cudaError_t inflate(size_t bytes, int64_t measured_free) {
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.malloc(&p, bytes);
   g_log.record(OP_BALLOON_ALLOC, t0, log_clock() - t0, p, bytes, measured_free, rc);
-  if (rc == kCudaSuccess) {
-    g_balloon.emplace_back(p, bytes);
-    // Children started from now on inherit the marker and do not reserve a second balloon.
-    setenv("UVMLAB_BALLOON_DONE", std::to_string(getpid()).c_str(), 1);
-  }
+  if (rc == kCudaSuccess) g_balloon.emplace_back(p, bytes);
   if (g_cfg.verbose)
     fprintf(stderr, "uvmlab shim: balloon of %zu bytes -> error %d\n", bytes, rc);
   return rc;
@@ -466,12 +451,40 @@ cudaError_t inflate_leaving(size_t leave_bytes) {
   size_t free_b = 0, total_b = 0;
   cudaError_t rc = g_real.mem_get_info(&free_b, &total_b);
   if (rc != kCudaSuccess) return rc;
-  if (free_b <= leave_bytes) {
-    if (g_cfg.verbose) fprintf(stderr, "uvmlab shim: %zu bytes free <= %zu to leave: no balloon\n", free_b, leave_bytes);
+  size_t bytes = free_b > leave_bytes ? (free_b - leave_bytes) / kTwoMiB * kTwoMiB : 0;
+  if (bytes == 0) {
+    // Nothing to take: the run gets less (or, within 2 MiB, exactly) the capacity asked for. Said always, and
+    // logged as a balloon record of 0 bytes so that the run's result can say it too.
+    g_log.record(OP_BALLOON_ALLOC, log_clock(), 0, nullptr, 0, static_cast<int64_t>(free_b), kCudaSuccess);
+    fprintf(stderr,
+            "uvmlab shim: WARNING: only %zu bytes are free, not more than the %zu to leave: no balloon; UVM gets "
+            "%zu bytes, not the capacity asked for\n",
+            free_b, leave_bytes, free_b);
+    fflush(stderr);
     return kCudaSuccess;
   }
-  size_t bytes = (free_b - leave_bytes) / kTwoMiB * kTwoMiB;
   return inflate(bytes, static_cast<int64_t>(free_b));
+}
+
+// True if this process may take the step's balloon: no claim file configured, or this process created it first.
+bool claim_balloon() {
+  if (g_cfg.balloon_claim.empty()) return true;
+  int fd = open(g_cfg.balloon_claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      if (g_cfg.verbose) fprintf(stderr, "uvmlab shim: %s exists: another process holds the balloon\n",
+                                 g_cfg.balloon_claim.c_str());
+      return false;
+    }
+    fprintf(stderr, "uvmlab shim: cannot create UVMLAB_BALLOON_CLAIM %s: %s; taking the balloon anyway\n",
+            g_cfg.balloon_claim.c_str(), strerror(errno));
+    return true;
+  }
+  std::string pid = std::to_string(getpid()) + "\n";
+  ssize_t w = write(fd, pid.data(), pid.size());
+  (void)w;
+  close(fd);
+  return true;
 }
 
 // The balloon requested by the environment, once, before the first managed allocation.
@@ -481,12 +494,42 @@ void balloon_from_env() {
   std::lock_guard<std::mutex> lock(mu);
   if (g_balloon_env_done.load(std::memory_order_relaxed)) return;
   cudaError_t rc = kCudaSuccess;
-  if (g_cfg.balloon_bytes > 0) rc = inflate(static_cast<size_t>(g_cfg.balloon_bytes), -1);
+  bool wanted = g_cfg.balloon_bytes > 0 || g_cfg.balloon_leave_bytes >= 0;
+  if (wanted && !claim_balloon()) {
+  } else if (g_cfg.balloon_bytes > 0) rc = inflate(static_cast<size_t>(g_cfg.balloon_bytes), -1);
   else if (g_cfg.balloon_leave_bytes >= 0) rc = inflate_leaving(static_cast<size_t>(g_cfg.balloon_leave_bytes));
   if (rc != kCudaSuccess)
     fprintf(stderr, "uvmlab shim: the balloon could not be reserved (CUDA error %d); the run is not oversubscribed "
             "as requested\n", rc);
   g_balloon_env_done.store(true, std::memory_order_release);
+}
+
+// ---- live managed allocations (the worker reads their total to measure the capacity UVM really has) ----------------
+struct Live {
+  std::mutex mu;
+  std::unordered_map<uintptr_t, size_t> sizes;
+  size_t bytes = 0;
+};
+Live& live_instance() {
+  static Live* l = new Live();
+  return *l;
+}
+
+void live_add(void* ptr, size_t size) {
+  Live& l = live_instance();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto [it, fresh] = l.sizes.emplace(reinterpret_cast<uintptr_t>(ptr), size);
+  if (fresh) l.bytes += size;
+  (void)it;
+}
+
+void live_remove(void* ptr) {
+  Live& l = live_instance();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.sizes.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == l.sizes.end()) return;
+  l.bytes -= it->second;
+  l.sizes.erase(it);
 }
 
 // ---- policies --------------------------------------------------------------------------------------------------------
@@ -539,6 +582,7 @@ cudaError_t managed_alloc(void** ptr, size_t size, int device, cudaStream_t stre
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.malloc_managed(ptr, size, kCudaMemAttachGlobal);
   g_log.record(op, t0, log_clock() - t0, rc == kCudaSuccess ? *ptr : nullptr, size, arg, rc);
+  if (rc == kCudaSuccess) live_add(*ptr, size);
   if (rc == kCudaSuccess && any_policy()) {
     if (device < 0 && g_real.get_device != nullptr) g_real.get_device(&device);
     apply_policies(*ptr, size, device < 0 ? 0 : device, stream);
@@ -550,9 +594,11 @@ __attribute__((constructor)) void shim_init() {
   (void)cfg_instance();  // parse the environment now: a bad variable stops the program at load, not mid-run
   (void)log_instance();
   (void)balloon_instance();
+  (void)live_instance();
   pthread_atfork(nullptr, nullptr, [] {
     g_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     g_log.forget_after_fork();
+    new (&live_instance().mu) std::mutex();  // another thread may have held it at fork time
   });
 }
 
@@ -589,6 +635,7 @@ __attribute__((visibility("default"))) cudaError_t cudaFree(void* devPtr) {
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(devPtr);
   g_log.record(OP_FREE, t0, log_clock() - t0, devPtr, 0, 0, rc);
+  if (rc == kCudaSuccess) live_remove(devPtr);
   return rc;
 }
 
@@ -608,6 +655,7 @@ __attribute__((visibility("default"))) void uvmlab_free(void* ptr, ssize_t size,
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(ptr);
   g_log.record(OP_PLUGGABLE_FREE, t0, log_clock() - t0, ptr, size < 0 ? 0 : size, device, rc);
+  if (rc == kCudaSuccess) live_remove(ptr);
 }
 
 // ---- exported: control -------------------------------------------------------------------------------------------------
@@ -625,6 +673,13 @@ __attribute__((visibility("default"))) size_t uvmlab_balloon_bytes(void) {
   size_t total = 0;
   for (auto& piece : g_balloon) total += piece.second;
   return total;
+}
+
+/** Bytes of managed memory the shim allocated and that are not freed yet (cudaMalloc-as-managed + pluggable). */
+__attribute__((visibility("default"))) size_t uvmlab_live_managed_bytes(void) {
+  Live& l = live_instance();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.bytes;
 }
 
 /** Release the balloon now (it is otherwise released at exit). */
@@ -646,3 +701,8 @@ __attribute__((visibility("default"))) const char* uvmlab_shim_real_library(void
 __attribute__((visibility("default"))) int uvmlab_shim_log_version(void) { return 1; }
 
 }  // extern "C"
+
+// The interposed definitions have exactly the signatures of uvmlab_cuda_abi.h (which a test checks against the
+// real CUDA headers).
+static_assert(std::is_same<decltype(&cudaMalloc), MallocFn>::value, "cudaMalloc signature");
+static_assert(std::is_same<decltype(&cudaFree), FreeFn>::value, "cudaFree signature");

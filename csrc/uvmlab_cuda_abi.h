@@ -1,0 +1,1 @@
+../uvmlab/gpu/csrc/uvmlab_cuda_abi.h

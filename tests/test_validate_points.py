@@ -1,0 +1,142 @@
+"""Unit tests of the scorecard's Point (ratio, bands), the check registry and the scorecard runner (fake checks)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from uvmlab.errors import InputError
+from uvmlab.validate import points as P
+from uvmlab.validate.points import CHECK_MODULES, CHECKS, Check, Point
+from uvmlab.validate.scorecard import Scorecard, load_checks, select_checks, validate
+
+
+def pt(measured: float, predicted: float | None, **kw: object) -> Point:
+    return Point("ds", "case", "q", "count", measured, predicted, **kw)  # type: ignore[arg-type]
+
+
+def test_ratio_is_predicted_over_measured_and_none_without_either() -> None:
+    assert pt(4, 6).ratio == 1.5
+    assert pt(0, 6).ratio is None
+    assert pt(4, None).ratio is None
+
+
+@pytest.mark.parametrize(
+    ("measured", "predicted", "factor", "inside"),
+    [
+        (100, 150, 1.5, True),  # on the edge counts as within
+        (150, 100, 1.5, True),  # both directions
+        (100, 151, 1.5, False),
+        (100, 65, 1.5, False),
+        (100, 199, 2.0, True),
+        (100, 49, 2.0, False),
+        (100, 100, 1.0, True),  # band 1.0: exact
+        (100, 101, 1.0, False),
+        (100, -100, 2.0, False),  # opposite signs are never within
+    ],
+)
+def test_within_band(measured: float, predicted: float, factor: float, inside: bool) -> None:
+    assert pt(measured, predicted).within(factor) is inside
+
+
+def test_within_without_ratio_is_none_and_bad_factor_raises() -> None:
+    assert pt(10, None).within(2.0) is None
+    with pytest.raises(ValueError, match=">= 1"):
+        pt(1, 1).within(0.5)
+
+
+def test_keeps_band_only_when_declared() -> None:
+    assert pt(10, 30).keeps_band is None
+    assert pt(10, 30, band=2.0).keeps_band is False
+    assert pt(10, 12, band=1.5).keeps_band is True
+    assert pt(10, None, band=1.5).keeps_band is None
+
+
+def test_check_registers_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(P, "CHECKS", {})
+
+    @P.check("x", needs="uvm")
+    def fn(data_dir: Path) -> list[Point]:
+        return []
+
+    assert P.CHECKS["x"] == Check(name="x", fn=fn, fast=False, needs="uvm")
+    with pytest.raises(ValueError, match="registered twice"):
+        P.check("x", needs="uvm")(fn)
+
+
+def test_every_check_module_imports_and_registers() -> None:
+    before = {n: c.fn.__module__ for n, c in load_checks().items()}
+    for name in CHECK_MODULES:
+        importlib.import_module(name)
+        assert name in before.values(), f"{name} registers no check"
+    assert all(c.needs for c in CHECKS.values())
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, name: str, needs: str, points: list[Point], fast: bool = True) -> None:
+    def fn(data_dir: Path) -> list[Point]:
+        if not points:
+            raise RuntimeError("boom")
+        return points
+
+    monkeypatch.setitem(CHECKS, name, Check(name=name, fn=fn, fast=fast, needs=needs))
+
+
+def test_summary_counts_validation_points_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    pts = [
+        pt(10, 10, band=1.0),
+        pt(10, 14),  # within 1.5x
+        pt(10, 18),  # within 2x only
+        pt(10, 50),  # outside both
+        pt(10, None),  # no prediction
+        pt(10, 100, fitted=True),  # fitted: not counted among validation points
+    ]
+    _fake(monkeypatch, "fake-a", "a", pts)
+    _fake(monkeypatch, "fake-absent", "absent", [pt(1, 1)])
+    card = validate(tmp_path, only=["fake-a", "fake-absent"])
+    s = card.summary()
+    assert s["points"] == 6 and s["fitted_points"] == 1 and s["validation_points"] == 5
+    assert s["validation_within_1.5x"] == 2 and s["validation_within_2x"] == 3
+    assert s["validation_predicted"] == 4
+    assert card.skipped == {"fake-absent": f"{tmp_path / 'absent'} is absent"}
+    assert card.ran == ["fake-a"] and not card.broken_bands()
+    df = card.frame()
+    assert len(df) == 6 and df["ratio"].isna().sum() == 1 and df["fitted"].sum() == 1
+
+
+def test_broken_band_and_crashing_check_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    _fake(monkeypatch, "fake-off", "a", [pt(10, 20, band=1.5), pt(10, 20, band=1.5, fitted=True)])
+    _fake(monkeypatch, "fake-crash", "a", [])
+    card = validate(tmp_path, only=["fake-off", "fake-crash"])
+    assert [p.predicted for p in card.broken_bands()] == [20]  # fitted points promise nothing
+    assert card.errors == {"fake-crash": "RuntimeError: boom"}
+
+
+def test_select_checks_fast_and_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, "fake-slow", "a", [pt(1, 1)], fast=False)
+    _fake(monkeypatch, "fake-fast", "a", [pt(1, 1)], fast=True)
+    assert [c.name for c in select_checks(CHECKS, True, ["fake-slow", "fake-fast"])] == ["fake-fast"]
+    assert len(select_checks(CHECKS, False, ["fake-slow", "fake-fast"])) == 2
+    with pytest.raises(InputError, match="unknown check"):
+        select_checks(CHECKS, False, ["nope"])
+
+
+def test_missing_or_empty_data_dir_is_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not found"):
+        validate(tmp_path / "missing")
+    with pytest.raises(InputError, match="holds none"):
+        validate(tmp_path)
+
+
+def test_write_is_a_complete_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    _fake(monkeypatch, "fake-w", "a", [pt(10, 12), pt(3, 3, fitted=True)])
+    card = validate(tmp_path, only=["fake-w"], out=tmp_path / "run")
+    assert isinstance(card, Scorecard)
+    assert (tmp_path / "run" / "tables" / "scorecard.parquet").is_file()
+    assert (tmp_path / "run" / "figures" / "scorecard.png").stat().st_size > 1000
+    with pytest.raises(InputError, match="without --force"):
+        card.write(tmp_path / "run")

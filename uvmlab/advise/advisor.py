@@ -1,0 +1,341 @@
+"""Simulate a job under every candidate memory policy on one GPU and rank the policies by iteration time.
+
+Every policy runs on the same physical memory: the GPU memory UVM has (``available_bytes``) is fixed once, from the
+job as given (PCA on unless the job says otherwise): footprint / ``--oversub``, or the GPU's usable memory.
+The reference for every slowdown is the job as given with every page resident and PCA on (the study's
+reference, ``slowdown_vs_native_pca``).
+
+Approximations (docs/advise.md): the job-shape search evaluates footprints, not times, to pick the micro-batch;
+combinations are formed from the best single policy of each family (at most :data:`MAX_COMBINATIONS`), not from
+all pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.advise.policies import POLICIES, Policy, compose
+from uvmlab.config import RunConfig
+from uvmlab.errors import InputError, UvmlabError
+
+MAX_COMBINATIONS = 3
+"""At most this many combinations of single policies are simulated (issue 16: 'at most a handful')."""
+
+ROW_COLUMNS = (
+    "rank",
+    "policy",
+    "family",
+    "outcome",
+    "iteration_time_ns",
+    "slowdown_vs_native_pca",
+    "speedup_vs_given",
+    "peak_resident_bytes",
+    "footprint_bytes",
+    "fault_count",
+    "migrated_bytes",
+    "htod_bytes",
+    "dtoh_bytes",
+    "batch_size",
+    "accumulation_steps",
+    "apply_how",
+    "needs_code_change",
+    "note",
+)
+
+
+@dataclass
+class Advice:
+    """The ranked table (:data:`ROW_COLUMNS`) and what every row was measured against."""
+
+    rows: pd.DataFrame
+    workload: str
+    gpu: str
+    available_bytes: int
+    given_footprint_bytes: int
+    given_policy: str
+    native_pca_time_ns: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``--format json``; docs/advise.md documents the keys)."""
+        return {
+            "workload": self.workload,
+            "gpu": self.gpu,
+            "available_bytes": self.available_bytes,
+            "given_footprint_bytes": self.given_footprint_bytes,
+            "given_oversub": self.given_footprint_bytes / self.available_bytes,
+            "given_policy": self.given_policy,
+            "native_pca_time_ns": self.native_pca_time_ns,
+            "notes": self.notes,
+            "policies": [
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+                for row in self.rows.to_dict(orient="records")
+            ],
+        }
+
+
+def _native_pca(result: dict[str, Any]) -> float:
+    """The all-resident PCA-on iteration time of a result (named ``native_pca_time_ns`` once issue 15 lands)."""
+    for key in ("native_pca_time_ns", "baseline_time_ns"):
+        if result.get(key):
+            return float(result[key])
+    raise UvmlabError("simulation result has no all-resident reference time")
+
+
+def _simulate(cfg: RunConfig, available: int) -> tuple[Any, dict[str, Any]]:
+    from uvmlab.simulate import prepare, simulate_prepared
+
+    prep = prepare(cfg, available_bytes=available)
+    _, result = simulate_prepared(cfg, prep)
+    return prep, result
+
+
+def _row(policy: Policy, cfg: RunConfig, prep: Any, result: dict[str, Any], native: float) -> dict[str, Any]:
+    t = float(result["iteration_time_ns"])
+    return {
+        "policy": policy.name,
+        "family": policy.family,
+        "outcome": result.get("outcome", "ok"),
+        "iteration_time_ns": t,
+        "slowdown_vs_native_pca": t / native,
+        "peak_resident_bytes": int(result["peak_resident_bytes"]),
+        "footprint_bytes": int(result["footprint_bytes"]),
+        "fault_count": int(result["fault_count"]),
+        "migrated_bytes": int(result["htod_bytes"]) + int(result["dtoh_bytes"]),
+        "htod_bytes": int(result["htod_bytes"]),
+        "dtoh_bytes": int(result["dtoh_bytes"]),
+        "batch_size": int(prep.trace.header.get("batch_size") or 0) or None,
+        "accumulation_steps": cfg.workload.accumulation_steps,
+        "apply_how": policy.apply_how,
+        "needs_code_change": policy.needs_code_change,
+        "note": "",
+    }
+
+
+def _failed_row(policy: Policy, outcome: str, note: str) -> dict[str, Any]:
+    return {
+        "policy": policy.name,
+        "family": policy.family,
+        "outcome": outcome,
+        "apply_how": policy.apply_how,
+        "needs_code_change": policy.needs_code_change,
+        "note": note,
+    }
+
+
+def _footprint(cfg: RunConfig) -> int:
+    from uvmlab.simulate import prepare
+
+    return prepare(cfg).footprint_bytes
+
+
+def fit_batch(cfg: RunConfig, available: int, batch: int) -> tuple[int, int] | None:
+    """The smallest gradient-accumulation count k (and micro-batch ceil(batch / k)) whose footprint fits.
+
+    Footprints come from traces of the accumulating loop itself (gradients stay alive across micro-batches).
+    A linear model of footprint in the micro-batch, from the given batch and batch / 2, picks the first k to
+    try; neighbours are checked so the answer is the smallest k that fits. None when batch 1 does not fit.
+    """
+
+    def fp(k: int) -> int:
+        wl = replace(cfg.workload, batch_size=math.ceil(batch / k), accumulation_steps=k)
+        return _footprint(replace(cfg, workload=wl, policy=None))
+
+    cache: dict[int, int] = {}
+
+    def fits(k: int) -> bool:
+        if k not in cache:
+            cache[k] = fp(k)
+        return cache[k] <= available
+
+    if batch < 2:
+        return None
+    f1 = _footprint(replace(cfg, policy=None))
+    f2 = cache.setdefault(2, fp(2))
+    slope = (f1 - f2) / (batch - math.ceil(batch / 2)) if batch > 1 else 0.0
+    k = 2
+    if slope > 0 and f2 > available:
+        fixed = f2 - slope * math.ceil(batch / 2)
+        per = (available - fixed) / slope
+        k = batch if per < 1 else min(batch, max(2, math.ceil(batch / max(1.0, math.floor(per)))))
+    for _ in range(8):
+        if fits(k):
+            while k > 2 and fits(k - 1):
+                k -= 1
+            return math.ceil(batch / k), k
+        if k >= batch:
+            return None
+        k = min(batch, k + max(1, k // 4))
+    return None
+
+
+def _gc_oom(cfg: RunConfig, available: int) -> str | None:
+    """The gc-threshold policy's OOM check: the allocator refuses memory past the per-process fraction."""
+    from uvmlab.sim.placement import place
+    from uvmlab.simulate import prepare, run_gpu_spec
+
+    gpu = run_gpu_spec(cfg)
+    prep = prepare(replace(cfg, policy=None), available_bytes=available)
+    fraction = min(1.0, available / gpu.memory_bytes)
+    conf = f"garbage_collection_threshold:0.8,per_process_memory_fraction:{fraction:.6f}"
+    placed = place(prep.trace, "pca", settings=conf, capacity_bytes=gpu.memory_bytes)
+    if placed.oom_seq is not None:
+        return (
+            f"OOM: with the memory fraction at {fraction:.3f} of the GPU the allocator refuses to grow past the "
+            "memory UVM has, so oversubscription is impossible"
+        )
+    return None
+
+
+def advise(
+    cfg: RunConfig,
+    available_bytes: int | None = None,
+    policies: list[str] | None = None,
+    combine: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Advice:
+    """Rank the policies for ``cfg`` (the job as given) on ``available_bytes`` of GPU memory (see module doc).
+
+    ``available_bytes`` None: footprint of the job as given / ``cfg.oversub``, at most the GPU's usable memory.
+    """
+    say = progress or (lambda _msg: None)
+    from uvmlab.simulate import prepare
+
+    given = replace(cfg, policy=None)
+    say("the job as given")
+    given_prep = prepare(given, available_bytes=available_bytes)
+    available = given_prep.available_bytes
+    batch = int(given_prep.trace.header.get("batch_size") or 0)
+    from uvmlab.simulate import simulate_prepared
+
+    _, given_result = simulate_prepared(given, given_prep)
+    native = _native_pca(given_result)
+    if not given.pca:
+        _, pca_result = _simulate(replace(given, pca=True), available)
+        native = _native_pca(pca_result)
+    names = policies if policies is not None else list(POLICIES)
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise InputError(f"unknown policy {unknown[0]!r}; policies: {', '.join(POLICIES)}")
+    rows: list[dict[str, Any]] = []
+    singles: dict[str, float] = {}
+    for name in names:
+        pol = POLICIES[name]
+        say(pol.name)
+        if pol.changes_nothing_for(given):
+            rows.append(_row(pol, given, given_prep, given_result, native))  # the job as given: already simulated
+        else:
+            rows.append(_evaluate(pol, given, available, batch, native))
+        if rows[-1]["outcome"] == "ok":
+            singles[name] = rows[-1]["iteration_time_ns"]
+    if combine:
+        for combo in _combinations(singles, given_result):
+            pol = compose([POLICIES[n] for n in combo])
+            say(pol.name)
+            rows.append(_evaluate(pol, given, available, batch, native))
+    table = _rank(pd.DataFrame(rows), float(given_result["iteration_time_ns"]))
+    notes = []
+    if given_prep.footprint_bytes <= available:
+        notes.append("the job as given fits in the GPU memory: no oversubscription, every policy is about equal")
+    return Advice(
+        rows=table,
+        workload=cfg.workload.workload,
+        gpu=given_prep.gpu.name,
+        available_bytes=available,
+        given_footprint_bytes=given_prep.footprint_bytes,
+        given_policy="pca-on" if given.pca else "pca-off",
+        native_pca_time_ns=native,
+        notes=notes,
+    )
+
+
+def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native: float) -> dict[str, Any]:
+    """One policy's row (an OOM or a policy that cannot apply is a row too, with the reason)."""
+    cfg = pol.apply(given)
+    try:
+        if "garbage_collection_threshold" in pol.alloc_conf:
+            oom = _gc_oom(given, available)
+            if oom:
+                return _failed_row(pol, "oom", oom)
+        if pol.fit_batch:
+            fit = fit_batch(given, available, batch)
+            if fit is None:
+                return _failed_row(pol, "n/a", "does not fit even at micro-batch 1 (parameters and optimizer state)")
+            micro, steps = fit
+            cfg = replace(cfg, workload=replace(cfg.workload, batch_size=micro, accumulation_steps=steps))
+        prep, result = _simulate(cfg, available)
+    except InputError as exc:
+        return _failed_row(pol, "n/a", str(exc))
+    row = _row(pol, cfg, prep, result, native)
+    if pol.fit_batch:
+        row["note"] = f"micro-batch {row['batch_size']} x {row['accumulation_steps']} steps (given batch {batch})"
+    return row
+
+
+def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The best improving single policy of each family, combined: best pairs first, then all of them."""
+    given_t = float(given_result["iteration_time_ns"])
+    best: dict[str, tuple[float, str]] = {}
+    for name, t in singles.items():
+        fam = POLICIES[name].family
+        if t < given_t and POLICIES[name].name not in ("pca-on",) and (fam not in best or t < best[fam][0]):
+            best[fam] = (t, name)
+    ranked = [name for _, name in sorted(best.values())]
+    combos: list[tuple[str, ...]] = []
+    for i in range(len(ranked)):
+        for j in range(i + 1, len(ranked)):
+            combos.append((ranked[i], ranked[j]))
+    if len(ranked) > 2:
+        combos.append(tuple(ranked))
+    valid = []
+    for combo in combos:
+        try:
+            compose([POLICIES[n] for n in combo])
+        except InputError:
+            continue
+        valid.append(combo)
+    return valid[:MAX_COMBINATIONS]
+
+
+def _rank(df: pd.DataFrame, given_time_ns: float) -> pd.DataFrame:
+    for col in ROW_COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    df["speedup_vs_given"] = given_time_ns / df["iteration_time_ns"].astype(float)
+    ok = df["outcome"] == "ok"
+    df = pd.concat(
+        [df[ok].sort_values("iteration_time_ns", kind="stable"), df[~ok]],
+        ignore_index=True,
+    )
+    df["rank"] = [i + 1 if o else None for i, o in enumerate(df["outcome"] == "ok")]
+    return df[list(ROW_COLUMNS)]
+
+
+def resolve_policy(cfg: RunConfig, progress: Any = None) -> tuple[RunConfig, int]:
+    """The run configuration that applies ``cfg.policy``, and the GPU memory it runs on.
+
+    The memory is that of the job as given (without the policy): its footprint / ``cfg.oversub``, so that
+    ``uvmlab run --policy P --oversub F`` answers "the same job on the same GPU, with P applied".
+    """
+    from uvmlab.advise.policies import get_policy
+    from uvmlab.simulate import prepare
+
+    if not cfg.policy:
+        raise InputError("no policy given")
+    pol = get_policy(cfg.policy)
+    given = replace(cfg, policy=None)
+    given_prep = prepare(given, progress=progress)
+    available = given_prep.available_bytes
+    eff = pol.apply(given)
+    if pol.fit_batch:
+        batch = int(given_prep.trace.header.get("batch_size") or 0)
+        fit = fit_batch(given, available, batch)
+        if fit is None:
+            raise InputError(f"policy {pol.name}: the job does not fit in {available} bytes even at micro-batch 1")
+        eff = replace(eff, workload=replace(eff.workload, batch_size=fit[0], accumulation_steps=fit[1]))
+    return eff, available

@@ -1,0 +1,225 @@
+"""The memory policies ``uvmlab advise`` ranks, each modelled by the mechanism that really acts on a GPU.
+
+A :class:`Policy` says what it changes in the simulated run (PCA on/off, ``PYTORCH_CUDA_ALLOC_CONF``, cached
+blocks released between iterations, UVM driver module parameters, the job's batch shape) and how a user applies it
+on a real GPU (an environment variable, a uvmlab shim option, a driver module parameter, or a few lines of
+PyTorch). Policies whose GPU form is an environment variable carry it in ``gpu_env`` so that
+``uvmlab run --policy NAME --mode gpu`` applies exactly what was simulated.
+
+Names compose with ``+`` (``pca-off+driver-prefetch-off``) when their settings do not contradict each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from uvmlab.config import RunConfig
+from uvmlab.errors import InputError
+
+FAMILIES = ("allocator", "driver", "uvm-hint", "job-shape")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One candidate memory policy (see the module docstring)."""
+
+    name: str
+    family: str
+    summary: str
+    apply_how: str
+    """What a user does on a real GPU to apply it."""
+    source: str
+    """Where the mechanism is documented (file and repository, or the CUDA/PyTorch documentation)."""
+    pca: bool | None = None
+    """Force the caching allocator on or off (None: keep the job's setting)."""
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` entries (comma-separated ``key:value``)."""
+    release_each_iteration: bool = False
+    """``torch.cuda.empty_cache()`` after each optimizer step."""
+    sim_options: dict[str, Any] = field(default_factory=dict)
+    """UVM driver knobs (uvmlab.sim.uvm_knobs.UvmKnobs field names)."""
+    gpu_env: dict[str, str] = field(default_factory=dict)
+    """Environment of a real GPU run that applies the policy (shim options, PyTorch variables)."""
+    fit_batch: bool = False
+    """Job shape: the largest micro-batch that fits without UVM, with gradient accumulation to keep the batch."""
+    needs_code_change: str = ""
+    """When not empty: the few lines of PyTorch a user adds (the policy cannot be applied by a setting alone)."""
+
+    def changes_nothing_for(self, cfg: RunConfig) -> bool:
+        """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job)."""
+        return (
+            self.pca in (None, cfg.pca)
+            and not self.alloc_conf
+            and not self.release_each_iteration
+            and not self.fit_batch
+            and all(cfg.sim_options.get(k) == v for k, v in self.sim_options.items())
+        )
+
+    def apply(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` with this policy's settings (the job-shape search is done by the advisor, not here)."""
+        options = dict(cfg.sim_options)
+        for key, value in self.sim_options.items():
+            if key in options and options[key] != value:
+                raise InputError(
+                    f"policy {self.name} sets simulator knob {key}={value!r} but the run already sets {options[key]!r}"
+                )
+            options[key] = value
+        return replace(cfg, pca=cfg.pca if self.pca is None else self.pca, sim_options=options, policy=self.name)
+
+
+def _p(**kw: Any) -> Policy:
+    return Policy(**kw)
+
+
+_ALLOC_CONF_SRC = "PyTorch docs, 'CUDA memory management' (PYTORCH_CUDA_ALLOC_CONF); c10/cuda/CUDAAllocatorConfig.cpp"
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        _p(
+            name="pca-on",
+            family="allocator",
+            summary="PyTorch's caching allocator (the default): segments are cached and reused, never cudaFree'd",
+            apply_how="nothing (PyTorch's default)",
+            source="c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch)",
+            pca=True,
+        ),
+        _p(
+            name="pca-off",
+            family="allocator",
+            summary="no caching: one managed range per tensor, destroyed (not written back) at cudaFree",
+            apply_how="PYTORCH_NO_CUDA_MEMORY_CACHING=1",
+            source="c10/cuda/CUDACachingAllocator.cpp uncached_allocate (pytorch/pytorch); seeds/003 observation 3",
+            pca=False,
+            gpu_env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+        ),
+        _p(
+            name="release-each-iteration",
+            family="allocator",
+            summary="torch.cuda.empty_cache() after each step: cached segments are cudaFree'd, so their pages are "
+            "dropped instead of written back on eviction, and re-created segments are zero-filled on first touch",
+            apply_how="call torch.cuda.empty_cache() after optimizer.step() (uvmlab's GPU worker: this policy)",
+            source="c10/cuda/CUDACachingAllocator.cpp release_cached_blocks; reference/uvm.md (range destruction)",
+            pca=True,
+            release_each_iteration=True,
+            gpu_env={"UVMLAB_EMPTY_CACHE_EACH_ITERATION": "1"},
+            needs_code_change="optimizer.step()\ntorch.cuda.empty_cache()  # after every step",
+        ),
+        _p(
+            name="max-split-128",
+            family="allocator",
+            summary="blocks over 128 MiB are never split: large tensors reuse only large cached blocks",
+            apply_how="PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128",
+            source=_ALLOC_CONF_SRC,
+            pca=True,
+            alloc_conf="max_split_size_mb:128",
+            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
+        ),
+        _p(
+            name="roundup-pow2-4",
+            family="allocator",
+            summary="sizes rounded up to 4 divisions per power of two: more reuse of cached blocks, more slack",
+            apply_how="PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4",
+            source=_ALLOC_CONF_SRC,
+            pca=True,
+            alloc_conf="roundup_power2_divisions:4",
+            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4"},
+        ),
+        _p(
+            name="gc-threshold-0.8",
+            family="allocator",
+            summary="garbage_collection_threshold:0.8 with a per-process memory fraction equal to the GPU memory "
+            "UVM has: the allocator frees cached blocks when reserved passes 80 % of the fraction, but it also "
+            "refuses to allocate beyond the fraction, so an oversubscribed job stops with an OOM",
+            apply_how="PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 and "
+            "torch.cuda.set_per_process_memory_fraction(F)",
+            source=_ALLOC_CONF_SRC + "; CUDACachingAllocator.cpp garbage_collect_cached_blocks (needs set_fraction)",
+            pca=True,
+            alloc_conf="garbage_collection_threshold:0.8",
+            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8"},
+            needs_code_change="torch.cuda.set_per_process_memory_fraction(F)  # F = memory for UVM / GPU memory",
+        ),
+        _p(
+            name="driver-prefetch-off",
+            family="driver",
+            summary="the driver's tree prefetcher off: only faulted pages migrate",
+            apply_how="modprobe nvidia-uvm uvm_perf_prefetch_enable=0 (root; reload the module)",
+            source="kernel-open/nvidia-uvm/uvm_perf_prefetch.c (NVIDIA/open-gpu-kernel-modules)",
+            sim_options={"prefetch_enable": False},
+        ),
+        _p(
+            name="driver-prefetch-aggressive",
+            family="driver",
+            summary="prefetch threshold 1 %: a faulted 64 KiB page pulls its whole subtree, up to the 2 MiB block",
+            apply_how="modprobe nvidia-uvm uvm_perf_prefetch_threshold=1 (root; reload the module)",
+            source="kernel-open/nvidia-uvm/uvm_perf_prefetch.c uvm_perf_prefetch_threshold (1-100, default 51)",
+            sim_options={"prefetch_threshold": 1},
+        ),
+        _p(
+            name="fit-batch-accumulate",
+            family="job-shape",
+            summary="the largest micro-batch whose footprint fits the GPU memory without UVM, with gradient "
+            "accumulation over k micro-batches so the effective batch is at least the original",
+            apply_how="batch size b/k, loss / k, optimizer.step() every k micro-batches",
+            source="gradient accumulation (PyTorch autograd accumulates into .grad); uvmlab estimate for the fit",
+            fit_batch=True,
+            needs_code_change=(
+                "for i, x in enumerate(micro_batches):  # k micro-batches of b/k\n"
+                "    (loss_fn(model(x)) / k).backward()\n"
+                "optimizer.step(); optimizer.zero_grad()"
+            ),
+        ),
+    )
+}
+"""The single policies, by name."""
+
+
+def get_policy(name: str) -> Policy:
+    """The policy ``name``, or the composition of ``a+b+...`` (settings must not contradict)."""
+    parts = [p.strip() for p in name.split("+")] if "+" in name and name not in POLICIES else [name.strip()]
+    unknown = [p for p in parts if p not in POLICIES]
+    if unknown:
+        raise InputError(f"unknown policy {unknown[0]!r}; policies: {', '.join(POLICIES)} (combine with +)")
+    if len(parts) == 1:
+        return POLICIES[parts[0]]
+    return compose([POLICIES[p] for p in parts])
+
+
+def compose(policies: list[Policy]) -> Policy:
+    """One policy applying all of ``policies``; an InputError when two set the same thing differently."""
+    pca: bool | None = None
+    conf: list[str] = []
+    options: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    for p in policies:
+        if p.pca is not None:
+            if pca is not None and pca != p.pca:
+                raise InputError(f"policies {' and '.join(q.name for q in policies)} disagree on PCA on/off")
+            pca = p.pca
+        if p.alloc_conf:
+            conf.append(p.alloc_conf)
+        for key, value in p.sim_options.items():
+            if options.get(key, value) != value:
+                raise InputError(f"policies {' and '.join(q.name for q in policies)} set {key} differently")
+            options[key] = value
+        for key, value in p.gpu_env.items():
+            env[key] = f"{env[key]},{value}" if key == "PYTORCH_CUDA_ALLOC_CONF" and key in env else value
+    if pca is False and (conf or any(p.release_each_iteration for p in policies)):
+        raise InputError("allocator settings and empty_cache need the caching allocator (PCA on)")
+    if sum(p.fit_batch for p in policies) > 1:
+        raise InputError("at most one job-shape policy")
+    return Policy(
+        name="+".join(p.name for p in policies),
+        family="+".join(dict.fromkeys(p.family for p in policies)),
+        summary="; ".join(p.summary for p in policies),
+        apply_how="; ".join(p.apply_how for p in policies),
+        source="; ".join(dict.fromkeys(p.source for p in policies)),
+        pca=pca,
+        alloc_conf=",".join(conf),
+        release_each_iteration=any(p.release_each_iteration for p in policies),
+        sim_options=options,
+        gpu_env=env,
+        fit_batch=any(p.fit_batch for p in policies),
+        needs_code_change="\n".join(p.needs_code_change for p in policies if p.needs_code_change),
+    )

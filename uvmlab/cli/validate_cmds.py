@@ -1,0 +1,101 @@
+"""`uvmlab validate`: the fidelity scorecard (every real data set we hold, measured vs predicted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from uvmlab.cli.options import out_option
+from uvmlab.console import note, print_table
+
+TABLE_COLUMNS = ["dataset", "case", "quantity", "measured", "predicted", "ratio", "within 1.5x", "within 2x", "fitted"]
+
+
+@click.command("validate")
+@click.argument("data_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--fast", is_flag=True, help="Only the CI subset of checks (under 2 minutes).")
+@click.option("--check", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable).")
+@out_option("Run directory to write.", type=click.Path(path_type=Path), default=None)
+@click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+def validate_cmd(
+    data_dir: Path | None, fast: bool, only: tuple[str, ...], out: Path | None, force: bool, fmt: str
+) -> None:
+    """Run every registered fidelity check on DATA_DIR and print measured vs predicted.
+
+    DATA_DIR defaults to $UVMLAB_REAL_DATA, else ../shared/real-data beside the checkout. Checks whose folder is
+    absent are skipped with the reason. The summary counts validation points (not those used for fitting) within
+    1.5x and 2x. With -o: tables/scorecard.parquet, figures/scorecard.png, result.json. Exit code 1 when a
+    validation point leaves the band it promises, 3 when a check crashed (a uvmlab bug).
+    """
+    from rich.markup import escape as esc
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from uvmlab.console import err
+    from uvmlab.errors import InvariantError, UvmlabError
+    from uvmlab.validate.scorecard import load_checks, resolve_data_dir, select_checks, validate
+
+    data_dir = resolve_data_dir(data_dir)  # bad input fails before the progress bar starts
+    total = len(select_checks(load_checks(), fast, only))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("running checks", total=total)
+        card = validate(
+            data_dir,
+            fast=fast,
+            only=only,
+            out=out,
+            force=force,
+            progress=lambda name: bar.update(task, advance=1, description=f"ran {name}"),
+        )
+    summary = card.summary()
+    if fmt == "json":
+        payload = {"summary": summary, "points": json.loads(card.frame().to_json(orient="records"))}
+        click.echo(json.dumps(payload, indent=2))
+    elif fmt == "csv":
+        card.frame().to_csv(sys.stdout, index=False)
+    else:
+        rows = [
+            [esc(p.dataset), esc(p.case), esc(f"{p.quantity} ({p.unit})"), _value(p.measured),
+             _value(p.predicted), p.ratio, _flag(p.within(1.5)), _flag(p.within(2.0)), "fitted" if p.fitted else ""]
+            for _, p in card.points
+        ]  # fmt: skip
+        print_table("Fidelity scorecard (ratio = predicted / measured)", TABLE_COLUMNS, rows)
+        val = summary["validation_points"]
+        note(
+            f"{summary['points']} points ({summary['fitted_points']} fitted, {val} validation): "
+            f"{summary['validation_within_1.5x']}/{val} validation points within 1.5x, "
+            f"{summary['validation_within_2x']}/{val} within 2x"
+        )
+        for ds, c in summary["by_dataset"].items():
+            v = c["validation_points"]
+            note(f"  {ds}: {c['validation_within_1.5x']}/{v} within 1.5x, {c['validation_within_2x']}/{v} within 2x")
+    for name, why in card.skipped.items():
+        note(f"skipped {name}: {why}")
+    if out is not None:
+        note(f"Wrote {out} (result.json, tables/scorecard.parquet, figures/scorecard.png)")
+    if card.errors:
+        name, why = next(iter(card.errors.items()))
+        raise InvariantError(f"check {name} crashed ({why}); {len(card.errors)} check(s) in all: a bug in uvmlab")
+    broken = card.broken_bands()
+    if broken:
+        p = broken[0]
+        raise UvmlabError(
+            f"{len(broken)} validation point(s) left their band, e.g. {p.dataset} {p.case} {p.quantity}: "
+            f"predicted {p.predicted} vs measured {p.measured} (band {p.band:g}x)"
+        )
+
+
+def _value(v: float | None) -> float | int | None:
+    """Integral values (counts, bytes) print as integers."""
+    return int(v) if v is not None and float(v).is_integer() else v
+
+
+def _flag(v: bool | None) -> str:
+    return "n/a" if v is None else ("yes" if v else "no")
+
+
+COMMANDS = [validate_cmd]

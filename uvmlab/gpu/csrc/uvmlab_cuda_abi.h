@@ -1,0 +1,86 @@
+// The CUDA runtime ABI the uvmlab shim relies on, declared without any CUDA header (the shim builds anywhere).
+//
+// This is the one list of every intercepted or called runtime function and every constant the shim uses. The shim
+// instantiates the lists with its own declarations (below); tests/test_gpu_shim_headers.py compiles
+// tests/stubs/check_cuda_abi.cpp, which instantiates the same lists with the REAL CUDA headers
+// (/usr/local/cuda-13*/include, and CUDA 12 where installed) and static_asserts that every signature and constant
+// matches. Values: CUDA 13.0 driver_types.h and cuda_runtime_api.h (/usr/local/cuda-13.0/include).
+#ifndef UVMLAB_CUDA_ABI_H_
+#define UVMLAB_CUDA_ABI_H_
+
+#include <cstddef>
+
+// X(name, return type, parameter list): functions whose signature is the same in CUDA 12 and 13.
+// ERR = cudaError_t.
+#define UVMLAB_CUDA_COMMON_FUNCTIONS(X, ERR)                \
+  X(cudaMalloc, ERR, (void**, size_t))                      \
+  X(cudaMallocManaged, ERR, (void**, size_t, unsigned int)) \
+  X(cudaFree, ERR, (void*))                                 \
+  X(cudaMemGetInfo, ERR, (size_t*, size_t*))                \
+  X(cudaGetDevice, ERR, (int*))                             \
+  X(cudaRuntimeGetVersion, ERR, (int*))
+
+// CUDA >= 13.0: cudaMemAdvise / cudaMemPrefetchAsync take a struct cudaMemLocation by value (ADV = the advice
+// enum, LOC = struct cudaMemLocation, STREAM = cudaStream_t).
+#define UVMLAB_CUDA13_FUNCTIONS(X, ERR, ADV, LOC, STREAM)              \
+  X(cudaMemAdvise, ERR, (const void*, size_t, ADV, LOC))               \
+  X(cudaMemPrefetchAsync, ERR, (const void*, size_t, LOC, unsigned int, STREAM))
+
+// CUDA 12.x: the same two functions take an int device (cudaMemAdvise_v2 had the location form).
+#define UVMLAB_CUDA12_FUNCTIONS(X, ERR, ADV, LOC, STREAM)  \
+  X(cudaMemAdvise, ERR, (const void*, size_t, ADV, int)) \
+  X(cudaMemPrefetchAsync, ERR, (const void*, size_t, int, STREAM))
+
+// C(shim name, CUDA name): integer constants.
+#define UVMLAB_CUDA_CONSTANTS(C)                                    \
+  C(kCudaSuccess, cudaSuccess)                                      \
+  C(kCudaErrorInvalidValue, cudaErrorInvalidValue)                  \
+  C(kCudaErrorInitializationError, cudaErrorInitializationError)    \
+  C(kCudaMemAttachGlobal, cudaMemAttachGlobal)                      \
+  C(kCudaMemAdviseSetReadMostly, cudaMemAdviseSetReadMostly)        \
+  C(kCudaMemAdviseSetPreferredLocation, cudaMemAdviseSetPreferredLocation) \
+  C(kCudaMemAdviseSetAccessedBy, cudaMemAdviseSetAccessedBy)        \
+  C(kCudaCpuDeviceId, cudaCpuDeviceId)
+
+// The same for constants that exist from CUDA 12.2 on (struct cudaMemLocation).
+#define UVMLAB_CUDA_LOCATION_CONSTANTS(C)                  \
+  C(kCudaMemLocationTypeDevice, cudaMemLocationTypeDevice) \
+  C(kCudaMemLocationTypeHost, cudaMemLocationTypeHost)
+
+namespace uvmlab_abi {
+
+typedef int cudaError_t;  // enum cudaError: an int-sized enum
+typedef void* cudaStream_t;  // struct CUstream_st*
+typedef int cudaMemoryAdvise;  // enum cudaMemoryAdvise
+
+struct cudaMemLocation {  // CUDA >= 12.2 driver_types.h; passed by value (one 8-byte register on x86-64)
+  int type;
+  int id;
+};
+
+constexpr cudaError_t kCudaSuccess = 0;
+constexpr cudaError_t kCudaErrorInvalidValue = 1;
+constexpr cudaError_t kCudaErrorInitializationError = 3;
+constexpr unsigned kCudaMemAttachGlobal = 0x01;
+constexpr int kCudaMemAdviseSetReadMostly = 1;
+constexpr int kCudaMemAdviseSetPreferredLocation = 3;
+constexpr int kCudaMemAdviseSetAccessedBy = 5;
+constexpr int kCudaCpuDeviceId = -1;
+constexpr int kCudaMemLocationTypeDevice = 1;
+constexpr int kCudaMemLocationTypeHost = 2;
+constexpr int kCuda13Version = 13000;  // cudaRuntimeGetVersion of CUDA 13.0 (CUDART_VERSION)
+
+// Function pointer types: <name>_fn (common), <name>_fn13 / <name>_fn12 (version-dependent).
+#define UVMLAB_ABI_FN(name, ret, params) typedef ret(*name##_fn) params;
+UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_ABI_FN, cudaError_t)
+#undef UVMLAB_ABI_FN
+#define UVMLAB_ABI_FN13(name, ret, params) typedef ret(*name##_fn13) params;
+UVMLAB_CUDA13_FUNCTIONS(UVMLAB_ABI_FN13, cudaError_t, cudaMemoryAdvise, cudaMemLocation, cudaStream_t)
+#undef UVMLAB_ABI_FN13
+#define UVMLAB_ABI_FN12(name, ret, params) typedef ret(*name##_fn12) params;
+UVMLAB_CUDA12_FUNCTIONS(UVMLAB_ABI_FN12, cudaError_t, cudaMemoryAdvise, cudaMemLocation, cudaStream_t)
+#undef UVMLAB_ABI_FN12
+
+}  // namespace uvmlab_abi
+
+#endif  // UVMLAB_CUDA_ABI_H_

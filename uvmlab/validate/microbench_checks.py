@@ -1,0 +1,62 @@
+"""Scorecard check: native time of a streaming kernel on the RTX 5090 (real-data/uvm/gpu_ext_rtx5090_microbench).
+
+uvmbench (eunomia-bpf/gpu_ext ``microbench/memory/main.cu``, real-data/uvm README section 2) times ``seq_stream``
+in ``device`` mode (cudaMalloc, no UVM) over a working set of 0.25x (rq1_results.csv) and 0.5x (rq2_results.csv)
+of the GPU's memory. The kernel (``seq_stream_kernel`` in ``microbench/memory/kernels/synthetic.cuh`` of the same
+repository) splits the working set into an input and an output array of equal size, reads every input element
+and writes every output element once per iteration (element-level in these runs: no stride), so
+``bytes_accessed`` (= the working set) is its DRAM traffic; t0rq3 instead touches one element per 4 KiB page.
+uvmlab's native kernel time is a roofline (:func:`uvmlab.sim.timing.kernel_time_ns`): bytes / (HBM bandwidth x
+``memory_efficiency``), with the RTX 5090's HBM bandwidth from :mod:`uvmlab.gpus` and the default ``CostParams``
+(``memory_efficiency`` is an unfitted assumption). Validation points, band 1.5. The GPU is inferred from the
+31.36 GiB total (the README), not stated.
+
+Not covered here: ``rand_stream`` and ``pointer_chase`` (the roofline has no random-access or latency term),
+the ``uvm`` / ``uvm_prefetch`` rows (the UVM-timing checks of uvm_checks.py), rq4 (cudaMemAdvise).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from uvmlab.validate.points import Point, check
+
+DATASET = "uvm/gpu_ext_rtx5090_microbench"
+FILES = ("rq1_results.csv", "rq2_results.csv")
+GPU = "RTX5090"
+BAND = 1.5
+
+
+@check("rtx5090-stream-native", needs=DATASET, fast=True)
+def check_stream_native(data_dir: Path) -> list[Point]:
+    """seq_stream device-mode median time against the native roofline."""
+    from uvmlab.gpus import get_gpu
+    from uvmlab.sim.timing import CostParams, kernel_time_ns
+
+    gpu, costs = get_gpu(GPU), CostParams()
+    points = []
+    for name in FILES:
+        path = data_dir / DATASET / name
+        if not path.is_file():
+            continue
+        with path.open() as fh:
+            for row in csv.DictReader(fh):
+                if (row["kernel"], row["mode"]) != ("seq_stream", "device"):
+                    continue
+                nbytes = float(row["bytes_accessed"])
+                predicted_ms = float(kernel_time_ns(0.0, nbytes, gpu, costs)) / 1e6
+                points.append(
+                    Point(
+                        DATASET,
+                        f"{path.stem}: seq_stream, device, {row['size_factor']}x",
+                        "native kernel time (median)",
+                        "ms",
+                        float(row["median_ms"]),
+                        predicted_ms,
+                        note=f"roofline: {nbytes / 1e9:.2f} GB at {gpu.hbm_bytes_per_s / 1e9:.0f} GB/s x "
+                        f"memory_efficiency {costs.memory_efficiency}",
+                        band=BAND,
+                    )
+                )
+    return points

@@ -1,0 +1,187 @@
+"""Run the registered checks on a real-data folder and tabulate measured vs predicted (`uvmlab validate`).
+
+``validate(data_dir, fast=..., out=...)`` imports :data:`uvmlab.validate.points.CHECK_MODULES` (which fills the
+registry), runs every check whose folder exists (the others are skipped with the reason), and returns a
+:class:`Scorecard`. With ``out``, it writes a run directory (atomically, result.json last):
+``tables/scorecard.parquet`` (one row per point), ``figures/scorecard.png`` (predicted vs measured, log-log) and
+``result.json`` (summary: counts within 1.5x and 2x over the validation points, overall and per dataset).
+
+A check that raises is a bug in uvmlab: it is recorded in ``errors`` (the other checks still run) and the CLI exits
+with code 3 after writing what it has.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from uvmlab.errors import InputError
+from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Point
+
+COLUMNS = ["dataset", "case", "quantity", "unit", "measured", "predicted", "ratio",
+           "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note"]  # fmt: skip
+"""Columns of ``scorecard.parquet`` (``ratio`` = predicted / measured; ``band`` the factor a point promises)."""
+
+
+def default_data_dir() -> Path:
+    """$UVMLAB_REAL_DATA, else ../shared/real-data next to the checkout."""
+    env = os.environ.get("UVMLAB_REAL_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "real-data"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
+    """``data_dir`` (or the default) as a Path; InputError when it is not a folder."""
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    if not root.is_dir():
+        raise InputError(
+            f"real-data folder {root} not found: give DATA_DIR, set UVMLAB_REAL_DATA, or put shared/real-data "
+            "beside the checkout"
+        )
+    return root
+
+
+def load_checks() -> dict[str, Check]:
+    """Import every module in CHECK_MODULES (registering its checks) and return the registry."""
+    for name in CHECK_MODULES:
+        importlib.import_module(name)
+    return CHECKS
+
+
+@dataclass
+class Scorecard:
+    """The points of one `uvmlab validate` run, and what did not run."""
+
+    data_dir: str
+    fast: bool
+    points: list[tuple[str, Point]] = field(default_factory=list)  # (check name, point)
+    ran: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # check -> reason
+    errors: dict[str, str] = field(default_factory=dict)  # check -> exception (a uvmlab bug)
+    cpu_seconds: float = 0.0
+
+    def frame(self) -> pd.DataFrame:
+        """One row per point (columns :data:`COLUMNS`)."""
+        rows = []
+        for name, p in self.points:
+            d = asdict(p)
+            d.update(
+                ratio=p.ratio,
+                **{"within_1.5x": p.within(1.5), "within_2x": p.within(2.0)},
+                keeps_band=p.keeps_band,
+                check=name,
+            )
+            rows.append(d)
+        df = pd.DataFrame(rows, columns=COLUMNS)
+        for col in ("within_1.5x", "within_2x", "keeps_band"):
+            df[col] = df[col].astype("boolean")
+        for col in ("measured", "predicted", "ratio", "band"):
+            df[col] = df[col].astype("float64")
+        return df
+
+    def broken_bands(self) -> list[Point]:
+        """Validation points that promise a band and are outside it (or have no prediction)."""
+        return [p for _, p in self.points if not p.fitted and p.band is not None and p.keeps_band is not True]
+
+    def summary(self) -> dict[str, Any]:
+        """Counts within the bands over validation points (fitted points counted apart), overall and per dataset."""
+
+        def counts(points: Iterable[Point]) -> dict[str, Any]:
+            pts = list(points)
+            val = [p for p in pts if not p.fitted]
+            out: dict[str, Any] = {
+                "points": len(pts),
+                "fitted_points": len(pts) - len(val),
+                "validation_points": len(val),
+                "validation_predicted": sum(p.ratio is not None for p in val),
+            }
+            for f in BANDS:
+                out[f"validation_within_{f:g}x"] = sum(bool(p.within(f)) for p in val)
+            out["validation_with_band"] = sum(p.band is not None for p in val)
+            out["validation_band_kept"] = sum(p.keeps_band is True for p in val)
+            return out
+
+        datasets = sorted({p.dataset for _, p in self.points})
+        return {
+            "data_dir": self.data_dir,
+            "fast": self.fast,
+            "checks_run": self.ran,
+            "checks_skipped": self.skipped,
+            "check_errors": self.errors,
+            **counts(p for _, p in self.points),
+            "by_dataset": {ds: counts(p for _, p in self.points if p.dataset == ds) for ds in datasets},
+            "cpu_seconds": round(self.cpu_seconds, 2),
+        }
+
+    def write(self, out: str | os.PathLike[str], force: bool = False) -> Path:
+        """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``."""
+        from uvmlab.rundir import RunDir
+        from uvmlab.validate.figure import scorecard_figure
+
+        rd = RunDir(out)
+        rd.prepare(force=force)
+        df = self.frame()
+        rd.write_table("scorecard", df)
+        fig = scorecard_figure(df)
+        try:
+            rd.write_figure("scorecard", fig)
+        finally:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        rd.write_json(rd.result_json, self.summary())
+        return rd.path
+
+
+def select_checks(registry: dict[str, Check], fast: bool, only: Iterable[str] = ()) -> list[Check]:
+    """The checks to run: those named in ``only`` (all when empty), restricted to the fast subset with ``fast``."""
+    only = list(only)
+    unknown = [n for n in only if n not in registry]
+    if unknown:
+        raise InputError(f"unknown check {unknown[0]!r}: known checks are {', '.join(sorted(registry))}")
+    chosen = [registry[n] for n in only] if only else list(registry.values())
+    return [c for c in chosen if c.fast or not fast]
+
+
+def validate(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    fast: bool = False,
+    only: Iterable[str] = (),
+    out: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Scorecard:
+    """Run the checks on ``data_dir`` (default :func:`default_data_dir`) and return (and with ``out``, write)
+    the scorecard. ``progress(name)`` is called after each check."""
+    root = resolve_data_dir(data_dir)
+    checks = select_checks(load_checks(), fast, only)
+    card = Scorecard(data_dir=str(root), fast=fast)
+    t0 = time.process_time()
+    for c in checks:
+        folder = root / c.needs
+        if not folder.is_dir():
+            card.skipped[c.name] = f"{folder} is absent"
+        else:
+            try:
+                card.points += [(c.name, p) for p in c.fn(root)]
+                card.ran.append(c.name)
+            except InputError:
+                raise
+            except Exception as exc:  # a check's bug must not hide the other checks' results
+                card.errors[c.name] = f"{type(exc).__name__}: {exc}"
+        if progress is not None:
+            progress(c.name)
+    card.cpu_seconds = time.process_time() - t0
+    if checks and not card.ran and not card.errors:
+        needs = sorted({c.needs.split("/")[0] for c in checks})
+        raise InputError(f"{root} holds none of the real-data folders the checks read ({', '.join(needs)})")
+    if out is not None:
+        card.write(out, force=force)
+    return card

@@ -1,0 +1,72 @@
+"""Scorecard check: every replayable real snapshot (real-data/snapshots) through the allocator simulator.
+
+Each snapshot with an alloc/free trace is replayed with :func:`uvmlab.replay.replay_snapshot` (PyTorch's
+CUDACachingAllocator rules, reference/allocator.md; nothing is fitted). Per device, four quantities, each promised
+exact (band 1.0): allocations placed at the real address (measured = the trace's allocations, predicted = those
+the simulator put at the same address), peak reserved bytes, peak requested bytes, and segment events
+(segment_alloc/free/map/unmap; only where the trace has some). State-only snapshots (no trace) are not
+points: the number skipped is in each point's note.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from uvmlab.errors import InputError
+from uvmlab.validate.points import Point, check
+
+DATASET = "snapshots"
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
+
+
+def snapshot_files(folder: Path) -> list[Path]:
+    """The snapshots listed in MANIFEST.tsv (in its order), else every *.pickle / *.pkl in ``folder``."""
+    manifest = folder / "MANIFEST.tsv"
+    if manifest.is_file():
+        with manifest.open() as fh:
+            names = [row["file"] for row in csv.DictReader(fh, delimiter="\t")]
+        return [folder / n for n in names if (folder / n).is_file()]
+    return sorted(p for p in folder.iterdir() if p.suffix in SNAPSHOT_SUFFIXES)
+
+
+def _case(path: Path, device: int, n_devices: int) -> str:
+    name = path.stem
+    return f"{name} (device {device})" if n_devices > 1 else name
+
+
+def snapshot_points(path: Path) -> list[Point]:
+    """The points of one snapshot (empty for a snapshot without a trace)."""
+    from uvmlab.replay import replay_snapshot
+
+    try:
+        report = replay_snapshot(path)
+    except InputError as exc:
+        if "no alloc/free trace" in str(exc):
+            return []
+        raise
+    points = []
+    for d in report.devices:
+        case = _case(path, d.device, len(report.devices))
+        why = "" if d.first_divergence is None else f"first divergence: {d.first_divergence}"
+        pairs = [
+            ("allocations at the real address", "count", d.allocs, d.allocs_matched),
+            ("peak reserved", "bytes", d.peak_reserved_real, d.peak_reserved_sim),
+            ("peak requested", "bytes", d.peak_requested_real, d.peak_requested_sim),
+            ("segment events", "count", d.segment_events_real, d.segment_events_sim),
+        ]
+        points += [
+            Point(DATASET, case, q, unit, float(real), float(sim), note=why, band=1.0)
+            for q, unit, real, sim in pairs
+            if real  # a quantity the trace does not have (e.g. no segment events) is not a point
+        ]
+    return points
+
+
+@check("snapshots-replay", needs="snapshots", fast=True)
+def check_snapshots(data_dir: Path) -> list[Point]:
+    """Every replayable snapshot in ``data_dir/snapshots``."""
+    points: list[Point] = []
+    for path in snapshot_files(data_dir / "snapshots"):
+        points += snapshot_points(path)
+    return points
