@@ -175,13 +175,17 @@ def test_uvmbench_check_meets_targets(real_data: Path) -> None:
     from uvmlab.validate.uvm_checks import uvmbench_points
 
     pts = {(p.case, p.quantity): p for p in uvmbench_points(real_data)}
-    for case in ("seq_stream uvm 1.0x", "seq_stream uvm 1.5x", "rand_stream uvm 1.25x"):
+    for case in (
+        "t0rq3_results: seq_stream uvm 1.0x",
+        "t0rq3_results: seq_stream uvm 1.5x",
+        "t0rq3_results: rand_stream uvm 1.25x",
+    ):
         r = pts[(case, "kernel_time")].ratio
         assert r is not None and 0.5 <= r <= 2.0, case
     for k in ("seq_stream", "rand_stream"):
-        assert pts[(k, "time_ratio_1.25x_over_1.0x")].predicted >= 5
-    assert pts[("seq_stream uvm 1.25x", "kernel_time")].fitted
-    assert not pts[("seq_stream uvm 1.5x", "kernel_time")].fitted
+        assert pts[(f"t0rq3_results: {k}", "time_ratio_1.25x_over_1.0x")].predicted >= 5
+    assert pts[("t0rq3_results: seq_stream uvm 1.25x", "kernel_time")].fitted
+    assert not pts[("t0rq3_results: seq_stream uvm 1.5x", "kernel_time")].fitted
 
 
 def test_gcn_5m_7m_within_targets(real_data: Path) -> None:
