@@ -199,3 +199,20 @@ def test_gcn_5m_7m_within_targets(real_data: Path) -> None:
     assert 1 / 1.5 <= (t / native) / slow_m <= 1.5
     assert abs(peak / 31.58168856e9 - 1) < 0.02  # uvm_stats.peak_allocated_GB of 7000000.json
     assert np.isfinite(t)
+
+
+def test_calibrate_uvm_timings_reproduces_the_shipped_profile(real_data: Path, tmp_path: Path) -> None:
+    """The shipped RTX 5090 profile is exactly what `uvmlab calibrate --uvm-timings` fits (provenance holds)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from uvmlab.cli import cli
+    from uvmlab.sim.profile import PROFILE_DIR
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(cli, ["calibrate", "--uvm-timings", str(real_data / "uvm"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    fitted = json.loads(out.read_text())["params"]
+    shipped = json.loads((PROFILE_DIR / "rtx5090.json").read_text())["params"]
+    assert fitted == pytest.approx(shipped)
