@@ -216,3 +216,14 @@ def test_calibrate_uvm_timings_reproduces_the_shipped_profile(real_data: Path, t
     fitted = json.loads(out.read_text())["params"]
     shipped = json.loads((PROFILE_DIR / "rtx5090.json").read_text())["params"]
     assert fitted == pytest.approx(shipped)
+
+
+def test_nsys_records_of_a_sequential_sweep_match_the_a100_export() -> None:
+    """One fault per batch over a CPU-resident block: regions 64K, 64K, 128K, 256K, 512K, 1M, each reported by nsys
+    as the faulted 4 KiB page plus the prefetched rest (csc746_a100_um_migrations: 12 records per 2 MiB block)."""
+    sim = UvmSim(8 * MiB, UvmKnobs(batch_unique_pages=1), CostParams(), GPU)
+    sim.map_range(0, VA_BLOCK_BYTES)
+    sim.host_write(0, 0, VA_BLOCK_BYTES)
+    c = sim.access([(0, 0, VA_BLOCK_BYTES, False)])
+    assert c.htod_bytes == VA_BLOCK_BYTES
+    assert c.htod_records == 12 and c.htod_count == 6

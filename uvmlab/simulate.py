@@ -204,6 +204,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "memcpy_htod_count": int(totals.memcpy_htod_count),
             "memcpy_htod_bytes": int(totals.memcpy_htod_bytes),
             "raw_fault_entries": float(totals.raw_fault_entries),
+            "nsys_migration_records": int(totals.htod_records + totals.dtoh_count),
             "read_fault_share": (d["read_fault_count"] / d["fault_count"]) if d["fault_count"] else None,
             "migration_bytes_over_footprint": migrated / prep.footprint_bytes,
             "peak_resident_bytes": res.peak_resident_bytes,

@@ -349,6 +349,7 @@ class UvmSim(FaultService, StreamService):
             zero, runs = self._populate(s, mask, fault_path=False)
             if runs.size:
                 self._add_htod_runs(runs)
+                k.htod_records += runs.size
                 k.prefetch_htod_bytes += int(runs.sum()) * PAGE_BYTES
             k.zero_fill_bytes += zero * PAGE_BYTES
             k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page

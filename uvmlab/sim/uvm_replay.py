@@ -202,7 +202,14 @@ def range_events(ranges: pd.DataFrame) -> list[tuple[int, bool, int, int]]:
     ]
 
 
-_EXTRA = ("zero_fill_bytes", "fault_htod_bytes", "prefetch_htod_bytes", "memcpy_htod_bytes", "raw_fault_entries")
+_EXTRA = (
+    "zero_fill_bytes",
+    "fault_htod_bytes",
+    "prefetch_htod_bytes",
+    "memcpy_htod_bytes",
+    "raw_fault_entries",
+    "htod_records",
+)
 
 
 class _Replayer:
