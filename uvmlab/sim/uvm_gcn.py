@@ -17,6 +17,9 @@ The trace follows the script tensor by tensor (sizes exact, fp32 features, int64
   tensor) but moves only ``m`` rows of DRAM traffic: the kernel's ``touched_bytes`` column gives the native roofline
   the bytes actually moved [approximation: rows read once, 32 B sectors not modelled].
 
+Setup tensors of category ``input``/``parameter`` written in phase setup count as retained host-to-device copies
+(uvmlab.sim.uvm_replay.copy_kernels: the seed study's convention), although the script creates them on the device;
+either way they are GPU-resident before the first epoch, so only setup time differs (not reported).
 Approximations: inference-mode evaluation after training, CPU-side ``.item()`` and the loss's small tensors are not
 modelled; ``y``/``train_mask`` indexing is one kernel. The user-prefetch variant (``with_prefetch``) issues a
 ``cudaMemPrefetchAsync`` of every new tensor to the GPU while the live managed bytes stay within

@@ -55,6 +55,23 @@ class UvmKnobs:
     of a busy kernel). Default 43 = 256 - 212.7 mean duplicates per 256-entry batch in the uvm-eval cuBLAS log
     (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
 
+    thrashing_enable: bool = True
+    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1. Recorded, no effect: the detector
+    (``thrashing_event_cb``) returns at once for eviction-caused migrations and only tracks a block that two
+    different processors migrated within the lapse, which never happens with one GPU and no CPU access during
+    kernels (the only traffic the simulator models). The knobs below are recorded for the same reason."""
+    thrashing_threshold: int = 3
+    """``uvm_perf_thrashing_threshold`` (1-7): migrations within the lapse before a page counts as thrashing."""
+    thrashing_pin_threshold: int = 10
+    """``uvm_perf_thrashing_pin_threshold``: throttling rounds before the page is pinned instead."""
+    thrashing_lapse_usec: int = 500
+    """``uvm_perf_thrashing_lapse_usec``: window between events that counts as close."""
+    thrashing_nap: int = 1
+    """``uvm_perf_thrashing_nap`` (x lapse): how long a throttled processor stays off the page."""
+    thrashing_epoch: int = 2000
+    """``uvm_perf_thrashing_epoch`` (x lapse): after this, thrashing is considered over."""
+    thrashing_pin: int = 300
+    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned."""
     stream_priority: str = "lowest"
     """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm_streams):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
