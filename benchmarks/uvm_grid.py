@@ -68,6 +68,7 @@ def run_pair(workload: str, pca: bool, iterations: int) -> list[dict]:
                 "dtoh_count": r["dtoh_count"],
                 "dtoh_mb": r["dtoh_bytes"] / 2**20,
                 "migrations": r["htod_count"] + r["dtoh_count"],
+                "nsys_migrations": r["nsys_migration_records"],
                 "migration_mb": (r["htod_bytes"] + r["dtoh_bytes"]) / 2**20,
                 "migration_over_footprint": r["migration_bytes_over_footprint"],
                 "evictions": r["eviction_count"],

@@ -43,7 +43,9 @@ def test_fast_subset_keeps_every_declared_band(
     assert s["by_dataset"]["snapshots"]["validation_points"] >= 140  # 39 replayable snapshots (41 devices), 3-4 each
     assert s["by_dataset"]["uvm/uvm-eval_titanv_460.27.04"]["validation_points"] >= 24  # 4 logs x 6 counts
     assert s["by_dataset"]["nsys"]["validation_points"] >= 28  # 14 parser totals, 14 DtoH link points
-    assert s["validation_with_band"] >= s["validation_points"] - 2  # only the two documented 4 KiB misses promise none
+    # only documented misses promise none: the two 4 KiB link points and the two uvmbench rand_stream points
+    # (uvmlab.validate.uvm_checks.KNOWN_MISSES)
+    assert s["validation_with_band"] >= s["validation_points"] - 4
     # the run directory holds the same points
     rd = tmp_path / "run"
     assert json.loads((rd / "result.json").read_text())["validation_within_2x"] == s["validation_within_2x"]

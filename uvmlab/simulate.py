@@ -130,8 +130,17 @@ def footprint_bytes(cfg: RunConfig) -> int:
 
 
 def load_costs(cfg: RunConfig) -> CostParams:
-    """Cost parameters: ``--params FILE`` or the defaults."""
-    return CostParams.from_file(cfg.params_file) if cfg.params_file else CostParams()
+    """Cost parameters: ``--params FILE``, else the GPU's cost profile (uvmlab.sim.profile.pick_profile)."""
+    return costs_and_source(cfg)[0]
+
+
+def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
+    """(cost parameters, where they come from) for ``cfg``."""
+    if cfg.params_file:
+        return CostParams.from_file(cfg.params_file), str(cfg.params_file)
+    from uvmlab.sim.profile import pick_profile
+
+    return pick_profile(run_gpu_spec(cfg))
 
 
 def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -195,6 +204,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "memcpy_htod_count": int(totals.memcpy_htod_count),
             "memcpy_htod_bytes": int(totals.memcpy_htod_bytes),
             "raw_fault_entries": float(totals.raw_fault_entries),
+            "nsys_migration_records": int(totals.htod_records + totals.dtoh_count),
             "read_fault_share": (d["read_fault_count"] / d["fault_count"]) if d["fault_count"] else None,
             "migration_bytes_over_footprint": migrated / prep.footprint_bytes,
             "peak_resident_bytes": res.peak_resident_bytes,
@@ -205,7 +215,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "skipped_accesses": res.skipped_accesses,
             "knobs": knobs.to_dict(),
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
-            "cost_params_source": cfg.params_file or "defaults (uvmlab.sim.timing.CostParams)",
+            "cost_params_source": costs_and_source(cfg)[1],
         }
     )
     d["batch_size"] = prep.trace.header.get("batch_size")

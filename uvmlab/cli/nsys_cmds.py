@@ -182,14 +182,29 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 )
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
 @click.option("--force", is_flag=True, help="Replace an existing parameter file -o.")
+@click.option(
+    "--uvm-timings",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Fit the RTX 5090 profile from workload timings (real-data/uvm: GCN epochs, uvmbench CSV) instead.",
+)
 @format_option()
 def calibrate_cmd(
-    report: Path | None, out: Path, sim_run: Path | None, base: Path | None, microbench: bool, force: bool, fmt: str
+    report: Path | None,
+    out: Path,
+    sim_run: Path | None,
+    base: Path | None,
+    microbench: bool,
+    uvm_timings: Path | None,
+    force: bool,
+    fmt: str,
 ) -> None:
     """Fit the simulator's cost parameters (uvmlab.sim.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
+    With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.calibrate_uvm: GCN
+    native and UVM epochs at 5M nodes, uvmbench seq_stream at 1.25x; docs/uvm-sim.md "Cost profiles").
     """
     from uvmlab.calibrate import calibrate, calibrate_microbench
     from uvmlab.errors import InputError
@@ -197,7 +212,18 @@ def calibrate_cmd(
 
     check_output_file(out, [report, sim_run, base], force)
 
-    if microbench:
+    if uvm_timings is not None:
+        from uvmlab.calibrate_uvm import FAULT_PATH, fit_rtx5090, write_profile
+        from uvmlab.sim.timing import CostParams
+
+        costs, details = fit_rtx5090(uvm_timings, CostParams.from_file(base) if base else None)
+        write_profile(out, costs, details)
+        doc = json.loads(out.read_text())
+        doc["fitted"] = dict.fromkeys(
+            [*FAULT_PATH, "link_bytes_per_s", "compute_efficiency", "memory_efficiency"], True
+        )
+        doc["notes"] = [f"fitted on: {x}" for x in doc["fitted_on"]]
+    elif microbench:
         doc = calibrate_microbench(out)
     else:
         if report is None:

@@ -55,6 +55,30 @@ class UvmKnobs:
     of a busy kernel). Default 43 = 256 - 212.7 mean duplicates per 256-entry batch in the uvm-eval cuBLAS log
     (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
 
+    thrashing_enable: bool = True
+    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1. Recorded, no effect: the detector
+    (``thrashing_event_cb``) returns at once for eviction-caused migrations and only tracks a block that two
+    different processors migrated within the lapse, which never happens with one GPU and no CPU access during
+    kernels (the only traffic the simulator models). The knobs below are recorded for the same reason."""
+    thrashing_threshold: int = 3
+    """``uvm_perf_thrashing_threshold`` (1-7): migrations within the lapse before a page counts as thrashing."""
+    thrashing_pin_threshold: int = 10
+    """``uvm_perf_thrashing_pin_threshold``: throttling rounds before the page is pinned instead."""
+    thrashing_lapse_usec: int = 500
+    """``uvm_perf_thrashing_lapse_usec``: window between events that counts as close."""
+    thrashing_nap: int = 1
+    """``uvm_perf_thrashing_nap`` (x lapse): how long a throttled processor stays off the page."""
+    thrashing_epoch: int = 2000
+    """``uvm_perf_thrashing_epoch`` (x lapse): after this, thrashing is considered over."""
+    thrashing_pin: int = 300
+    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned."""
+    stream_priority: str = "lowest"
+    """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm_streams):
+    ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
+    ``rotate`` (round-robin over the stalled threads). The choice was made by looking at the uvmbench points
+    (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
+    data: docs/uvm-sim.md reports both."""
+
     def __post_init__(self) -> None:
         if not 1 <= int(self.prefetch_threshold) <= 100:
             raise InputError(f"prefetch_threshold must be 1-100 (percent), not {self.prefetch_threshold!r}")
@@ -64,6 +88,8 @@ class UvmKnobs:
             raise InputError(f"fault_batch_count must be >= 1, not {self.fault_batch_count!r}")
         if int(self.batch_unique_pages) < 1:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
+        if self.stream_priority not in ("lowest", "rotate"):
+            raise InputError(f"stream_priority must be 'lowest' or 'rotate', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"

@@ -101,6 +101,183 @@ def copy_kernels(trace: Trace) -> np.ndarray:
     return ok[ok].index.to_numpy(dtype=np.int64)
 
 
+@dataclass
+class _Accesses:
+    """Step 1: every kernel's accesses as (range, offset in range, size, is_write), grouped by kernel."""
+
+    rows: list[tuple[int, int, int, bool]]
+    lo: list[int]  # rows[lo[i]:hi[i]] belong to kernel i (in seq order)
+    hi: list[int]
+    skipped: int  # accesses to tensors the placement did not place
+
+
+def translate_accesses(trace: Trace, placement: PlacementLike, kid: np.ndarray) -> _Accesses:
+    """Step 1: map each access (alloc, offset) to (managed range, offset in range) through the placement."""
+    ranges = placement.ranges
+    missing_cols = {"range_id", "address", "size_bytes", "alloc_seq", "free_seq"} - set(ranges.columns)
+    if missing_cols:
+        raise InputError(f"placement ranges lack columns {sorted(missing_cols)}")
+    blocks = placement.blocks[["alloc_id", "range_id", "address"]]
+    acc = trace.accesses[trace.accesses["size_bytes"] > 0]
+    acc = acc.merge(blocks, on="alloc_id", how="left")
+    skipped = int(acc["range_id"].isna().sum())
+    acc = acc.dropna(subset=["range_id"])
+    acc = acc.merge(ranges[["range_id", "address"]].rename(columns={"address": "range_address"}), on="range_id")
+    acc = acc.assign(
+        range_id=acc["range_id"].astype(np.int64),
+        roff=(acc["address"] - acc["range_address"] + acc["offset_bytes"]).astype(np.int64),
+    ).sort_values(["kernel_id"], kind="stable")
+    acc_kid = acc["kernel_id"].to_numpy()
+    rows = list(
+        zip(
+            acc["range_id"].tolist(),
+            acc["roff"].tolist(),
+            acc["size_bytes"].tolist(),
+            acc["is_write"].tolist(),
+            strict=True,
+        )
+    )
+    lo = np.searchsorted(acc_kid, kid, side="left").tolist()
+    hi = np.searchsorted(acc_kid, kid, side="right").tolist()
+    return _Accesses(rows, lo, hi, skipped)
+
+
+@dataclass
+class _KernelStatics:
+    """Step 2: per-kernel columns that do not depend on the UVM state."""
+
+    kernel_bytes: np.ndarray  # distinct allocation bytes each kernel touches
+    native_ns: np.ndarray  # all-resident roofline time (replaced by the transfer time for retained copies)
+    allocated_bytes: np.ndarray  # live requested bytes when the kernel runs
+    is_copy: np.ndarray  # retained cudaMemcpyAsync (copy_kernels)
+    api: list[str]  # "" | "prefetch" | "host_write" (optional trace column ``api``)
+
+
+def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
+    """Step 2: native times, touched bytes, live bytes, copy and API flags of the kernels (in seq order).
+
+    Optional kernels columns: ``touched_bytes`` (DRAM bytes a gather/scatter really moves, for the roofline;
+    uvmlab.sim.uvm_gcn) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed ranges to the GPU) or
+    "host_write" (the CPU writes them) - what a workload can say besides kernels (issue 11 item 4).
+    """
+    kid = kern["kernel_id"].to_numpy()
+    sizes = trace.allocations.set_index("alloc_id")["size_bytes"]
+    distinct = trace.accesses.drop_duplicates(["kernel_id", "alloc_id"])
+    kbytes = (
+        distinct.assign(b=distinct["alloc_id"].map(sizes).fillna(0).astype(np.int64)).groupby("kernel_id")["b"].sum()
+    )
+    touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
+    touched_b = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+    if "touched_bytes" in kern.columns:
+        given = kern["touched_bytes"].to_numpy(dtype=float)
+        touched_b = np.where(np.isfinite(given), given, touched_b)
+    native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
+    live = trace.live_bytes()
+    live_seq, live_val = live.index.to_numpy(), live.to_numpy()
+    pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
+    allocated = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
+    api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    return _KernelStatics(
+        kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
+        native_ns=native_ns,
+        allocated_bytes=allocated,
+        is_copy=np.isin(kid, copy_kernels(trace)),
+        api=api,
+    )
+
+
+def range_events(ranges: pd.DataFrame) -> list[tuple[int, bool, int, int]]:
+    """Step 3: (seq, is_map, range_id, size_bytes) of every cudaMallocManaged / cudaFree, frees first at a seq."""
+    r_id = ranges["range_id"].to_numpy(dtype=np.int64)
+    r_size = ranges["size_bytes"].to_numpy(dtype=np.int64)
+    ev_seq = np.concatenate([ranges["alloc_seq"].to_numpy(), ranges["free_seq"].to_numpy()])
+    ev_kind = np.concatenate([np.ones(len(ranges), dtype=np.int8), np.zeros(len(ranges), dtype=np.int8)])
+    ev_idx = np.concatenate([np.arange(len(ranges)), np.arange(len(ranges))])
+    keep = ev_seq != NEVER_FREED
+    ev_seq, ev_kind, ev_idx = ev_seq[keep], ev_kind[keep], ev_idx[keep]
+    order = np.lexsort((ev_kind, ev_seq))
+    return [
+        (int(q), bool(k), int(r_id[j]), int(r_size[j]))
+        for q, k, j in zip(ev_seq[order].tolist(), ev_kind[order].tolist(), ev_idx[order].tolist(), strict=True)
+    ]
+
+
+_EXTRA = (
+    "zero_fill_bytes",
+    "fault_htod_bytes",
+    "prefetch_htod_bytes",
+    "memcpy_htod_bytes",
+    "raw_fault_entries",
+    "htod_records",
+)
+
+
+class _Replayer:
+    """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
+
+    def __init__(self, sim: UvmSim, costs: CostParams, n: int) -> None:
+        self.sim, self.costs = sim, costs
+        self.t = 0.0
+        self.mapped: set[int] = set()
+        self.api = {"cudaMallocManaged": 0, "cudaFree": 0}
+        self.starts, self.ends = np.zeros(n), np.zeros(n)
+        self.cols = {c: np.zeros(n, dtype=np.int64) for c in FAULT_COLUMNS}
+        self.extra = {c: np.zeros(n, dtype=np.float64) for c in (*_EXTRA, "stall_ns")}
+        self.reserved = np.zeros(n, dtype=np.int64)
+        self.resident = np.zeros(n, dtype=np.int64)
+
+    def range_event(self, is_map: bool, range_id: int, size: int) -> None:
+        """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
+        if is_map:
+            self.sim.map_range(range_id, size)
+            self.mapped.add(range_id)
+            self.t += self.costs.managed_alloc_ns
+            self.api["cudaMallocManaged"] += 1
+        else:
+            nb = self.sim.unmap_range(range_id)
+            self.mapped.discard(range_id)
+            self.t += self.costs.cudafree_sync_ns + nb * self.costs.range_destroy_block_ns
+            self.api["cudaFree"] += 1
+
+    def kernel(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> None:
+        """Run kernel ``i`` (or its API call / retained copy) and record its columns."""
+        sim = self.sim
+        kind = st.api[i]
+        if kind == "prefetch":
+            c = UvmCounters()
+            for r in rows:
+                c.add(sim.prefetch(r[0], r[1], r[2]))
+            st.native_ns[i] = 0.0
+            dur = c.stall_ns
+        elif kind == "host_write":
+            for r in rows:
+                sim.host_write(r[0], r[1], r[2])
+            c, dur = UvmCounters(), 0.0
+            st.native_ns[i] = 0.0
+        elif st.is_copy[i]:
+            c = UvmCounters()
+            for r in rows:
+                if r[3]:
+                    c.add(sim.memcpy_htod(r[0], r[1], r[2]))
+            if c.memcpy_htod_count:
+                st.native_ns[i] = transfer_time_ns(np.array([r[2] for r in rows if r[3]]), self.costs.link_bytes_per_s)
+                dur = c.stall_ns
+            else:
+                dur = float(st.native_ns[i])
+        else:
+            c = sim.access(rows)
+            dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+        self.starts[i] = self.t
+        self.t += dur
+        self.ends[i] = self.t
+        for col in FAULT_COLUMNS:
+            self.cols[col][i] = getattr(c, col)
+        for col in self.extra:
+            self.extra[col][i] = getattr(c, col)
+        self.reserved[i] = sim.mapped_bytes
+        self.resident[i] = sim.used_bytes
+
+
 def replay(
     trace: Trace,
     placement: PlacementLike,
@@ -112,175 +289,79 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     check_every: int = 0,
 ) -> ReplayResult:
-    """Simulate the trace under UVM with ``capacity_bytes`` of GPU memory; return the run tables."""
+    """Simulate the trace under UVM with ``capacity_bytes`` of GPU memory; return the run tables.
+
+    Steps: translate accesses (1), per-kernel statics (2), range events (3), the serial replay (4), tables (5).
+    """
     costs = (costs or CostParams()).for_gpu(gpu)
     sim = UvmSim(capacity_bytes, knobs, costs, gpu)
     kern = trace.kernels.sort_values("seq", kind="stable").reset_index(drop=True)
-    ranges = placement.ranges
-    blocks = placement.blocks[["alloc_id", "range_id", "address"]]
-    missing_cols = {"range_id", "address", "size_bytes", "alloc_seq", "free_seq"} - set(ranges.columns)
-    if missing_cols:
-        raise InputError(f"placement ranges lack columns {sorted(missing_cols)}")
-
-    # accesses -> (kernel, range, offset in range, size, is_write)
-    acc = trace.accesses[trace.accesses["size_bytes"] > 0]
-    acc = acc.merge(blocks, on="alloc_id", how="left")
-    skipped = int(acc["range_id"].isna().sum())
-    acc = acc.dropna(subset=["range_id"])
-    acc = acc.merge(ranges[["range_id", "address"]].rename(columns={"address": "range_address"}), on="range_id")
-    acc = acc.assign(
-        range_id=acc["range_id"].astype(np.int64),
-        roff=(acc["address"] - acc["range_address"] + acc["offset_bytes"]).astype(np.int64),
-    ).sort_values(["kernel_id"], kind="stable")
-    acc_kid = acc["kernel_id"].to_numpy()
-    acc_rows = list(
-        zip(
-            acc["range_id"].tolist(),
-            acc["roff"].tolist(),
-            acc["size_bytes"].tolist(),
-            acc["is_write"].tolist(),
-            strict=True,
-        )
-    )
-
-    # per-kernel static columns
-    sizes = trace.allocations.set_index("alloc_id")["size_bytes"]
-    distinct = trace.accesses.drop_duplicates(["kernel_id", "alloc_id"])
-    kbytes = (
-        distinct.assign(b=distinct["alloc_id"].map(sizes).fillna(0).astype(np.int64)).groupby("kernel_id")["b"].sum()
-    )
-    touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
     kid = kern["kernel_id"].to_numpy()
-    kernel_bytes = kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64)
-    native_ns = kernel_time_ns(
-        kern["flops"].to_numpy(dtype=float), touched.reindex(kid, fill_value=0).to_numpy(dtype=float), gpu, costs, dtype
-    )
-    live = trace.live_bytes()
-    live_seq = live.index.to_numpy()
-    live_val = live.to_numpy()
-    pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
-    allocated_bytes = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
-    is_copy = np.isin(kid, copy_kernels(trace))
-
-    # allocator events (map/unmap), in seq order
-    r_id = ranges["range_id"].to_numpy(dtype=np.int64)
-    r_size = ranges["size_bytes"].to_numpy(dtype=np.int64)
-    ev_seq = np.concatenate([ranges["alloc_seq"].to_numpy(), ranges["free_seq"].to_numpy()])
-    ev_kind = np.concatenate([np.ones(len(ranges), dtype=np.int8), np.zeros(len(ranges), dtype=np.int8)])
-    ev_idx = np.concatenate([np.arange(len(ranges)), np.arange(len(ranges))])
-    keep = ev_seq != NEVER_FREED
-    ev_seq, ev_kind, ev_idx = ev_seq[keep], ev_kind[keep], ev_idx[keep]
-    order = np.lexsort((ev_kind, ev_seq))  # frees before maps at the same seq
-    ev_seq, ev_kind, ev_idx = ev_seq[order].tolist(), ev_kind[order].tolist(), ev_idx[order].tolist()
-
+    acc = translate_accesses(trace, placement, kid)
+    st = kernel_statics(trace, kern, gpu, costs, dtype)
+    events = range_events(placement.ranges)
     n = len(kern)
-    starts = np.zeros(n)
-    ends = np.zeros(n)
-    cols = {c: np.zeros(n, dtype=np.int64) for c in FAULT_COLUMNS}
-    extra = {
-        c: np.zeros(n, dtype=np.float64)
-        for c in (
-            "zero_fill_bytes",
-            "fault_htod_bytes",
-            "prefetch_htod_bytes",
-            "memcpy_htod_bytes",
-            "raw_fault_entries",
-            "stall_ns",
-        )
-    }
-    reserved = np.zeros(n, dtype=np.int64)
-    resident = np.zeros(n, dtype=np.int64)
+    rp = _Replayer(sim, costs, n)
+    skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
-    bounds = np.searchsorted(acc_kid, kid, side="left"), np.searchsorted(acc_kid, kid, side="right")
-    lo_b, hi_b = bounds[0].tolist(), bounds[1].tolist()
-    overlap = 1.0 - costs.fault_overlap
-    link = float(costs.link_bytes_per_s)  # filled from the GPU by for_gpu above
-    t = 0.0
     e = 0
-    n_ev = len(ev_seq)
-    mapped: set[int] = set()
-    api = {"cudaMallocManaged": 0, "cudaFree": 0}
     for i in range(n):
-        while e < n_ev and ev_seq[e] < kseq[i]:
-            j = ev_idx[e]
-            if ev_kind[e]:
-                sim.map_range(int(r_id[j]), int(r_size[j]))
-                mapped.add(int(r_id[j]))
-                t += costs.managed_alloc_ns
-                api["cudaMallocManaged"] += 1
-            else:
-                nb = sim.unmap_range(int(r_id[j]))
-                mapped.discard(int(r_id[j]))
-                t += costs.cudafree_sync_ns + nb * costs.range_destroy_block_ns
-                api["cudaFree"] += 1
+        while e < len(events) and events[e][0] < kseq[i]:
+            rp.range_event(*events[e][1:])
             e += 1
-        rows = [r for r in acc_rows[lo_b[i] : hi_b[i]] if r[0] in mapped]
-        skipped += (hi_b[i] - lo_b[i]) - len(rows)
-        if is_copy[i]:
-            c = UvmCounters()
-            for r in rows:
-                if r[3]:
-                    c.add(sim.memcpy_htod(r[0], r[1], r[2]))
-            copy_native = transfer_time_ns(np.array([r[2] for r in rows if r[3]]), link)
-            native_ns[i] = copy_native if c.memcpy_htod_count else native_ns[i]
-            dur = c.stall_ns if c.memcpy_htod_count else float(native_ns[i])
-        else:
-            c = sim.access(rows)
-            dur = float(native_ns[i]) + overlap * c.stall_ns
-        starts[i] = t
-        t += dur
-        ends[i] = t
-        for col in FAULT_COLUMNS:
-            cols[col][i] = getattr(c, col)
-        for col in extra:
-            extra[col][i] = getattr(c, col)
-        reserved[i] = sim.mapped_bytes
-        resident[i] = sim.used_bytes
+        rows = [r for r in acc.rows[acc.lo[i] : acc.hi[i]] if r[0] in rp.mapped]
+        skipped += (acc.hi[i] - acc.lo[i]) - len(rows)
+        rp.kernel(i, rows, st)
         if check_every and i % check_every == 0:
             sim.check_invariants()
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     sim.check_invariants()
+    return _result(kern, st, rp, skipped)
 
+
+def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int) -> ReplayResult:
+    """Step 5: the kernels, memory and iterations tables."""
+    kid = kern["kernel_id"].to_numpy()
     kernels = pd.DataFrame(
         {
             "kernel_id": kid,
             "name": kern["name"].to_numpy(),
             "iteration": kern["iteration"].to_numpy(),
             "phase": kern["phase"].to_numpy(),
-            "start_ns": starts,
-            "end_ns": ends,
-            "duration_ns": ends - starts,
-            "kernel_bytes": kernel_bytes,
-            "allocated_bytes": allocated_bytes,
-            **cols,
-            **extra,
-            "native_ns": native_ns,
-            "is_copy": is_copy,
-            "resident_bytes": resident,
+            "start_ns": rp.starts,
+            "end_ns": rp.ends,
+            "duration_ns": rp.ends - rp.starts,
+            "kernel_bytes": st.kernel_bytes,
+            "allocated_bytes": st.allocated_bytes,
+            **rp.cols,
+            **rp.extra,
+            "native_ns": st.native_ns,
+            "is_copy": st.is_copy,
+            "resident_bytes": rp.resident,
         }
-    )[[*KERNEL_COLUMNS, *extra, "native_ns", "is_copy", "resident_bytes"]]
+    )[[*KERNEL_COLUMNS, *rp.extra, "native_ns", "is_copy", "resident_bytes"]]
     memory = pd.DataFrame(
         {
-            "time_ns": starts,
-            "allocated_bytes": allocated_bytes,
-            "reserved_bytes": reserved,
-            "resident_bytes": resident,
+            "time_ns": rp.starts,
+            "allocated_bytes": st.allocated_bytes,
+            "reserved_bytes": rp.reserved,
+            "resident_bytes": rp.resident,
             "kernel_id": kid,
             "iteration": kern["iteration"].to_numpy(),
         }
     )[[*MEMORY_COLUMNS, "kernel_id", "iteration"]]
-    iterations, baseline = _iterations(kernels, native_ns)
+    iterations, baseline = _iterations(kernels, st.native_ns)
     return ReplayResult(
         kernels=kernels,
         iterations=iterations,
         memory=memory,
-        totals=sim.totals,
+        totals=rp.sim.totals,
         baseline_iteration_ns=baseline,
-        total_time_ns=t,
-        peak_resident_bytes=sim.peak_used_bytes,
+        total_time_ns=rp.t,
+        peak_resident_bytes=rp.sim.peak_used_bytes,
         skipped_accesses=skipped,
-        api_calls=api,
+        api_calls=rp.api,
     )
 
 

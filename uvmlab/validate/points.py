@@ -84,6 +84,7 @@ CHECK_MODULES: list[str] = [
     "uvmlab.validate.titanv_checks",
     "uvmlab.validate.microbench_checks",
     "uvmlab.validate.memory_checks",
+    "uvmlab.validate.uvm_checks",
 ]
 
 

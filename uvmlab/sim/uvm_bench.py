@@ -1,0 +1,96 @@
+"""uvmbench (eunomia-bpf/gpu_ext ``microbench/memory``) as a workload of the UVM simulator: no training loop.
+
+What the real program does (``main.cu``, ``kernels/synthetic.cuh`` at gpu_ext 3f4cc2d / noob512/uvm 5a9f2f2):
+
+* working set ``W = size_factor x total`` with ``total`` = ``cudaMemGetInfo`` total (33,669,316,608 B on the RTX 5090
+  of ``t0rq3_results.csv``); two managed arrays ``input`` and ``output`` of ``W / 2`` each;
+* the CPU writes every element of ``input`` (a host loop: its pages start CPU-resident); ``output`` is untouched;
+* 256 x 256 = 65,536 threads; thread ``t`` owns chunk ``t`` (``ceil(N / T)`` elements rounded up to a page) and reads
+  ``input[i]`` then writes ``output[i]`` every ``stride_bytes`` (4096 in t0rq3: one element per page) through its
+  chunk, ascending (``seq_stream``) or in a permuted page order (``rand_stream``);
+* 2 warm-up launches, then ``iterations`` timed launches; the CSV reports the median.
+
+The simulator runs the same program at ``1 / scale`` of the memory (GPU capacity, arrays and thread count all
+divided by ``scale``; the chunk per thread keeps its size) and multiplies times by ``scale``: every count of blocks,
+batches and transfers scales with the sizes, so the scaled run has the same dynamics [approximation, checked by
+tests/test_uvm_streams.py::test_scale_invariance]. Native kernel time: a roofline over the 32 B sectors touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from uvmlab.gpus import GPUS, GpuSpec
+from uvmlab.sim.timing import CostParams, kernel_time_ns
+from uvmlab.sim.uvm import UvmSim
+from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm_streams import StreamKernel
+
+RTX5090_TOTAL_BYTES = 33_669_316_608
+"""``cudaMemGetInfo`` total in gpu_ext t0rq3_results.csv (``working_set_bytes`` at size_factor 1.0)."""
+THREADS = 256 * 256
+"""``numBlocks * blockSize`` in synthetic.cuh ``run_seq_stream`` / ``run_rand_stream``."""
+WARMUP = 2
+"""``time_kernel(launch, /*warmup=*/2, ...)`` in synthetic.cuh."""
+SECTOR_BYTES = 32
+"""DRAM access granularity of one strided element (an L2 sector)."""
+KERNELS = {"seq_stream": "sequential", "rand_stream": "random"}
+
+
+@dataclass
+class BenchResult:
+    """Simulated uvmbench run: per-launch times (ns, real scale) and counters of the timed launches."""
+
+    times_ns: list[float]
+    median_ms: float
+    htod_bytes: int
+    dtoh_bytes: int
+    fault_count: int
+    fault_batch_count: int
+    eviction_count: int
+
+
+def simulate_uvmbench(
+    kernel: str,
+    size_factor: float,
+    *,
+    iterations: int = 3,
+    total_bytes: int = RTX5090_TOTAL_BYTES,
+    gpu: GpuSpec | None = None,
+    costs: CostParams | None = None,
+    knobs: UvmKnobs | None = None,
+    stride_bytes: int = PAGE_BYTES,
+    scale: int = 16,
+) -> BenchResult:
+    """Simulate ``uvmbench --kernel=KERNEL --mode=uvm --size_factor=F`` (module docstring)."""
+    gpu = gpu or GPUS["RTX5090"]
+    costs = (costs or CostParams()).for_gpu(gpu)
+    capacity = (total_bytes - gpu.context_bytes) // scale
+    array = int(total_bytes * size_factor) // 2 // scale
+    sim = UvmSim(capacity, knobs, costs, gpu)
+    sim.map_range(0, array)
+    sim.map_range(1, array)
+    sim.host_write(0, 0, array)
+    n_streams = max(1, THREADS // scale)
+    kern = StreamKernel(((0, 0, array, False), (1, 0, array, True)), n_streams, KERNELS[kernel], stride_bytes)
+    touched = 2 * -(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale
+    native = float(kernel_time_ns(np.array([0.0]), np.array([float(touched)]), gpu, costs)[0])
+    times: list[float] = []
+    timed = []
+    for i in range(WARMUP + iterations):
+        c = sim.access_streams(kern)
+        times.append(native + scale * (1 - costs.fault_overlap) * c.stall_ns)
+        if i >= WARMUP:
+            timed.append(c)
+    t = times[WARMUP:]
+    return BenchResult(
+        times_ns=times,
+        median_ms=float(sorted(t)[len(t) // 2]) / 1e6,
+        htod_bytes=scale * sum(c.htod_bytes for c in timed),
+        dtoh_bytes=scale * sum(c.dtoh_bytes for c in timed),
+        fault_count=scale * sum(c.fault_count for c in timed),
+        fault_batch_count=scale * sum(c.fault_batch_count for c in timed),
+        eviction_count=scale * sum(c.eviction_count for c in timed),
+    )
