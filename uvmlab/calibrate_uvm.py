@@ -63,8 +63,11 @@ def bench_measured(uvm_dir: Path, kernel: str, factor: float) -> float:
     return float(row["median_ms"].iloc[0])
 
 
-def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False) -> tuple[float, float, int]:
-    """Simulated (UVM epoch s, native epoch s, peak allocated bytes) of the GCN on the RTX 5090."""
+def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False, knobs: Any = None) -> tuple[float, float, int]:
+    """Simulated (UVM epoch s, native epoch s, peak allocated bytes) of the GCN on the RTX 5090.
+
+    ``prefetch``: the script's own user-prefetch variant (prefetches in the trace); ``knobs``: UvmKnobs (e.g.
+    ``prefetch_on_alloc``, the advisor's policy of the same name)."""
     from uvmlab.sim.placement import place
     from uvmlab.sim.uvm_bench import RTX5090_TOTAL_BYTES
     from uvmlab.sim.uvm_gcn import gcn_trace
@@ -73,7 +76,7 @@ def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False) -> tuple[
     gpu = GPUS["RTX5090"]
     tr = gcn_trace(nodes, with_prefetch=prefetch)
     pl = place(tr, "nocache")
-    r = replay(tr, pl, RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, None, costs)
+    r = replay(tr, pl, RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, knobs, costs)
     steady = r.iterations["duration_ns"].to_numpy()[1:]
     return float(steady.mean()) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
 

@@ -187,9 +187,13 @@ def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
     from dataclasses import replace
 
     from uvmlab.advise.advisor import resolve_policy
+    from uvmlab.advise.policies import get_policy
     from uvmlab.simulate import footprint_bytes
 
     eff, _ = resolve_policy(cfg)
+    prefetch = get_policy(cfg.policy).gpu_env.get("UVMLAB_PREFETCH")
+    if prefetch:
+        opts = replace(opts, prefetch=prefetch)
     if opts.footprint == "estimate":
         opts = replace(opts, footprint=footprint_bytes(replace(cfg, policy=None)))
     return eff, opts

@@ -157,6 +157,18 @@ POLICIES: dict[str, Policy] = {
             sim_options={"prefetch_threshold": 1},
         ),
         _p(
+            name="prefetch-on-alloc",
+            family="uvm-hint",
+            summary="cudaMemPrefetchAsync of every new managed range to the GPU right after it is allocated (PCA "
+            "on: each new segment; off: each tensor): pages arrive in bulk transfers or are zero-filled without "
+            "fault batches; a prefetch beyond free memory evicts other data",
+            apply_how="uvmlab shim: UVMLAB_PREFETCH=on_alloc",
+            source="CUDA runtime API cudaMemPrefetchAsync; kernel-open/nvidia-uvm/uvm_migrate.c (API_MIGRATE); "
+            "validated on the RTX 5090 GCN with user prefetch (real-data/uvm, docs/fidelity.md)",
+            sim_options={"prefetch_on_alloc": True},
+            gpu_env={"UVMLAB_PREFETCH": "on_alloc"},
+        ),
+        _p(
             name="fit-batch-accumulate",
             family="job-shape",
             summary="the largest micro-batch whose footprint fits the GPU memory without UVM, with gradient "

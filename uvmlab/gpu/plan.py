@@ -405,6 +405,6 @@ def format_plan(plan: Plan) -> str:
 
 def policy_notes(policy: Policy) -> list[str]:
     """What a policy needs on the GPU host that a plan cannot set for one process (driver module parameters)."""
-    if not policy.sim_options:
+    if "driver" not in policy.family.split("+"):
         return []
     return [f"policy {policy.name} needs the driver set up first, as root: {policy.apply_how}; uvmlab cannot check it"]

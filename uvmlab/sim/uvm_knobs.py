@@ -45,6 +45,10 @@ class UvmKnobs:
     fault_replay_policy: str = "batch_flush"
     """``uvm_perf_fault_replay_policy`` (default 2 = BATCH_FLUSH). Changes only raw-entry counts and turnaround;
     the simulator only records it: every policy is charged one turnaround (replay) per batch."""
+    prefetch_on_alloc: bool = False
+    """Not a driver parameter: the uvmlab shim's ``UVMLAB_PREFETCH=on_alloc``, a ``cudaMemPrefetchAsync`` of each new
+    managed range to the GPU right after its ``cudaMallocManaged`` (PCA on: each segment; off: each tensor), modelled
+    by ``UvmSim.prefetch`` (a prefetch beyond free memory evicts other data, as ``uvm_migrate.c`` does)."""
     fault_max_batches_per_service: int = 20
     """``uvm_perf_fault_max_batches_per_service`` (:103-109); reported, has no effect on which pages move."""
     fault_coalesce: bool = True

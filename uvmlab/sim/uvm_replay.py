@@ -225,6 +225,7 @@ class _Replayer:
         self.extra = {c: np.zeros(n, dtype=np.float64) for c in (*_EXTRA, "stall_ns")}
         self.reserved = np.zeros(n, dtype=np.int64)
         self.resident = np.zeros(n, dtype=np.int64)
+        self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
@@ -233,6 +234,11 @@ class _Replayer:
             self.mapped.add(range_id)
             self.t += self.costs.managed_alloc_ns
             self.api["cudaMallocManaged"] += 1
+            if self.sim.knobs.prefetch_on_alloc:
+                c = self.sim.prefetch(range_id, 0, size)
+                self.t += c.stall_ns  # the prefetch is synchronous to the stream before the next kernel
+                c.stall_ns = 0.0
+                self.pending.add(c)
         else:
             nb = self.sim.unmap_range(range_id)
             self.mapped.discard(range_id)
@@ -267,6 +273,9 @@ class _Replayer:
         else:
             c = sim.access(rows)
             dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+        if sim.knobs.prefetch_on_alloc:
+            c.add(self.pending)  # counts only: the prefetch's time is already on the clock
+            self.pending = UvmCounters()
         self.starts[i] = self.t
         self.t += dur
         self.ends[i] = self.t

@@ -1,7 +1,11 @@
 """Scorecard checks of the UVM simulator on the real RTX 5090 data (real-data/uvm); registered on import.
 
 * ``uvm/gcn-rtx5090``: the PyTorch GCN of noob512/uvm (``uvmlab.sim.uvm_gcn``), with and without user prefetch:
-  UVM and native epoch times, slowdown, peak allocated bytes, and the user-prefetch speedup (issue 16 needs it).
+  UVM and native epoch times, slowdown, peak allocated bytes, and the user-prefetch speedup (issue 16 needs it):
+  both the script's own prefetching allocator (budgeted, in the trace) and ``uvmlab advise``'s generic
+  ``prefetch-on-alloc`` policy (every new range prefetched, ``UvmKnobs.prefetch_on_alloc``) against the measured
+  speedup of the with-user-prefetch runs. No band: the real allocator's switch to remote access beyond the GPU
+  (preferred location CPU) is not modelled, and its source is not in the repository (real-data/uvm README).
 * ``uvm/uvmbench-rtx5090`` (fast): uvmbench t0rq3 seq_stream / rand_stream at 1.0x, 1.25x, 1.5x
   (``uvmlab.sim.uvm_bench``) and the 1.25x / 1.0x ratio.
 
@@ -63,6 +67,13 @@ def gcn_points(data_dir: Path) -> list[Point]:
                     ds, f"{n // 10**6}M nodes", "slowdown_vs_native", "x", slow_m, sim[n][0] / sim[n][1], n == 5_000_000
                 )
             )
+    from uvmlab.sim.uvm_knobs import UvmKnobs
+
+    for n in GCN_SIZES:
+        t_policy, _, _ = gcn_epoch_s(n, costs, knobs=UvmKnobs(prefetch_on_alloc=True))
+        speed_m = gcn_measured(uvm, n) / gcn_measured(uvm, n, prefetch=True)
+        case = f"{n // 10**6}M nodes, advise policy prefetch-on-alloc"
+        pts.append(Point(ds, case, "user_prefetch_speedup", "x", speed_m, sim[n][0] / t_policy))
     for n in PREFETCH_SIZES:
         t, _, _ = gcn_epoch_s(n, costs, prefetch=True)
         m = gcn_measured(uvm, n, prefetch=True)
