@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_orchestrate_rules import TraceMaker
 from uvmlab.config import WorkloadConfig
-from uvmlab.estimate import cudnn_workspace_ids, estimate
+from uvmlab.estimate import cudnn_workspace_ids, estimate, snapshot_dicts
 from uvmlab.gpus import get_gpu
 from uvmlab.sim.placement import place
 from uvmlab.trace.orchestrate import CUDNN_WORKSPACE_CAP_BYTES, OrchestrationRules, to_cuda
@@ -65,6 +65,10 @@ def test_cudnn_workspace_that_does_not_fit_falls_back_instead_of_oom() -> None:
     assert not est.oom and est.cudnn_workspaces_skipped_on_gpu == 1
     assert est.to_json()["cudnn_workspaces_skipped_on_gpu"] == 1
     assert est.peak_reserved_bytes == 110 * MiB  # the unlimited run still reports the workspace's segment
+    # the --snapshot replay agrees (same peak) and goes on after the workspace's recorded OOM, as PyTorch does
+    _, traces = snapshot_dicts(est)
+    actions = [e["action"] for e in traces[0]]
+    assert actions.count("oom") == 1 and actions.index("oom") < len(actions) - 1
     # without the cuDNN rule there is nothing to skip
     plain = estimate(CFG, gpu, trace=t, rules=OrchestrationRules(cudnn_workspace=False))
     assert not plain.oom and plain.cudnn_workspaces_skipped_on_gpu == 0
