@@ -91,6 +91,8 @@ class Estimate:
     """How ``context_bytes`` was modelled (None: given by the GpuSpec)."""
     outside_allocator_bytes: int = 0
     """Device buffers outside the caching allocator at the peak (none modelled: always 0 for now)."""
+    cudnn_workspaces_skipped_on_gpu: int = 0
+    """cuDNN workspaces that did not fit in the capacity run: PyTorch ran another engine (``cudnn_workspace_ids``)."""
 
     @property
     def device_peak_bytes(self) -> int:
@@ -140,6 +142,7 @@ class Estimate:
             "oom_phase": self.oom_phase,
             "oom_iteration": self.oom_iteration,
             "alloc_retries_on_gpu": self.alloc_retries_on_gpu,
+            "cudnn_workspaces_skipped_on_gpu": self.cudnn_workspaces_skipped_on_gpu,
             "outside_allocator_bytes": self.outside_allocator_bytes,
             "device_peak_bytes": self.device_peak_bytes,
             "device_peak_mb": -(-self.device_peak_bytes // MB_BYTES),
@@ -179,8 +182,27 @@ def _place(trace: Trace, allocator: str, settings: Any, gpu: GpuSpec | None) -> 
     if gpu is None:
         return place(trace, allocator=allocator, settings=settings)
     return place(
-        trace, allocator=allocator, settings=settings, capacity_bytes=gpu.memory_bytes, context_bytes=gpu.context_bytes
+        trace,
+        allocator=allocator,
+        settings=settings,
+        capacity_bytes=gpu.memory_bytes,
+        context_bytes=gpu.context_bytes,
+        skip_on_oom=cudnn_workspace_ids(trace),
     )
+
+
+def cudnn_workspace_ids(trace: Trace) -> list[int]:
+    """Alloc ids of the per-call cuDNN workspaces: an OOM there makes PyTorch try the next engine config.
+
+    ``try_configs`` / ``try_plans`` and the cached-plan path of ``run_single_conv`` catch ``c10::OutOfMemoryError``
+    (aten/src/ATen/native/cudnn/Conv_v8.cpp, commit 06ca69ca), then the heuristic list goes on to the fallback
+    list; so a workspace that does not fit never ends the run. Approximation: the engine that runs instead
+    needs no workspace (the fallback engines' sizes are cuDNN's).
+    """
+    a = trace.allocations
+    if "op" not in a.columns:
+        return []
+    return a.loc[a["op"] == "cudnn_workspace", "alloc_id"].astype("int64").tolist()
 
 
 def recorded_run(
@@ -202,6 +224,7 @@ def recorded_run(
     else:
         sim = NoCacheAllocatorSim(device, record_events=True)
     blocks: dict[int, Any] = {}
+    fallible = set(cudnn_workspace_ids(trace)) if gpu is not None else set()
     ev = trace.events()
     cols = [ev[c].tolist() for c in ("seq", "alloc_id", "size_bytes", "is_alloc", "stream")]
     for seq, aid, size, is_alloc, stream in zip(*cols, strict=True):
@@ -211,6 +234,10 @@ def recorded_run(
             try:
                 blocks[aid] = sim.malloc(size, stream)
             except OutOfMemoryError:
+                if aid in fallible:  # PyTorch runs another cuDNN engine (cudnn_workspace_ids)
+                    if entry_seqs is not None:
+                        entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
+                    continue
                 if entry_seqs is not None:
                     entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
                 break  # the snapshot then shows the state at the OOM, with its ``oom`` trace entry
@@ -335,6 +362,7 @@ def estimate(
         peak_reserved_iteration=peak_iteration,
         live_at_allocated_peak=live_by_category(cuda, alloc_peak_seq),
         alloc_retries_on_gpu=(on_gpu.stats or {}).get("num_alloc_retries"),
+        cudnn_workspaces_skipped_on_gpu=int(getattr(on_gpu, "skipped_on_oom", 0)),
         margin_bytes=margin,
         margin_rule=rule,
         orchestration=cuda.header.get("orchestration", {}),

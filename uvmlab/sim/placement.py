@@ -17,7 +17,7 @@ Both the UVM simulator and the estimator call this, so every PCA mode goes throu
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,8 @@ class Placement:
     allocator: str
     settings: AllocatorSettings | None
     stats: dict[str, int] = field(default_factory=dict)
+    skipped_on_oom: int = 0
+    """Allocations of ``skip_on_oom`` that did not fit and were dropped (see :func:`place`)."""
 
 
 class _Ranges:
@@ -96,6 +98,7 @@ def place(
     capacity_bytes: int | None = None,
     context_bytes: int = 0,
     release_at_seqs: Sequence[int] = (),
+    skip_on_oom: Collection[int] = (),
 ) -> Placement:
     """Replay ``trace`` (a uvmlab Trace) through the ``pca`` or ``nocache`` model; see the module docstring.
 
@@ -103,6 +106,10 @@ def place(
     device; ``oom_seq`` is the seq of the allocation that failed (the replay stops there).
     ``release_at_seqs``: ``torch.cuda.empty_cache()`` runs just before the first event at or after each of these
     seqs (e.g. the first event of every iteration: cached blocks released between iterations).
+    ``skip_on_oom``: alloc ids whose OOM is caught by the caller and does not stop the run (cuDNN convolution
+    workspaces: PyTorch's ``try_configs`` catches ``c10::OutOfMemoryError`` and runs the next engine config,
+    aten/src/ATen/native/cudnn/Conv_v8.cpp at 06ca69ca); such an allocation is dropped (size 0, the fallback
+    engine's workspace taken as 0: APPROXIMATION) and counted in ``skipped_on_oom``.
     """
     if allocator not in ALLOCATORS:
         raise InputError(f"unknown allocator {allocator!r}; use one of {ALLOCATORS}")
@@ -125,6 +132,8 @@ def place(
     t_alloc: list[int] = []
     t_res: list[int] = []
     oom_seq: int | None = None
+    skipped = 0
+    fallible = set(skip_on_oom)
     seen = 0
     seg_events = sim.segment_events
     expandable = settings is not None and settings.expandable_segments
@@ -148,19 +157,25 @@ def place(
             while next_release is not None and seq >= next_release:
                 next_release = releases.pop() if releases else None
         if is_alloc:
-            if size <= 0:
+            b = None
+            if size > 0:
+                try:
+                    b = malloc(size, stream)
+                except OutOfMemoryError:
+                    if alloc_id not in fallible:
+                        oom_seq = seq
+                        _sync_ranges(seg_events, seen, ranges, seq)
+                        break
+                    skipped += 1  # the caller's fallback: no block (a failed malloc may still free cached ones)
+                    if len(seg_events) > seen:
+                        seen = _sync_ranges(seg_events, seen, ranges, seq)
+            if b is None:
                 add_id(alloc_id)
                 add_addr(0)
                 add_bytes(0)
                 add_rid(-1)
                 live[alloc_id] = None
             else:
-                try:
-                    b = malloc(size, stream)
-                except OutOfMemoryError:
-                    oom_seq = seq
-                    _sync_ranges(seg_events, seen, ranges, seq)
-                    break
                 live[alloc_id] = b
                 if len(seg_events) > seen:
                     seen = _sync_ranges(seg_events, seen, ranges, seq)
@@ -194,6 +209,7 @@ def place(
         allocator=allocator,
         settings=settings,
         stats=sim.stats,
+        skipped_on_oom=skipped,
     )
 
 
