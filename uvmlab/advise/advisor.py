@@ -134,44 +134,53 @@ def _footprint(cfg: RunConfig) -> int:
     return prepare(cfg).footprint_bytes
 
 
+FIT_ITERATIONS = 3
+"""Iterations of the traces the micro-batch search sizes (the peak is reached by the second iteration: the first
+optimizer step creates the optimizer state, which every later iteration carries)."""
+
+
 def fit_batch(cfg: RunConfig, available: int, batch: int) -> tuple[int, int] | None:
     """The smallest gradient-accumulation count k (and micro-batch ceil(batch / k)) whose footprint fits.
 
-    Footprints come from traces of the accumulating loop itself (gradients stay alive across micro-batches).
-    A linear model of footprint in the micro-batch, from the given batch and batch / 2, picks the first k to
-    try; neighbours are checked so the answer is the smallest k that fits. None when batch 1 does not fit.
+    Footprints come from traces of the accumulating loop itself (gradients stay alive across micro-batches),
+    captured with :data:`FIT_ITERATIONS` iterations. A linear model of footprint in the micro-batch, from the given
+    batch and batch / 2, gives the first k to try; then k grows until one fits and a bisection finds the smallest
+    (a footprint that does not fall with k is taken as monotone). None when micro-batch 1 does not fit.
     """
-
-    def fp(k: int) -> int:
-        wl = replace(cfg.workload, batch_size=math.ceil(batch / k), accumulation_steps=k)
-        return _footprint(replace(cfg, workload=wl, policy=None))
-
+    iterations = min(cfg.workload.iterations, FIT_ITERATIONS)
     cache: dict[int, int] = {}
 
     def fits(k: int) -> bool:
         if k not in cache:
-            cache[k] = fp(k)
+            wl = replace(cfg.workload, batch_size=math.ceil(batch / k), accumulation_steps=k, iterations=iterations)
+            cache[k] = _footprint(replace(cfg, workload=wl, policy=None))
         return cache[k] <= available
 
     if batch < 2:
         return None
-    f1 = _footprint(replace(cfg, policy=None))
-    f2 = cache.setdefault(2, fp(2))
-    slope = (f1 - f2) / (batch - math.ceil(batch / 2)) if batch > 1 else 0.0
+    f1 = _footprint(replace(cfg, workload=replace(cfg.workload, iterations=iterations), policy=None))
+    if f1 <= available:
+        return batch, 1
+    fits(2)
+    slope = (f1 - cache[2]) / (batch - math.ceil(batch / 2))
     k = 2
-    if slope > 0 and f2 > available:
-        fixed = f2 - slope * math.ceil(batch / 2)
-        per = (available - fixed) / slope
-        k = batch if per < 1 else min(batch, max(2, math.ceil(batch / max(1.0, math.floor(per)))))
-    for _ in range(8):
-        if fits(k):
-            while k > 2 and fits(k - 1):
-                k -= 1
-            return math.ceil(batch / k), k
+    if slope > 0 and cache[2] > available:
+        per = (available - (cache[2] - slope * math.ceil(batch / 2))) / slope  # micro-batch that would just fit
+        k = batch if per < 1 else min(batch, max(2, math.ceil(batch / math.floor(per))))
+    lo = 1  # the largest k known not to fit
+    while not fits(k):
         if k >= batch:
             return None
-        k = min(batch, k + max(1, k // 4))
-    return None
+        lo, k = k, min(batch, k * 2)
+    hi = k  # fits
+    lo = max([lo, *(j for j, fp in cache.items() if fp > available and j < hi)])
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return math.ceil(batch / hi), hi
 
 
 def _gc_oom(cfg: RunConfig, available: int) -> str | None:
