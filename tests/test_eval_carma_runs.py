@@ -77,3 +77,32 @@ def test_missing_column_and_file(tmp_path: Path) -> None:
         carma_runs.read_carma_summary(_write(tmp_path / "s.csv", [["m", "1"]], header=["Script", MEASURED]))
     with pytest.raises(InputError, match="not found"):
         carma_runs.read_carma_summary(tmp_path / "nope.csv")
+
+
+def test_cli_evaluate_end_to_end(tmp_path: Path) -> None:
+    """`uvmlab evaluate` on a one-run summary scores the row at the same device peak `uvmlab estimate` gives."""
+    import json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from uvmlab.cli import cli
+
+    folder = "2025-09-22_08-52-27_mobilenet_cifar100.py_--batch_size_32_--epochs_1"
+    row = ["mobilenet_cifar100", "590.0", "15.2", folder, "mobilenet_cifar100.py", ""]
+    src = _write(tmp_path / "summary.csv", [row, ROWS[-1]])
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(cli, ["evaluate", str(src), "--estimator", "uvmlab-pca", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "result.json").read_text())["n_cases"] == 1
+    est = CliRunner().invoke(
+        cli,
+        ["estimate", "timm:mobilenetv3_small_100", "-b", "32", "--image-size", "32", "--num-classes", "100",
+         "--gpu", "A100-40GB", "--optimizer", "adamw", "--module-loading", "lazy", "--format", "json"],
+    )  # fmt: skip
+    assert est.exit_code == 0, est.output
+    device_peak = json.loads(est.output)["device_peak_bytes"]
+    table = pq.read_table(out / "tables" / "estimates.parquet").to_pylist()
+    assert len(table) == 1
+    assert table[0]["estimate_bytes"] == device_peak
+    assert table[0]["measured_peak_bytes"] == 590 * MiB
