@@ -22,8 +22,10 @@ the allocator never sees. This module models the latter as a sum of parts, each 
    pytorch/pytorch #49877 and #55277), so for a known stack the size is calibrated (``EAGER_MODULES_A100``).
    With lazy loading (PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13 when CUDA >= 11.7; CUDA's own
    default since 12.2) only the kernels a run launches load: counted in part 2 (APPROXIMATION: the
-   per-library lazy increments of cuBLAS/cuDNN are not measured in any source we found; the evidence puts
-   whole small-model processes at 0.4-0.6 GiB: CARMA's A100 CIFAR-100 runs, 590-788 MB).
+   per-library lazy increments of cuBLAS/cuDNN are not measured in any source we found; CARMA's A100-40GB CNN
+   runs, a validation set, measure whole processes 93-159 MiB above this model's lazy prediction, 93 MiB on the
+   smallest, for the kernels and library handles a CNN run loads: docs/estimate.md "Validation: CARMA A100-40GB
+   CNN runs"; not corrected).
 
 cuBLAS/cuBLASLt workspaces and cuDNN convolution workspaces are NOT here: PyTorch allocates them through the
 caching allocator (``uvmlab.trace.orchestrate``), so they are part of the reserved peak.

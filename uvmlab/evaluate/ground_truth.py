@@ -408,8 +408,9 @@ def load_ground_truth(
     allow_code: bool = False,
 ) -> tuple[list[EvalCase], list[tuple[str, str]]]:
     """A CSV file (:func:`read_ground_truth`), a folder of snapshots (:func:`snapshot_cases`), the GPUMemNet A100
-    MLP set (``uvmlab.evaluate.gpumemnet``) or xMem's sample (``uvmlab.evaluate.xmem_sample``): (cases, skipped)."""
-    from uvmlab.evaluate import gpumemnet, xmem_sample
+    MLP set (``uvmlab.evaluate.gpumemnet``), xMem's sample (``uvmlab.evaluate.xmem_sample``) or CARMA's A100 run
+    summary (``uvmlab.evaluate.carma_runs``): (cases, skipped)."""
+    from uvmlab.evaluate import carma_runs, gpumemnet, xmem_sample
 
     src = Path(path)
     if gpumemnet.is_mlp_set(src):
@@ -417,6 +418,8 @@ def load_ground_truth(
         return gpumemnet.mlp_cases(rows), [(f"row {i}", why) for i, why in bad]
     if xmem_sample.is_xmem_sample(src):
         return xmem_sample.read_xmem_sample(src)
+    if carma_runs.is_carma_summary(src):
+        return carma_runs.read_carma_summary(src)
     if src.is_dir():
         return snapshot_cases(src, gpu_memory_bytes, max_warm)
     return read_ground_truth(src, allow_code=allow_code), []
