@@ -48,11 +48,13 @@ def test_context_model_parts_and_sources() -> None:
 def test_device_peak_is_context_plus_reserved_and_required_adds_margin() -> None:
     est = estimate(CFG, A100, trace=training_trace(conv=True))
     j = est.to_json()
-    assert j["context_bytes"] == context_model("A100-40GB").total_bytes == j["context_model"]["total_bytes"]
+    lazy = context_model("A100-40GB", convolutions=True)  # the trace launches convolutions
+    assert j["context_bytes"] == lazy.total_bytes == j["context_model"]["total_bytes"]
     assert j["device_peak_bytes"] == j["context_bytes"] + j["peak_reserved_bytes"] + j["outside_allocator_bytes"]
     assert j["required_bytes"] == j["device_peak_bytes"] + j["margin_bytes"]
     eager = estimate(CFG, A100, trace=training_trace(conv=True), module_loading="eager")
-    assert eager.device_peak_bytes - est.device_peak_bytes == EAGER_MODULES_A100_BYTES
+    # eager loads every module up front: its size replaces the lazily loaded convolution modules
+    assert eager.device_peak_bytes - est.device_peak_bytes == EAGER_MODULES_A100_BYTES - lazy.lazy_conv_modules_bytes
     assert eager.usable_bytes == A100.memory_bytes - eager.context_bytes  # the context comes off the capacity
 
 
@@ -108,3 +110,16 @@ def test_real_cudnn_workspaces_are_per_call_temporaries() -> None:
     assert len(sizes) == 45 and not live
     # the sizes seen: 4 MiB and 128 MiB (engine-specific; our size rule is an approximation, docs/estimate.md)
     assert sorted(set(sizes)) == [4 * MiB, 128 * MiB]
+
+
+def test_lazy_loading_adds_conv_modules_only_to_runs_with_convolutions() -> None:
+    """The lazily loaded cuDNN/cuBLAS modules of a CNN (calibrated on CARMA's CIFAR rows) count under lazy loading,
+    for runs that launch convolutions; eager loading already holds every module."""
+    from uvmlab.devicemem import LAZY_CONV_MODULES_BYTES, context_model
+
+    plain = context_model("A100-40GB", "lazy")
+    cnn = context_model("A100-40GB", "lazy", convolutions=True)
+    assert cnn.total_bytes - plain.total_bytes == LAZY_CONV_MODULES_BYTES == 93 * 2**20
+    eager = context_model("A100-40GB", "eager")
+    assert context_model("A100-40GB", "eager", convolutions=True).total_bytes == eager.total_bytes
+    assert cnn.to_json()["lazy_conv_modules_bytes"] == LAZY_CONV_MODULES_BYTES

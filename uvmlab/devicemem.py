@@ -22,10 +22,12 @@ the allocator never sees. This module models the latter as a sum of parts, each 
    pytorch/pytorch #49877 and #55277), so for a known stack the size is calibrated (``EAGER_MODULES_A100``).
    With lazy loading (PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13 when CUDA >= 11.7; CUDA's own
    default since 12.2) only the kernels a run launches load: counted in part 2 (APPROXIMATION: the
-   per-library lazy increments of cuBLAS/cuDNN are not measured in any source we found; CARMA's A100-40GB CNN
-   runs, a validation set, measure whole processes 93-159 MiB above this model's lazy prediction, 93 MiB on the
-   smallest, for the kernels and library handles a CNN run loads: docs/estimate.md "Validation: CARMA A100-40GB
-   CNN runs"; not corrected).
+   per-library lazy increments of cuBLAS/cuDNN are not measured separately in any source we found).
+4. Lazily loaded modules of a convolutional training run (``LAZY_CONV_MODULES_BYTES``, lazy loading only, runs
+   that launch convolutions): the cuDNN/cuBLAS kernels and library handles a CNN run loads on first use. Calibrated
+   on a declared subset of CARMA's A100-40GB runs (the 15 CIFAR-100 rows, whose allocator peaks are small: the
+   gap is module memory, not workspaces) and validated on the 18 ImageNet rows (docs/estimate.md "Validation:
+   CARMA A100-40GB CNN runs"). Runs without convolutions get nothing: no measurement separates cuBLAS's share.
 
 cuBLAS/cuBLASLt workspaces and cuDNN convolution workspaces are NOT here: PyTorch allocates them through the
 caching allocator (``uvmlab.trace.orchestrate``), so they are part of the reserved peak.
@@ -53,6 +55,10 @@ EAGER_MODULES_A100_BYTES = 1_000 * MiB
 measured - (simulated reserved peak + LMEM + lazy rest) = 1000.0 MiB (5-95 %: 984-1032 MiB), measured
 2026-11-23, docs/evaluation.md. Validated on the other 2,400 rows. Same order as PR #86509's 615 MiB on an
 older, smaller stack."""
+LAZY_CONV_MODULES_BYTES = 93 * MiB
+"""The smallest gap, measured - this model's lazy prediction, over CARMA's 15 CIFAR-100 A100-40GB rows (itu-rad/CARMA
+@e044017, workloads/ehsan-summary.csv; 93-159 MiB, 93 MiB on six rows of four distinct settings): the smallest,
+as the larger gaps include allocator effects. Calibration subset only; the ImageNet rows validate it."""
 MODULE_LOADING = ("lazy", "eager")
 
 # (SM count, max resident threads per SM) by GpuSpec name prefix: vendor datasheets; CUDA C Programming Guide.
@@ -100,11 +106,12 @@ class ContextModel:
     lazy_rest_bytes: int
     eager_modules_bytes: int
     notes: tuple[str, ...] = ()
+    lazy_conv_modules_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """Whole-process device memory with nothing allocated by the caching allocator."""
-        return self.lmem_bytes + self.lazy_rest_bytes + self.eager_modules_bytes
+        return self.lmem_bytes + self.lazy_rest_bytes + self.eager_modules_bytes + self.lazy_conv_modules_bytes
 
     def to_json(self) -> dict[str, Any]:
         """The ``context_model`` object of the estimate JSON (docs/estimate.md)."""
@@ -114,8 +121,12 @@ class ContextModel:
         return out
 
 
-def context_model(gpu_name: str, module_loading: str = "lazy", eager_modules_bytes: int | None = None) -> ContextModel:
+def context_model(
+    gpu_name: str, module_loading: str = "lazy", eager_modules_bytes: int | None = None, convolutions: bool = False
+) -> ContextModel:
     """The context model of a run on ``gpu_name`` with ``module_loading`` ``lazy`` (default) or ``eager``.
+
+    ``convolutions``: the run launches convolutions (lazy loading then adds ``LAZY_CONV_MODULES_BYTES``).
 
     ``eager_modules_bytes`` overrides the eager module size (default: ``EAGER_MODULES_A100_BYTES``, the only
     stack we have measurements for; the module images are per architecture, so other GPUs are noted).
@@ -138,4 +149,5 @@ def context_model(gpu_name: str, module_loading: str = "lazy", eager_modules_byt
         lazy_rest_bytes=LAZY_CONTEXT_OTHER_BYTES,
         eager_modules_bytes=eager,
         notes=tuple(notes),
+        lazy_conv_modules_bytes=LAZY_CONV_MODULES_BYTES if module_loading == "lazy" and convolutions else 0,
     )

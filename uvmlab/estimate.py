@@ -29,10 +29,10 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.config import ALLOCATORS, WorkloadConfig
-from uvmlab.devicemem import ContextModel, context_model
+from uvmlab.devicemem import MODULE_LOADING, ContextModel, context_model
 from uvmlab.errors import InputError, InvariantError, OutOfMemoryError
 from uvmlab.gpus import DEFAULT_CONTEXT_BYTES, GpuSpec
-from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
+from uvmlab.trace.orchestrate import CONV_OPS, OrchestrationRules, op_base, to_cuda
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.trace.summary import live_by_category, peak_live
 from uvmlab.units import MiB
@@ -297,14 +297,8 @@ def estimate(
     if margin_bytes is not None and margin_bytes < 0:
         raise InputError(f"the margin cannot be negative ({margin_bytes} B); pass 0 or more")
     settings = AllocatorSettings.parse(alloc_conf or "")
-    if context is None and gpu.context_bytes == DEFAULT_CONTEXT_BYTES:
-        context = context_model(gpu.name, module_loading)
-    if context is not None:
-        if context.total_bytes >= gpu.memory_bytes:
-            raise InputError(
-                f"the modelled CUDA context ({context.total_bytes} B) does not fit {gpu.name}; give a larger GPU"
-            )
-        gpu = replace(gpu, context_bytes=context.total_bytes)
+    if module_loading not in MODULE_LOADING:
+        raise InputError(f"module loading must be one of {', '.join(MODULE_LOADING)}, not {module_loading!r}")
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     if trace is None:
@@ -313,6 +307,15 @@ def estimate(
         say(f"trace of {cfg.workload} (cached after the first capture)")
         trace = get_trace(cfg, progress=capture_progress)
     t1 = time.perf_counter()
+    if context is None and gpu.context_bytes == DEFAULT_CONTEXT_BYTES:
+        convs = bool(trace.kernels["name"].map(op_base).isin(CONV_OPS).any())
+        context = context_model(gpu.name, module_loading, convolutions=convs)
+    if context is not None:
+        if context.total_bytes >= gpu.memory_bytes:
+            raise InputError(
+                f"the modelled CUDA context ({context.total_bytes} B) does not fit {gpu.name}; give a larger GPU"
+            )
+        gpu = replace(gpu, context_bytes=context.total_bytes)
     say(f"orchestrating for {gpu.name}")
     cuda = to_cuda(trace, gpu, rules)
     t2 = time.perf_counter()

@@ -148,17 +148,15 @@ class UvmlabEstimator:
 
     def estimate(self, case: EvalCase) -> int:
         if case.workload is not None:
-            from uvmlab.devicemem import context_model
             from uvmlab.estimate import estimate
 
-            gpu = _case_gpu(case)
             est = estimate(
                 case.workload,
-                gpu,
+                _case_gpu(case),
                 allocator=self.allocator,
                 alloc_conf=case.alloc_conf,
                 trace=case.trace,
-                context=context_model(gpu.name, case.module_loading) if case.target == "device" else None,
+                module_loading=case.module_loading,  # the context model, as `uvmlab estimate` builds it
             )
             return int(est.device_peak_bytes if case.target == "device" else est.peak_reserved_bytes)
         if case.target == "device":
