@@ -32,6 +32,7 @@ from pathlib import Path
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
+from uvmlab.evaluate.xmem_sample import csv_header
 from uvmlab.units import GiB, MiB
 
 CSV_NAME = "ehsan-summary.csv"
@@ -122,14 +123,5 @@ def read_carma_summary(path: str | Path) -> tuple[list[EvalCase], list[tuple[str
 
 def is_carma_summary(path: str | Path) -> bool:
     """True for CARMA's summary CSV (or its folder): its header has ``MARKER_COLUMN`` and ``MEASURED_COLUMN``."""
-    src = Path(path)
-    if src.is_dir():
-        src = src / CSV_NAME
-    if not src.is_file() or src.suffix != ".csv":
-        return False
-    try:
-        with src.open(newline="") as fh:
-            header = fh.readline()
-    except UnicodeDecodeError:
-        return False
+    header = csv_header(path, CSV_NAME)
     return MARKER_COLUMN in header and MEASURED_COLUMN in header

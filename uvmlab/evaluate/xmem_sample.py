@@ -105,16 +105,20 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
     return cases, skipped
 
 
-def is_xmem_sample(path: str | Path) -> bool:
-    """True for the sample's CSV (or its folder): its header has ``MARKER_COLUMN``."""
+def csv_header(path: str | Path, csv_name: str) -> str:
+    """The first line of ``path`` (or of ``path/csv_name`` for a folder) when it is a text CSV, else ""."""
     src = Path(path)
     if src.is_dir():
-        src = src / CSV_NAME
+        src = src / csv_name
     if not src.is_file() or src.suffix != ".csv":
-        return False
+        return ""
     try:
         with src.open(newline="") as fh:
-            header = fh.readline()
-    except UnicodeDecodeError:  # not text: not the sample (the generic CSV reader says what is wrong with it)
-        return False
-    return MARKER_COLUMN in header
+            return fh.readline()
+    except UnicodeDecodeError:  # not text: not a known ground truth (the generic CSV reader says what is wrong)
+        return ""
+
+
+def is_xmem_sample(path: str | Path) -> bool:
+    """True for the sample's CSV (or its folder): its header has ``MARKER_COLUMN``."""
+    return MARKER_COLUMN in csv_header(path, CSV_NAME)
