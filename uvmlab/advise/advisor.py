@@ -212,9 +212,10 @@ def advise(
 
     ``available_bytes`` None: footprint of the job as given / ``cfg.oversub``, at most the GPU's usable memory.
     """
-    say = progress or (lambda _msg: None)
-    from uvmlab.simulate import prepare
+    from uvmlab.simulate import prepare, simulate_prepared
     from workloads.registry import load_workload
+
+    say = progress or (lambda _msg: None)
 
     names = policies if policies is not None else list(POLICIES)
     unknown = [n for n in names if n not in POLICIES]
@@ -226,8 +227,6 @@ def advise(
     given_prep = prepare(given, available_bytes=available_bytes)
     available = given_prep.available_bytes
     batch = int(given_prep.trace.header.get("batch_size") or 0)
-    from uvmlab.simulate import simulate_prepared
-
     _, given_result = simulate_prepared(given, given_prep)
     native = _native_pca(given_result)
     if not given.pca:
@@ -294,7 +293,7 @@ def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> li
     best: dict[str, tuple[float, str]] = {}
     for name, t in singles.items():
         fam = POLICIES[name].family
-        if t < given_t and POLICIES[name].name not in ("pca-on",) and (fam not in best or t < best[fam][0]):
+        if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
     ranked = [name for _, name in sorted(best.values())]
     combos: list[tuple[str, ...]] = []
