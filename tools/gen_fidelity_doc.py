@@ -34,6 +34,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+MAX_LISTED = 60
+"""Unbanded points within 1.5x of one (data set, quantity) are listed one by one up to this many."""
+
+
 def render(card: Scorecard) -> str:
     """The generated Markdown section (without the markers)."""
     s = card.summary()
@@ -87,10 +91,17 @@ def render(card: Scorecard) -> str:
     if misses.empty:
         lines.append("None.")
     else:
-        rows = [
-            [r.dataset, r.case, r.quantity, _g(r.measured), _g(r.predicted), _g(r.ratio), r.note or "-"]
-            for r in misses.itertuples(index=False)
-        ]
+        rows = []
+        for (ds, q), g in misses.groupby(["dataset", "quantity"], sort=False):
+            inside = g[g["within_1.5x"] == True]  # noqa: E712 - NA-aware
+            if len(inside) > MAX_LISTED:  # many unbanded points within 1.5x: one summary row (By quantity has more)
+                r = inside["ratio"]
+                rows.append([ds, f"{len(inside)} points, no band", q, "", "", f"{_g(r.min())}-{_g(r.max())}", "-"])
+                g = g.drop(inside.index)
+            rows += [
+                [r.dataset, r.case, r.quantity, _g(r.measured), _g(r.predicted), _g(r.ratio), r.note or "-"]
+                for r in g.itertuples(index=False)
+            ]
         lines += _table(["data set", "case", "quantity", "measured", "predicted", "ratio", "note"], rows)
     return "\n".join(lines) + "\n"
 

@@ -288,11 +288,17 @@ def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native:
 
 
 def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The best improving single policy of each family, combined: best pairs first, then all of them."""
+    """The best improving single policy of each family, combined: best pairs first, then all of them.
+
+    Job-shape policies are not combined: a micro-batch that fits removes the oversubscription, so a UVM policy
+    added to it changes nothing that matters and would only take the job-shape policy's rank.
+    """
     given_t = float(given_result["iteration_time_ns"])
     best: dict[str, tuple[float, str]] = {}
     for name, t in singles.items():
         fam = POLICIES[name].family
+        if fam == "job-shape":
+            continue
         if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
     ranked = [name for _, name in sorted(best.values())]
