@@ -21,7 +21,7 @@ import pandas as pd
 
 from uvmlab.advise.policies import POLICIES, Policy, compose
 from uvmlab.config import RunConfig
-from uvmlab.errors import InputError, UvmlabError
+from uvmlab.errors import InputError
 
 MAX_COMBINATIONS = 3
 """At most this many combinations of single policies are simulated (issue 16: 'at most a handful')."""
@@ -77,14 +77,6 @@ class Advice:
                 for row in self.rows.to_dict(orient="records")
             ],
         }
-
-
-def _native_pca(result: dict[str, Any]) -> float:
-    """The all-resident PCA-on iteration time of a result (named ``native_pca_time_ns`` once issue 15 lands)."""
-    for key in ("native_pca_time_ns", "baseline_time_ns"):
-        if result.get(key):
-            return float(result[key])
-    raise UvmlabError("simulation result has no all-resident reference time")
 
 
 def _simulate(cfg: RunConfig, available: int) -> tuple[Any, dict[str, Any]]:
@@ -228,10 +220,7 @@ def advise(
     available = given_prep.available_bytes
     batch = int(given_prep.trace.header.get("batch_size") or 0)
     _, given_result = simulate_prepared(given, given_prep)
-    native = _native_pca(given_result)
-    if not given.pca:
-        _, pca_result = _simulate(replace(given, pca=True), available)
-        native = _native_pca(pca_result)
+    native = float(given_result["native_pca_time_ns"])  # all-resident, PCA on: also given for a PCA-off job
     rows: list[dict[str, Any]] = []
     singles: dict[str, float] = {}
     for name in names:
@@ -273,11 +262,9 @@ def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native:
             if oom:
                 return _failed_row(pol, "oom", oom)
         if pol.fit_batch:
-            fit = fit_batch(given, available, batch)
-            if fit is None:
+            cfg = _with_fit(cfg, given, available, batch)
+            if cfg is None:
                 return _failed_row(pol, "n/a", "does not fit even at micro-batch 1 (parameters and optimizer state)")
-            micro, steps = fit
-            cfg = replace(cfg, workload=replace(cfg.workload, batch_size=micro, accumulation_steps=steps))
         prep, result = _simulate(cfg, available)
     except InputError as exc:
         return _failed_row(pol, "n/a", str(exc))
@@ -347,11 +334,17 @@ def resolve_policy(cfg: RunConfig, progress: Any = None) -> tuple[RunConfig, int
     given = replace(cfg, policy=None)
     given_prep = prepare(given, progress=progress)
     available = given_prep.available_bytes
-    eff = pol.apply(given)
+    eff: RunConfig | None = pol.apply(given)
     if pol.fit_batch:
-        batch = int(given_prep.trace.header.get("batch_size") or 0)
-        fit = fit_batch(given, available, batch)
-        if fit is None:
+        eff = _with_fit(eff, given, available, int(given_prep.trace.header.get("batch_size") or 0))
+        if eff is None:
             raise InputError(f"policy {pol.name}: the job does not fit in {available} bytes even at micro-batch 1")
-        eff = replace(eff, workload=replace(eff.workload, batch_size=fit[0], accumulation_steps=fit[1]))
     return eff, available
+
+
+def _with_fit(cfg: RunConfig, given: RunConfig, available: int, batch: int) -> RunConfig | None:
+    """``cfg`` with the micro-batch and accumulation steps :func:`fit_batch` finds for ``given`` (None: none fits)."""
+    fit = fit_batch(given, available, batch)
+    if fit is None:
+        return None
+    return replace(cfg, workload=replace(cfg.workload, batch_size=fit[0], accumulation_steps=fit[1]))
