@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import sweep_fake_run
 
+from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 from uvmlab.sweep.aggregate import collect
 from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
@@ -101,12 +102,16 @@ def test_partial_files_are_never_results(tmp_path: Path, fake_env: dict[str, str
     (victim / "tables").mkdir(parents=True)
     (victim / "tables" / "kernels.parquet").write_bytes(b"PAR1 truncated")
     (victim / ".result.json.abc123.tmp").write_text('{"outcome": "ok"')
+    (victim / "notes.txt").write_text("mine")  # a user's file in the run folder: never removed by a resume
+    (victim / "src").mkdir()
+    (victim / "src" / "a.py").write_text("x = 1")
     assert plan_entries(spec, out)[0].status == "pending"
     assert collect_or_empty(out) == 0
     summary = run_sweep(spec, out, jobs=2, progress=False)
     assert summary.ran == 8
     assert not (victim / ".result.json.abc123.tmp").exists()
     assert RunDir(victim).read_table("kernels")["kernel_bytes"].gt(0).all()
+    assert (victim / "notes.txt").read_text() == "mine" and (victim / "src" / "a.py").is_file()
 
 
 def collect_or_empty(out: Path) -> int:
@@ -255,3 +260,13 @@ def test_cli_slurm_overrides_follow_the_spec_rules(
     assert code == 2
     assert f"{flag} must be {message}, not {value}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_never_replaces_sweep_files_it_did_not_write(tmp_path: Path, fake_env: dict[str, str]) -> None:
+    """A folder holding a user's sweep.json (not uvmlab's: no run_ids) is refused before anything is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sweep.json").write_text('{"mine": 1}')
+    with pytest.raises(InputError, match="did not write"):
+        run_sweep(parse_spec(SPEC), out, jobs=1, progress=False)
+    assert (out / "sweep.json").read_text() == '{"mine": 1}' and not (out / "runs").exists()

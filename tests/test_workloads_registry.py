@@ -89,7 +89,7 @@ def test_builders_get_the_resolved_batch_size() -> None:
 
 def test_example_user_workload_loads_and_trains(tmp_path: Path) -> None:
     spec = load_workload(str(EXAMPLE))
-    assert spec.default_batch_size == 64 and spec.source_digest
+    assert spec.default_batch_size == 64 and spec.source == str(EXAMPLE.resolve())
     wl = spec.build(WorkloadConfig(str(EXAMPLE), batch_size=4, options={"hidden": 32}), "cpu")
     opt = make_optimizer(wl.model, WorkloadConfig(str(EXAMPLE)))
     loss = train_step(wl, opt, WorkloadConfig(str(EXAMPLE)))

@@ -47,8 +47,6 @@ STACK_BYTES_PER_THREAD = 1 * KiB
 """Default ``cudaLimitStackSize`` (CUDA Runtime API documentation)."""
 LAZY_CONTEXT_OTHER_BYTES = 426 * MiB - 142 * 1536 * STACK_BYTES_PER_THREAD
 """Lazy context minus LMEM: unsloth-zoo PR #1053 (RTX 6000 Ada, 426 MiB) minus 142 SMs x 1536 threads x 1 KiB."""
-EAGER_MODULES_PR86509_BYTES = 666_632_192 - 287_047_680
-"""Eager minus lazy module memory on one machine (pytorch/pytorch PR #86509, PyTorch 1.13, CUDA 11.7)."""
 EAGER_MODULES_A100_BYTES = 1_000 * MiB
 """Eagerly loaded modules of the GPUMemNet A100-40GB stack: CALIBRATED on the declared subset of the MLP set
 (the 600 rows whose index is a multiple of 5, ``uvmlab.evaluate.gpumemnet.CALIBRATION_STRIDE``): the median of

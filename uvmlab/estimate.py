@@ -234,13 +234,10 @@ def recorded_run(
             try:
                 blocks[aid] = sim.malloc(size, stream)
             except OutOfMemoryError:
-                if aid in fallible:  # PyTorch runs another cuDNN engine (cudnn_workspace_ids)
+                if aid not in fallible:  # a fallible one: PyTorch runs another cuDNN engine (cudnn_workspace_ids)
                     if entry_seqs is not None:
                         entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
-                    continue
-                if entry_seqs is not None:
-                    entry_seqs.extend([seq] * (len(sim.events) - len(entry_seqs)))
-                break  # the snapshot then shows the state at the OOM, with its ``oom`` trace entry
+                    break  # the snapshot then shows the state at the OOM, with its ``oom`` trace entry
         elif aid in blocks:
             sim.free(blocks.pop(aid))
         if entry_seqs is not None:

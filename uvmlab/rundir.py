@@ -39,9 +39,9 @@ MARKER_NAME = ".uvmlab-run"
 """Ownership marker: its presence says uvmlab created the folder, so ``--force`` may replace uvmlab's files."""
 LOCK_NAME = ".uvmlab.lock"
 """The writer's lock file (never removed: removing a held lock file would let a second writer in)."""
-OWNED_NAMES = ["result.json", "config.json", "env.json", "tables", "figures", "logs"]
+OWNED_NAMES = ("result.json", "config.json", "env.json", "tables", "figures", "logs")
 """What ``--force`` removes from a folder uvmlab owns (result.json first, so a half-cleared folder is never
-"complete"); anything else in the folder is left alone. Commands writing new top-level names append here."""
+"complete"); anything else in the folder is left alone."""
 
 
 def check_figure_format(fmt: str) -> str:
@@ -58,7 +58,7 @@ def os_error_sentence(exc: OSError, what: str = "write") -> str:
     return f"cannot {what} {name}: {reason}"
 
 
-def _remove(path: Path) -> None:
+def remove_owned(path: Path) -> None:
     """Remove a file, a folder tree, or a symbolic link itself (never what the link points to)."""
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
@@ -153,7 +153,7 @@ class RunDir:
             if not force:
                 raise InputError(f"will not overwrite the complete run in {self.path} without --force")
             for name in OWNED_NAMES:  # result.json first: a half-cleared folder never looks complete
-                _remove(self.path / name)
+                remove_owned(self.path / name)
         else:
             for name in ("tables", "figures", "logs"):  # a link left here would send writes elsewhere
                 if (self.path / name).is_symlink():

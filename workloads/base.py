@@ -52,8 +52,6 @@ class WorkloadSpec:
     source: str = "builtin"
     """``builtin``, the package of a named model (``torchvision``, ``timm``, ``transformers``) or the resolved
     path of the user file."""
-    source_digest: str | None = None
-    """SHA-256 of the user file (or of an ``hf:`` config file), None otherwise."""
 
     def resolve_options(self, cfg: WorkloadConfig) -> dict[str, Any]:
         """The defaults overridden by ``cfg.options``; unknown keys are an InputError naming the known ones."""

@@ -12,7 +12,6 @@ make a quick small model).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import partial
 from pathlib import Path
@@ -132,11 +131,9 @@ def hf_spec(arch: str) -> WorkloadSpec:
     if path is None:
         name = arch.lower()
         config, source = PRESETS[name]
-        digest = None
     else:
         name = str(path)
         config, source = _read_config(path), str(path)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
     positions = _positions(config)
     default_seq = {"gpt2": 1024, "bert": 512}.get(config["model_type"], DEFAULT_SEQ_LEN)
     if positions is not None:
@@ -149,7 +146,6 @@ def hf_spec(arch: str) -> WorkloadSpec:
         partial(build_hf, f"hf:{name}", config),
         options,
         source="transformers",
-        source_digest=digest,
     )
 
 

@@ -107,5 +107,4 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         build_fn=build_fn,
         options=dict(options),
         source=str(file.resolve()),
-        source_digest=digest,
     )

@@ -38,37 +38,40 @@ def run_estimators(
     estimators = get_estimators(list(estimator_names))
     rows: list[dict[str, Any]] = []
     failures: list[tuple[str, str, str]] = []
-    for case in cases:
-        # a capture gc.collect()s at each iteration end, which scans the whole heap: freezing what is alive now
-        # (modules, earlier cases' results) keeps each collection to the capture's own objects (7x faster on
-        # the 3,000 GPUMemNet MLPs); objects created later are collected as usual
-        gc.freeze()
-        for est in estimators:
-            if progress:
-                progress(f"{case.case_id} / {est.name}")
-            t0 = time.perf_counter()
-            try:
-                value = est.estimate(case)
-            except InputError as exc:  # a bad row (unknown workload, bad option): the user must fix the input
-                raise InputError(f"ground-truth run {case.case_id!r}: {exc}") from None
-            except UvmlabError as exc:  # e.g. UnavailableError: this estimator cannot do this case; record, go on
-                failures.append((case.case_id, est.name, str(exc)))
-                continue
-            rows.append(
-                {
-                    "case_id": case.case_id,
-                    "estimator": est.name,
-                    "group": case.group or case.case_id,
-                    "estimate_bytes": float(value),
-                    "gpu_memory_bytes": float(case.gpu_memory_bytes),
-                    "oom": bool(case.oom),
-                    "measured_peak_bytes": float(case.measured_peak_bytes),
-                    "round2_oom": case.round2_oom,
-                    "round2_peak_bytes": math.nan if case.round2_peak_bytes is None else case.round2_peak_bytes,
-                    "runtime_s": time.perf_counter() - t0,
-                    "fitted": bool(case.fitted),
-                }
-            )
+    try:
+        for case in cases:
+            # a capture gc.collect()s at each iteration end, which scans the whole heap: freezing what is alive now
+            # (modules, earlier cases' results) keeps each collection to the capture's own objects (7x faster on
+            # the 3,000 GPUMemNet MLPs); objects created later are collected as usual
+            gc.freeze()
+            for est in estimators:
+                if progress:
+                    progress(f"{case.case_id} / {est.name}")
+                t0 = time.perf_counter()
+                try:
+                    value = est.estimate(case)
+                except InputError as exc:  # a bad row (unknown workload, bad option): the user must fix the input
+                    raise InputError(f"ground-truth run {case.case_id!r}: {exc}") from None
+                except UvmlabError as exc:  # e.g. UnavailableError: this estimator cannot do this case; record, go on
+                    failures.append((case.case_id, est.name, str(exc)))
+                    continue
+                rows.append(
+                    {
+                        "case_id": case.case_id,
+                        "estimator": est.name,
+                        "group": case.group or case.case_id,
+                        "estimate_bytes": float(value),
+                        "gpu_memory_bytes": float(case.gpu_memory_bytes),
+                        "oom": bool(case.oom),
+                        "measured_peak_bytes": float(case.measured_peak_bytes),
+                        "round2_oom": case.round2_oom,
+                        "round2_peak_bytes": math.nan if case.round2_peak_bytes is None else case.round2_peak_bytes,
+                        "runtime_s": time.perf_counter() - t0,
+                        "fitted": bool(case.fitted),
+                    }
+                )
+    finally:
+        gc.unfreeze()  # what the loop froze is collectable again for the caller
     return pd.DataFrame(rows), failures
 
 
@@ -86,15 +89,14 @@ def evaluate(
     summary = summarize(per_run)
     runtime = estimates.groupby("estimator")["runtime_s"].mean().rename("mean_runtime_s")
     summary = summary.merge(runtime, left_on="estimator", right_index=True, how="left")
-    summary["quadrant"] = [quadrant(p, m) for p, m in zip(summary["pef"], summary["mre"], strict=True)]
     by_group = summarize(per_run, by=("estimator", "group"))
-    fitted = set(estimates.loc[estimates["fitted"].astype(bool), "case_id"]) if "fitted" in estimates else set()
+    fitted = set(estimates.loc[estimates["fitted"].astype(bool), "case_id"])
     per_run["fitted"] = per_run["case_id"].isin(fitted)
     if per_run["fitted"].any():  # scores on the validation runs alone
         held = summarize(per_run[~per_run["fitted"].astype(bool)])
         held["estimator"] = held["estimator"] + " (validation runs)"
         summary = pd.concat([summary, held], ignore_index=True)
-        summary["quadrant"] = [quadrant(p, m) for p, m in zip(summary["pef"], summary["mre"], strict=True)]
+    summary["quadrant"] = [quadrant(p, m) for p, m in zip(summary["pef"], summary["mre"], strict=True)]
     return Evaluation(estimates, per_run, summary, by_group, failures)
 
 

@@ -142,6 +142,8 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"sweep output {out} exists and is not a folder; choose another -o")
+    if not _is_sweep_folder(out) and any((out / n).exists() for n in ("sweep.json", "results.parquet")):
+        raise InputError(f"{out} holds a sweep.json or results.parquet that uvmlab did not write; choose another -o")
     entries = plan_entries(spec, out)
     copy = out / "spec.yaml"
     source = Path(spec.source) if spec.source and Path(spec.source).is_file() else None
@@ -158,6 +160,15 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
             atomic_write_json(rundir.config_json, e.config.to_dict())
     _write_sweep_json(out, spec, entries, None)
     return entries
+
+
+def _is_sweep_folder(out: Path) -> bool:
+    """True when ``out/sweep.json`` is one uvmlab wrote (a mapping with ``run_ids``)."""
+    try:
+        doc = json.loads((out / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "run_ids" in doc
 
 
 def _write_sweep_json(out: Path, spec: SweepSpec, entries: list[Entry], summary: SweepSummary | None) -> None:

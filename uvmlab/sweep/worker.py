@@ -22,7 +22,6 @@ import fcntl
 import importlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,12 +34,10 @@ from typing import Any
 from uvmlab import SCHEMA_VERSION
 from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.rundir import LOCK_NAME as RUNDIR_LOCK_NAME
-from uvmlab.rundir import MARKER_NAME, RunDir
+from uvmlab.rundir import OWNED_NAMES, RunDir, remove_owned
 from uvmlab.stats.schema import RESULT_KEYS
 
 LOCK_NAME = ".worker.lock"
-KEEP = {"config.json", "logs", LOCK_NAME, MARKER_NAME, RUNDIR_LOCK_NAME}
 """What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the locks,
 the ownership marker."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
@@ -90,14 +87,13 @@ def failure_result(cfg: Any, outcome: str, error: str) -> dict[str, Any]:
 
 
 def clear_partial(path: Path) -> None:
-    """Remove what an interrupted attempt left (tables, figures, env.json, temp files); keep config and logs."""
-    for child in path.iterdir():
-        if child.name in KEEP:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    """Remove what an interrupted attempt left (uvmlab's own outputs and atomic-write temp files); keep the
+    config, the logs and anything uvmlab did not write (docs/safety.md: only ``OWNED_NAMES`` are ever removed)."""
+    for name in OWNED_NAMES:
+        if name not in ("config.json", "logs"):
+            remove_owned(path / name)
+    for tmp in path.glob(".*.tmp"):  # uvmlab.atomic.atomic_path's temporaries
+        tmp.unlink(missing_ok=True)
 
 
 def _run_fn() -> Callable[..., Any]:

@@ -65,7 +65,6 @@ def _check_tree(obj: Any, max_objects: int = MAX_EXPANDED_OBJECTS, max_depth: in
     """
     sizes: dict[int, int] = {}
     open_: set[int] = set()
-    keep: list[Any] = []  # keeps objects alive so their ids stay unique during the walk
     stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
     total = 0
     while stack:
@@ -103,7 +102,6 @@ def _check_tree(obj: Any, max_objects: int = MAX_EXPANDED_OBJECTS, max_depth: in
         if depth > max_depth:
             raise ValueError(f"it nests deeper than {max_depth} levels")
         open_.add(key)
-        keep.append(item)
         stack.append((item, depth, True))
         stack.extend((c, depth + 1, False) for c in children if type(c) in (dict, list, tuple) and id(c) not in sizes)
         stack.extend((c, depth + 1, False) for c in children if type(c) not in (dict, list, tuple))

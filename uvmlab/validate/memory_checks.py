@@ -32,22 +32,25 @@ def _mlp_points(data_dir: Path, keep: object = None, band: float | None = None) 
     if callable(keep):
         rows = [r for r in rows if keep(r)]
     points = []
-    for r in rows:
-        gc.freeze()  # keeps the capture's gc.collect() small (see uvmlab.evaluate.harness)
-        res = estimate_row(r)
-        points.append(
-            Point(
-                dataset=MLP_DIR,
-                case=f"row {r.index}",
-                quantity="device_peak_bytes",
-                unit="bytes",
-                measured=float(r.measured_bytes),
-                predicted=float(res["device_peak_bytes"]),
-                fitted=r.fitted,
-                note="eager module loading (the stack's floor rules out lazy)",
-                band=None if r.fitted else band,
+    try:
+        for r in rows:
+            gc.freeze()  # keeps the capture's gc.collect() small (see uvmlab.evaluate.harness)
+            res = estimate_row(r)
+            points.append(
+                Point(
+                    dataset=MLP_DIR,
+                    case=f"row {r.index}",
+                    quantity="device_peak_bytes",
+                    unit="bytes",
+                    measured=float(r.measured_bytes),
+                    predicted=float(res["device_peak_bytes"]),
+                    fitted=r.fitted,
+                    note="eager module loading (the stack's floor rules out lazy)",
+                    band=None if r.fitted else band,
+                )
             )
-        )
+    finally:
+        gc.unfreeze()
     points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
                for i, why in skipped]  # fmt: skip
     return points
