@@ -92,3 +92,22 @@ def test_run_with_a_policy_records_it_and_uses_the_given_jobs_memory(tmp_path: P
     assert b["available_bytes"] == a["available_bytes"]  # same GPU memory as the job as given
     config = json.loads((tmp_path / "p" / "config.json").read_text())
     assert config["run"]["policy"] == "pca-off" and config["applied"]["pca"] is False
+
+
+def test_snapshot_with_an_empty_cache_policy_is_refused_before_force_removes_anything(tmp_path: Path) -> None:
+    args = ["-b", "16", "--option", "image_size=64", "--option", "num_classes=10", "-n", "2", "-o", str(tmp_path / "r")]
+    assert _uvmlab("run", "alexnet", *args).returncode == 0
+    before = (tmp_path / "r" / "result.json").read_bytes()
+    proc = _uvmlab(
+        "run",
+        "alexnet",
+        *args,
+        "--force",
+        "--policy",
+        "release-each-iteration",
+        "--snapshot",
+        str(tmp_path / "s.pickle"),
+    )
+    assert proc.returncode == 2 and "empty_cache" in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "r" / "result.json").read_bytes() == before  # the previous run is still there
+    assert not (tmp_path / "s.pickle").exists()

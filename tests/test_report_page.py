@@ -64,6 +64,7 @@ def test_runs_table_links_every_run_directory(sweep_dir: Path, tmp_path: Path) -
     assert sorted(Path(h).name for h in parser.hrefs) == runs
     for src in parser.srcs:
         assert (html.parent / src).is_file()
+    assert "slowdown vs factor 1 (same PCA)" in html.read_text()  # the study's slowdown column is in the table
 
 
 def test_each_caption_once_and_headlines_say_why(sweep_dir: Path, tmp_path: Path) -> None:

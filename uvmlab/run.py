@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from uvmlab.advise.policies import get_policy
 from uvmlab.config import RunConfig
 from uvmlab.console import note
 from uvmlab.errors import InputError, UnavailableError
@@ -121,6 +122,8 @@ def run(
     from workloads.registry import load_workload
 
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    if cfg.policy and snapshot is not None and get_policy(cfg.policy).release_each_iteration:  # before any removal
+        raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
     )
@@ -187,7 +190,6 @@ def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
     from dataclasses import replace
 
     from uvmlab.advise.advisor import resolve_policy
-    from uvmlab.advise.policies import get_policy
     from uvmlab.simulate import footprint_bytes
 
     eff, _ = resolve_policy(cfg)

@@ -295,8 +295,6 @@ def simulate_run(
         from uvmlab.advise.advisor import resolve_policy
 
         cfg, available = resolve_policy(cfg, progress=capture_progress)
-        if snapshot is not None and get_policy(cfg.policy).release_each_iteration:
-            raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
         record["applied"] = cfg.to_dict()  # the policy's settings, on the given job's GPU memory
         prep = prepare(cfg, progress=capture_progress, available_bytes=available)
     else:

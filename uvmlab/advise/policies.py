@@ -47,13 +47,17 @@ class Policy:
     """When not empty: the few lines of PyTorch a user adds (the policy cannot be applied by a setting alone)."""
 
     def changes_nothing_for(self, cfg: RunConfig) -> bool:
-        """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job)."""
+        """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job): the
+        knobs it sets already have its values (given, or by default)."""
+        from uvmlab.sim.uvm_knobs import UvmKnobs
+
+        knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
         return (
             self.pca in (None, cfg.pca)
             and not self.alloc_conf
             and not self.release_each_iteration
             and not self.fit_batch
-            and all(cfg.sim_options.get(k) == v for k, v in self.sim_options.items())
+            and all(getattr(knobs, k) == v for k, v in self.sim_options.items())
         )
 
     def apply(self, cfg: RunConfig) -> RunConfig:

@@ -59,7 +59,7 @@ RUN_COLUMNS = {
     "mode": "mode",
     "outcome": "outcome",
     "iteration_ms": "iteration (ms)",
-    "study_slowdown": "slowdown vs factor 1 (same PCA)",
+    "slowdown_vs_oversub1": "slowdown vs factor 1 (same PCA)",
     "fault_count": "page faults",
     "migration_gib": "migrated (GiB)",
     "error": "error",
