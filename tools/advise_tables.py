@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from uvmlab.advise.advisor import advise
+from uvmlab.atomic import atomic_write_text
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.units import format_bytes
 
@@ -36,7 +37,7 @@ def _reason(rows: list[dict], given: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--out", default="docs/advise-tables.md")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "advise-tables.md"))
     args = ap.parse_args()
     parts = [
         "# uvmlab advise: the seed workloads at factors 2, 4 and 10\n\n",
@@ -67,7 +68,7 @@ def main() -> None:
                 )
             parts.append(f"\nWhy: {_reason(ok, given)}.\n")
             print(f"{wl} x{f:g}: {ok[0]['policy']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    Path(args.out).write_text("".join(parts))
+    atomic_write_text(args.out, "".join(parts))
     print(f"wrote {args.out}")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from uvmlab.atomic import atomic_write_text
 from uvmlab.cli import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print("docs/cli.md is out of date: run python tools/gen_cli_docs.py", file=sys.stderr)
             return 1
         return 0
-    DOC.write_text(text)
+    atomic_write_text(DOC, text)
     print(f"wrote {DOC}")
     return 0
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvmlab.atomic import atomic_write_with
+from uvmlab.atomic import atomic_write_text, atomic_write_with
 from uvmlab.validate.figure import scorecard_figure
 from uvmlab.validate.scorecard import Scorecard, validate
 
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     card = validate(args.data_dir, fast=args.fast)
     import matplotlib.pyplot as plt
 
+    text = splice(DOC.read_text(), render(card))  # fails on missing markers before anything is written
     fig = scorecard_figure(card.frame())
     atomic_write_with(FIGURE, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
     plt.close(fig)
-    text = splice(DOC.read_text(), render(card))
-    atomic_write_with(DOC, lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(DOC, text)
     print(f"Wrote {DOC.relative_to(REPO)} and {FIGURE.relative_to(REPO)} ({len(card.points)} points)")
     return 0
 

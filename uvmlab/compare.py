@@ -314,8 +314,9 @@ def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -
             continue
         figure = k
         if raw and k == "fault_count":
-            va = a.result.get(RAW_FAULTS, va) if _sim_side(a) else va
-            vb = b.result.get(RAW_FAULTS, vb) if _sim_side(b) else vb
+            # no fallback to unique pages: a run without the estimate shows n/a, never unlike counts
+            va = a.result.get(RAW_FAULTS) if _sim_side(a) else va
+            vb = b.result.get(RAW_FAULTS) if _sim_side(b) else vb
             figure = RAW_FAULTS_FIGURE
         rows.append({"figure": figure, "a": va, "b": vb, "rel_error": rel_error(va, vb)})
     totals = pd.DataFrame(rows, columns=["figure", "a", "b", "rel_error"])

@@ -36,14 +36,12 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def refuse_input_as_output(out: PathLike, inputs: Iterable[PathLike | None], option: str = "-o") -> None:
-    """Refuse an output equal to (or, for a folder input, inside) one of ``inputs``, whatever ``--force`` says."""
+    """Refuse an output equal to one of ``inputs``, or a folder holding an input file, whatever ``--force`` says."""
     for src in inputs:
         if src is None:
             continue
         if same_path(out, src):
             raise InputError(f"{option} {out} is also an input of this command; choose another output path")
-        if Path(src).is_dir() and _inside(Path(out), Path(src)) and not Path(out).exists():
-            continue  # a new file inside an input folder (e.g. the default report path) is fine
         if Path(src).is_file() and _inside(Path(src), Path(out)) and Path(out).is_dir():
             raise InputError(f"{option} {out} holds the input {src}; choose another output folder")
 
