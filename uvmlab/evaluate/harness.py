@@ -92,7 +92,7 @@ def evaluate(
     by_group = summarize(per_run, by=("estimator", "group"))
     fitted = set(estimates.loc[estimates["fitted"].astype(bool), "case_id"])
     per_run["fitted"] = per_run["case_id"].isin(fitted)
-    if per_run["fitted"].any():  # scores on the validation runs alone
+    if per_run["fitted"].any() and not per_run["fitted"].all():  # scores on the validation runs alone
         held = summarize(per_run[~per_run["fitted"].astype(bool)])
         held["estimator"] = held["estimator"] + " (validation runs)"
         summary = pd.concat([summary, held], ignore_index=True)

@@ -103,13 +103,13 @@ class _Builder:
         writes: list[int],
         flops: float = 0.0,
         touched: float | None = None,
-        read_bytes: dict[int, int] | None = None,
+        read_slices: dict[int, tuple[int, int]] | None = None,
     ) -> None:
-        """One kernel; ``read_bytes`` limits a read to the first bytes of a tensor (a slice view)."""
+        """One kernel; ``read_slices`` limits a read to (offset, size) bytes of a tensor (a slice view)."""
         kid = len(self.kernels)
-        rb = read_bytes or {}
-        acc = [(a, rb.get(a, self.allocs[a]["size_bytes"]), False) for a in reads]
-        acc += [(a, self.allocs[a]["size_bytes"], True) for a in writes]
+        rs = read_slices or {}
+        acc = [(a, *rs.get(a, (0, self.allocs[a]["size_bytes"])), False) for a in reads]
+        acc += [(a, 0, self.allocs[a]["size_bytes"], True) for a in writes]
         self.kernels.append(
             {
                 "kernel_id": kid,
@@ -119,13 +119,13 @@ class _Builder:
                 "iteration": self.it,
                 "flops": float(flops),
                 "stream": 0,
-                "touched_bytes": float(touched if touched is not None else sum(s for _, s, _ in acc)),
+                "touched_bytes": float(touched if touched is not None else sum(s for _, _, s, _ in acc)),
                 "api": "",
             }
         )
-        for a, size, w in acc:
+        for a, off, size, w in acc:
             self.accesses.append(
-                {"kernel_id": kid, "alloc_id": a, "offset_bytes": 0, "size_bytes": int(size), "is_write": w}
+                {"kernel_id": kid, "alloc_id": a, "offset_bytes": int(off), "size_bytes": int(size), "is_write": w}
             )
 
 
@@ -145,12 +145,14 @@ def _aggregate(b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: in
             [idx_in, x],
             [g],
             touched=m * 8 + 2 * rows,
-            read_bytes={idx_in: m * 8},
+            read_slices={idx_in: (s * 8, m * 8)},  # this chunk's edges
         )
         msg = b.alloc(rows)
-        b.kernel("mul", [g, w], [msg], flops=m * feat, touched=2 * rows + m * 4, read_bytes={w: m * 4})
+        b.kernel("mul", [g, w], [msg], flops=m * feat, touched=2 * rows + m * 4, read_slices={w: (s * 4, m * 4)})
         b.free(g)
-        b.kernel("index_add_", [msg, idx_out, out], [out], touched=3 * rows + m * 8, read_bytes={idx_out: m * 8})
+        b.kernel(
+            "index_add_", [msg, idx_out, out], [out], touched=3 * rows + m * 8, read_slices={idx_out: (s * 8, m * 8)}
+        )
         b.free(msg)
     return out
 

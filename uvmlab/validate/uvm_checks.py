@@ -38,7 +38,7 @@ def _peak_gb(uvm_dir: Path, nodes: int) -> float:
     return float(json.loads(p.read_text())["uvm_stats"]["peak_allocated_GB"])
 
 
-@check("uvm/gcn-rtx5090", needs="uvm")
+@check("uvm/gcn-rtx5090", needs=f"uvm/{GCN_DIR}")
 def gcn_points(data_dir: Path) -> list[Point]:
     """GCN epoch times, slowdowns, footprints and the user-prefetch speedup (module docstring)."""
     uvm = data_dir / "uvm"
@@ -92,7 +92,7 @@ def gcn_points(data_dir: Path) -> list[Point]:
     return pts
 
 
-@check("uvm/uvmbench-rtx5090", needs="uvm", fast=True)
+@check("uvm/uvmbench-rtx5090", needs="uvm/" + BENCH_CSV.split("/")[0], fast=True)
 def uvmbench_points(data_dir: Path) -> list[Point]:
     """uvmbench t0rq3 times and the 1.25x / 1.0x jump (module docstring)."""
     uvm = data_dir / "uvm"
