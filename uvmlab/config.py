@@ -47,6 +47,10 @@ class WorkloadConfig:
     options: dict[str, Any] = field(default_factory=dict)
     accumulation_steps: int = 1
     """Gradient accumulation: micro-batches of ``batch_size`` per optimizer step (effective batch = the product)."""
+    checkpoint: str = ""
+    """Activation checkpointing (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) of the model's
+    segments: "" off, ``auto`` the workload's own segments (``workloads.checkpointing``), or a module class name
+    (every outermost module of that class). Left out of :meth:`to_dict` when off, so existing hashes stay."""
 
     def __post_init__(self) -> None:
         if not self.workload:
@@ -66,10 +70,17 @@ class WorkloadConfig:
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1024:
             raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {steps!r}")
+        if not isinstance(self.checkpoint, str) or not (self.checkpoint == "" or self.checkpoint.isidentifier()):
+            raise InputError(
+                f"checkpoint must be 'auto' or a module class name (an identifier), not {self.checkpoint!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (config.json, hashing)."""
-        return asdict(self)
+        """Plain-dict form (config.json, hashing); ``checkpoint`` only when set (older hashes stay valid)."""
+        d = asdict(self)
+        if not self.checkpoint:
+            d.pop("checkpoint")
+        return d
 
 
 MIN_OVERSUB = 1e-3

@@ -37,6 +37,9 @@ class Workload:
     device: torch.device
     attention: str | None = None
     notes: list[str] = field(default_factory=list)
+    checkpoint_segments: Callable[[], list[Any]] | None = None
+    """Optional: the modules ``checkpoint=auto`` wraps in activation checkpointing (workloads.checkpointing);
+    None: the generic repeated-blocks rule."""
 
 
 @dataclass(frozen=True)

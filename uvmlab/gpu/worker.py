@@ -194,6 +194,10 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
     t_build = time.monotonic_ns()
     try:
         workload = load_workload(wcfg.workload).build(wcfg, device)
+        if wcfg.checkpoint:  # policy checkpoint-activations (workloads.checkpointing)
+            from workloads.checkpointing import apply_checkpointing
+
+            apply_checkpointing(workload, wcfg.checkpoint)
         optimizer = make_optimizer(workload.model, wcfg)
         sync()
         sample("built", -1)

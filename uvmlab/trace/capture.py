@@ -165,6 +165,20 @@ def _user_code_guard(cfg: WorkloadConfig, source: str) -> Callable[[Any], contex
     return guard
 
 
+def _checkpoint(workload: Any, cfg: WorkloadConfig, guard: Any) -> list[str]:
+    """Apply ``cfg.checkpoint`` (workloads.checkpointing) to the built workload; the trace header's note."""
+    if not cfg.checkpoint:
+        return []
+    from workloads.checkpointing import apply_checkpointing
+
+    with guard("wrapping its segments in activation checkpointing"):
+        wrapped = apply_checkpointing(workload, cfg.checkpoint)
+    return [
+        f"activation checkpointing ({cfg.checkpoint}): torch.utils.checkpoint.checkpoint(use_reentrant=False) "
+        "around " + ", ".join(wrapped)
+    ]
+
+
 def capture_trace(
     cfg: WorkloadConfig,
     device: str = "meta",
@@ -212,6 +226,7 @@ def capture_trace(
         rec.set_phase("setup", -1)
         with guard("building its model"):
             workload = spec.build(cfg, device)
+        checkpointed = _checkpoint(workload, cfg, guard)
         with guard("building its optimizer"):
             optimizer = make_optimizer(workload.model, cfg)
         cat.after_setup(workload.model)
@@ -250,6 +265,7 @@ def capture_trace(
         "single-tensor loop)",
         "kernels: one per leaf aten op (view and metadata ops skipped); FLOPs estimated (uvmlab.trace.flops)",
         *extra_notes,
+        *checkpointed,
     ]
     if sdpa is not None and sdpa.counts:
         notes.append(
