@@ -192,6 +192,11 @@ def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
     from uvmlab.advise.advisor import resolve_policy
     from uvmlab.simulate import footprint_bytes
 
+    if get_policy(cfg.policy).offload_optimizer:
+        raise InputError(
+            f"policy {cfg.policy} needs a code change uvmlab's GPU worker does not make (an fp32 copy of the "
+            "parameters and Adam on the CPU; uvmlab advise shows the lines): run it with --mode sim"
+        )
     eff, _ = resolve_policy(cfg)
     prefetch = get_policy(cfg.policy).gpu_env.get("UVMLAB_PREFETCH")
     if prefetch:

@@ -79,6 +79,10 @@ def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = 
     gpu = run_gpu_spec(cfg)
     trace = get_trace(cfg.workload, progress=progress)
     trace = to_cuda(trace, gpu)
+    if cfg.policy:  # job shape: CPU offload of the optimizer (uvmlab.advise.shape)
+        from uvmlab.advise.shape import policy_trace
+
+        trace = policy_trace(get_policy(cfg.policy), cfg.workload.optimizer, trace)
     conf, releases = _policy_allocator(cfg, trace)
     placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
     footprint = peak_managed_bytes(placement.ranges)

@@ -229,14 +229,14 @@ def advise(
         if pol.changes_nothing_for(given):
             rows.append(_row(pol, given, given_prep, given_result, native))  # the job as given: already simulated
         else:
-            rows.append(_evaluate(pol, given, available, batch, native))
+            rows.append(_evaluate(pol, given, available, batch, native, given_prep))
         if rows[-1]["outcome"] == "ok":
             singles[name] = rows[-1]["iteration_time_ns"]
     if combine:
         for combo in _combinations(singles, given_result):
             pol = compose([POLICIES[n] for n in combo])
             say(pol.name)
-            rows.append(_evaluate(pol, given, available, batch, native))
+            rows.append(_evaluate(pol, given, available, batch, native, given_prep))
     table = _rank(pd.DataFrame(rows), float(given_result["iteration_time_ns"]))
     notes = []
     if given_prep.footprint_bytes <= available:
@@ -253,7 +253,9 @@ def advise(
     )
 
 
-def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native: float) -> dict[str, Any]:
+def _evaluate(
+    pol: Policy, given: RunConfig, available: int, batch: int, native: float, given_prep: Any = None
+) -> dict[str, Any]:
     """One policy's row (an OOM or a policy that cannot apply is a row too, with the reason)."""
     cfg = pol.apply(given)
     try:
@@ -269,6 +271,11 @@ def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native:
     except InputError as exc:
         return _failed_row(pol, "n/a", str(exc))
     row = _row(pol, cfg, prep, result, native)
+    if pol.checkpoint or pol.offload_optimizer:
+        from uvmlab.advise.shape import shape_note
+        from uvmlab.simulate import prepare
+
+        row["note"] = shape_note(pol, prep, given_prep or prepare(given, available_bytes=available))
     if pol.fit_batch:
         row["note"] = f"micro-batch {row['batch_size']} x {row['accumulation_steps']} steps (given batch {batch})"
     return row
@@ -277,15 +284,18 @@ def _evaluate(pol: Policy, given: RunConfig, available: int, batch: int, native:
 def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> list[tuple[str, ...]]:
     """The best improving single policy of each family, combined: best pairs first, then all of them.
 
-    Job-shape policies are not combined: a micro-batch that fits removes the oversubscription, so a UVM policy
-    added to it changes nothing that matters and would only take the job-shape policy's rank.
+    The micro-batch policy is not combined: a micro-batch that fits removes the oversubscription, so a UVM policy
+    added to it changes nothing that matters and would only take the job-shape policy's rank. Checkpointing and
+    CPU offload only shrink the footprint, so each competes as its own family.
     """
     given_t = float(given_result["iteration_time_ns"])
     best: dict[str, tuple[float, str]] = {}
     for name, t in singles.items():
         fam = POLICIES[name].family
-        if fam == "job-shape":
+        if POLICIES[name].fit_batch:
             continue
+        if fam == "job-shape":  # checkpointing and CPU offload shrink different things: each may pair
+            fam = name
         if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
     ranked = [name for _, name in sorted(best.values())]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from uvmlab.advise.shape import SHAPE_POLICIES
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 
@@ -45,6 +46,10 @@ class Policy:
     """Job shape: the largest micro-batch that fits without UVM, with gradient accumulation to keep the batch."""
     needs_code_change: str = ""
     """When not empty: the few lines of PyTorch a user adds (the policy cannot be applied by a setting alone)."""
+    checkpoint: str = ""
+    """Job shape: activation checkpointing of the job's segments (``WorkloadConfig.checkpoint``; advise/shape.py)."""
+    offload_optimizer: bool = False
+    """Job shape: optimizer state and step on the host (``uvmlab.trace.offload``; advise/shape.py)."""
 
     def changes_nothing_for(self, cfg: RunConfig) -> bool:
         """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job): the
@@ -57,6 +62,8 @@ class Policy:
             and not self.alloc_conf
             and not self.release_each_iteration
             and not self.fit_batch
+            and not self.checkpoint
+            and not self.offload_optimizer
             and all(getattr(knobs, k) == v for k, v in self.sim_options.items())
         )
 
@@ -69,7 +76,9 @@ class Policy:
                     f"policy {self.name} sets simulator knob {key}={value!r} but the run already sets {options[key]!r}"
                 )
             options[key] = value
-        return replace(cfg, pca=cfg.pca if self.pca is None else self.pca, sim_options=options, policy=self.name)
+        workload = replace(cfg.workload, checkpoint=self.checkpoint) if self.checkpoint else cfg.workload
+        pca = cfg.pca if self.pca is None else self.pca
+        return replace(cfg, workload=workload, pca=pca, sim_options=options, policy=self.name)
 
 
 def _p(**kw: Any) -> Policy:
@@ -189,6 +198,7 @@ POLICIES: dict[str, Policy] = {
     )
 }
 """The single policies, by name."""
+POLICIES.update({kw["name"]: Policy(**kw) for kw in SHAPE_POLICIES})  # job shape: checkpointing, CPU offload
 
 
 def get_policy(name: str) -> Policy:
@@ -238,4 +248,6 @@ def compose(policies: list[Policy]) -> Policy:
         gpu_env=env,
         fit_batch=any(p.fit_batch for p in policies),
         needs_code_change="\n".join(p.needs_code_change for p in policies if p.needs_code_change),
+        checkpoint=next((p.checkpoint for p in policies if p.checkpoint), ""),
+        offload_optimizer=any(p.offload_optimizer for p in policies),
     )

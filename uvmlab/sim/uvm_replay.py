@@ -177,6 +177,7 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
     allocated = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
     api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    _transfer_and_host_times(trace, kern, api, native_ns, costs)
     return _KernelStatics(
         kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
         native_ns=native_ns,
@@ -184,6 +185,26 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         is_copy=np.isin(kid, copy_kernels(trace)),
         api=api,
     )
+
+
+def _transfer_and_host_times(
+    trace: Trace, kern: pd.DataFrame, api: list[str], native_ns: np.ndarray, costs: CostParams
+) -> None:
+    """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
+    ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
+    ``host`` its ``host_ns`` column (the GPU waits for the CPU)."""
+    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
+    if not idx:
+        return
+    kid = kern["kernel_id"].to_numpy()
+    host = kern["host_ns"].to_numpy(dtype=float) if "host_ns" in kern.columns else np.full(len(kern), np.nan)
+    sizes = trace.accesses.groupby("kernel_id")["size_bytes"].apply(lambda s: s.to_numpy())
+    for i in idx:
+        if api[i] == "host":
+            native_ns[i] = host[i] if np.isfinite(host[i]) else 0.0
+        else:
+            nb = sizes.get(kid[i], np.zeros(0))
+            native_ns[i] = transfer_time_ns(nb, costs.link_bytes_per_s)
 
 
 def range_events(ranges: pd.DataFrame) -> list[tuple[int, bool, int, int]]:
@@ -260,6 +281,16 @@ class _Replayer:
                 sim.host_write(r[0], r[1], r[2])
             c, dur = UvmCounters(), 0.0
             st.native_ns[i] = 0.0
+        elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
+            c, dur = UvmCounters(), float(st.native_ns[i])
+        elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
+            c = UvmCounters()
+            for r in rows:
+                c.add(sim.memcpy_htod(r[0], r[1], r[2]))
+            dur = c.stall_ns  # the transfer time of each copy (UvmSim.memcpy_htod)
+        elif kind == "memcpy_dtoh":  # explicit DtoH copies: non-resident pages fault in first (approximation)
+            c = sim.access(rows)
+            dur = float(st.native_ns[i]) + c.stall_ns
         elif st.is_copy[i]:
             c = UvmCounters()
             for r in rows:

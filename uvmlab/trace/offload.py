@@ -1,0 +1,127 @@
+"""CPU offload of the optimizer (the ZeRO-Offload idea) as a transformation of a CUDA-orchestrated trace. Torch-free.
+
+ZeRO-Offload (Ren et al., USENIX ATC'21, arXiv 2101.06840; DeepSpeed's ``zero_optimization.offload_optimizer``,
+www.deepspeed.ai/tutorials/zero-offload) keeps the fp32 master parameters, the optimizer state and the optimizer
+step on the host; each iteration the gradients go device-to-host, the CPU runs Adam, and the updated parameters
+go host-to-device. Forward and backward are unchanged, so the device side of such a run is the trace of the plain
+job with its optimizer phase replaced; this module does that replacement (no new capture is needed):
+
+- every allocation of category ``optimizer_state`` and every allocation made in the ``optimizer`` phase (the
+  device step's temporaries) is removed, with its accesses: the device never holds the optimizer;
+- every ``optimizer`` kernel is removed and, in its place, each iteration gets three events
+  (kernels column ``api``, read by ``uvmlab.sim.uvm_replay``):
+
+  1. ``offload:grad_dtoh`` (api ``memcpy_dtoh``): reads every gradient alive at the step (``cudaMemcpyAsync``
+     device-to-host into pinned host buffers), timed at the link bandwidth (``CostParams.link_bytes_per_s``,
+     UVMSmart's transfer curve, uvmlab.sim.timing) plus the faults of gradient pages that are not resident;
+  2. ``offload:cpu_step`` (api ``host``, column ``host_ns``): the optimizer step on the CPU, trainable parameters /
+     :data:`CPU_ADAM_PARAMS_PER_S`; the GPU waits (the step needs every gradient and the next forward every
+     parameter);
+  3. ``offload:param_htod`` (api ``memcpy_htod``): writes every trainable parameter (host-to-device copy of the
+     updated fp32 master copy), an explicit copy like the study's retained copies (``UvmSim.memcpy_htod``).
+
+So the link carries 2 x the trainable parameter bytes per iteration (fp32 gradients down, fp32 parameters up).
+
+Approximations (docs/advise.md): the three steps are serial (the simple loop a user writes; DeepSpeed overlaps
+the gradient copies with backward and the parameter copies with the next forward, so this is an upper bound on
+its time); a device-to-host copy of managed pages that were evicted is charged as a fault-in, though the driver
+could copy them host-side; the host memory is unlimited (pinned buffers of 4 x the parameters for Adam).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.errors import InputError
+from uvmlab.trace.schema import NEVER_FREED, Trace
+
+CPU_ADAM_PARAMS_PER_S = 2.8e8
+"""Parameters per second of the host's Adam step: torch's CPU Adam (``foreach=True``, fp32) measured on the
+machine that built uvmlab: one thread, 25 x 1M parameters, 282-288 M parameters per CPU-second (torch 2.14.1,
+2026-11-23, ``python benchmarks/cpu_adam.py``; wall time under a load of 8 on 2 cores was 93-98 M/s). A
+single-core figure; DeepSpeedCPUAdam (AVX, multi-threaded) is 5-7x faster than PyTorch's CPU Adam (DeepSpeed
+ZeRO-Offload tutorial, www.deepspeed.ai/tutorials/zero-offload)."""
+SEQ_SPREAD = 4
+"""Seqs are multiplied by this to leave room for the three inserted events before each step."""
+OFFLOAD_KERNELS = ("offload:grad_dtoh", "offload:cpu_step", "offload:param_htod")
+
+
+def offload_optimizer(trace: Trace, params_per_s: float = CPU_ADAM_PARAMS_PER_S) -> Trace:
+    """``trace`` (orchestrated) with the optimizer state and step on the host (module docstring). A new Trace."""
+    a, k, acc = trace.allocations, trace.kernels, trace.accesses
+    opt_k = k[(k["phase"] == "optimizer") & (k["iteration"] >= 0)]
+    if opt_k.empty:
+        raise InputError("the trace has no optimizer step to offload")
+    n_params = int(trace.header.get("parameter_count") or 0)
+    trainable = int(trace.header.get("trainable_parameter_bytes") or 0)
+    total = int(trace.header.get("parameter_bytes") or 0)
+    if total and trainable:  # the CPU steps only trainable parameters
+        n_params = round(n_params * trainable / total)
+    drop_a = (a["category"] == "optimizer_state") | ((a["phase"] == "optimizer") & (a["iteration"] >= 0))
+    dropped_ids = set(a.loc[drop_a, "alloc_id"].tolist())
+    keep_a = a[~drop_a].copy()
+    keep_k = k[~k["kernel_id"].isin(opt_k["kernel_id"])].copy()
+    keep_acc = acc[acc["kernel_id"].isin(keep_k["kernel_id"]) & ~acc["alloc_id"].isin(dropped_ids)].copy()
+    for col in ("alloc_seq", "free_seq"):
+        keep_a[col] = np.where(keep_a[col] == NEVER_FREED, NEVER_FREED, keep_a[col] * SEQ_SPREAD)
+    keep_k["seq"] = keep_k["seq"] * SEQ_SPREAD
+    for col, default in (("api", ""), ("host_ns", np.nan)):
+        if col not in keep_k.columns:
+            keep_k[col] = default
+    params = keep_a[keep_a["category"] == "parameter"]
+    grads = keep_a[keep_a["category"] == "gradient"]
+    next_kid = int(k["kernel_id"].max()) + 1
+    new_k: list[dict[str, Any]] = []
+    new_acc: list[dict[str, Any]] = []
+    stream = int(opt_k["stream"].iloc[0])
+    for it, first in opt_k.groupby("iteration")["seq"].min().items():
+        s0 = int(first) * SEQ_SPREAD
+        alive = (grads["alloc_seq"] < s0) & ((grads["free_seq"] == NEVER_FREED) | (grads["free_seq"] > s0))
+        steps = (
+            ("offload:grad_dtoh", "memcpy_dtoh", np.nan, grads[alive], False),
+            ("offload:cpu_step", "host", n_params / params_per_s * 1e9, params.iloc[0:0], False),
+            ("offload:param_htod", "memcpy_htod", np.nan, params, True),
+        )
+        for j, (name, api, host_ns, tensors, is_write) in enumerate(steps):
+            kid = next_kid
+            next_kid += 1
+            new_k.append(
+                {
+                    "kernel_id": kid,
+                    "seq": s0 - 3 + j,
+                    "name": name,
+                    "phase": "optimizer",
+                    "iteration": int(it),
+                    "flops": 0.0,
+                    "stream": stream,
+                    "api": api,
+                    "host_ns": host_ns,
+                }
+            )
+            new_acc.extend(
+                {"kernel_id": kid, "alloc_id": int(a_id), "offset_bytes": 0, "size_bytes": int(n), "is_write": is_write}
+                for a_id, n in zip(tensors["alloc_id"], tensors["size_bytes"], strict=True)
+            )
+    kernels = pd.concat([keep_k, pd.DataFrame(new_k).astype({"iteration": "int32", "stream": "int32"})])
+    kernels = kernels.sort_values("seq", kind="stable").reset_index(drop=True)
+    kernels["api"] = kernels["api"].fillna("")
+    accesses = pd.concat([keep_acc, pd.DataFrame(new_acc, columns=acc.columns)], ignore_index=True)
+    header = dict(trace.header)
+    header["offload_optimizer"] = {
+        "cpu_params": n_params,
+        "cpu_params_per_s": params_per_s,
+        "dtoh_bytes_per_iteration": int(grads["size_bytes"].sum()) if len(grads) else 0,
+        "htod_bytes_per_iteration": int(params["size_bytes"].sum()),
+        "removed_optimizer_state_bytes": int(a.loc[a["category"] == "optimizer_state", "size_bytes"].sum()),
+    }
+    header["notes"] = [
+        *header.get("notes", []),
+        "optimizer offloaded to the CPU (uvmlab.trace.offload): optimizer state and step removed from the device; "
+        "per iteration gradients DtoH, a CPU step, parameters HtoD",
+    ]
+    out = Trace(allocations=keep_a.reset_index(drop=True), kernels=kernels, accesses=accesses, header=header)
+    out.validate("offloaded trace")
+    return out
