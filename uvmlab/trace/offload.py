@@ -77,9 +77,11 @@ def offload_optimizer(trace: Trace, params_per_s: float = CPU_ADAM_PARAMS_PER_S)
     new_k: list[dict[str, Any]] = []
     new_acc: list[dict[str, Any]] = []
     stream = int(opt_k["stream"].iloc[0])
+    dtoh_bytes = 0
     for it, first in opt_k.groupby("iteration")["seq"].min().items():
         s0 = int(first) * SEQ_SPREAD
         alive = (grads["alloc_seq"] < s0) & ((grads["free_seq"] == NEVER_FREED) | (grads["free_seq"] > s0))
+        dtoh_bytes = int(grads.loc[alive, "size_bytes"].sum())  # the last iteration's (steady state)
         steps = (
             ("offload:grad_dtoh", "memcpy_dtoh", np.nan, grads[alive], False),
             ("offload:cpu_step", "host", n_params / params_per_s * 1e9, params.iloc[0:0], False),
@@ -113,7 +115,7 @@ def offload_optimizer(trace: Trace, params_per_s: float = CPU_ADAM_PARAMS_PER_S)
     header["offload_optimizer"] = {
         "cpu_params": n_params,
         "cpu_params_per_s": params_per_s,
-        "dtoh_bytes_per_iteration": int(grads["size_bytes"].sum()) if len(grads) else 0,
+        "dtoh_bytes_per_iteration": dtoh_bytes,
         "htod_bytes_per_iteration": int(params["size_bytes"].sum()),
         "removed_optimizer_state_bytes": int(a.loc[a["category"] == "optimizer_state", "size_bytes"].sum()),
     }
