@@ -62,7 +62,7 @@ class Policy:
             and not self.alloc_conf
             and not self.release_each_iteration
             and not self.fit_batch
-            and not self.checkpoint
+            and (not self.checkpoint or bool(cfg.workload.checkpoint))
             and not self.offload_optimizer
             and all(getattr(knobs, k) == v for k, v in self.sim_options.items())
         )
@@ -76,7 +76,8 @@ class Policy:
                     f"policy {self.name} sets simulator knob {key}={value!r} but the run already sets {options[key]!r}"
                 )
             options[key] = value
-        workload = replace(cfg.workload, checkpoint=self.checkpoint) if self.checkpoint else cfg.workload
+        ck = cfg.workload.checkpoint or self.checkpoint  # a job that already names its segments keeps them
+        workload = replace(cfg.workload, checkpoint=ck) if ck != cfg.workload.checkpoint else cfg.workload
         pca = cfg.pca if self.pca is None else self.pca
         return replace(cfg, workload=workload, pca=pca, sim_options=options, policy=self.name)
 

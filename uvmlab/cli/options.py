@@ -50,8 +50,8 @@ def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
 
 
 def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
-    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations, the shortcuts --seq-len,
-    --image-size and --num-classes, and --option KEY=VALUE."""
+    """Add --batch-size, --optimizer, --zero-grad, --attention, --dtype, --iterations, --checkpoint, the shortcuts
+    --seq-len, --image-size and --num-classes, and --option KEY=VALUE."""
 
     def decorate(fn: F) -> F:
         opts = [
@@ -81,6 +81,13 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 default=iterations_default,
                 show_default=True,
                 help="Training iterations.",
+            ),
+            click.option(
+                "--checkpoint",
+                default="",
+                metavar="auto|CLASS",
+                help="Activation checkpointing: torch.utils.checkpoint around the workload's repeated blocks (auto) "
+                "or every module of class CLASS (docs/advise.md).",
             ),
             click.option("--seq-len", type=int, default=None, help="Sequence length (same as --option seq_len=N)."),
             click.option(
@@ -139,6 +146,7 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         dtype=kw["dtype"],
         iterations=kw["iterations"],
         options=options,
+        checkpoint=kw.get("checkpoint") or "",
     )
 
 
