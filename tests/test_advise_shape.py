@@ -83,6 +83,7 @@ def test_auto_segments_are_the_repeated_blocks_or_alexnets_two_halves() -> None:
 
     assert classes("gpt2", **TINY_GPT2) == {"GPT2Block": 2}
     assert classes("resnet50") == {"Bottleneck": 16}  # 3 + 4 + 6 + 3
+    assert classes("bert", n_layer=3) == {"BertLayer": 3}
     assert classes("alexnet") == {"Sequential": 2}  # features and classifier
 
 
@@ -208,6 +209,23 @@ def test_the_combination_chooser_pairs_shape_policies() -> None:
         "fit-batch-accumulate" not in c
         for c in _combinations({"fit-batch-accumulate": 1.0}, {"iteration_time_ns": 10.0})
     )
+
+
+def test_offload_is_paired_with_the_micro_batch_search_only_when_neither_fits_alone() -> None:
+    from uvmlab.advise.advisor import _fit_base, shape_fit_combination
+
+    rows = [
+        {"policy": "fit-batch-accumulate", "outcome": "n/a"},
+        {"policy": "offload-optimizer", "outcome": "ok", "footprint_bytes": 200},
+    ]
+    assert shape_fit_combination(rows, available=100) == ("offload-optimizer", "fit-batch-accumulate")
+    assert shape_fit_combination(rows, available=300) is None  # the offloaded job fits: nothing to search
+    rows[0]["outcome"] = "ok"
+    assert shape_fit_combination(rows, available=100) is None  # a micro-batch fits without offloading
+    given = RunConfig(workload=WorkloadConfig("alexnet", batch_size=2), oversub=2.0)
+    combo = get_policy("offload-optimizer+fit-batch-accumulate").apply(given)
+    assert _fit_base(combo, given).policy == "offload-optimizer"  # the search sizes offloaded footprints
+    assert _fit_base(POLICIES["fit-batch-accumulate"].apply(given), given) is given
 
 
 # --- end to end ------------------------------------------------------------------------------------------------

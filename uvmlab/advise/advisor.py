@@ -145,12 +145,12 @@ def fit_batch(cfg: RunConfig, available: int, batch: int) -> tuple[int, int] | N
     def fits(k: int) -> bool:
         if k not in cache:
             wl = replace(cfg.workload, batch_size=math.ceil(batch / k), accumulation_steps=k, iterations=iterations)
-            cache[k] = _footprint(replace(cfg, workload=wl, policy=None))
+            cache[k] = _footprint(replace(cfg, workload=wl))  # cfg.policy kept: an offloaded job's footprint
         return cache[k] <= available
 
     if batch < 2:
         return None
-    f1 = _footprint(replace(cfg, workload=replace(cfg.workload, iterations=iterations), policy=None))
+    f1 = _footprint(replace(cfg, workload=replace(cfg.workload, iterations=iterations)))
     if f1 <= available:
         return batch, 1
     fits(2)
@@ -233,7 +233,8 @@ def advise(
         if rows[-1]["outcome"] == "ok":
             singles[name] = rows[-1]["iteration_time_ns"]
     if combine:
-        for combo in _combinations(singles, given_result):
+        shape_fit = shape_fit_combination(rows, available)
+        for combo in _combinations(singles, given_result) + ([shape_fit] if shape_fit else []):
             pol = compose([POLICIES[n] for n in combo])
             say(pol.name)
             rows.append(_evaluate(pol, given, available, batch, native, given_prep))
@@ -277,7 +278,8 @@ def _evaluate(
 
         row["note"] = shape_note(pol, prep, given_prep or prepare(given, available_bytes=available))
     if pol.fit_batch:
-        row["note"] = f"micro-batch {row['batch_size']} x {row['accumulation_steps']} steps (given batch {batch})"
+        fit = f"micro-batch {row['batch_size']} x {row['accumulation_steps']} steps (given batch {batch})"
+        row["note"] = "; ".join(n for n in (fit, row["note"]) if n)
     return row
 
 
@@ -354,7 +356,28 @@ def resolve_policy(cfg: RunConfig, progress: Any = None) -> tuple[RunConfig, int
 
 def _with_fit(cfg: RunConfig, given: RunConfig, available: int, batch: int) -> RunConfig | None:
     """``cfg`` with the micro-batch and accumulation steps :func:`fit_batch` finds for ``given`` (None: none fits)."""
-    fit = fit_batch(given, available, batch)
+    fit = fit_batch(_fit_base(cfg, given), available, batch)
     if fit is None:
         return None
     return replace(cfg, workload=replace(cfg.workload, batch_size=fit[0], accumulation_steps=fit[1]))
+
+
+def _fit_base(cfg: RunConfig, given: RunConfig) -> RunConfig:
+    """The job whose footprints the micro-batch search measures: the given job, or, composed with CPU offload of
+    the optimizer, the offloaded job (its optimizer state is on the host, so a larger micro-batch may fit)."""
+    from uvmlab.advise.policies import get_policy
+
+    if cfg.policy and get_policy(cfg.policy).offload_optimizer:
+        return replace(given, policy="offload-optimizer")
+    return given
+
+
+def shape_fit_combination(rows: list[dict[str, Any]], available: int) -> tuple[str, ...] | None:
+    """``offload-optimizer+fit-batch-accumulate`` when no micro-batch fits alone and the offloaded job does not
+    fit either: with the optimizer state on the host a micro-batch may fit (AlexNet, whose parameters and Adam
+    state alone exceed the memory). None otherwise."""
+    by = {r["policy"]: r for r in rows}
+    fit, off = by.get("fit-batch-accumulate"), by.get("offload-optimizer")
+    if fit and off and fit["outcome"] == "n/a" and off["outcome"] == "ok" and off["footprint_bytes"] > available:
+        return ("offload-optimizer", "fit-batch-accumulate")
+    return None
