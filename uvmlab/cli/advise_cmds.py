@@ -42,6 +42,7 @@ def advise_command(
     Policies: PCA on/off, PYTORCH_CUDA_ALLOC_CONF settings, releasing cached blocks each iteration, UVM driver
     prefetch settings, the largest batch that fits with gradient accumulation, and combinations of the best.
     Each row says how to apply the policy on a real GPU; `uvmlab run --policy NAME` runs one.
+    Job shape also: activation checkpointing (re-traced) and CPU offload of the optimizer state (docs/advise.md).
 
     Example: uvmlab advise gpt2 --oversub 4
     """
