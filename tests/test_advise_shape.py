@@ -256,3 +256,22 @@ def test_run_accepts_the_shape_policies(tmp_path: Path) -> None:
     assert off.returncode == 0, off.stderr
     result = json.loads((tmp_path / "o" / "result.json").read_text())
     assert result["policy"] == "offload-optimizer" and result["memcpy_htod_bytes"] > 0
+
+
+def test_the_gpu_worker_applies_checkpointing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker (run on the CPU here) wraps the same segments before training, and training still runs."""
+    import workloads.checkpointing as ckmod
+    from uvmlab.atomic import atomic_write_json
+    from uvmlab.gpu.worker import main
+
+    seen: list[list[str]] = []
+    real = ckmod.apply_checkpointing
+    monkeypatch.setattr(ckmod, "apply_checkpointing", lambda wl, rule: seen.append(real(wl, rule)) or seen[-1])
+    opts = {"seq_len": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 128, "n_positions": 16}
+    wl = WorkloadConfig("gpt2", batch_size=2, iterations=2, options=opts, checkpoint="auto")
+    cfg = RunConfig(wl, oversub=4, pca=False, mode="gpu")
+    atomic_write_json(tmp_path / "config.json", {**cfg.to_dict(), "gpu_options": {"footprint": "estimate"}})
+    assert main([str(tmp_path), "--role", "run", "--device", "cpu"]) == 0
+    assert seen == [["GPT2Block x2"]]
+    doc = json.loads((tmp_path / "logs" / "run.worker.json").read_text())
+    assert doc["outcome"] == "ok" and len(doc["iterations"]) == 2
