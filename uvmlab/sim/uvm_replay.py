@@ -198,13 +198,14 @@ def _transfer_and_host_times(
         return
     kid = kern["kernel_id"].to_numpy()
     host = kern["host_ns"].to_numpy(dtype=float) if "host_ns" in kern.columns else np.full(len(kern), np.nan)
-    sizes = trace.accesses.groupby("kernel_id")["size_bytes"].apply(lambda s: s.to_numpy())
+    acc = trace.accesses
+    acc = acc[acc["kernel_id"].isin(kid[idx])]
+    sizes = {k: g.to_numpy() for k, g in acc.groupby("kernel_id")["size_bytes"]}
     for i in idx:
         if api[i] == "host":
             native_ns[i] = host[i] if np.isfinite(host[i]) else 0.0
         else:
-            nb = sizes.get(kid[i], np.zeros(0))
-            native_ns[i] = transfer_time_ns(nb, costs.link_bytes_per_s)
+            native_ns[i] = transfer_time_ns(sizes.get(kid[i], np.zeros(0)), costs.link_bytes_per_s)
 
 
 def range_events(ranges: pd.DataFrame) -> list[tuple[int, bool, int, int]]:
