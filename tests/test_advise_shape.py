@@ -226,6 +226,8 @@ def test_offload_is_paired_with_the_micro_batch_search_only_when_neither_fits_al
     combo = get_policy("offload-optimizer+fit-batch-accumulate").apply(given)
     assert _fit_base(combo, given).policy == "offload-optimizer"  # the search sizes offloaded footprints
     assert _fit_base(POLICIES["fit-batch-accumulate"].apply(given), given) is given
+    ck = _fit_base(get_policy("checkpoint-activations+fit-batch-accumulate").apply(given), given)
+    assert ck.workload.checkpoint == "auto" and ck.policy is None  # checkpointed footprints, nothing offloaded
 
 
 # --- end to end ------------------------------------------------------------------------------------------------

@@ -363,13 +363,16 @@ def _with_fit(cfg: RunConfig, given: RunConfig, available: int, batch: int) -> R
 
 
 def _fit_base(cfg: RunConfig, given: RunConfig) -> RunConfig:
-    """The job whose footprints the micro-batch search measures: the given job, or, composed with CPU offload of
-    the optimizer, the offloaded job (its optimizer state is on the host, so a larger micro-batch may fit)."""
+    """The job whose footprints the micro-batch search measures: the given job, or, composed with a job-shape
+    policy, the job that policy makes (optimizer state on the host, or checkpointed segments: a larger micro-batch
+    may fit; with checkpointing each micro-batch tried is its own capture)."""
     from uvmlab.advise.policies import get_policy
 
-    if cfg.policy and get_policy(cfg.policy).offload_optimizer:
-        return replace(given, policy="offload-optimizer")
-    return given
+    pol = get_policy(cfg.policy) if cfg.policy else None
+    if pol is None or not (pol.offload_optimizer or pol.checkpoint):
+        return given
+    workload = replace(given.workload, checkpoint=given.workload.checkpoint or pol.checkpoint)
+    return replace(given, workload=workload, policy="offload-optimizer" if pol.offload_optimizer else None)
 
 
 def shape_fit_combination(rows: list[dict[str, Any]], available: int) -> tuple[str, ...] | None:
