@@ -70,6 +70,17 @@ def test_checkpointing_saves_fewer_activations_and_recomputes_the_blocks_forward
         assert a.loc[a["category"] == cat, "size_bytes"].sum() == b.loc[b["category"] == cat, "size_bytes"].sum()
 
 
+def test_checkpointed_encoder_decoder_layers_do_not_write_the_kv_cache_twice() -> None:
+    """Whisper's decoder layers get a KV cache; checkpointed, they run without it (transformers'
+    GradientCheckpointingLayer rule), or the recomputation would differ and torch.utils.checkpoint refuse."""
+    opts = {"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "n_head": 2, "ffn_dim": 128, "label_len": 64}
+    plain = _capture("whisper-small", batch_size=1, options=opts)
+    ck = _capture("whisper-small", "auto", batch_size=1, options=opts)
+    assert _saved(ck) < _saved(plain)
+    assert any("WhisperEncoderLayer x2, WhisperDecoderLayer x2" in n for n in ck.header["notes"])
+    assert _phase(ck, "backward")["flops"].sum() > _phase(plain, "backward")["flops"].sum()
+
+
 def test_auto_segments_are_the_repeated_blocks_or_alexnets_two_halves() -> None:
     from workloads.checkpointing import repeated_blocks
     from workloads.registry import load_workload

@@ -7,7 +7,11 @@ segment's inputs (and, with the default ``preserve_rng_state=True``, the RNG sta
 a tensor the segment saved, the whole segment's forward is run again and its saved tensors are recomputed. On the
 meta device this is the same Python program, so the trace holds the fewer saved activations and the recomputed
 forward kernels (in the backward phase) as a GPU run makes them. This is what HuggingFace's
-``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})`` does per layer.
+``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})`` does per layer,
+including its cache rule (transformers ``modeling_layers.GradientCheckpointingLayer``): a checkpointed segment
+gets ``use_cache=False`` and no ``past_key_values``/``layer_past``, since the recomputation would write the KV
+cache a second time. (That switch itself is not called: with it, transformers 5.x builds GPT-2's causal mask
+through ``find_packed_sequence_indices``, which reads a tensor value that the meta device does not have.)
 
 Which segments (``WorkloadConfig.checkpoint``):
 
@@ -130,9 +134,24 @@ def apply_checkpointing(workload: Workload, rule: str) -> list[str]:
         inner = mod.forward
 
         def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            _no_cache(kwargs)
             return checkpoint(_inner, *args, use_reentrant=False, context_fn=_same_function_modes, **kwargs)
 
         mod.forward = forward  # type: ignore[method-assign]
+    return _counts(mods)
+
+
+def _no_cache(kwargs: dict[str, Any]) -> None:
+    """A checkpointed segment must not write a KV cache (the recomputation would write it again): what
+    transformers' GradientCheckpointingLayer does (``use_cache=False``, ``past_key_values``/``layer_past`` None)."""
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    for key in ("past_key_values", "layer_past"):
+        if kwargs.get(key) is not None:
+            kwargs[key] = None
+
+
+def _counts(mods: list[Any]) -> list[str]:
     counts: dict[str, int] = {}
     for mod in mods:
         counts[type(mod).__name__] = counts.get(type(mod).__name__, 0) + 1
