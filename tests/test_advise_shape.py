@@ -56,9 +56,10 @@ def gpt2_pair():
 def test_checkpointing_saves_fewer_activations_and_recomputes_the_blocks_forward(gpt2_pair) -> None:
     plain, ck = gpt2_pair
     assert _saved(ck) < _saved(plain)
-    # forward is unchanged; backward runs each block's forward again: more kernels and more FLOPs,
-    # at most one extra forward's worth (the embeddings and the LM head are not recomputed)
-    assert len(_phase(ck, "forward")) == len(_phase(plain, "forward"))
+    # forward computes the same (minus the KV-cache writes a checkpointed block skips); backward runs each
+    # block's forward again: more kernels and FLOPs, under one extra forward (embeddings and LM head are not redone)
+    assert _phase(ck, "forward")["flops"].sum() == _phase(plain, "forward")["flops"].sum()
+    assert len(_phase(ck, "forward")) <= len(_phase(plain, "forward"))
     extra = _phase(ck, "backward")["flops"].sum() - _phase(plain, "backward")["flops"].sum()
     assert 0 < extra < _phase(plain, "forward")["flops"].sum()
     recomputed = set(_phase(ck, "backward")["name"]) - set(_phase(plain, "backward")["name"])

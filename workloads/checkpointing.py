@@ -134,21 +134,28 @@ def apply_checkpointing(workload: Workload, rule: str) -> list[str]:
         inner = mod.forward
 
         def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            _no_cache(kwargs)
+            args = _no_cache(args, kwargs)
             return checkpoint(_inner, *args, use_reentrant=False, context_fn=_same_function_modes, **kwargs)
 
         mod.forward = forward  # type: ignore[method-assign]
     return _counts(mods)
 
 
-def _no_cache(kwargs: dict[str, Any]) -> None:
+def _no_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """A checkpointed segment must not write a KV cache (the recomputation would write it again): what
-    transformers' GradientCheckpointingLayer does (``use_cache=False``, ``past_key_values``/``layer_past`` None)."""
+    transformers does under gradient checkpointing (``GradientCheckpointingLayer``: ``use_cache=False``,
+    ``past_key_values``/``layer_past`` None; GPT-2 passes its cache positionally and gives None instead).
+    Returns ``args`` with any transformers ``Cache`` replaced by None; ``kwargs`` is changed in place."""
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # no transformers: no KV cache to drop
+        return args
     if kwargs.get("use_cache"):
         kwargs["use_cache"] = False
     for key in ("past_key_values", "layer_past"):
         if kwargs.get(key) is not None:
             kwargs[key] = None
+    return tuple(None if isinstance(a, Cache) else a for a in args)
 
 
 def _counts(mods: list[Any]) -> list[str]:
