@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.uvm_synth import make_trace, nocache_placement
 from uvmlab.advise.policies import POLICIES, compose, get_policy
@@ -289,3 +291,28 @@ def test_the_gpu_worker_applies_checkpointing(tmp_path: Path, monkeypatch: pytes
     assert seen == [["GPT2Block x2"]]
     doc = json.loads((tmp_path / "logs" / "run.worker.json").read_text())
     assert doc["outcome"] == "ok" and len(doc["iterations"]) == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n_iter=st.integers(1, 4),
+    n_layers=st.integers(1, 5),
+    param_mb=st.integers(1, 6),
+    act_mb=st.integers(1, 6),
+)
+def test_offload_invariants_on_any_toy_loop(n_iter: int, n_layers: int, param_mb: int, act_mb: int) -> None:
+    """Whatever the loop: no optimizer state or step is left on the device, every event keeps a distinct seq in the
+    original order, and each iteration moves its gradients down and its parameters up once."""
+    trace = make_trace(n_iter=n_iter, param_mb=param_mb, act_mb=act_mb, n_layers=n_layers)
+    off = offload_optimizer(trace)
+    a, k = off.allocations, off.kernels
+    assert not (a["category"] == "optimizer_state").any() and not (k["name"] == "adam").any()
+    seqs = np.concatenate([a["alloc_seq"], a.loc[a["free_seq"] >= 0, "free_seq"], k["seq"]])
+    assert len(np.unique(seqs)) == len(seqs)
+    assert k["seq"].is_monotonic_increasing
+    old = trace.allocations.set_index("alloc_id")
+    assert (a.set_index("alloc_id")["alloc_seq"] == old.loc[a["alloc_id"], "alloc_seq"] * 4).all()
+    acc = off.accesses.merge(k[["kernel_id", "name", "iteration"]], on="kernel_id")
+    moved = acc[acc["name"].str.startswith("offload:")].groupby(["iteration", "name"])["size_bytes"].sum()
+    per_it = n_layers * param_mb * MiB
+    assert (moved == per_it).all() and len(moved) == 2 * n_iter
