@@ -316,3 +316,9 @@ def test_offload_invariants_on_any_toy_loop(n_iter: int, n_layers: int, param_mb
     moved = acc[acc["name"].str.startswith("offload:")].groupby(["iteration", "name"])["size_bytes"].sum()
     per_it = n_layers * param_mb * MiB
     assert (moved == per_it).all() and len(moved) == 2 * n_iter
+
+
+def test_a_gpu_run_of_the_offload_policy_is_refused_with_one_sentence(tmp_path: Path) -> None:
+    out = str(tmp_path / "g")
+    proc = _uvmlab("run", "alexnet", *SMALL, "--policy", "offload-optimizer", "--mode", "gpu", "--dry-run", "-o", out)
+    assert proc.returncode == 2 and "needs a code change" in proc.stderr and "Traceback" not in proc.stderr
