@@ -79,6 +79,7 @@ class UvmSim(FaultService, StreamService, HintService):
         self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm_hints)
         self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
+        self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
         # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
         self._npages: list[int] = []
         self._chunk_bytes: list[int] = []
@@ -234,7 +235,11 @@ class UvmSim(FaultService, StreamService, HintService):
         """Evict the least recently migrated chunk: DtoH every GPU-resident page of its block."""
         if not self._lrm:
             raise InvariantError("eviction needed but no chunk is evictable")
-        v, _ = self._lrm.popitem(last=False)
+        v = self._pick_discarded() if self._hinted else None  # the PMM's DISCARDED list goes first (uvm_hints)
+        if v is None:
+            v, _ = self._lrm.popitem(last=False)
+        else:
+            del self._lrm[v]
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k

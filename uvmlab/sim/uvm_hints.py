@@ -163,8 +163,22 @@ class HintService:
                 self._cpu_count[s] -= nc
             total += hi - lo
             if self._has_chunk[s] and self._disc[s, : self._npages[s]].all():
-                self._lrm.move_to_end(s, last=False)  # the DISCARDED list is evicted first
+                self._disc_fifo[s] = None  # onto the DISCARDED list's tail (root_chunk_update_eviction_list)
+                self._disc_fifo.move_to_end(s)
         return total
+
+    def _pick_discarded(self) -> int | None:
+        """The first block on the DISCARDED list that is still fully discarded and holds a chunk, or None.
+
+        The PMM evicts root chunks from its UNUSED, then DISCARDED, then USED list ([OGKM] uvm_pmm_gpu.h:189-200,
+        uvm_pmm_gpu.c ``get_first_allocated_chunk``); a block leaves the list when a page is made live again.
+        """
+        fifo = self._disc_fifo
+        while fifo:
+            s, _ = fifo.popitem(last=False)
+            if self._has_chunk[s] and self._slot_range[s] >= 0 and self._disc[s, : self._npages[s]].all():
+                return s
+        return None
 
     def undiscard(self, range_id: int, offset: int, size: int) -> None:
         """The allocator hands the block to a new tensor, which writes it: its pages are live again."""
