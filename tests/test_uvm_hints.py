@@ -259,3 +259,52 @@ def test_hints_off_leave_the_replay_unchanged(runs: dict[str, object]) -> None:
     cap = int(pl.ranges["size_bytes"].sum() * 0.6)
     other = replay(trace, pl, cap, get_gpu("A100-80GB"), UvmKnobs(prefetch_next_categories="activation"))
     assert other.totals.as_dict() == runs["pool/plain"].totals.as_dict()  # type: ignore[attr-defined]
+
+
+def test_discarded_blocks_leave_first_discarded_first() -> None:
+    """The PMM's DISCARDED list is a FIFO (root_chunk_update_eviction_list moves a chunk to its tail)."""
+    sim = _sim(3 * BLOCK, discard_min_bytes=MiB)
+    for r in range(4):
+        sim.map_range(r, BLOCK)
+    for r in range(3):
+        sim.access([(r, 0, BLOCK, True)])
+    sim.discard(2, 0, BLOCK)
+    sim.discard(1, 0, BLOCK)
+    sim.access([(3, 0, BLOCK, True)])
+    assert not sim._gpu[sim._ranges[2][0]].any()  # discarded first, evicted first
+    assert sim._gpu[sim._ranges[1][0]].all() and sim._gpu[sim._ranges[0][0]].all()
+
+
+def test_run_with_a_hint_policy_reports_its_calls_and_bytes(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+
+    args = ["-b", "16", "--option", "image_size=64", "--option", "num_classes=10", "-n", "2", "--oversub", "1.5"]
+    out = {}
+    for pol in ("remote-optimizer-state", "discard-freed-blocks"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "uvmlab",
+                "run",
+                "alexnet",
+                *args,
+                "--policy",
+                pol,
+                "-o",
+                f"{tmp_path}/{pol}",
+                "-f",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out[pol] = json.loads(proc.stdout)
+    assert out["remote-optimizer-state"]["policy"] == "remote-optimizer-state"
+    assert out["remote-optimizer-state"]["remote_bytes"] > 0
+    assert out["remote-optimizer-state"]["knobs"]["advise_remote"] == "optimizer_state"
+    assert out["discard-freed-blocks"]["hint_api_calls"]["cudaMemDiscardBatchAsync"] > 0
