@@ -295,7 +295,7 @@ def test_run_with_a_hint_policy_reports_its_calls_and_bytes(tmp_path: object) ->
                 pol,
                 "-o",
                 f"{tmp_path}/{pol}",
-                "-f",
+                "--format",
                 "json",
             ],
             capture_output=True,
