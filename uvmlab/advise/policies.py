@@ -212,11 +212,12 @@ HINT_POLICIES: tuple[Policy, ...] = (
         summary="optimizer state advised preferred location CPU + accessed-by GPU: the GPU reads and writes it "
         "over the link at every step, it never faults, migrates or takes GPU memory",
         apply_how="needs a code change: cudaMemAdvise SetPreferredLocation(CPU) + SetAccessedBy(GPU) on each "
-        "optimizer state tensor (the shim's UVMLAB_ADVISE=preferred_location_cpu,accessed_by would advise every "
+        "optimizer state tensor (uvmlab's GPU worker: this policy; the shim's UVMLAB_ADVISE would advise every "
         "segment, not only the state)",
         source=_HINT_SRC + " (uvm_va_policy.h preferred_location/accessed_by; uvm_va_block.c "
         "block_service_finish_map_accessed_by); remote access at GpuSpec.link_bytes_per_s",
         sim_options={"advise_remote": "optimizer_state"},
+        gpu_env={"UVMLAB_HINTS": "remote-optimizer-state"},
         needs_code_change=_CUDA_HINT_PRELUDE + "optimizer.step()  # the first step creates the state; advise it once\n"
         "for st in optimizer.state.values():\n"
         "    for t in (v for v in st.values() if torch.is_tensor(v) and v.is_cuda):\n"
@@ -228,10 +229,12 @@ HINT_POLICIES: tuple[Policy, ...] = (
         family="uvm-hint",
         summary="parameters advised read-mostly: a read fault duplicates the page (evicting the copy needs no "
         "write-back), but the optimizer step writes every parameter, which collapses the copies (write faults)",
-        apply_how="needs a code change: cudaMemAdvise SetReadMostly on each parameter",
+        apply_how="needs a code change: cudaMemAdvise SetReadMostly on each parameter (uvmlab's GPU worker: this "
+        "policy)",
         source=_HINT_SRC + " (uvm_va_block.c uvm_va_block_make_resident_read_duplicate, "
         "break_read_duplication_in_region)",
         sim_options={"advise_read_mostly": "parameter"},
+        gpu_env={"UVMLAB_HINTS": "read-mostly-parameters"},
         needs_code_change=_CUDA_HINT_PRELUDE
         + "for p in model.parameters():\n    rt.cudaMemAdvise(*span(p), 1, GPU)  # cudaMemAdviseSetReadMostly",
     ),
@@ -241,9 +244,10 @@ HINT_POLICIES: tuple[Policy, ...] = (
         summary="cudaMemPrefetchAsync of the next kernel's parameters and optimizer state while the current "
         "kernel runs: they arrive in bulk, ahead of use, instead of by fault batches",
         apply_how="needs a code change: forward/backward pre-hooks prefetching the next module's parameters "
-        "(and the optimizer state before optimizer.step())",
+        "and an optimizer step pre-hook prefetching the state (uvmlab's GPU worker: this policy)",
         source=_HINT_SRC + " (uvm_migrate.c, cudaMemPrefetchAsync); PyTorch nn.Module.register_forward_pre_hook",
         sim_options={"prefetch_next_kernels": 1},
+        gpu_env={"UVMLAB_HINTS": "prefetch-next-kernel"},
         needs_code_change=_CUDA_HINT_PRELUDE
         + "mods = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]\n"
         "def ahead(m):  # prefetch m's parameters on the current stream\n"
@@ -251,7 +255,13 @@ HINT_POLICIES: tuple[Policy, ...] = (
         "    for p in m.parameters(recurse=False): rt.cudaMemPrefetchAsync(*span(p), GPU, 0, s)\n"
         "for a, b in zip(mods, mods[1:]):\n"
         "    a.register_forward_pre_hook(lambda m, x, b=b: ahead(b))\n"
-        "    b.register_full_backward_pre_hook(lambda m, g, a=a: ahead(a))",
+        "    b.register_full_backward_pre_hook(lambda m, g, a=a: ahead(a))\n"
+        "def state_ahead(opt, *_):  # the step touches the optimizer state next\n"
+        "    s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
+        "    for st in opt.state.values():\n"
+        "        for t in (v for v in st.values() if torch.is_tensor(v) and v.is_cuda and v.numel() > 1):\n"
+        "            rt.cudaMemPrefetchAsync(*span(t), GPU, 0, s)\n"
+        "optimizer.register_step_pre_hook(state_ahead)",
     ),
     _p(
         name="discard-freed-blocks",
@@ -311,7 +321,8 @@ def compose(policies: list[Policy]) -> Policy:
                 raise InputError(f"policies {' and '.join(q.name for q in policies)} set {key} differently")
             options[key] = value
         for key, value in p.gpu_env.items():
-            env[key] = f"{env[key]},{value}" if key == "PYTORCH_CUDA_ALLOC_CONF" and key in env else value
+            joined = key in ("PYTORCH_CUDA_ALLOC_CONF", "UVMLAB_HINTS") and key in env
+            env[key] = f"{env[key]},{value}" if joined else value
     if pca is False and (conf or any(p.release_each_iteration for p in policies)):
         raise InputError("allocator settings and empty_cache need the caching allocator (PCA on)")
     if sum(p.fit_batch for p in policies) > 1:
