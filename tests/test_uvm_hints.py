@@ -332,3 +332,16 @@ def test_read_mostly_parameters_help_when_nothing_writes_them() -> None:
     assert rm.totals.dtoh_bytes < plain.totals.dtoh_bytes
     assert rm.totals.write_fault_count == plain.totals.write_fault_count  # nothing collapses
     assert _it(rm) < _it(plain)
+
+
+def test_reusing_a_still_resident_discarded_block_costs_remap_faults_not_transfers() -> None:
+    """The discard unmaps the pages; the new tensor's first write faults them back in place (no data moves)."""
+    sim = _sim(4 * BLOCK, discard_min_bytes=MiB)
+    sim.map_range(0, BLOCK)
+    sim.access([(0, 0, BLOCK, True)])
+    sim.discard(0, 0, BLOCK // 2)
+    c = sim.undiscard(0, 0, BLOCK)
+    assert c.write_fault_count == PAGES // 2 and c.fault_batch_count >= 1 and c.stall_ns > 0
+    assert c.htod_bytes == 0 and c.dtoh_bytes == 0 and c.zero_fill_bytes == 0
+    assert not sim._disc.any() and sim._gpu[sim._ranges[0][0]].all()
+    assert sim.undiscard(0, 0, BLOCK).fault_count == 0  # nothing discarded any more

@@ -124,7 +124,6 @@ class HintService:
         then every page the kernel wrote that is a duplicate collapses (write fault, no transfer)."""
         for s, lo, hi, cpu0 in snapshot:
             self._dup[s, lo:hi] |= cpu0 & self._gpu[s, lo:hi]
-        k = self._k
         n = blocks = 0
         for range_id, offset, size, is_write in rows:
             if is_write:
@@ -136,14 +135,7 @@ class HintService:
                         n += m
                         blocks += 1
         if n:
-            nb = -(-n // self._per_batch)
-            raw = min(float(self.knobs.fault_batch_count) * nb, n * self.costs.raw_entries_per_fault)
-            k.fault_count += n
-            k.write_fault_count += n
-            k.fault_batch_count += nb
-            k.raw_fault_entries += raw
-            k.stall_ns += nb * self.costs.batch_turnaround_ns + raw * self.costs.fault_entry_ns
-            k.stall_ns += blocks * self.costs.block_service_ns
+            self._charge_write_faults(n, blocks)
         return self._flush_kernel_counters()
 
     def discard(self, range_id: int, offset: int, size: int) -> int:
@@ -180,10 +172,38 @@ class HintService:
                 return s
         return None
 
-    def undiscard(self, range_id: int, offset: int, size: int) -> None:
-        """The allocator hands the block to a new tensor, which writes it: its pages are live again."""
+    def undiscard(self, range_id: int, offset: int, size: int) -> UvmCounters:
+        """The allocator hands the block to a new tensor, which writes it: its pages are live again.
+
+        The discard unmapped the GPU's pages (``UVM_DISCARD_FLAGS_UNMAP``: without it a GPU write to a still-mapped
+        page would not reach the driver and the page would stay discarded, so the runtime must unmap), so the new
+        tensor's first touch of a discarded page still resident on the GPU is a write fault that maps it again
+        ([OGKM] ``uvm_va_block.c``: a mapping with write permission clears the discard status): charged as fault
+        batches and block services, no transfer. Returns those counters.
+        """
+        n = blocks = 0
         for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
-            self._disc[s, lo:hi] = False
+            d = self._disc[s, lo:hi]
+            m = int((d & self._gpu[s, lo:hi]).sum())
+            if m:
+                n += m
+                blocks += 1
+            d[:] = False
+        if n:
+            self._charge_write_faults(n, blocks)
+        return self._flush_kernel_counters()
+
+    def _charge_write_faults(self, n: int, blocks: int) -> None:
+        """``n`` write faults over ``blocks`` VA blocks that move no data (remap / collapse)."""
+        k = self._k
+        nb = -(-n // self._per_batch)
+        raw = min(float(self.knobs.fault_batch_count) * nb, n * self.costs.raw_entries_per_fault)
+        k.fault_count += n
+        k.write_fault_count += n
+        k.fault_batch_count += nb
+        k.raw_fault_entries += raw
+        k.stall_ns += nb * self.costs.batch_turnaround_ns + raw * self.costs.fault_entry_ns
+        k.stall_ns += blocks * self.costs.block_service_ns
 
     def _evict_hinted(self, v: int, row: np.ndarray) -> tuple[int, int, float]:
         """Eviction of slot ``v`` when hints are on: duplicates and discarded pages are not copied back.

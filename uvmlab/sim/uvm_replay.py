@@ -332,8 +332,12 @@ class _Replayer:
                 if self.sim.discard(rid, off, size):
                     self.t += DISCARD_CALL_NS
                     self.api["cudaMemDiscardBatchAsync"] = self.api.get("cudaMemDiscardBatchAsync", 0) + 1
-            else:
-                self.sim.undiscard(rid, off, size)
+            else:  # the new tensor's first touch of still-resident discarded pages: remap faults
+                c = self.sim.undiscard(rid, off, size)
+                if c.fault_count:
+                    self.t += c.stall_ns
+                    c.stall_ns = 0.0
+                    self.pending.add(c)
 
     def prefetch_ahead(self, rows: list[tuple[int, int, int, bool]], native: float) -> None:
         """cudaMemPrefetchAsync of a later kernel's rows, issued while the current kernel ran: only the part of
