@@ -341,7 +341,7 @@ def test_reusing_a_still_resident_discarded_block_costs_remap_faults_not_transfe
     sim.access([(0, 0, BLOCK, True)])
     sim.discard(0, 0, BLOCK // 2)
     c = sim.undiscard(0, 0, BLOCK)
-    assert c.write_fault_count == PAGES // 2 and c.fault_batch_count >= 1 and c.stall_ns > 0
+    assert c.write_fault_count == PAGES // 2 // 16 and c.fault_batch_count >= 1 and c.stall_ns > 0  # per big page
     assert c.htod_bytes == 0 and c.dtoh_bytes == 0 and c.zero_fill_bytes == 0
     assert not sim._disc.any() and sim._gpu[sim._ranges[0][0]].all()
     assert sim.undiscard(0, 0, BLOCK).fault_count == 0  # nothing discarded any more

@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.sim.uvm_faults import UvmCounters
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BIG_PAGE, PAGES_PER_BLOCK, UvmKnobs
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 DISCARD_CALL_NS = 10_000.0
@@ -179,12 +179,16 @@ class HintService:
         page would not reach the driver and the page would stay discarded, so the runtime must unmap), so the new
         tensor's first touch of a discarded page still resident on the GPU is a write fault that maps it again
         ([OGKM] ``uvm_va_block.c``: a mapping with write permission clears the discard status): charged as fault
-        batches and block services, no transfer. Returns those counters.
+        batches and block services, no transfer, one fault per 64 KiB big page holding such pages (the fault
+        granularity grows to whole big pages when nothing thrashes: [OGKM] ``uvm_perf_prefetch.c``
+        ``grow_fault_granularity``; an assumption: the remap path was not traced). Returns those counters.
         """
         n = blocks = 0
         for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
             d = self._disc[s, lo:hi]
-            m = int((d & self._gpu[s, lo:hi]).sum())
+            live = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+            live[lo:hi] = d & self._gpu[s, lo:hi]
+            m = int(live.reshape(-1, PAGES_PER_BIG_PAGE).any(axis=1).sum())  # one fault per 64 KiB big page
             if m:
                 n += m
                 blocks += 1
