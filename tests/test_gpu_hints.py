@@ -134,3 +134,20 @@ def test_the_runtime_wrapper_uses_the_cuda_13_location_form_or_the_cuda_12_devic
     r12.prefetch(4096, 8192, 0, 5)
     assert r12.lib.calls[0][1][3].value == -1  # cudaCpuDeviceId
     assert len(r12.lib.calls[1][1]) == 4  # ptr, n, device, stream
+
+
+def test_a_gpu_plan_passes_the_hints_to_the_worker_and_says_discard_is_not_applied() -> None:
+    from uvmlab.advise.policies import get_policy
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.gpu.plan import GpuRunOptions, plan_run
+
+    def plan(policy: str) -> object:
+        cfg = RunConfig(workload=WorkloadConfig("alexnet", batch_size=4), oversub=2.0, mode="gpu")
+        opts = GpuRunOptions(footprint=2**30, shim_library="/x.so")
+        return plan_run(get_policy(policy).apply(cfg), opts, estimate=lambda c: 2**30)
+
+    env = plan("remote-optimizer-state+prefetch-next-kernel").step("run").env  # type: ignore[attr-defined]
+    assert env[HINTS_ENV] == "remote-optimizer-state,prefetch-next-kernel"
+    disc = plan("discard-freed-blocks")
+    assert HINTS_ENV not in disc.step("run").env  # type: ignore[attr-defined]
+    assert any("discard-freed-blocks is not applied" in n for n in disc.notes)  # type: ignore[attr-defined]
