@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.uvm_synth import make_trace, nocache_placement, pool_placement
 from uvmlab.errors import InputError
@@ -345,3 +347,69 @@ def test_reusing_a_still_resident_discarded_block_costs_remap_faults_not_transfe
     assert c.htod_bytes == 0 and c.dtoh_bytes == 0 and c.zero_fill_bytes == 0
     assert not sim._disc.any() and sim._gpu[sim._ranges[0][0]].all()
     assert sim.undiscard(0, 0, BLOCK).fault_count == 0  # nothing discarded any more
+
+
+# -- properties ------------------------------------------------------------------------------------------------
+_hint_op = st.one_of(
+    st.tuples(st.just("map"), st.integers(1, 6 * MiB)),
+    st.tuples(st.just("unmap"), st.integers(0, 20)),
+    st.tuples(st.just("access"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB), st.booleans()),
+    st.tuples(st.just("remote"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB), st.booleans()),
+    st.tuples(st.just("rm"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB), st.booleans()),
+    st.tuples(st.just("discard"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB)),
+    st.tuples(st.just("undiscard"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB)),
+    st.tuples(st.just("host"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, MiB)),
+    st.tuples(st.just("prefetch"), st.integers(0, 20), st.integers(0, 6 * MiB), st.integers(1, 3 * MiB)),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity_mib=st.integers(2, 10), ops=st.lists(_hint_op, min_size=1, max_size=40))
+def test_random_hint_operations_keep_invariants(capacity_mib: int, ops: list) -> None:
+    """Capacity, residency and the byte ledger hold under any mix of hints: remote access never takes GPU memory,
+    bytes leave the GPU only once (copied back or saved), duplicates are GPU-resident."""
+    sim = _sim(capacity_mib * MiB, advise_read_mostly="parameter", discard_min_bytes=MiB)
+    sizes: dict[int, int] = {}
+    nxt = 0
+    for o in ops:
+        live = sorted(sizes)
+        if o[0] == "map":
+            sim.map_range(nxt, o[1])
+            sizes[nxt] = o[1]
+            nxt += 1
+            continue
+        if not live:
+            continue
+        rid = live[o[1] % len(live)]
+        if o[0] == "unmap":
+            sim.unmap_range(rid)
+            del sizes[rid]
+            continue
+        off = o[2] % sizes[rid]
+        size = min(o[3], sizes[rid] - off)
+        row = [(rid, off, size, o[4])] if len(o) > 4 else [(rid, off, size, False)]
+        used = sim.used_bytes
+        if o[0] == "access":
+            sim.access(row)
+        elif o[0] == "remote":
+            c, link_ns = sim.remote_access(row)
+            assert sim.used_bytes == used  # no GPU memory, no eviction
+            assert c.htod_bytes == 0 and c.dtoh_bytes == 0 and link_ns >= 0
+            assert c.remote_bytes <= size
+        elif o[0] == "rm":
+            snap = sim.read_snapshot(row)
+            sim.access(row)
+            sim.read_mostly_after(snap, row)
+        elif o[0] == "discard":
+            sim.discard(rid, off, size)
+        elif o[0] == "undiscard":
+            c = sim.undiscard(rid, off, size)
+            assert c.htod_bytes == 0 and c.dtoh_bytes == 0
+        elif o[0] == "host":
+            sim.host_write(rid, off, size)
+        else:
+            sim.prefetch(rid, off, size)
+        assert sim.used_bytes <= sim.capacity_bytes
+        sim.check_invariants()
+    t = sim.totals
+    assert t.dtoh_bytes + t.writeback_saved_bytes <= sim.populated_gpu_bytes
