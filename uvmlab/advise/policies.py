@@ -279,7 +279,7 @@ HINT_POLICIES: tuple[Policy, ...] = (
         needs_code_change=(
             "// C++ extension (torch.utils.cpp_extension.load_inline), called once before training\n"
             "using namespace c10::cuda::CUDACachingAllocator;\n"
-            "attachAllocatorTraceTracker([](const TraceEntry& e) {\n"
+            "attachAllocatorTraceTracker([] (const TraceEntry& e) {\n"
             "  if (e.action_ != TraceEntry::FREE_COMPLETED || e.size_ < (1 << 20)) return;\n"
             "  uintptr_t lo = (e.addr_ + 4095) & ~4095ull, hi = (e.addr_ + e.size_) & ~4095ull;\n"
             "  void* p = (void*)lo; size_t n = hi - lo;\n"
