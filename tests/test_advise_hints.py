@@ -35,3 +35,13 @@ def test_hints_compose_with_each_other_and_with_driver_policies_but_discard_need
 
     with pytest.raises(InputError, match="PCA"):
         compose([get_policy("pca-off"), get_policy("discard-freed-blocks")])
+
+
+def test_different_hints_can_be_combined_by_the_advisor() -> None:
+    """Two hints act on different tensors or events: the advisor pairs them (one family would keep only one)."""
+    from uvmlab.advise.advisor import _combinations
+
+    singles = {"remote-optimizer-state": 1.0, "discard-freed-blocks": 1.1, "prefetch-next-kernel": 5.0}
+    combos = _combinations(singles, {"iteration_time_ns": 2.0})
+    assert ("remote-optimizer-state", "discard-freed-blocks") in combos
+    assert all("prefetch-next-kernel" not in c for c in combos)  # not better than the job as given

@@ -286,6 +286,8 @@ def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> li
         fam = POLICIES[name].family
         if fam == "job-shape":
             continue
+        if fam == "uvm-hint":  # each hint acts on other tensors or events (uvmlab.sim.uvm_hints): they compose
+            fam = f"uvm-hint:{name}"
         if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
     ranked = [name for _, name in sorted(best.values())]
