@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from uvmlab.sim.uvm_faults import UvmCounters
+from uvmlab.sim.timing import transfer_time_ns
+from uvmlab.sim.uvm_faults import UvmCounters, run_lengths
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BIG_PAGE, PAGES_PER_BLOCK, UvmKnobs
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
@@ -149,12 +150,12 @@ class HintService:
             self._disc[s, lo:hi] = True
             self._dup[s, lo:hi] = False  # discarding breaks read duplication (uvm_va_block.c va_block_discard_locked)
             c = self._cpu[s, lo:hi]
-            nc = int(c.sum())
+            nc = int(np.count_nonzero(c))
             if nc:  # a CPU copy of dead data is never migrated back: the page is resident nowhere
                 c[:] = False
                 self._cpu_count[s] -= nc
             total += hi - lo
-            if self._has_chunk[s] and self._disc[s, : self._npages[s]].all():
+            if self._has_chunk[s] and (hi - lo == self._npages[s] or self._disc[s, : self._npages[s]].all()):
                 self._disc_fifo[s] = None  # onto the DISCARDED list's tail (root_chunk_update_eviction_list)
                 self._disc_fifo.move_to_end(s)
         return total
@@ -186,9 +187,11 @@ class HintService:
         n = blocks = 0
         for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
             d = self._disc[s, lo:hi]
+            if not d.any():
+                continue
             live = np.zeros(PAGES_PER_BLOCK, dtype=bool)
             live[lo:hi] = d & self._gpu[s, lo:hi]
-            m = int(live.reshape(-1, PAGES_PER_BIG_PAGE).any(axis=1).sum())  # one fault per 64 KiB big page
+            m = int(np.count_nonzero(live.reshape(-1, PAGES_PER_BIG_PAGE).any(axis=1)))  # one fault per big page
             if m:
                 n += m
                 blocks += 1
@@ -214,18 +217,23 @@ class HintService:
 
         Returns (pages copied DtoH, DtoH runs, transfer ns); updates the CPU bitmap and the saved-bytes counter.
         """
-        from uvmlab.sim.timing import transfer_time_ns
-        from uvmlab.sim.uvm_faults import run_lengths
-
-        disc = self._disc[v]
+        n = self._res_count[v]
+        disc, dup = self._disc[v], self._dup[v]
+        if not (disc.any() or dup.any()):  # the plain rule (uvm.py _evict_one)
+            self._cpu_count[v] += n
+            if n == self._npages[v]:
+                self._cpu[v] = row
+                return n, 1, self._transfer_ns(n)
+            self._cpu[v] |= row
+            runs = run_lengths(row)
+            return n, len(runs), transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
         keep = row & ~disc  # discarded pages end resident nowhere
-        wb = keep & ~self._dup[v]
-        n_keep = int(keep.sum())
-        n_wb = int(wb.sum())
+        wb = keep & ~dup
+        n_wb = int(np.count_nonzero(wb))
         self._cpu[v] |= keep
-        self._cpu_count[v] += n_keep
-        self._k.writeback_saved_bytes += (int(row.sum()) - n_wb) * PAGE_BYTES
-        self._dup[v] = False
+        self._cpu_count[v] += int(np.count_nonzero(keep))
+        self._k.writeback_saved_bytes += (n - n_wb) * PAGE_BYTES
+        dup[:] = False
         disc &= ~row  # cleared when evicted ([OGKM] uvm_va_block.h discarded_pages)
         if not n_wb:
             return 0, 0, 0.0
