@@ -298,6 +298,8 @@ def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> li
             continue
         if fam == "job-shape":  # checkpointing and CPU offload shrink different things: each may pair
             fam = name
+        if fam == "uvm-hint":  # each hint acts on other tensors or events (uvmlab.sim.uvm_hints): they compose
+            fam = f"uvm-hint:{name}"
         if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
     ranked = [name for _, name in sorted(best.values())]

@@ -201,6 +201,107 @@ POLICIES: dict[str, Policy] = {
 """The single policies, by name."""
 POLICIES.update({kw["name"]: Policy(**kw) for kw in SHAPE_POLICIES})  # job shape: checkpointing, CPU offload
 
+# -- per-tensor UVM hints (issue 16; modelled by uvmlab.sim.uvm_hints) -----------------------------------------------
+# The shim sees only the caching allocator's segments (cudaMalloc/cudaFree), not tensors, so these need a few lines
+# of PyTorch: ``_CUDA_HINT_PRELUDE`` (ctypes on libcudart, CUDA 13 signatures from cuda_runtime_api.h:
+# cudaMemAdvise(ptr, n, advice, cudaMemLocation), cudaMemPrefetchAsync(ptr, n, cudaMemLocation, flags, stream);
+# enum values from driver_types.h) plus the policy's own lines.
+
+_CUDA_HINT_PRELUDE = (
+    "import ctypes, torch\n"
+    "rt = ctypes.CDLL('libcudart.so.13')  # the process's CUDA 13 runtime; memory is managed (uvmlab shim)\n"
+    "class Loc(ctypes.Structure): _fields_ = [('type', ctypes.c_int), ('id', ctypes.c_int)]  # cudaMemLocation\n"
+    "GPU, CPU = Loc(1, torch.cuda.current_device()), Loc(2, 0)  # cudaMemLocationTypeDevice / Host\n"
+    "def span(t): return ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(t.untyped_storage().nbytes())\n"
+)
+_HINT_SRC = "kernel-open/nvidia-uvm (NVIDIA/open-gpu-kernel-modules 595.45.04); CUDA 13.0 cuda_runtime_api.h"
+
+HINT_POLICIES: tuple[Policy, ...] = (
+    _p(
+        name="remote-optimizer-state",
+        family="uvm-hint",
+        summary="optimizer state advised preferred location CPU + accessed-by GPU: the GPU reads and writes it "
+        "over the link at every step, it never faults, migrates or takes GPU memory",
+        apply_how="needs a code change: cudaMemAdvise SetPreferredLocation(CPU) + SetAccessedBy(GPU) on each "
+        "optimizer state tensor (uvmlab's GPU worker: this policy; the shim's UVMLAB_ADVISE would advise every "
+        "segment, not only the state)",
+        source=_HINT_SRC + " (uvm_va_policy.h preferred_location/accessed_by; uvm_va_block.c "
+        "block_service_finish_map_accessed_by); remote access at GpuSpec.link_bytes_per_s",
+        sim_options={"advise_remote": "optimizer_state"},
+        gpu_env={"UVMLAB_HINTS": "remote-optimizer-state"},
+        needs_code_change=_CUDA_HINT_PRELUDE + "optimizer.step()  # the first step creates the state; advise it once\n"
+        "for st in optimizer.state.values():\n"
+        "    for t in (v for v in st.values() if torch.is_tensor(v) and v.is_cuda):\n"
+        "        rt.cudaMemAdvise(*span(t), 3, CPU)  # cudaMemAdviseSetPreferredLocation\n"
+        "        rt.cudaMemAdvise(*span(t), 5, GPU)  # cudaMemAdviseSetAccessedBy",
+    ),
+    _p(
+        name="read-mostly-parameters",
+        family="uvm-hint",
+        summary="parameters advised read-mostly: a read fault duplicates the page (evicting the copy needs no "
+        "write-back), but the optimizer step writes every parameter, which collapses the copies (write faults)",
+        apply_how="needs a code change: cudaMemAdvise SetReadMostly on each parameter (uvmlab's GPU worker: this "
+        "policy)",
+        source=_HINT_SRC + " (uvm_va_block.c uvm_va_block_make_resident_read_duplicate, "
+        "break_read_duplication_in_region)",
+        sim_options={"advise_read_mostly": "parameter"},
+        gpu_env={"UVMLAB_HINTS": "read-mostly-parameters"},
+        needs_code_change=_CUDA_HINT_PRELUDE
+        + "for p in model.parameters():\n    rt.cudaMemAdvise(*span(p), 1, GPU)  # cudaMemAdviseSetReadMostly",
+    ),
+    _p(
+        name="prefetch-next-kernel",
+        family="uvm-hint",
+        summary="cudaMemPrefetchAsync of the next kernel's parameters and optimizer state while the current "
+        "kernel runs: they arrive in bulk, ahead of use, instead of by fault batches",
+        apply_how="needs a code change: forward/backward pre-hooks prefetching the next module's parameters "
+        "and an optimizer step pre-hook prefetching the state (uvmlab's GPU worker: this policy)",
+        source=_HINT_SRC + " (uvm_migrate.c, cudaMemPrefetchAsync); PyTorch nn.Module.register_forward_pre_hook",
+        sim_options={"prefetch_next_kernels": 1},
+        gpu_env={"UVMLAB_HINTS": "prefetch-next-kernel"},
+        needs_code_change=_CUDA_HINT_PRELUDE
+        + "mods = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]\n"
+        "def ahead(m):  # prefetch m's parameters on the current stream\n"
+        "    s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
+        "    for p in m.parameters(recurse=False): rt.cudaMemPrefetchAsync(*span(p), GPU, 0, s)\n"
+        "for a, b in zip(mods, mods[1:]):\n"
+        "    a.register_forward_pre_hook(lambda m, x, b=b: ahead(b))\n"
+        "    b.register_full_backward_pre_hook(lambda m, g, a=a: ahead(a))\n"
+        "def state_ahead(opt, *_):  # the step touches the optimizer state next\n"
+        "    s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
+        "    for st in opt.state.values():\n"
+        "        for t in (v for v in st.values() if torch.is_tensor(v) and v.is_cuda and v.numel() > 1):\n"
+        "            rt.cudaMemPrefetchAsync(*span(t), GPU, 0, s)\n"
+        "optimizer.register_step_pre_hook(state_ahead)",
+    ),
+    _p(
+        name="discard-freed-blocks",
+        family="uvm-hint",
+        summary="each block of >= 1 MiB the caching allocator frees to its pool is discarded "
+        "(cudaMemDiscardBatchAsync): evicting its pages costs no DtoH, a fully dead 2 MiB block is evicted first",
+        apply_how="needs a code change: a C++ extension attaching an allocator trace tracker that discards each "
+        "freed block (PyTorch frees to its pool: the shim never sees these frees)",
+        source="CUDA 13.0 cuda_runtime_api.h cudaMemDiscardBatchAsync; kernel-open/nvidia-uvm uvm_policy.c "
+        "uvm_api_discard, uvm_va_block.h discarded_pages, uvm_pmm_gpu.c DISCARDED list; "
+        "c10/cuda/CUDACachingAllocator.h attachAllocatorTraceTracker (pytorch/pytorch); 1 MiB = kSmallSize "
+        "(CUDACachingAllocator.cpp, the large pool)",
+        pca=True,
+        sim_options={"discard_min_bytes": 1 << 20},
+        needs_code_change=(
+            "// C++ extension (torch.utils.cpp_extension.load_inline), called once before training\n"
+            "using namespace c10::cuda::CUDACachingAllocator;\n"
+            "attachAllocatorTraceTracker([] (const TraceEntry& e) {\n"
+            "  if (e.action_ != TraceEntry::FREE_COMPLETED || e.size_ < (1 << 20)) return;\n"
+            "  uintptr_t lo = (e.addr_ + 4095) & ~4095ull, hi = (e.addr_ + e.size_) & ~4095ull;\n"
+            "  void* p = (void*)lo; size_t n = hi - lo;\n"
+            "  cudaMemDiscardBatchAsync(&p, &n, 1, 0, (cudaStream_t)e.stream_);  // whole pages only\n"
+            "});"
+        ),
+    ),
+)
+"""Per-tensor UVM hints (issue 16): each needs a few lines of PyTorch (``needs_code_change``)."""
+POLICIES.update({p.name: p for p in HINT_POLICIES})
+
 
 def get_policy(name: str) -> Policy:
     """The policy ``name``, or the composition of ``a+b+...`` (settings must not contradict)."""
@@ -231,7 +332,8 @@ def compose(policies: list[Policy]) -> Policy:
                 raise InputError(f"policies {' and '.join(q.name for q in policies)} set {key} differently")
             options[key] = value
         for key, value in p.gpu_env.items():
-            env[key] = f"{env[key]},{value}" if key == "PYTORCH_CUDA_ALLOC_CONF" and key in env else value
+            joined = key in ("PYTORCH_CUDA_ALLOC_CONF", "UVMLAB_HINTS") and key in env
+            env[key] = f"{env[key]},{value}" if joined else value
     if pca is False and (conf or any(p.release_each_iteration for p in policies)):
         raise InputError("allocator settings and empty_cache need the caching allocator (PCA on)")
     if sum(p.fit_batch for p in policies) > 1:

@@ -256,6 +256,8 @@ def plan_run(
         base_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     if policy is not None and policy.release_each_iteration:
         base_env[EMPTY_CACHE_ENV] = "1"
+    if policy is not None and policy.gpu_env.get("UVMLAB_HINTS"):  # per-tensor hints (uvmlab.gpu.hints)
+        base_env["UVMLAB_HINTS"] = policy.gpu_env["UVMLAB_HINTS"]
     worker = (opts.python, "-m", "uvmlab.gpu.worker", str(rundir))
     cwd = str(rundir)
 
@@ -405,6 +407,14 @@ def format_plan(plan: Plan) -> str:
 
 def policy_notes(policy: Policy) -> list[str]:
     """What a policy needs on the GPU host that a plan cannot set for one process (driver module parameters)."""
-    if "driver" not in policy.family.split("+"):
-        return []
-    return [f"policy {policy.name} needs the driver set up first, as root: {policy.apply_how}; uvmlab cannot check it"]
+    notes = []
+    if "driver" in policy.family.split("+"):
+        notes.append(
+            f"policy {policy.name} needs the driver set up first, as root: {policy.apply_how}; uvmlab cannot check it"
+        )
+    if policy.sim_options.get("discard_min_bytes"):
+        notes.append(
+            "discard-freed-blocks is not applied on a GPU: it needs a C++ allocator hook (docs/advise.md); "
+            "the run measures the job without it"
+        )
+    return notes

@@ -199,12 +199,18 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
 
             apply_checkpointing(workload, wcfg.checkpoint)
         optimizer = make_optimizer(workload.model, wcfg)
+        hints = _hints(is_cuda, torch)
+        if hints is not None:  # per-tensor UVM hint policies (uvmlab.gpu.hints)
+            hints.on_built(workload.model)
+            hints.on_optimizer(optimizer)
         sync()
         sample("built", -1)
         for it in range(n_iter):
             start = time.monotonic_ns()
             nvtx.push(f"iteration {it}")
             train_step(workload, optimizer, wcfg, hook, it)
+            if hints is not None:
+                hints.after_step(optimizer, it)
             if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
                 torch.cuda.empty_cache()
             sync()
@@ -256,12 +262,24 @@ _RECORDED_ENV = (
     "UVMLAB_SHIM_MODE",
     "UVMLAB_ADVISE",
     "UVMLAB_PREFETCH",
+    "UVMLAB_HINTS",
     "UVMLAB_BALLOON_BYTES",
     "UVMLAB_BALLOON_LEAVE_BYTES",
     "UVMLAB_ALLOC_LOG",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_MODULE_LOADING",
 )
+
+
+def _hints(is_cuda: bool, torch: Any) -> Any:
+    """The per-tensor UVM hints ``UVMLAB_HINTS`` names (uvmlab.gpu.hints), or None."""
+    from uvmlab.gpu.hints import CudaRuntime, Hints, hints_from_env
+
+    names = hints_from_env(os.environ)
+    if not names or not is_cuda:
+        return None
+    device = torch.cuda.current_device()
+    return Hints(names, CudaRuntime(), device, lambda: int(torch.cuda.current_stream().cuda_stream))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,7 @@ from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec
 from uvmlab.sim.timing import CostParams, transfer_time_ns
 from uvmlab.sim.uvm_faults import FaultService, UvmCounters, _Plan, run_lengths
+from uvmlab.sim.uvm_hints import HintService
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm_streams import StreamService
 
@@ -52,7 +53,7 @@ Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService, StreamService):
+class UvmSim(FaultService, StreamService, HintService):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
 
     def __init__(
@@ -75,6 +76,10 @@ class UvmSim(FaultService, StreamService):
         n = 64
         self._gpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
         self._cpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
+        self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm_hints)
+        self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
+        self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
+        self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
         # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
         self._npages: list[int] = []
         self._chunk_bytes: list[int] = []
@@ -126,7 +131,7 @@ class UvmSim(FaultService, StreamService):
         n = self._gpu.shape[0]
         if need > n:
             new = max(need, 2 * n)
-            for name in ("_gpu", "_cpu"):
+            for name in ("_gpu", "_cpu", "_dup", "_disc"):
                 old = getattr(self, name)
                 arr = np.zeros((new, PAGES_PER_BLOCK), dtype=bool)
                 arr[:n] = old
@@ -160,6 +165,8 @@ class UvmSim(FaultService, StreamService):
         tail_chunk = VA_BLOCK_BYTES if tail_pages == PAGES_PER_BLOCK else -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
         self._gpu[slots] = False
         self._cpu[slots] = False
+        self._dup[slots] = False
+        self._disc[slots] = False
         for b, slot in enumerate(slots.tolist()):
             last = b == nblocks - 1
             self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
@@ -194,6 +201,8 @@ class UvmSim(FaultService, StreamService):
         self.used_bytes -= freed
         self._gpu[slots] = False
         self._cpu[slots] = False
+        self._dup[slots] = False
+        self._disc[slots] = False
         self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
@@ -226,14 +235,22 @@ class UvmSim(FaultService, StreamService):
         """Evict the least recently migrated chunk: DtoH every GPU-resident page of its block."""
         if not self._lrm:
             raise InvariantError("eviction needed but no chunk is evictable")
-        v, _ = self._lrm.popitem(last=False)
+        v = self._pick_discarded() if self._hinted else None  # the PMM's DISCARDED list goes first (uvm_hints)
+        if v is None:
+            v, _ = self._lrm.popitem(last=False)
+        else:
+            del self._lrm[v]
         row = self._gpu[v]
         n = self._res_count[v]
-        self._cpu_count[v] += n
-        if n == self._npages[v]:  # fully resident: one transfer
+        k = self._k
+        if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
+            n, n_runs, t_ns = self._evict_hinted(v, row)
+        elif n == self._npages[v]:  # fully resident: one transfer
+            self._cpu_count[v] += n
             n_runs, t_ns = 1, self._transfer_ns(n)
             self._cpu[v] = row
         else:
+            self._cpu_count[v] += n
             runs = run_lengths(row)
             n_runs = len(runs)
             t_ns = transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
@@ -242,7 +259,6 @@ class UvmSim(FaultService, StreamService):
         self._res_count[v] = 0
         self._has_chunk[v] = False
         self.used_bytes -= self._chunk_bytes[v]
-        k = self._k
         k.eviction_count += 1
         k.dtoh_bytes += n * PAGE_BYTES
         k.dtoh_count += n_runs
@@ -301,6 +317,7 @@ class UvmSim(FaultService, StreamService):
                 self._k.dtoh_bytes += n * PAGE_BYTES
                 self._k.dtoh_count += len(runs)
                 self._gpu[s, lo:hi] = False
+                self._dup[s, lo:hi] = False
                 self._res_count[s] -= n
                 if self._res_count[s] == 0 and self._has_chunk[s]:
                     self._has_chunk[s] = False
@@ -321,6 +338,7 @@ class UvmSim(FaultService, StreamService):
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
             mask[lo:hi] = ~self._gpu[s, lo:hi]
             self._cpu[s, lo:hi] = False
+            self._dup[s, lo:hi] = False  # the copy overwrites the page: no other copy stays valid
             self._cpu_count[s] = int(self._cpu[s].sum())
             if mask.any():
                 self._populate(s, mask)
@@ -425,5 +443,8 @@ class UvmSim(FaultService, StreamService):
         valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
         if ((gpu | cpu) & ~valid).any():
             raise InvariantError("a page past the end of its block is resident")
+        hint_error = self.check_hint_invariants()
+        if hint_error:
+            raise InvariantError(hint_error)
         if self.totals.dtoh_bytes > self.populated_gpu_bytes:
             raise InvariantError("more bytes left the GPU than were ever made resident there")

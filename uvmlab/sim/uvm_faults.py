@@ -44,6 +44,10 @@ class UvmCounters:
     raw_fault_entries: float = 0.0
     stall_ns: float = 0.0
     """Time the faulting kernel waits for the bottom half (batches, evictions, transfers)."""
+    remote_bytes: int = 0
+    """Bytes the GPU read or wrote over the link in place (preferred location CPU + accessed-by, uvm_hints)."""
+    writeback_saved_bytes: int = 0
+    """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
 
     def add(self, other: UvmCounters) -> None:
         for f in fields(self):

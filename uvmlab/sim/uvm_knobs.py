@@ -83,7 +83,44 @@ class UvmKnobs:
     (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
     data: docs/uvm-sim.md reports both."""
 
+    # -- uvmlab hint policies (issue 16): not driver parameters; modelled by uvmlab.sim.uvm_hints ------------------
+    advise_remote: str = ""
+    """Trace categories (comma-separated, e.g. ``optimizer_state``) whose tensors are advised
+    ``cudaMemAdviseSetPreferredLocation(cpu)`` + ``cudaMemAdviseSetAccessedBy(gpu)``: the GPU reads and writes them
+    over the link, never migrates them (uvmlab.sim.uvm_hints)."""
+    advise_read_mostly: str = ""
+    """Trace categories advised ``cudaMemAdviseSetReadMostly``: a read fault duplicates the page (the CPU copy stays
+    valid, so its eviction needs no write-back); a GPU write collapses the copies (a write fault)."""
+    prefetch_next_kernels: int = 0
+    """0: off. N: while kernel i runs, ``cudaMemPrefetchAsync`` to the GPU the tensors of kernel i+N whose category
+    is in ``prefetch_next_categories`` (overlapping kernel i's compute)."""
+    prefetch_next_categories: str = "parameter,optimizer_state"
+    """Categories the ``prefetch_next_kernels`` policy prefetches."""
+    discard_min_bytes: int = 0
+    """0: off. Otherwise each freed allocator block of at least this size is discarded
+    (``cudaMemDiscardBatchAsync``, CUDA 13): its whole pages are dead, evicting them costs no DtoH."""
+
+    def hint_categories(self, name: str) -> frozenset[str]:
+        """The categories of the comma-separated knob ``name`` (validated against the trace schema)."""
+        value = getattr(self, name)
+        return frozenset(c.strip() for c in value.split(",") if c.strip())
+
+    @property
+    def any_hint(self) -> bool:
+        """True when a uvm_hints policy is on (the replay then tracks per-allocation advice)."""
+        return bool(
+            self.advise_remote or self.advise_read_mostly or self.prefetch_next_kernels or self.discard_min_bytes
+        )
+
     def __post_init__(self) -> None:
+        from uvmlab.trace.schema import CATEGORIES
+
+        for name in ("advise_remote", "advise_read_mostly", "prefetch_next_categories"):
+            bad = sorted(self.hint_categories(name) - set(CATEGORIES))
+            if bad:
+                raise InputError(f"{name}: unknown categories {bad}; known: {', '.join(CATEGORIES)}")
+        if int(self.prefetch_next_kernels) < 0 or int(self.discard_min_bytes) < 0:
+            raise InputError("prefetch_next_kernels and discard_min_bytes must be >= 0")
         if not 1 <= int(self.prefetch_threshold) <= 100:
             raise InputError(f"prefetch_threshold must be 1-100 (percent), not {self.prefetch_threshold!r}")
         if not 1 <= int(self.prefetch_min_faults) <= 20:

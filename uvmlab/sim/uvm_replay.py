@@ -31,6 +31,7 @@ from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
 from uvmlab.sim.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.sim.uvm import UvmCounters, UvmSim
+from uvmlab.sim.uvm_hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -109,6 +110,7 @@ class _Accesses:
     lo: list[int]  # rows[lo[i]:hi[i]] belong to kernel i (in seq order)
     hi: list[int]
     skipped: int  # accesses to tensors the placement did not place
+    alloc_ids: list[int] = field(default_factory=list)  # the allocation of each row (per-tensor hints)
 
 
 def translate_accesses(trace: Trace, placement: PlacementLike, kid: np.ndarray) -> _Accesses:
@@ -139,7 +141,7 @@ def translate_accesses(trace: Trace, placement: PlacementLike, kid: np.ndarray) 
     )
     lo = np.searchsorted(acc_kid, kid, side="left").tolist()
     hi = np.searchsorted(acc_kid, kid, side="right").tolist()
-    return _Accesses(rows, lo, hi, skipped)
+    return _Accesses(rows, lo, hi, skipped, acc["alloc_id"].astype(np.int64).tolist())
 
 
 @dataclass
@@ -248,6 +250,8 @@ class _Replayer:
         self.reserved = np.zeros(n, dtype=np.int64)
         self.resident = np.zeros(n, dtype=np.int64)
         self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
+        self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm_hints), None when off
+        self.hint_pos = 0  # next of ``hints.events``
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
@@ -267,8 +271,13 @@ class _Replayer:
             self.t += self.costs.cudafree_sync_ns + nb * self.costs.range_destroy_block_ns
             self.api["cudaFree"] += 1
 
-    def kernel(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> None:
-        """Run kernel ``i`` (or its API call / retained copy) and record its columns."""
+    def kernel(
+        self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics, ids: list[int] | None = None
+    ) -> float:
+        """Run kernel ``i`` (or its API call / retained copy), record its columns; return its duration.
+
+        ``ids``: the allocation of each row (needed when per-tensor hints are on, ``self.hints``).
+        """
         sim = self.sim
         kind = st.api[i]
         if kind == "prefetch":
@@ -302,10 +311,12 @@ class _Replayer:
                 dur = c.stall_ns
             else:
                 dur = float(st.native_ns[i])
+        elif self.hints is not None:
+            c, dur = self._hinted_kernel(float(st.native_ns[i]), rows, ids or [])
         else:
             c = sim.access(rows)
             dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
-        if sim.knobs.prefetch_on_alloc:
+        if sim.knobs.prefetch_on_alloc or self.hints is not None:
             c.add(self.pending)  # counts only: the prefetch's time is already on the clock
             self.pending = UvmCounters()
         self.starts[i] = self.t
@@ -317,6 +328,59 @@ class _Replayer:
             self.extra[col][i] = getattr(c, col)
         self.reserved[i] = sim.mapped_bytes
         self.resident[i] = sim.used_bytes
+        return dur
+
+    def _hinted_kernel(
+        self, native: float, rows: list[tuple[int, int, int, bool]], ids: list[int]
+    ) -> tuple[UvmCounters, float]:
+        """A kernel under per-tensor hints: remote tensors over the link, read-mostly duplicates (uvm_hints)."""
+        sim, h = self.sim, self.hints
+        assert h is not None
+        rows, ids, remote = split_rows(rows, ids, h.remote_ids)
+        link_ns = 0.0
+        rc = None
+        if remote:
+            rc, link_ns = sim.remote_access(remote)
+        rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
+        snap = sim.read_snapshot(rm_rows) if rm_rows else None
+        c = sim.access(rows)
+        if snap is not None:
+            c.add(sim.read_mostly_after(snap, rows))
+        if rc is not None:
+            c.add(rc)
+        return c, max(native, link_ns) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+
+    def hint_events(self, upto_seq: int) -> None:
+        """Apply the discard / undiscard events of the allocator's blocks before ``upto_seq`` (uvm_hints)."""
+        h = self.hints
+        assert h is not None
+        ev = h.events
+        while self.hint_pos < len(ev) and ev[self.hint_pos][0] < upto_seq:
+            _, kind, rid, off, size = ev[self.hint_pos]
+            self.hint_pos += 1
+            if rid not in self.mapped:
+                continue
+            if kind == 1:
+                if self.sim.discard(rid, off, size):
+                    self.t += DISCARD_CALL_NS
+                    self.api["cudaMemDiscardBatchAsync"] = self.api.get("cudaMemDiscardBatchAsync", 0) + 1
+            else:  # the new tensor's first touch of still-resident discarded pages: remap faults
+                c = self.sim.undiscard(rid, off, size)
+                if c.fault_count:
+                    self.t += c.stall_ns
+                    c.stall_ns = 0.0
+                    self.pending.add(c)
+
+    def prefetch_ahead(self, rows: list[tuple[int, int, int, bool]], native: float) -> None:
+        """cudaMemPrefetchAsync of a later kernel's rows, issued while the current kernel ran: only the part of
+        its time beyond the kernel's native time delays the stream."""
+        c = UvmCounters()
+        for r in rows:
+            c.add(self.sim.prefetch(r[0], r[1], r[2]))
+        self.t += max(0.0, c.stall_ns - native)
+        c.stall_ns = 0.0
+        self.pending.add(c)
+        self.api["cudaMemPrefetchAsync"] = self.api.get("cudaMemPrefetchAsync", 0) + len(rows)
 
 
 def replay(
@@ -345,14 +409,28 @@ def replay(
     rp = _Replayer(sim, costs, n)
     skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
+    hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None
     e = 0
     for i in range(n):
         while e < len(events) and events[e][0] < kseq[i]:
             rp.range_event(*events[e][1:])
             e += 1
-        rows = [r for r in acc.rows[acc.lo[i] : acc.hi[i]] if r[0] in rp.mapped]
-        skipped += (acc.hi[i] - acc.lo[i]) - len(rows)
-        rp.kernel(i, rows, st)
+        if hints is None:
+            rows = [r for r in acc.rows[acc.lo[i] : acc.hi[i]] if r[0] in rp.mapped]
+            skipped += (acc.hi[i] - acc.lo[i]) - len(rows)
+            rp.kernel(i, rows, st)
+        else:
+            rp.hint_events(kseq[i])
+            seg = range(acc.lo[i], acc.hi[i])
+            keep = [j for j in seg if acc.rows[j][0] in rp.mapped]
+            skipped += len(seg) - len(keep)
+            rp.kernel(i, [acc.rows[j] for j in keep], st, [acc.alloc_ids[j] for j in keep])
+            j = i + hints.lookahead
+            if hints.lookahead and j < n and not st.is_copy[j] and not st.api[j]:
+                sl = slice(acc.lo[j], acc.hi[j])
+                ahead = prefetch_rows(hints, acc.rows[sl], acc.alloc_ids[sl], kseq[i], rp.mapped)
+                if ahead:
+                    rp.prefetch_ahead(ahead, float(st.native_ns[i]))
         if check_every and i % check_every == 0:
             sim.check_invariants()
         if progress is not None and (i % 256 == 0 or i == n - 1):
