@@ -149,3 +149,26 @@ def test_geometry_of_a_real_torchvision_vgg_capture() -> None:
     ]  # fmt: skip
     assert [g.side for g in fwd] == [64, 32, 16, 16, 8, 8, 4, 4]
     assert all(g.known for g in geoms) and pd.Series([g.backward for g in geoms]).sum() == len(fwd)
+
+
+def test_cli_workspace_model_option(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uvmlab estimate --cudnn-workspace-model``: reported in the JSON; FFT's frequency-domain buffers are larger
+    than the envelope for VGG's 3x3 convolutions; an unknown model is refused with exit 2."""
+    import json
+
+    from uvmlab.cli import main
+
+    pytest.importorskip("torchvision")
+    base = ["estimate", "torchvision:vgg11", "-b", "2", "-n", "2", "--image-size", "64", "--format", "json"]
+    assert main(base) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert main([*base, "--cudnn-workspace-model", "fft-pow2"]) == 0
+    fft = json.loads(capsys.readouterr().out)
+    assert env["cudnn_workspace_model"] == "envelope" and fft["cudnn_workspace_model"] == "fft-pow2"
+    assert fft["workspace_bytes"]["cudnn_peak"] > env["workspace_bytes"]["cudnn_peak"]
+    # envelope: one per kernel (8 forward + 8 backward per iteration, 2 iterations); fft: two per backward kernel
+    # (data, filter), except the first layer's (its input needs no gradient: filter only)
+    per_direction = env["orchestration_changes"]["cudnn_workspace"] // 2
+    assert per_direction == 16
+    assert fft["orchestration_changes"]["cudnn_workspace"] == per_direction + 2 * per_direction - 2
+    assert main([*base, "--cudnn-workspace-model", "magic"]) == 2

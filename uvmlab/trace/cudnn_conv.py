@@ -48,11 +48,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from uvmlab.trace.schema import Trace
 from uvmlab.units import MiB
+
+if TYPE_CHECKING:  # light at import time: the CLI takes WORKSPACE_MODELS from here
+    import pandas as pd
+
+    from uvmlab.trace.schema import Trace
 
 WORKSPACE_MODELS = ("envelope", "layout", "fft", "fft-pow2", "gemm")
 """Per-call cuDNN workspace models (module docstring); ``envelope`` is the default."""
