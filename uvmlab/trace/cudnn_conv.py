@@ -41,7 +41,9 @@ The geometry comes from the trace alone: the bytes of input, weight and output a
 (``torch.utils.flop_counter``: ``2 x N x K x Ho x Wo x C/groups x kh x kw`` per forward; backward counts
 backward-data and backward-filter, each that much) and the batch size. APPROXIMATION: square images and kernels;
 stride 1, 2 or 4, the first that makes ``kh x kw`` a perfect square; a grouped or depthwise convolution is not
-resolved (``ConvGeometry.known`` False) and takes ``envelope``. This module never imports torch.
+resolved (``ConvGeometry.known`` False) and takes ``envelope``; the element size is the run's dtype (under autocast
+the bytes do not match it and the call stays unresolved); a transposed convolution (also ``aten::convolution``)
+is sized as if it were direct. This module never imports torch.
 """
 
 from __future__ import annotations
