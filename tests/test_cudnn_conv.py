@@ -217,3 +217,13 @@ def test_evaluate_estimator_takes_the_rules() -> None:
     env = UvmlabEstimator("pca").estimate(case)
     fft = UvmlabEstimator("pca", OrchestrationRules(cudnn_workspace_model="fft")).estimate(case)
     assert env != fft
+
+
+def test_workload_default_batch_comes_from_the_trace_header() -> None:
+    """A config without a batch size (the workload's default) still resolves: the capture records the batch used."""
+    t = _conv_trace(4, 64, 64, 56, 3)
+    t.header["config"]["batch_size"] = None
+    t.header["batch_size"] = 4
+    out = to_cuda(t, A100, OrchestrationRules(cudnn_workspace_model="fft"))
+    (size,) = out.allocations.query("op == 'cudnn_workspace'")["size_bytes"]
+    assert size == (4 * 64 + 64 * 64 + 4 * 64) * 58 * 30 * 8  # Hf = 56 + 3 - 1 = 58: FFT-sized, not the envelope

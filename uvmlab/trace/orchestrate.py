@@ -332,7 +332,8 @@ def rule_cudnn_workspace(
     sig = acc.groupby("kernel_id")["size_bytes"].agg(lambda s: tuple(sorted(int(x) for x in s)))
     live = _live_bytes_before(trace, convs["seq"].to_numpy()) if benchmark else None
     cfg = trace.header.get("config") or {}
-    batch = int(cfg.get("batch_size") or 0) if isinstance(cfg, dict) else 0
+    batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
+    batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
     elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
     by_kernel = dict(tuple(acc.groupby("kernel_id"))) if model != "envelope" else {}
     seen: set[tuple[Any, ...]] = set()
