@@ -156,6 +156,7 @@ class Estimate:
                 "cudnn_peak": ws.get("cudnn_workspace_peak_bytes"),
                 "cudnn_benchmark_trial_peak": ws.get("cudnn_benchmark_trial_peak_bytes"),
             },
+            "cudnn_workspace_model": (ws.get("rules") or {}).get("cudnn_workspace_model", "envelope"),
             "orchestration_changes": ws.get("changes", {}),
             "trace_allocations": self.trace_allocations,
             "trace_events": self.trace_events,

@@ -11,6 +11,7 @@ from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS
 from uvmlab.console import note, plain, print_csv, print_table, say
+from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
 from uvmlab.units import format_bytes
 
 
@@ -107,6 +108,9 @@ def snapshot_show(file: str, fmt: str) -> None:
               "with CUDA >= 11.7; eager: older stacks), for the context model.")  # fmt: skip
 @click.option("--cudnn-benchmark", is_flag=True, help="Simulate torch.backends.cudnn.benchmark=True (a trial "
               "workspace before each distinct convolution: an upper bound).")  # fmt: skip
+@click.option("--cudnn-workspace-model", type=click.Choice(WORKSPACE_MODELS), default="envelope", show_default=True,
+              help="Per-call cuDNN convolution workspace size: the largest operand capped at 256 MiB (envelope), "
+              "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(
@@ -125,6 +129,7 @@ def estimate_cmd(
     margin_mb: int | None,
     module_loading: str,
     cudnn_benchmark: bool,
+    cudnn_workspace_model: str,
     out_dir: str | None,
     force: bool,
     fmt: str,
@@ -173,7 +178,7 @@ def estimate_cmd(
             allocator=allocator,
             alloc_conf=alloc_conf,
             margin_bytes=None if margin_mb is None else margin_mb * MiB,
-            rules=OrchestrationRules(cudnn_benchmark=cudnn_benchmark),
+            rules=OrchestrationRules(cudnn_benchmark=cudnn_benchmark, cudnn_workspace_model=cudnn_workspace_model),
             module_loading=module_loading,
             progress=lambda msg: bar.update(task, description=plain(msg)),
             capture_progress=capture_progress,
@@ -187,7 +192,8 @@ def estimate_cmd(
         note(f"Wrote snapshot {snapshot_out} (open at https://pytorch.org/memory_viz)")
     if rundir is not None:
         config = {"workload": cfg.to_dict(), "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes,
-                  "module_loading": module_loading, "cudnn_benchmark": cudnn_benchmark}  # fmt: skip
+                  "module_loading": module_loading, "cudnn_benchmark": cudnn_benchmark,
+                  "cudnn_workspace_model": cudnn_workspace_model}  # fmt: skip
         if est.trace is not None:  # the batch actually used (the workload's default when none was given)
             config["used"] = {"batch_size": est.trace.header.get("batch_size")}
         with rundir:  # releases the writer's lock

@@ -140,10 +140,12 @@ class DnnMemEstimator:
 class UvmlabEstimator:
     """uvmlab's allocator simulator (``pca`` or ``nocache``): peak reserved bytes."""
 
-    def __init__(self, allocator: str = "pca") -> None:
+    def __init__(self, allocator: str = "pca", rules: Any = None) -> None:
+        """``rules``: ``uvmlab.trace.orchestrate.OrchestrationRules`` for workload cases (None: the defaults)."""
         if allocator not in ("pca", "nocache"):
             raise InputError(f"uvmlab estimator allocator must be pca or nocache, not {allocator!r}")
         self.allocator = allocator
+        self.rules = rules
         self.name = f"uvmlab-{allocator}"
 
     def estimate(self, case: EvalCase) -> int:
@@ -156,6 +158,7 @@ class UvmlabEstimator:
                 allocator=self.allocator,
                 alloc_conf=case.alloc_conf,
                 trace=case.trace,
+                rules=self.rules,
                 module_loading=case.module_loading,  # the context model, as `uvmlab estimate` builds it
             )
             return int(est.device_peak_bytes if case.target == "device" else est.peak_reserved_bytes)

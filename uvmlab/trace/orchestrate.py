@@ -44,6 +44,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
+from uvmlab.trace.cudnn_conv import ELEMENT_BYTES, WORKSPACE_MODELS, conv_geometry, workspace_sizes
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import KiB, MiB
 
@@ -115,6 +116,8 @@ class OrchestrationRules:
     cudnn_benchmark: bool = False
     """``torch.backends.cudnn.benchmark=True``: a trial workspace before each distinct convolution (see
     ``rule_cudnn_workspace``)."""
+    cudnn_workspace_model: str = "envelope"
+    """Per-call cuDNN workspace size model, one of ``uvmlab.trace.cudnn_conv.WORKSPACE_MODELS`` (its docstring)."""
 
     @classmethod
     def none(cls) -> OrchestrationRules:
@@ -289,7 +292,12 @@ def _live_bytes_before(trace: Trace, seqs: np.ndarray) -> np.ndarray:
 
 
 def rule_cudnn_workspace(
-    b: _Builder, trace: Trace, cap: int, benchmark: bool = False, available_bytes: int | None = None
+    b: _Builder,
+    trace: Trace,
+    cap: int,
+    benchmark: bool = False,
+    available_bytes: int | None = None,
+    model: str = "envelope",
 ) -> tuple[int, int, int]:
     """cuDNN convolution workspaces as PyTorch's v8 path allocates them (aten/src/ATen/native/cudnn/Conv_v8.cpp).
 
@@ -298,8 +306,10 @@ def rule_cudnn_workspace(
     returns: a temporary workspace made just before the kernel and freed just after it. The two backward calls are
     modelled as one workspace: they run one after the other with the same size rule, so the second reuses the
     block the first freed (same reserved and allocated peaks). Its size is
-    the engine's ``getWorkspaceSize()``, which only cuDNN knows: APPROXIMATION, the largest operand the call
-    touches, capped at ``cap``.
+    the engine's ``getWorkspaceSize()``, which only cuDNN knows: APPROXIMATION, ``model``
+    (``uvmlab.trace.cudnn_conv.WORKSPACE_MODELS``): by default (``envelope``) the largest operand the call touches,
+    capped at ``cap``; the other models size each call by the buffers of a cuDNN algorithm family, and a backward
+    kernel then gets two workspaces in a row (backward-data, freed before backward-filter's is allocated).
 
     ``benchmark`` (``torch.backends.cudnn.benchmark=True``): the first call of each distinct convolution
     (PyTorch's ``benchmark_cache`` key: op and operand shapes; here the op and operand sizes) first runs
@@ -321,11 +331,21 @@ def rule_cudnn_workspace(
     largest = acc.groupby("kernel_id")["size_bytes"].max()
     sig = acc.groupby("kernel_id")["size_bytes"].agg(lambda s: tuple(sorted(int(x) for x in s)))
     live = _live_bytes_before(trace, convs["seq"].to_numpy()) if benchmark else None
+    cfg = trace.header.get("config") or {}
+    batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
+    batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
+    elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
+    by_kernel = dict(tuple(acc.groupby("kernel_id"))) if model != "envelope" else {}
     seen: set[tuple[Any, ...]] = set()
     added, top, trial_top = 0, 0, 0
     for i, (_, kern) in enumerate(convs.iterrows()):
         kid = kern["kernel_id"]
-        size = min(int(largest.get(kid, 0)), cap)
+        if model == "envelope":
+            sizes: tuple[int, ...] = (min(int(largest.get(kid, 0)), cap),)
+        else:
+            geom = conv_geometry(trace, kern, by_kernel.get(kid, acc.iloc[:0]), batch, elem)
+            sizes = workspace_sizes(geom, model, cap)
+        size = max(sizes, default=0)
         if size <= 0:
             continue
         base = {"category": "workspace", "phase": kern["phase"], "iteration": int(kern["iteration"]),
@@ -338,12 +358,19 @@ def rule_cudnn_workspace(
                      order=2, free_order=2)  # fmt: skip
             trial_top = max(trial_top, trial)
             added += 1
-        alloc_id = b.insert({**base, "size_bytes": size, "op": "cudnn_workspace"}, int(kern["seq"]),
-                            int(kern["seq"]), order=3)  # fmt: skip
-        b.new_access.append(
-            {"kernel_id": kid, "alloc_id": alloc_id, "offset_bytes": 0, "size_bytes": size, "is_write": True}
-        )
-        added += 1
+        for j, part in enumerate(sizes[:-1]):  # backward-data: its workspace is freed before backward-filter's
+            if part > 0:
+                b.insert({**base, "size_bytes": part, "op": "cudnn_workspace"}, int(kern["seq"]), None,
+                         order=3, free_order=3 + j)  # fmt: skip
+                added += 1
+        last = sizes[-1]
+        if last > 0:
+            alloc_id = b.insert({**base, "size_bytes": last, "op": "cudnn_workspace"}, int(kern["seq"]),
+                                int(kern["seq"]), order=4)  # fmt: skip
+            b.new_access.append(
+                {"kernel_id": kid, "alloc_id": alloc_id, "offset_bytes": 0, "size_bytes": last, "is_write": True}
+            )
+            added += 1
         top = max(top, size)
     return added, top, trial_top
 
@@ -356,6 +383,10 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
     ``header["orchestration"]`` (rules, change counts, workspace sizes, ``context_bytes``).
     """
     rules = rules or OrchestrationRules()
+    if rules.cudnn_workspace_model not in WORKSPACE_MODELS:
+        raise InputError(
+            f"cuDNN workspace model must be one of {', '.join(WORKSPACE_MODELS)}, not {rules.cudnn_workspace_model!r}"
+        )
     trace.validate("trace given to the orchestrator")
     cfg = trace.header.get("config") or {}
     zero_grad = cfg.get("zero_grad", "iteration_start") if isinstance(cfg, dict) else "iteration_start"
@@ -377,7 +408,7 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
     if rules.cudnn_workspace:
         available = gpu.memory_bytes - gpu.context_bytes
         changes["cudnn_workspace"], cudnn_top, trial_top = rule_cudnn_workspace(
-            b, trace, rules.cudnn_workspace_cap_bytes, rules.cudnn_benchmark, available
+            b, trace, rules.cudnn_workspace_cap_bytes, rules.cudnn_benchmark, available, rules.cudnn_workspace_model
         )
     header = dict(trace.header)
     header["orchestration"] = {
