@@ -12,9 +12,13 @@ never fitted. For the RTX 5090 (driver 575) profile:
    simulations give it exactly.
 2. ``link_bytes_per_s`` (2 MiB host<->device bandwidth, HtoD and DtoH serialised) fitted on **uvmbench
    seq_stream at 1.25x** with s fixed: the transfer part of the time is proportional to 1 / bandwidth.
+3. ``prefetch_first_block_ns`` (the API path's cost for a never-populated block: ``cudaMemPrefetchAsync`` ->
+   ``uvm_migrate.c`` populate, CE zeroing, mapping) fitted on **GCN 5M with user prefetch** (every tensor
+   prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
+   per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
 
-Everything else (GCN 7M-15M, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the Titan V logs, the seed study) is
-validation (uvmlab/validate/uvm_checks.py).
+Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
+Titan V logs, the seed study) is validation (uvmlab/validate/uvm_checks.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from uvmlab.sim.timing import PARAMS_SCHEMA_VERSION, CostParams
 FAULT_PATH = ("batch_turnaround_ns", "fault_entry_ns", "block_service_ns", "block_first_gpu_ns", "evict_fixed_ns")
 GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
+PREFETCH_PROBE_NS = 10_000.0
+"""Probe value of ``prefetch_first_block_ns`` for the two-point linear fit (any positive value gives the same fit)."""
 BENCH_SCALE = 16
 """Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm_bench)."""
 
@@ -111,11 +117,22 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
         raise InputError(f"seq_stream 1.25x measured {t_seq} ms is below the fault-path time alone ({rest:.0f} ms)")
     link = link0 * per_inv / (t_seq - rest)
     costs = replace(fitted, link_bytes_per_s=link)
+    t_pre = gcn_measured(uvm_dir, 5_000_000, prefetch=True)
+    p0, _, _ = gcn_epoch_s(5_000_000, replace(costs, prefetch_first_block_ns=0.0), prefetch=True)
+    p1, _, _ = gcn_epoch_s(5_000_000, replace(costs, prefetch_first_block_ns=PREFETCH_PROBE_NS), prefetch=True)
+    first = max(0.0, (t_pre - p0) / (p1 - p0) * PREFETCH_PROBE_NS)
+    costs = replace(costs, prefetch_first_block_ns=first)
     details = {
         "fault_scale": s,
         "kernel_time_scale": {"measured_native_s": native_meas, "sim_native_s": native_sim, "scale": k},
         "gcn_5M": {"measured_s": t_gcn, "sim_s_at_scale0": t0, "sim_s_at_scale1": t1},
         "seq_stream_1.25": {"measured_ms": t_seq, "fault_path_ms": rest, "transfer_ms_at_gpu_link": per_inv},
+        "gcn_5M_with_user_prefetch": {
+            "measured_s": t_pre,
+            "sim_s_at_0": p0,
+            f"sim_s_at_{PREFETCH_PROBE_NS:.0f}ns": p1,
+            "prefetch_first_block_ns": first,
+        },
     }
     return costs, details
 
@@ -132,9 +149,12 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             f"{GCN_DIR}/without-user-prefetch/result_no_uvm1/5000000.json avg_epoch_time_s -> kernel efficiencies",
             f"{GCN_DIR}/without-user-prefetch/result_uvm_baseline1/5000000.json avg_epoch_time_s -> fault_scale",
             f"{BENCH_CSV} seq_stream uvm 1.25 median_ms -> link_bytes_per_s",
+            f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
+            " -> prefetch_first_block_ns",
         ],
         "validated_on": [
-            "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); GCN with user prefetch",
+            "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); "
+            "GCN with user prefetch 7M, 8M, 10M, 12M, 15M and its speedup over plain UVM",
             "uvmbench seq_stream 1.0x, 1.5x; rand_stream 1.0x, 1.25x, 1.5x",
         ],
         "fit": details,
@@ -171,7 +191,7 @@ def derive_profile(
         "source": "uvmlab.calibrate_uvm.derive_profile",
         "fitted_on": [
             f"{nsys_export.name}: {info['migrations']} UM migrations -> link_bytes_per_s",
-            *[f"(from {base_doc['gpu']}) {x}" for x in base_doc["fitted_on"][1:2]],
+            *[f"(from {base_doc['gpu']}) {x}" for x in base_doc["fitted_on"] if "fault_scale" in x or "prefetch" in x],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
         "fit": {"link": info},

@@ -52,6 +52,12 @@ class CostParams:
     block_first_gpu_ns: float = 300_000.0
     """Extra when a block gets its first GPU chunk since its range was created (chunk from PMA, page-table
     creation, invalid-PDE faults): +0.25-0.45 ms per block (uvm.md 2.2, abc batch 1: 507-887 µs for 2 blocks)."""
+    prefetch_first_block_ns: float = 0.0
+    """The same first-chunk cost on the API path: ``cudaMemPrefetchAsync`` of a never-populated block
+    (``uvm_migrate.c`` ``uvm_va_block_migrate_locked`` -> ``uvm_va_block_make_resident``: chunk from PMM/PMA, CE
+    memset push ``block_zero_new_gpu_chunk`` and tracker wait, then ``block_migrate_add_mappings``: PTE writes);
+    no fault-buffer round trips. Default 0 [U] (the API path pays only ``block_service_ns`` and the zero-fill);
+    the RTX 5090 profile fits it on the GCN 5M with-user-prefetch epoch (``uvmlab.calibrate_uvm``)."""
     evict_fixed_ns: float = 20_000.0
     """Fixed cost of evicting one root chunk besides its DtoH copy (unmap, PMM bookkeeping) [U]."""
     link_bytes_per_s: float | None = None

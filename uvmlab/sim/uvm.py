@@ -284,8 +284,9 @@ class UvmSim(FaultService, StreamService, HintService):
         self._lrm[s] = None
         if not self._had_gpu[s]:
             self._had_gpu[s] = True
-            if fault_path:  # an API migration maps the new chunk without the fault path's invalid-PDE round trips
-                self._k.stall_ns += self.costs.block_first_gpu_ns
+            # the fault path pays the invalid-PDE round trips on top of the populate; an API migration
+            # (cudaMemPrefetchAsync) pays its own first-chunk cost (CostParams.prefetch_first_block_ns)
+            self._k.stall_ns += self.costs.block_first_gpu_ns if fault_path else self.costs.prefetch_first_block_ns
 
     def _populate(self, s: int, mask: np.ndarray, fault_path: bool = True) -> tuple[int, np.ndarray]:
         """Make ``mask`` pages of slot ``s`` GPU-resident; return (zero-filled pages, HtoD run lengths)."""
@@ -353,9 +354,10 @@ class UvmSim(FaultService, StreamService, HintService):
         Every block of the range gets its chunk (evicting other managed data if needed) and all its pages become
         GPU-resident: CPU-resident pages move HtoD in one transfer per contiguous run (counted as prefetch
         migrations), never-populated pages are zero-filled. No replayable faults and no fault batches; each block
-        pays ``block_service_ns`` but not ``block_first_gpu_ns`` (that cost is taken as the fault path's: the Titan V
-        log's first-touch batches include invalid-PDE faults). Choice made after comparing with the GCN
-        with-user-prefetch timings (docs/uvm-sim.md reports both variants).
+        pays ``block_service_ns``, and a block's first chunk since its range was created pays
+        ``prefetch_first_block_ns`` instead of the fault path's ``block_first_gpu_ns`` (which includes the
+        invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
+        ``prefetch_first_block_ns`` on the GCN 5M with-user-prefetch epoch (docs/uvm-sim.md).
         """
         k = self._k
         for s, lo, hi in self._segments(range_id, offset, size):

@@ -7,7 +7,9 @@ What the real program does (``main.cu``, ``kernels/synthetic.cuh`` at gpu_ext 3f
 * the CPU writes every element of ``input`` (a host loop: its pages start CPU-resident); ``output`` is untouched;
 * 256 x 256 = 65,536 threads; thread ``t`` owns chunk ``t`` (``ceil(N / T)`` elements rounded up to a page) and reads
   ``input[i]`` then writes ``output[i]`` every ``stride_bytes`` (4096 in t0rq3: one element per page) through its
-  chunk, ascending (``seq_stream``) or in a permuted page order (``rand_stream``);
+  chunk, ascending (``seq_stream``); ``rand_stream`` probes one element per page of its chunk in the order of
+  ``rand_chunk_kernel``'s LCG (``StreamKernel`` order ``lcg``: a thread whose step shares a factor with its chunk's
+  page count revisits a subset of its pages and never touches the rest, uvmlab.sim.uvm_streams);
 * 2 warm-up launches, then ``iterations`` timed launches; the CSV reports the median.
 
 The simulator runs the same program at ``1 / scale`` of the memory (GPU capacity, arrays and thread count all
@@ -36,7 +38,9 @@ WARMUP = 2
 """``time_kernel(launch, /*warmup=*/2, ...)`` in synthetic.cuh."""
 SECTOR_BYTES = 32
 """DRAM access granularity of one strided element (an L2 sector)."""
-KERNELS = {"seq_stream": "sequential", "rand_stream": "random"}
+KERNELS = {"seq_stream": "sequential", "rand_stream": "lcg"}
+RAND_BASE_SEED = 0x12345678
+"""``base_seed`` of ``run_rand_stream`` in synthetic.cuh."""
 
 
 @dataclass
@@ -74,7 +78,11 @@ def simulate_uvmbench(
     sim.map_range(1, array)
     sim.host_write(0, 0, array)
     n_streams = max(1, THREADS // scale)
-    kern = StreamKernel(((0, 0, array, False), (1, 0, array, True)), n_streams, KERNELS[kernel], stride_bytes)
+    order = KERNELS[kernel]
+    if order == "lcg":  # rand_chunk_kernel ignores stride_bytes: one element per page
+        stride_bytes = PAGE_BYTES
+    accesses = ((0, 0, array, False), (1, 0, array, True))
+    kern = StreamKernel(accesses, n_streams, order, stride_bytes, seed=RAND_BASE_SEED, tid_stride=scale)
     touched = 2 * -(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale
     native = float(kernel_time_ns(np.array([0.0]), np.array([float(touched)]), gpu, costs)[0])
     times: list[float] = []

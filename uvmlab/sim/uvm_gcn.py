@@ -22,11 +22,14 @@ Setup tensors of category ``input``/``parameter`` written in phase setup count a
 either way they are GPU-resident before the first epoch, so only setup time differs (not reported).
 Approximations: inference-mode evaluation after training, CPU-side ``.item()`` and the loss's small tensors are not
 modelled; ``y``/``train_mask`` indexing is one kernel. The user-prefetch variant (``with_prefetch``) issues a
-``cudaMemPrefetchAsync`` of every new tensor to the GPU while the live managed bytes stay within
-``prefetch_budget`` (default 32 GiB, the RTX 5090's memory), which the replay models as a prefetch (uvm.md 1.9:
-populates without faults); beyond the budget the real allocator sets the preferred location to the CPU (remote
-access), which is not modelled: those tensors fault as without prefetch. The exact allocator source of those runs
-is not in the repository (README of real-data/uvm), so this is the documented policy, not the measured program.
+``cudaMemPrefetchAsync(ptr, size, device, stream)`` of every new tensor right after its ``cudaMallocManaged``, at
+every size, with no budget and no advice: the allocator of the with-user-prefetch runs as listed in noob512/uvm
+``workloads/pytorch/docs/UVM_EVALUATION.md`` section 2.4 (the document that reports those runs) and as committed in
+weiso131/schedcp ``workloads/pytorch/uvm_allocator.c`` @8a8dccd. The replay models it as a prefetch (uvm.md 1.9:
+populates without faults; beyond free memory it evicts, ``uvm_migrate.c``). A later allocator (crupest/gpu_ext
+``workloads/pytorch/uvm_allocator.c`` @bf75d9f, the README's "budget" text) instead advises preferred location CPU
+beyond ``total - 2 GiB`` and does not prefetch; ``prefetch_budget`` (bytes of live tensors up to which new tensors
+are prefetched; None = all) keeps that variant's first half available.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class _Builder:
         self.phase = "setup"
         self.it = -1
         self.live = 0
+        self.prefetch = False
         self.prefetch_budget: int | None = None
 
     def _next(self) -> int:
@@ -63,8 +67,8 @@ class _Builder:
 
     def alloc(self, nbytes: int, cat: str = "activation") -> int:
         aid = self._alloc(nbytes, cat)
-        if self.prefetch_budget is not None and self.live + nbytes <= self.prefetch_budget:
-            self.prefetch(aid)
+        if self.prefetch and (self.prefetch_budget is None or self.live + nbytes <= self.prefetch_budget):
+            self.prefetch_range(aid)
         self.live += nbytes
         return aid
 
@@ -85,7 +89,7 @@ class _Builder:
         )
         return aid
 
-    def prefetch(self, aid: int) -> None:
+    def prefetch_range(self, aid: int) -> None:
         """``cudaMemPrefetchAsync(ptr, size, gpu)`` of a whole tensor (a zero-FLOP "kernel" with api=prefetch)."""
         self.kernel("cudaMemPrefetchAsync", [], [aid])
         self.kernels[-1]["api"] = "prefetch"
@@ -157,14 +161,14 @@ def _aggregate(b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: in
     return out
 
 
-def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch_budget: int = 32 * 2**30) -> Trace:
+def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch_budget: int | None = None) -> Trace:
     """The chunked GCN of benchmark_gnn_uvm.py on ``nodes`` nodes: setup plus ``epochs`` epochs (the first is the
     script's warm-up epoch). See the module docstring."""
     n = int(nodes)
     e0 = EDGES_PER_NODE * n
     e = 2 * e0 + n
     b = _Builder()
-    b.prefetch_budget = prefetch_budget if with_prefetch else None
+    b.prefetch, b.prefetch_budget = with_prefetch, prefetch_budget
     edge_index = b.alloc(2 * e0 * 8, "input")
     b.kernel("randint", [], [edge_index])
     x = b.alloc(n * FEATURES * 4, "input")

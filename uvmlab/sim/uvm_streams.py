@@ -8,7 +8,18 @@ not from one block after the other in address order. This module models that:
 * A :class:`StreamKernel` cuts each of its byte ranges into ``n_streams`` page-aligned chunks; stream ``i`` visits
   chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
   (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
-  the kernel: ``sequential`` (ascending pages) or ``random`` (a per-stream permutation of its pages).
+  the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
+  (uvmbench's ``rand_chunk_kernel``, below). A thread uses the same page order in every range it walks (the
+  kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
+* ``lcg`` reproduces ``rand_chunk_kernel`` of gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (3f4cc2d): thread
+  ``tid`` draws ``seed = lcg(base_seed ^ tid)``, ``step = seed | 1``, ``offset = lcg(seed ^ 0xDEADBEEF) % P`` and
+  visits page ``(offset + p * step) % P`` for ``p < P`` (``P`` its chunk's pages, ``lcg(x) = 1664525 x +
+  1013904223`` mod 2^32). The code comment calls it a permutation, but ``step`` is only guaranteed odd: when
+  ``g = gcd(step, P) > 1`` the thread visits ``P / g`` distinct pages ``g`` times each and never touches the rest.
+  With uvmbench's chunk sizes (P = 63 pages at 1.0x, 79 at 1.25x, 95 at 1.5x) that leaves 66 %, 99 % and 80 % of
+  the pages touched: this, not the order itself, is why rand_stream beats seq_stream at 1.0x and 1.5x. Stream
+  ``i`` of a scaled-down run stands for thread ``i * tid_stride`` (``uvmlab.sim.uvm_bench``); ``seed`` is
+  ``base_seed``.
 * Threads whose next page is resident run on at no cost (their time is the kernel's native time); a thread whose
   page is missing stalls and has exactly one fault outstanding.
 * The driver fetches up to ``fault_batch_count`` (256) entries per batch (uvm.md 1.4,
@@ -38,7 +49,11 @@ from uvmlab.errors import InputError
 from uvmlab.sim.uvm_faults import UvmCounters
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
-ORDERS = ("sequential", "random")
+ORDERS = ("sequential", "random", "lcg")
+LCG_A, LCG_C = 1664525, 1013904223
+"""``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
+LCG_OFFSET_XOR = 0xDEADBEEF
+"""``lcg_random(seed ^ 0xDEADBEEF)`` picks a thread's first page (same file)."""
 
 
 @dataclass(frozen=True)
@@ -52,17 +67,39 @@ class StreamKernel:
     order: str = "sequential"
     stride_bytes: int = PAGE_BYTES
     seed: int = 0
+    """``random``: the generator's seed; ``lcg``: the kernel's ``base_seed``."""
+    tid_stride: int = 1
+    """``lcg``: stream ``i`` is thread ``i * tid_stride`` of the real launch (a scaled-down run samples threads)."""
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"access order must be one of {ORDERS}, not {self.order!r}")
-        if self.n_streams < 1 or self.stride_bytes < 1:
-            raise InputError("a stream kernel needs n_streams >= 1 and stride_bytes >= 1")
+        if self.n_streams < 1 or self.stride_bytes < 1 or self.tid_stride < 1:
+            raise InputError("a stream kernel needs n_streams, stride_bytes and tid_stride >= 1")
 
 
 def _chunk_pages(n_pages: int, n_streams: int) -> int:
     """Pages per thread chunk (the chunk rounded up to whole pages, as synthetic.cuh does)."""
     return max(1, -(-n_pages // n_streams))
+
+
+def _lcg(x: np.ndarray) -> np.ndarray:
+    """``lcg_random`` of synthetic.cuh on uint64 holding uint32 values."""
+    return (np.uint64(LCG_A) * x + np.uint64(LCG_C)) & np.uint64(0xFFFFFFFF)
+
+
+def lcg_page_order(n_valid: np.ndarray, width: int, base_seed: int, tid_stride: int = 1) -> np.ndarray:
+    """(S, width) chunk-page indices in ``rand_chunk_kernel``'s visiting order, -1 past a thread's ``P`` pages.
+
+    ``n_valid[i]`` is thread i's ``pages_in_chunk``; see the module docstring for the formula and its repeats."""
+    tid = np.arange(len(n_valid), dtype=np.uint64) * np.uint64(tid_stride)
+    seed = _lcg(np.uint64(base_seed & 0xFFFFFFFF) ^ tid)
+    step = (seed | np.uint64(1)).astype(np.int64)
+    p_chunk = np.maximum(n_valid.astype(np.int64), 1)
+    offset = (_lcg(seed ^ np.uint64(LCG_OFFSET_XOR)) % p_chunk.astype(np.uint64)).astype(np.int64)
+    p = np.arange(width, dtype=np.int64)[None, :]
+    order = (offset[:, None] + (p * (step % p_chunk)[:, None])) % p_chunk[:, None]
+    return np.where(p < n_valid[:, None], order, -1)
 
 
 class StreamService:
@@ -73,6 +110,7 @@ class StreamService:
         rng = np.random.default_rng(kern.seed)
         stride_pages = max(1, kern.stride_bytes // PAGE_BYTES)
         per_range = []
+        orders: dict[tuple[int, bytes], np.ndarray] = {}  # one page order per thread, shared by its ranges
         for range_id, offset, size, is_write in kern.accesses:
             segs = self._segments(int(range_id), int(offset), int(size))
             if not segs:
@@ -82,10 +120,17 @@ class StreamService:
             pad = kern.n_streams * chunk - len(gids)
             grid = np.concatenate([gids, np.full(pad, -1, dtype=np.int64)]).reshape(kern.n_streams, chunk)
             grid = grid[:, ::stride_pages]
-            if kern.order == "random":
-                grid = np.take_along_axis(
-                    grid, rng.permuted(np.tile(np.arange(grid.shape[1]), (len(grid), 1)), axis=1), 1
-                )
+            if kern.order != "sequential":
+                n_valid = (grid >= 0).sum(axis=1)
+                key = (grid.shape[1], n_valid.tobytes())
+                idx = orders.get(key)
+                if idx is None:
+                    if kern.order == "random":
+                        idx = rng.permuted(np.tile(np.arange(grid.shape[1]), (len(grid), 1)), axis=1)
+                    else:
+                        idx = lcg_page_order(n_valid, grid.shape[1], kern.seed, kern.tid_stride)
+                    orders[key] = idx
+                grid = np.where(idx >= 0, np.take_along_axis(grid, np.maximum(idx, 0), 1), -1)
             per_range.append((grid, bool(is_write)))
         if not per_range:
             return np.empty((0, 0), dtype=np.int64), np.empty((0, 0), dtype=bool)
