@@ -82,6 +82,10 @@ class UvmKnobs:
     ``rotate`` (round-robin over the stalled threads). The choice was made by looking at the uvmbench points
     (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
     data: docs/uvm-sim.md reports both."""
+    gemm_rereads: bool = True
+    """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
+    GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm_reread), so pages evicted
+    within the kernel fault again; 0 = every kernel touches each page once (the model before issue 11's re-reads)."""
 
     def __post_init__(self) -> None:
         if not 1 <= int(self.prefetch_threshold) <= 100:
