@@ -96,6 +96,8 @@ class UvmKnobs:
             raise InputError(f"fault_batch_count must be >= 1, not {self.fault_batch_count!r}")
         if int(self.batch_unique_pages) < 1:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
+        if self.gemm_rereads not in (0, 1):  # True/False and 0/1 (--sim-option values are parsed as JSON)
+            raise InputError(f"gemm_rereads must be 0 or 1, not {self.gemm_rereads!r}")
         if self.stream_priority not in ("lowest", "rotate"):
             raise InputError(f"stream_priority must be 'lowest' or 'rotate', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
