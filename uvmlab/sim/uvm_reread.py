@@ -33,8 +33,10 @@ The model (an approximation; docs/uvm-sim.md "Re-reads within a kernel"):
     that batch, far smaller than the GPU.
 * Shapes come from the trace's sizes and FLOPs (PyTorch's flop formulas, 2 per multiply-add): for ``mm``
   ``K = flops * elem / (2 |out|)``; kernels whose sizes do not give whole, consistent shapes are left alone.
-* The split is used only when the kernel's distinct bytes exceed the GPU memory available to UVM (otherwise no
-  page of the kernel can be evicted by the kernel itself, and one pass gives the same faults).
+* The split is used only when the kernel's bytes, plus 2 MiB per access for partly used chunks, exceed the GPU
+  memory available to UVM (``uvm_replay._Replayer._access``; otherwise no page of the kernel can be evicted by the
+  kernel itself, and one pass gives the same faults). Under LRM the swept operand's chunks reach the head of the
+  eviction list once the kernel has migrated more than memory holds, even though they are in use.
 """
 
 from __future__ import annotations
