@@ -82,6 +82,10 @@ class UvmKnobs:
     ``rotate`` (round-robin over the stalled threads). The choice was made by looking at the uvmbench points
     (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
     data: docs/uvm-sim.md reports both."""
+    gemm_rereads: bool = True
+    """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
+    GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm_reread), so pages evicted
+    within the kernel fault again; 0 = every kernel touches each page once (the model before issue 11's re-reads)."""
 
     # -- uvmlab hint policies (issue 16): not driver parameters; modelled by uvmlab.sim.uvm_hints ------------------
     advise_remote: str = ""
@@ -129,6 +133,8 @@ class UvmKnobs:
             raise InputError(f"fault_batch_count must be >= 1, not {self.fault_batch_count!r}")
         if int(self.batch_unique_pages) < 1:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
+        if self.gemm_rereads not in (0, 1):  # True/False and 0/1 (--sim-option values are parsed as JSON)
+            raise InputError(f"gemm_rereads must be 0 or 1, not {self.gemm_rereads!r}")
         if self.stream_priority not in ("lowest", "rotate"):
             raise InputError(f"stream_priority must be 'lowest' or 'rotate', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:

@@ -33,6 +33,7 @@ from uvmlab.sim.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.sim.uvm import UvmCounters, UvmSim
 from uvmlab.sim.uvm_hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm_reread import gemm_passes
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
@@ -153,6 +154,8 @@ class _KernelStatics:
     allocated_bytes: np.ndarray  # live requested bytes when the kernel runs
     is_copy: np.ndarray  # retained cudaMemcpyAsync (copy_kernels)
     api: list[str]  # "" | "prefetch" | "host_write" (optional trace column ``api``)
+    names: list[str] = field(default_factory=list)  # op names (uvm_reread picks the GEMM-like ones)
+    flops: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
@@ -186,6 +189,8 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         allocated_bytes=allocated,
         is_copy=np.isin(kid, copy_kernels(trace)),
         api=api,
+        names=kern["name"].astype(str).tolist(),
+        flops=kern["flops"].to_numpy(dtype=float),
     )
 
 
@@ -239,8 +244,10 @@ _EXTRA = (
 class _Replayer:
     """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
 
-    def __init__(self, sim: UvmSim, costs: CostParams, n: int) -> None:
+    def __init__(self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str = "") -> None:
         self.sim, self.costs = sim, costs
+        self.dtype, self.gpu_name = dtype, gpu_name
+        self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
         self.t = 0.0
         self.mapped: set[int] = set()
         self.api = {"cudaMallocManaged": 0, "cudaFree": 0}
@@ -252,6 +259,23 @@ class _Replayer:
         self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
         self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm_hints), None when off
         self.hint_pos = 0  # next of ``hints.events``
+
+    def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
+        """A compute kernel's faults: one pass, or the passes of a tiled GEMM whose operands may not stay resident.
+
+        The passes (``uvmlab.sim.uvm_reread``) are used only when the kernel's chunk-rounded bytes exceed the GPU
+        memory available to UVM; otherwise none of its pages can be evicted during it and one pass is the same.
+        """
+        sim = self.sim
+        if sim.knobs.gemm_rereads and st.names and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
+            passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
+            if passes is not None:
+                self.reread_kernels += 1
+                c = UvmCounters()
+                for p in passes:
+                    c.add(sim.access(p))
+                return c
+        return sim.access(rows)
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
@@ -314,7 +338,7 @@ class _Replayer:
         elif self.hints is not None:
             c, dur = self._hinted_kernel(float(st.native_ns[i]), rows, ids or [])
         else:
-            c = sim.access(rows)
+            c = self._access(i, rows, st)
             dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
         if sim.knobs.prefetch_on_alloc or self.hints is not None:
             c.add(self.pending)  # counts only: the prefetch's time is already on the clock
@@ -406,7 +430,7 @@ def replay(
     st = kernel_statics(trace, kern, gpu, costs, dtype)
     events = range_events(placement.ranges)
     n = len(kern)
-    rp = _Replayer(sim, costs, n)
+    rp = _Replayer(sim, costs, n, dtype, gpu.name)
     skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
     hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None

@@ -85,6 +85,7 @@ CHECK_MODULES: list[str] = [
     "uvmlab.validate.microbench_checks",
     "uvmlab.validate.memory_checks",
     "uvmlab.validate.uvm_checks",
+    "uvmlab.validate.record_checks",
 ]
 
 

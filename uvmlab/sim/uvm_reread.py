@@ -1,0 +1,197 @@
+"""Re-reads within one GEMM-like kernel: the passes a tiled GEMM makes over its operands (torch-free).
+
+A trace kernel (one aten op) lists each tensor it touches once, and the fault model lets a kernel fault a page at
+most once. A tiled GEMM reads more: CTA tile (m, n) of ``C = A x B`` reads the A panel of tile row m and the B
+panel of tile column n. The grid is rasterized with the M tile index fastest (CUTLASS
+``GemmIdentityThreadblockSwizzle::get_tile_offset``: tile m = ``blockIdx.x >> log_tile``;
+NVIDIA/cutlass include/cutlass/gemm/threadblock/threadblock_swizzle.h), so a B panel is reused by consecutive
+CTAs (resident, read once) while the whole of A is swept again for every group of tile columns that runs
+after the previous group finished. When A, plus the slices of B and C touched between two sweeps, does not fit
+in the GPU memory left, the LRM order (uvm_pmm_gpu.c root-chunk list, reference/uvm.md 1.6) evicts the start of
+A before the next sweep reaches it: an LRU cycle larger than memory misses every time, within one kernel.
+
+The model (an approximation; docs/uvm-sim.md "Re-reads within a kernel"):
+
+* Tile ``TILE_M x TILE_N`` = 128 x 128 (CUTLASS ``DefaultGemmConfiguration<OpClassSimt, ...>::ThreadblockShape
+  = GemmShape<128, 128, 8>``, include/cutlass/gemm/device/default_gemm_configuration.h; cuBLAS/cuDNN kernels are
+  closed, their tiles on A100 are 64-256 wide). ``CTAS_PER_SM`` = 1 resident CTA per SM [U].
+* Passes over A: ``P = min(nt, ceil(mt * nt / W))`` with ``mt``, ``nt`` the tile counts along M and N and
+  ``W`` = SMs x CTAS_PER_SM the CTAs in flight (when all tiles of one column group run at once, each wave reads
+  all of A once; when a column has more tiles than W, A is swept once per column, ``nt`` times).
+* Pass j (of P) reads all of A, the j-th 1/P byte slice of B and writes the j-th 1/P byte slice of C (the tile
+  columns of that pass; a slice of an NCHW output's channels is strided in reality, taken as contiguous here).
+* Which operand is A (the M operand, swept):
+  - ``mm`` / ``addmm`` (PyTorch row-major ``out[m, n] = a[m, k] b[k, n]``, computed by cuBLAS column-major as
+    ``out^T = b^T a^T``): cuBLAS's M is PyTorch's n, so A = ``b`` (the last read, e.g. a linear layer's
+    weight), B = ``a`` (sliced by rows), passes over ``ceil(m / TILE_N)`` tile columns.
+  - ``convolution`` (implicit GEMM forward, M = N*P*Q output pixels, N = output channels, K = C*R*S): A = the
+    input (im2col view, swept), B = the filter, C = the output.
+  - ``convolution_backward``: data gradient (M = N*H*W input pixels, N = input channels C, K = K_out*R*S): A =
+    grad_output swept, B = filter, C = grad_input; C is recovered as ``|filter| / (K * elem)``. The filter
+    gradient (M = K_out, N = C*R*S: few tiles, one wave) and the bias gradient read their operands once, after.
+  - batched GEMMs (``bmm``, ``baddbmm``, attention) are left as they are: each batch's slices are reused within
+    that batch, far smaller than the GPU.
+* Shapes come from the trace's sizes and FLOPs (PyTorch's flop formulas, 2 per multiply-add): for ``mm``
+  ``K = flops * elem / (2 |out|)``; kernels whose sizes do not give whole, consistent shapes are left alone.
+* The split is used only when the kernel's bytes, plus 2 MiB per access for partly used chunks, exceed the GPU
+  memory available to UVM (``uvm_replay._Replayer._access``; otherwise no page of the kernel can be evicted by the
+  kernel itself, and one pass gives the same faults). Under LRM the swept operand's chunks reach the head of the
+  eviction list once the kernel has migrated more than memory holds, even though they are in use.
+"""
+
+from __future__ import annotations
+
+import math
+
+from uvmlab.trace.orchestrate import op_base
+
+Access = tuple[int, int, int, bool]
+
+TILE_M = 128
+"""CTA tile rows (CUTLASS default SIMT ``GemmShape<128, 128, 8>``, default_gemm_configuration.h)."""
+TILE_N = 128
+"""CTA tile columns (same source)."""
+CTAS_PER_SM = 1
+"""[U] resident CTAs of one 128x128 GEMM tile per SM (register/shared-memory bound; 1-2 on A100)."""
+SM_COUNT = {
+    "A100-80GB": 108,
+    "A100-40GB": 108,
+    "H100-80GB": 132,
+    "H100-PCIe": 114,
+    "H200": 132,
+    "GH200": 132,
+    "L40S": 142,
+    "A6000": 84,
+    "V100-32GB": 80,
+    "V100-16GB": 80,
+    "TitanV": 80,
+    "RTX4090": 128,
+    "RTX5090": 170,
+    "RTX4060": 24,
+    "T4": 40,
+}
+"""Streaming multiprocessors per GPU (NVIDIA datasheets / architecture whitepapers: A100 108, H100 SXM 132, H100 PCIe
+114, GV100 Titan V / V100 80, AD102 RTX 4090 128, GB202 RTX 5090 170, AD107 RTX 4060 24, TU104 T4 40)."""
+DEFAULT_SM_COUNT = 108
+"""SMs of a GPU not in SM_COUNT (e.g. ``--gpu-memory`` renamed specs): the study's A100."""
+ELEM_BYTES = {"fp32": 4, "bf16": 2}
+
+GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
+
+
+def sm_count(gpu_name: str) -> int:
+    """SMs of ``gpu_name`` (a renamed spec such as ``"A100-80GB (40.0 GiB)"`` keeps its base name's count)."""
+    return SM_COUNT.get(gpu_name.split(" (")[0], DEFAULT_SM_COUNT)
+
+
+def sweep_passes(mt: int, nt: int, ctas: int) -> int:
+    """Sweeps over the M operand: ``min(nt, ceil(mt * nt / ctas))`` (module docstring)."""
+    if mt <= 0 or nt <= 0:
+        return 1
+    return max(1, min(nt, -(-mt * nt // max(1, ctas))))
+
+
+def _slice(row: Access, j: int, p: int) -> Access | None:
+    """The j-th of ``p`` contiguous byte slices of an access (page boundaries are the simulator's business)."""
+    rid, off, size, w = row
+    lo, hi = size * j // p, size * (j + 1) // p
+    return (rid, off + lo, hi - lo, w) if hi > lo else None
+
+
+def _passes(swept: Access, sliced: list[Access], p: int) -> list[list[Access]]:
+    out = []
+    for j in range(p):
+        rows = [swept]
+        for r in sliced:
+            s = _slice(r, j, p)
+            if s is not None:
+                rows.append(s)
+        out.append(rows)
+    return out
+
+
+def _whole(x: float) -> int | None:
+    """``x`` as a positive integer if it is one (to 1e-6 relative), else None."""
+    n = round(x)
+    return n if n >= 1 and abs(x - n) <= 1e-6 * max(1.0, abs(x)) else None
+
+
+def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+    reads = [r for r in rows if not r[3]]
+    writes = [r for r in rows if r[3]]
+    if len(reads) < 2 or not writes:
+        return None
+    a, b, out = reads[-2], reads[-1], writes[0]
+    k = _whole(flops * e / (2.0 * out[2])) if out[2] > 0 else None
+    if k is None:
+        return None
+    m, n = _whole(a[2] / (k * e)), _whole(b[2] / (k * e))
+    if m is None or n is None or m * n * e != out[2]:
+        return None
+    p = sweep_passes(-(-n // TILE_M), -(-m // TILE_N), ctas)
+    if p <= 1:
+        return None
+    others = [r for r in reads[:-2]]  # addmm's bias: read with the first pass
+    passes = _passes(b, [a, *writes], p)
+    passes[0][1:1] = others
+    return passes
+
+
+def _conv(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+    reads = [r for r in rows if not r[3]]
+    writes = [r for r in rows if r[3]]
+    if len(reads) < 2 or not writes:
+        return None
+    x, w, out = reads[0], reads[1], writes[0]
+    k = _whole(flops * e / (2.0 * out[2])) if out[2] > 0 else None  # C*R*S
+    if k is None:
+        return None
+    kout = _whole(w[2] / (k * e))
+    if kout is None or out[2] % (kout * e):
+        return None
+    mpix = out[2] // (kout * e)
+    p = sweep_passes(-(-mpix // TILE_M), -(-kout // TILE_N), ctas)
+    if p <= 1:
+        return None
+    passes = _passes(x, [w, out], p)
+    passes[-1].extend(r for r in reads[2:])  # bias
+    passes[-1].extend(writes[1:])  # workspace
+    return passes
+
+
+def _conv_backward(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+    reads = [r for r in rows if not r[3]]
+    writes = [r for r in rows if r[3]]
+    if len(reads) < 3 or not writes:
+        return None
+    gout, x, w = reads[0], reads[1], reads[2]
+    gin = [r for r in writes if r[2] == x[2]]
+    if not gin or x[2] == w[2]:
+        return None  # no data gradient (first layer), or ambiguous sizes
+    n_grads = 1 + any(r[2] == w[2] for r in writes)  # PyTorch counts one forward's FLOPs per gradient
+    kk = _whole(flops / n_grads * e / (2.0 * gin[0][2]))  # dgrad K = K_out*R*S
+    if kk is None:
+        return None
+    c = _whole(w[2] / (kk * e))
+    if c is None or gin[0][2] % (c * e):
+        return None
+    mpix = gin[0][2] // (c * e)
+    p = sweep_passes(-(-mpix // TILE_M), -(-c // TILE_N), ctas)
+    if p <= 1:
+        return None
+    passes = _passes(gout, [w, gin[0]], p)
+    rest = [x, gout, *(r for r in writes if r is not gin[0])]  # filter/bias gradients: one more pass, read once
+    passes.append(rest)
+    return passes
+
+
+_RULES = {"mm": _mm, "addmm": _mm, "convolution": _conv, "convolution_backward": _conv_backward}
+
+
+def gemm_passes(name: str, rows: list[Access], flops: float, dtype: str, gpu_name: str) -> list[list[Access]] | None:
+    """The kernel's accesses as the passes its tiled GEMM makes (module docstring), or None (one pass)."""
+    rule = _RULES.get(op_base(name))
+    e = ELEM_BYTES.get(dtype)
+    if rule is None or e is None or not math.isfinite(flops) or flops <= 0:
+        return None
+    return rule(rows, flops, e, sm_count(gpu_name) * CTAS_PER_SM)
