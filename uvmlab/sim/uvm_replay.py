@@ -336,7 +336,7 @@ class _Replayer:
             else:
                 dur = float(st.native_ns[i])
         elif self.hints is not None:
-            c, dur = self._hinted_kernel(float(st.native_ns[i]), rows, ids or [])
+            c, dur = self._hinted_kernel(i, st, rows, ids or [])
         else:
             c = self._access(i, rows, st)
             dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
@@ -355,9 +355,11 @@ class _Replayer:
         return dur
 
     def _hinted_kernel(
-        self, native: float, rows: list[tuple[int, int, int, bool]], ids: list[int]
+        self, i: int, st: _KernelStatics, rows: list[tuple[int, int, int, bool]], ids: list[int]
     ) -> tuple[UvmCounters, float]:
-        """A kernel under per-tensor hints: remote tensors over the link, read-mostly duplicates (uvm_hints)."""
+        """A kernel under per-tensor hints: remote tensors over the link, read-mostly duplicates (uvm_hints); the
+        other rows fault as in an unhinted kernel (``_access``: GEMM re-reads included)."""
+        native = float(st.native_ns[i])
         sim, h = self.sim, self.hints
         assert h is not None
         rows, ids, remote = split_rows(rows, ids, h.remote_ids)
@@ -367,7 +369,7 @@ class _Replayer:
             rc, link_ns = sim.remote_access(remote)
         rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
         snap = sim.read_snapshot(rm_rows) if rm_rows else None
-        c = sim.access(rows)
+        c = self._access(i, rows, st)
         if snap is not None:
             c.add(sim.read_mostly_after(snap, rows))
         if rc is not None:
