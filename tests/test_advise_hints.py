@@ -45,3 +45,21 @@ def test_different_hints_can_be_combined_by_the_advisor() -> None:
     combos = _combinations(singles, {"iteration_time_ns": 2.0})
     assert ("remote-optimizer-state", "discard-freed-blocks") in combos
     assert all("prefetch-next-kernel" not in c for c in combos)  # not better than the job as given
+
+
+def test_offload_and_remote_optimizer_state_do_not_combine() -> None:
+    """Offload takes the optimizer state off the device: remote advice on it would be a row equal to offload alone."""
+    import pytest
+
+    from uvmlab.advise.advisor import _combinations
+    from uvmlab.errors import InputError
+
+    with pytest.raises(InputError, match="nothing is left to advise"):
+        compose([get_policy("offload-optimizer"), get_policy("remote-optimizer-state")])
+    combos = _combinations({"remote-optimizer-state": 1.0, "offload-optimizer": 1.2}, {"iteration_time_ns": 2.0})
+    assert combos == []
+
+
+def test_discard_rows_say_their_gain_is_an_upper_bound() -> None:
+    adv = advise(RunConfig(workload=SMALL, oversub=1.5, mode="sim"), policies=["discard-freed-blocks"], combine=False)
+    assert "upper bound" in adv.rows.set_index("policy").loc["discard-freed-blocks", "note"]

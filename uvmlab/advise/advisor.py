@@ -277,6 +277,9 @@ def _evaluate(
         from uvmlab.simulate import prepare
 
         row["note"] = shape_note(pol, prep, given_prep or prepare(given, available_bytes=available))
+    if pol.sim_options.get("discard_min_bytes"):
+        discard = "upper bound: one remap fault per 64 KiB page assumed on reuse (docs/advise.md)"
+        row["note"] = "; ".join(n for n in (row["note"], discard) if n)
     if pol.fit_batch:
         fit = f"micro-batch {row['batch_size']} x {row['accumulation_steps']} steps (given batch {batch})"
         row["note"] = "; ".join(n for n in (fit, row["note"]) if n)

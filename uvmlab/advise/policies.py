@@ -338,6 +338,8 @@ def compose(policies: list[Policy]) -> Policy:
         raise InputError("allocator settings and empty_cache need the caching allocator (PCA on)")
     if sum(p.fit_batch for p in policies) > 1:
         raise InputError("at most one job-shape policy")
+    if any(p.offload_optimizer for p in policies) and "optimizer_state" in str(options.get("advise_remote", "")):
+        raise InputError("offload-optimizer moves the optimizer state off the device: nothing is left to advise remote")
     return Policy(
         name="+".join(p.name for p in policies),
         family="+".join(dict.fromkeys(p.family for p in policies)),
