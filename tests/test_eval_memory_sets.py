@@ -142,3 +142,23 @@ def test_fitted_cases_get_a_validation_summary_row() -> None:
     assert rows["xmem"]["n"] == 3 and rows["xmem"]["mre"] == 1.0  # errors 0, 1, 1
     assert rows["xmem (validation runs)"]["n"] == 2 and rows["xmem (validation runs)"]["mre"] == 1.0
     assert list(ev.per_run["fitted"]) == [True, False, False]
+
+
+@needs_mlp
+def test_rows_estimated_in_worker_processes_equal_those_estimated_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`uvmlab validate --jobs N` spreads the MLP rows over worker processes: same results, same order."""
+    pytest.importorskip("torch")
+    rows, _ = gpumemnet.read_mlp_set(MLP)
+    sample = [rows[i] for i in (3, 250, 1201, 1202, 2999, 4)]  # unsorted on purpose: the order must be kept
+    monkeypatch.setattr(gpumemnet, "ROWS_PER_TASK", 2)
+    monkeypatch.setattr(gpumemnet, "MIN_ROWS_PER_WORKER", 2)
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "pool"))  # the workers capture (spawned: they read the env)
+    seen: list[int] = []
+    pooled = gpumemnet.estimate_rows(sample, jobs=2, progress=seen.append)
+    assert sum(seen) == len(sample) and len(seen) == 3  # one call per task of 2 rows
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "here"))  # captured again here, not read from the workers'
+    here = gpumemnet.estimate_rows(sample, jobs=1)
+    assert [r["index"] for r in pooled] == [r.index for r in sample]
+    assert pooled == here
