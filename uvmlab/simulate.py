@@ -40,7 +40,7 @@ from uvmlab.rundir import RunDir
 from uvmlab.sim.timing import CostParams
 from uvmlab.sim.uvm_knobs import UvmKnobs
 from uvmlab.sim.uvm_replay import ReplayResult, peak_managed_bytes, replay
-from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table
+from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
 from uvmlab.trace.schema import Trace
 
 
@@ -165,8 +165,8 @@ def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
 def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams) -> dict:
     """result.json content (docs/result-json.md documents every key)."""
     its = res.iterations
-    iteration_ns = _steady_mean(its["duration_ns"])
-    native = _steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
+    iteration_ns = steady_mean(its["duration_ns"])
+    native = steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
     native_pca = res.baseline_iteration_ns
     totals = res.totals
     migrated = totals.htod_bytes + totals.dtoh_bytes
@@ -223,13 +223,6 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
     if missing:
         raise InvariantError(f"result.json lacks shared keys {missing}")
     return d
-
-
-def _steady_mean(values: Any) -> float:
-    """Mean over the iterations after the first (all of them when there is one)."""
-    v = np.asarray(values, dtype=float)
-    v = v[1:] if len(v) > 1 else v
-    return float(np.mean(v)) if len(v) else float("nan")
 
 
 def _ratio(a: float, b: float | None) -> float | None:

@@ -32,7 +32,7 @@ from uvmlab.gpus import GpuSpec
 from uvmlab.sim.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.sim.uvm import UvmCounters, UvmSim
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS
+from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 COPY_PHASES = ("setup", "data")
@@ -396,5 +396,4 @@ def _iterations(kernels: pd.DataFrame, native_ns: np.ndarray) -> tuple[pd.DataFr
         prev_end = end
     cols = [*ITERATION_COLUMNS, "zero_fill_bytes", "memcpy_htod_bytes", "stall_ns", "baseline_ns"]
     df = pd.DataFrame(rows, columns=cols)
-    steady = base[1:] if len(base) > 1 else base
-    return df, float(np.mean(steady)) if steady else float("nan")
+    return df, steady_mean(base)
