@@ -162,8 +162,11 @@ def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams) -> dict:
-    """result.json content (docs/result-json.md documents every key)."""
+def result_dict(
+    cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams, costs_source: str
+) -> dict:
+    """result.json content (docs/result-json.md documents every key); ``costs_source`` says where ``costs`` come
+    from (:func:`costs_and_source`)."""
     its = res.iterations
     iteration_ns = steady_mean(its["duration_ns"])
     native = steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
@@ -215,7 +218,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "skipped_accesses": res.skipped_accesses,
             "knobs": knobs.to_dict(),
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
-            "cost_params_source": costs_and_source(cfg)[1],
+            "cost_params_source": costs_source,
         }
     )
     d["batch_size"] = prep.trace.header.get("batch_size")
@@ -250,7 +253,7 @@ def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> A
 def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
     """Step 5 on prepared inputs: replay and build result.json (no files written)."""
     knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
-    costs = load_costs(cfg)
+    costs, costs_source = costs_and_source(cfg)  # once: a profile is a file read and a pick
     t0 = time.perf_counter()
     res = replay(
         prep.trace,
@@ -263,7 +266,7 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
         progress=progress,
     )
     res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
-    result = result_dict(cfg, prep, res, knobs, costs)
+    result = result_dict(cfg, prep, res, knobs, costs, costs_source)
     result["sim_wall_s"] = time.perf_counter() - t0
     return res, result
 
