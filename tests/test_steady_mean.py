@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.gpu.collect import mean_iteration_ns
@@ -21,6 +21,7 @@ def test_first_iteration_is_warm_up_unless_it_is_the_only_one() -> None:
     assert steady_mean(np.array([5, 5], dtype=np.int64)) == 5.0
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10**13), min_size=1, max_size=20))
 def test_gpu_side_uses_the_same_mean(durations: list[int]) -> None:
     worker = {"iterations": [{"duration_ns": d} for d in durations]}
