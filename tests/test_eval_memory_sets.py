@@ -142,3 +142,50 @@ def test_fitted_cases_get_a_validation_summary_row() -> None:
     assert rows["xmem"]["n"] == 3 and rows["xmem"]["mre"] == 1.0  # errors 0, 1, 1
     assert rows["xmem (validation runs)"]["n"] == 2 and rows["xmem (validation runs)"]["mre"] == 1.0
     assert list(ev.per_run["fitted"]) == [True, False, False]
+
+
+@needs_mlp
+def test_rows_estimated_in_worker_processes_equal_those_estimated_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`uvmlab validate --jobs N` spreads the MLP rows over worker processes: same results, same order."""
+    pytest.importorskip("torch")
+    rows, _ = gpumemnet.read_mlp_set(MLP)
+    sample = [rows[i] for i in (3, 250, 1201, 1202, 2999, 4)]  # unsorted on purpose: the order must be kept
+    monkeypatch.setattr(gpumemnet, "ROWS_PER_TASK", 2)
+    monkeypatch.setattr(gpumemnet, "MIN_ROWS_PER_WORKER", 2)
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "pool"))  # the workers capture (spawned: they read the env)
+    seen: list[int] = []
+    pooled = gpumemnet.estimate_rows(sample, jobs=2, progress=seen.append)
+    assert sum(seen) == len(sample) and len(seen) == 3  # one call per task of 2 rows
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "here"))  # captured again here, not read from the workers'
+    here = gpumemnet.estimate_rows(sample, jobs=1)
+    assert [r["index"] for r in pooled] == [r.index for r in sample]
+    assert pooled == here
+
+
+@needs_mlp
+def test_two_iterations_reach_the_peak_a_third_does_not_move_it() -> None:
+    """gpumemnet.ITERATIONS = 2: the first iteration allocates Adam's state, the second is the steady state; a
+    third iteration changes no row's peak (rows with batch norm, dropout, one output)."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from uvmlab.devicemem import context_model
+    from uvmlab.estimate import estimate
+    from uvmlab.gpus import get_gpu
+    from uvmlab.trace.cache import get_trace
+
+    rows, _ = gpumemnet.read_mlp_set(MLP)
+    kinds = [
+        next(r for r in rows if any(k == "batch_normalization" for k, _ in r.layers)),
+        next(r for r in rows if any(k == "dropout" for k, _ in r.layers)),
+        next(r for r in rows if r.layers[-1][1] == 1),
+    ]
+    gpu, ctx = get_gpu(gpumemnet.GPU_NAME), context_model(gpumemnet.GPU_NAME, "eager")
+    for r in kinds:
+        peaks = []
+        for n in (gpumemnet.ITERATIONS, gpumemnet.ITERATIONS + 1):
+            cfg = replace(r.config(), iterations=n)
+            peaks.append(estimate(cfg, gpu, trace=get_trace(cfg), context=ctx).device_peak_bytes)
+        assert peaks[0] == peaks[1], f"row {r.index}: {peaks}"

@@ -216,6 +216,21 @@ def test_no_policy_means_no_advise_or_prefetch(built, tmp_path) -> None:
     assert not any(c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync")) for c in calls)
 
 
+@pytest.mark.parametrize("advise", ["none", ",", "none,,none", ""])
+def test_advise_none_and_empty_items_ask_for_nothing(built, tmp_path, advise) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_ADVISE=advise)
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0].startswith("cudaMallocManaged") and not any(c.startswith("cudaMemAdvise") for c in calls)
+
+
+def test_advise_none_beside_an_advice_keeps_the_advice(built, tmp_path) -> None:
+    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_ADVISE="none,read_mostly,", FAKE_CUDART_DEVICE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert [c.split(" size=")[1] for c in calls if c.startswith("cudaMemAdvise")] == [
+        "4096 advice=1 loc_type=1 loc_id=1 -> 0"
+    ]
+
+
 def test_passthrough_mode_keeps_cudamalloc(built, tmp_path) -> None:
     _, calls = _run_main(built, tmp_path, "m4096", "f", UVMLAB_SHIM_MODE="passthrough")
     assert calls[0].startswith("cudaMalloc ptr=") and "size=4096" in calls[0]

@@ -109,6 +109,7 @@ def test_table_and_csv_output(
     captured = capsys.readouterr()
     assert "GPU faults (count)" in captured.out and "within 1.5x" in captured.out
     assert "24/24 validation points within 1.5x" in captured.err
+    assert "s CPU (with worker processes); per check:" in captured.err and "  titanv-abc: " in captured.err
     assert main(["validate", str(real_data), "--check", "titanv-abc", "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("dataset,case,quantity,unit,measured,predicted,ratio") and len(lines) == 29

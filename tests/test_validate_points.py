@@ -140,3 +140,30 @@ def test_write_is_a_complete_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (tmp_path / "run" / "figures" / "scorecard.png").stat().st_size > 1000
     with pytest.raises(InputError, match="without --force"):
         card.write(tmp_path / "run")
+
+
+def test_checks_see_jobs_and_report_items_and_each_is_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate(jobs=, advance=) reaches the running check (points.jobs, points.item_progress); each check that
+    ran has its wall and CPU time in the summary; outside a run, a check sees 1 job and reports to nobody."""
+    (tmp_path / "a").mkdir()
+    seen: dict[str, int] = {}
+
+    def fn(root: Path) -> list[Point]:
+        seen["jobs"] = P.jobs()
+        done = P.item_progress(3)
+        done(2)
+        done(1)
+        return [pt(1, 1)]
+
+    monkeypatch.setitem(CHECKS, "fake-j", Check(name="fake-j", fn=fn, fast=False, needs="a"))
+    _fake(monkeypatch, "fake-absent", "absent", [pt(1, 1)])
+    steps: list[tuple[str, int, int]] = []
+    card = validate(tmp_path, only=["fake-j", "fake-absent"], jobs=3, advance=lambda *a: steps.append(a))
+    assert seen["jobs"] == 3 and steps == [("fake-j", 2, 3), ("fake-j", 3, 3)]
+    timing = card.summary()["check_seconds"]
+    assert list(timing) == ["fake-j"] and timing["fake-j"]["wall"] >= 0 and timing["fake-j"]["cpu"] >= 0
+    assert card.wall_seconds >= card.timings["fake-j"][0]
+    assert P.jobs() == 1
+    P.item_progress(5)(5)  # no scorecard run: a no-op, not an error
+    with pytest.raises(InputError, match="--jobs"):
+        validate(tmp_path, only=["fake-j"], jobs=0)

@@ -5,7 +5,7 @@ between the ``<!-- scorecard:begin -->`` and ``<!-- scorecard:end -->`` markers 
 summary per data set, one row per (data set, quantity) with the spread of the ratio, and every validation point
 outside 1.5x or without a promised band (the misses, with their notes). Never edit that section by hand.
 
-Usage: python tools/gen_fidelity_doc.py [DATA_DIR] [--fast]
+Usage: python tools/gen_fidelity_doc.py [DATA_DIR] [--fast] [--jobs N]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from uvmlab.atomic import atomic_write_text, atomic_write_with
 from uvmlab.validate.figure import scorecard_figure
-from uvmlab.validate.scorecard import Scorecard, validate
+from uvmlab.validate.scorecard import Scorecard, usable_cpus, validate
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "fidelity.md"
@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data_dir", nargs="?", default=None)
     ap.add_argument("--fast", action="store_true", help="only the CI subset")
+    ap.add_argument("--jobs", type=int, default=usable_cpus(), help="worker processes (default: usable CPUs)")
     args = ap.parse_args(argv)
-    card = validate(args.data_dir, fast=args.fast)
+    card = validate(args.data_dir, fast=args.fast, jobs=args.jobs)
     import matplotlib.pyplot as plt
 
     text = splice(DOC.read_text(), render(card))  # fails on missing markers before anything is written

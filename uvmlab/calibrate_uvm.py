@@ -32,6 +32,7 @@ from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS
 from uvmlab.sim.timing import PARAMS_SCHEMA_VERSION, CostParams
+from uvmlab.stats.schema import steady_mean
 
 FAULT_PATH = ("batch_turnaround_ns", "fault_entry_ns", "block_service_ns", "block_first_gpu_ns", "evict_fixed_ns")
 GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
@@ -83,8 +84,7 @@ def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False, knobs: An
     tr = gcn_trace(nodes, with_prefetch=prefetch)
     pl = place(tr, "nocache")
     r = replay(tr, pl, RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, knobs, costs)
-    steady = r.iterations["duration_ns"].to_numpy()[1:]
-    return float(steady.mean()) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
+    return steady_mean(r.iterations["duration_ns"]) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
 
 
 def bench_ms(kernel: str, factor: float, costs: CostParams) -> float:

@@ -40,7 +40,7 @@ from uvmlab.rundir import RunDir
 from uvmlab.sim.timing import CostParams
 from uvmlab.sim.uvm_knobs import UvmKnobs
 from uvmlab.sim.uvm_replay import ReplayResult, peak_managed_bytes, replay
-from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table
+from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
 from uvmlab.trace.schema import Trace
 
 
@@ -166,11 +166,14 @@ def env_info(trace_header: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams) -> dict:
-    """result.json content (docs/result-json.md documents every key)."""
+def result_dict(
+    cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams, costs_source: str
+) -> dict:
+    """result.json content (docs/result-json.md documents every key); ``costs_source`` says where ``costs`` come
+    from (:func:`costs_and_source`)."""
     its = res.iterations
-    iteration_ns = _steady_mean(its["duration_ns"])
-    native = _steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
+    iteration_ns = steady_mean(its["duration_ns"])
+    native = steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
     native_pca = res.baseline_iteration_ns
     totals = res.totals
     migrated = totals.htod_bytes + totals.dtoh_bytes
@@ -222,7 +225,7 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
             "skipped_accesses": res.skipped_accesses,
             "knobs": knobs.to_dict(),
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
-            "cost_params_source": costs_and_source(cfg)[1],
+            "cost_params_source": costs_source,
         }
     )
     d["batch_size"] = prep.trace.header.get("batch_size")
@@ -230,13 +233,6 @@ def result_dict(cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKno
     if missing:
         raise InvariantError(f"result.json lacks shared keys {missing}")
     return d
-
-
-def _steady_mean(values: Any) -> float:
-    """Mean over the iterations after the first (all of them when there is one)."""
-    v = np.asarray(values, dtype=float)
-    v = v[1:] if len(v) > 1 else v
-    return float(np.mean(v)) if len(v) else float("nan")
 
 
 def _ratio(a: float, b: float | None) -> float | None:
@@ -264,7 +260,7 @@ def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> A
 def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
     """Step 5 on prepared inputs: replay and build result.json (no files written)."""
     knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
-    costs = load_costs(cfg)
+    costs, costs_source = costs_and_source(cfg)  # once: a profile is a file read and a pick
     t0 = time.perf_counter()
     res = replay(
         prep.trace,
@@ -277,7 +273,7 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
         progress=progress,
     )
     res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
-    result = result_dict(cfg, prep, res, knobs, costs)
+    result = result_dict(cfg, prep, res, knobs, costs, costs_source)
     result["sim_wall_s"] = time.perf_counter() - t0
     return res, result
 

@@ -21,8 +21,15 @@ TABLE_COLUMNS = ["dataset", "case", "quantity", "measured", "predicted", "ratio"
 @out_option("Run directory to write.", type=click.Path(path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes for the long checks (default: the CPUs this process may use). The points do not "
+    "depend on it.",
+)
 def validate_cmd(
-    data_dir: Path | None, fast: bool, only: tuple[str, ...], out: Path | None, force: bool, fmt: str
+    data_dir: Path | None, fast: bool, only: tuple[str, ...], out: Path | None, force: bool, fmt: str, jobs: int | None
 ) -> None:
     """Run every registered fidelity check on DATA_DIR and print measured vs predicted.
 
@@ -33,9 +40,9 @@ def validate_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from uvmlab.console import err
+    from uvmlab.console import err, plain
     from uvmlab.errors import InvariantError, UvmlabError
-    from uvmlab.validate.scorecard import load_checks, resolve_data_dir, select_checks, validate
+    from uvmlab.validate.scorecard import load_checks, resolve_data_dir, select_checks, usable_cpus, validate
 
     data_dir = resolve_data_dir(data_dir)  # bad input fails before the progress bar starts
     total = len(select_checks(load_checks(), fast, only))
@@ -48,7 +55,9 @@ def validate_cmd(
             only=only,
             out=out,
             force=force,
-            progress=lambda name: bar.update(task, advance=1, description=f"ran {name}"),
+            progress=lambda name: bar.update(task, advance=1, description=f"ran {plain(name)}"),
+            jobs=jobs or usable_cpus(),
+            advance=lambda name, done, n: bar.update(task, description=f"{plain(name)}: {done}/{n}"),
         )
     summary = card.summary()
     if fmt == "json":
@@ -72,6 +81,9 @@ def validate_cmd(
         for ds, c in summary["by_dataset"].items():
             v = c["validation_points"]
             note(f"  {ds}: {c['validation_within_1.5x']}/{v} within 1.5x, {c['validation_within_2x']}/{v} within 2x")
+        note(f"time: {card.wall_seconds:.1f} s wall, {card.cpu_seconds:.1f} s CPU (with worker processes); per check:")
+        for name, (wall, cpu) in card.timings.items():
+            note(f"  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU")
     for name, why in card.skipped.items():
         note(f"skipped {name}: {why}")
     if out is not None:

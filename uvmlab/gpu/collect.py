@@ -37,7 +37,7 @@ import pandas as pd
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 from uvmlab.gpu.detect import GpuStatus
-from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
+from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS, steady_mean
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -69,9 +69,7 @@ def mean_iteration_ns(worker: dict[str, Any] | None) -> float | None:
     """Mean iteration wall time after the first (warm-up) iteration; the only one if there is one."""
     if not worker or not worker.get("iterations"):
         return None
-    d = [it["duration_ns"] for it in worker["iterations"]]
-    rest = d[1:] if len(d) > 1 else d
-    return float(sum(rest) / len(rest))
+    return steady_mean([it["duration_ns"] for it in worker["iterations"]])
 
 
 def iterations_from_worker(worker: dict[str, Any]) -> pd.DataFrame:

@@ -12,12 +12,12 @@ tests ``getenv(...) != nullptr``), PyTorch's uncached path bypasses the allocato
 ``memory_allocated/reserved`` and their peaks would read 0: they are recorded as null (unknown) and the collector
 takes them from the shim's allocation log.
 
-The capacity UVM really has (``capacity_probe``): right after the first iteration (cuBLAS/cuDNN handles created,
-lazy modules loaded) the worker records cudaMemGetInfo and the shim's live managed bytes; after the last timed
-iteration it frees the job's memory (model, optimizer, the caching allocator's cache, cuBLAS workspaces), so that
-no managed page occupies the GPU, and records them again: ``free + live managed`` is then what UVM can use plus
-the reserve the balloon left on purpose (uvmlab.gpu.collect.effective_factor). Measuring at the end keeps the
-timed iterations undisturbed.
+The capacity UVM really has (``capacity_probe``, one probe): after the last timed iteration the worker frees the
+job's memory (model, optimizer, the caching allocator's cache, cuBLAS workspaces), so that no managed page
+occupies the GPU, and records cudaMemGetInfo and the shim's live managed and balloon bytes: ``free + live
+managed`` is then what UVM can use plus the reserve the balloon left on purpose
+(uvmlab.gpu.collect.effective_factor). Measuring at the end keeps the timed iterations undisturbed (no
+synchronize between them).
 
 Outputs (under RUNDIR/logs/): ``<role>.worker.json`` (outcome, iteration times, peaks, capacity probe, versions)
 and ``<role>.samples.parquet``. Exit code 0 also for an out-of-memory outcome (it is a result), 2 for a bad setup.
@@ -218,8 +218,6 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
                 nvtx.pop()
             end = time.monotonic_ns()
             its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
-            if it == 0 and is_cuda:
-                probes.append(memory_probe(torch, "after iteration 0"))
     except torch.OutOfMemoryError as exc:
         outcome, error = "oom", str(exc).splitlines()[0]
     while nvtx.depth:

@@ -31,7 +31,7 @@ from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN, pid_array
 from uvmlab.nsys.read import Export, open_export
 from uvmlab.nsys.stats import Summary, summarize
 from uvmlab.rundir import RunDir
-from uvmlab.stats.schema import RESULT_KEYS, check_table
+from uvmlab.stats.schema import RESULT_KEYS, check_table, steady_mean
 
 RESULT_SCHEMA_VERSION = 1
 MANAGED_KINDS = ("managed", "managed_static")
@@ -161,11 +161,7 @@ def result_of(ex: Export, summary: Summary, tables: dict[str, pd.DataFrame]) -> 
         footprint_bytes=(int(managed["delta_bytes"].cumsum().max()) if len(managed) else 0) if mem_known else None,
         peak_reserved_bytes=summary.memory.get("peak_live_bytes") if mem_known else None,
         iterations=len(its) if len(its) else None,
-        iteration_time_ns=(
-            float(its["duration_ns"].iloc[1:].mean()) if len(its) > 1 else float(its["duration_ns"].iloc[0])
-        )
-        if len(its)
-        else None,
+        iteration_time_ns=steady_mean(its["duration_ns"]) if len(its) else None,
         total_time_ns=int(its["end_ns"].max() - its["start_ns"].min()) if len(its) else _gpu_activity_span(ex),
         fault_count=f["gpu_fault_count"],
         read_fault_count=f["read_fault_count"],

@@ -84,6 +84,16 @@ def run_lengths(row: np.ndarray) -> np.ndarray:
     return np.flatnonzero(d == -1) - np.flatnonzero(d == 1)
 
 
+def htod_record_count(moved: np.ndarray, faulted: np.ndarray) -> int:
+    """nsys-style HtoD records of moving the pages ``moved`` (1-D bool), split by cause: one per contiguous run of
+    ``moved & faulted`` plus one per run of ``moved & ~faulted``, i.e. ``run_lengths`` of both (the test checks),
+    counted in one pass: a record starts at each moved page whose predecessor is not moved or has the other cause.
+    """
+    start = moved.copy()
+    start[1:] &= ~moved[:-1] | (faulted[1:] != faulted[:-1])
+    return int(np.count_nonzero(start))
+
+
 class FaultService:
     """The batch-servicing half of UvmSim (uses its state: bitmaps, per-slot lists, counters, LRM)."""
 
@@ -196,7 +206,7 @@ class FaultService:
         fault_h = int((cpu_m & faulted).sum())
         n_h = int(cpu_m.sum())
         if n_h:
-            self._k.htod_records += run_lengths(cpu_m & faulted).size + run_lengths(cpu_m & ~faulted).size
+            self._k.htod_records += htod_record_count(cpu_m, faulted)
         zero, runs = self._populate(s, mask)
         if runs.size:
             self._add_htod_runs(runs)

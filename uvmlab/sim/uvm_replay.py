@@ -34,7 +34,7 @@ from uvmlab.sim.uvm import UvmCounters, UvmSim
 from uvmlab.sim.uvm_hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm_reread import gemm_passes
-from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS
+from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 COPY_PHASES = ("setup", "data")
@@ -532,5 +532,4 @@ def _iterations(kernels: pd.DataFrame, native_ns: np.ndarray) -> tuple[pd.DataFr
         prev_end = end
     cols = [*ITERATION_COLUMNS, "zero_fill_bytes", "memcpy_htod_bytes", "stall_ns", "baseline_ns"]
     df = pd.DataFrame(rows, columns=cols)
-    steady = base[1:] if len(base) > 1 else base
-    return df, float(np.mean(steady)) if steady else float("nan")
+    return df, steady_mean(base)

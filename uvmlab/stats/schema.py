@@ -146,7 +146,7 @@ RESULT_KEYS: tuple[str, ...] = (
     "peak_allocated_bytes",
     "peak_reserved_bytes",
     "iterations",
-    "iteration_time_ns",  # mean over iterations after the first (warm-up)
+    "iteration_time_ns",  # steady_mean of the iteration durations: after the first (warm-up)
     "total_time_ns",
     "native_time_ns",  # the same job, same PCA setting, without UVM (everything resident); gpu: --baseline
     "slowdown_vs_native",  # iteration_time_ns / native_time_ns
@@ -154,3 +154,13 @@ RESULT_KEYS: tuple[str, ...] = (
     "slowdown_vs_native_pca",  # iteration_time_ns / native_pca_time_ns
     *FAULT_COLUMNS,  # totals over all iterations
 )
+
+
+def steady_mean(values: Any) -> float:
+    """The steady-state mean of per-iteration values: the mean over the iterations after the first (warm-up),
+    or the one value when there is only one; NaN when there is none. ``iteration_time_ns`` and the native
+    references are this mean of their iterations, on the simulated, GPU and measured sides alike."""
+    v = np.asarray(values, dtype=float)
+    if len(v) > 1:
+        v = v[1:]
+    return float(np.mean(v)) if len(v) else float("nan")

@@ -146,7 +146,7 @@ def _store(trace: Trace, entry: Path) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        write_trace(trace, tmp)
+        write_trace(trace, tmp, durable=False)  # the folder is renamed into place below: that is the atomic step
         # another process may have stored the same entry first (a non-empty folder cannot be replaced)
         with contextlib.suppress(OSError):
             os.replace(tmp, entry)

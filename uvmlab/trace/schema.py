@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.atomic import atomic_write_json, atomic_write_with
+from uvmlab.atomic import atomic_write_json, atomic_write_with, to_json
 from uvmlab.errors import InputError
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
@@ -150,15 +150,27 @@ def _to_arrow(df: pd.DataFrame, schema: pa.Schema, name: str) -> pa.Table:
         raise InputError(f"cannot write trace table {name}: {exc}") from None
 
 
-def write_trace(trace: Trace, directory: str | Path) -> Path:
-    """Write ``trace`` into ``directory`` (tables first, header last: the header marks it complete)."""
+def write_trace(trace: Trace, directory: str | Path, durable: bool = True) -> Path:
+    """Write ``trace`` into ``directory`` (tables first, header last: the header marks it complete).
+
+    ``durable``: each file is written atomically (temporary file, fsync, rename). Without it the files are
+    written in place, for a caller that writes into a private temporary folder and renames the folder into
+    place itself (the trace cache: ``uvmlab.trace.cache._store``); the fsyncs cost about 30 ms per trace on a
+    loaded machine, and a cache entry damaged by a crash is detected and captured again.
+    """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     for name, schema in SCHEMAS.items():
         table = _to_arrow(getattr(trace, name), schema, name)
-        atomic_write_with(out / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
+        if durable:
+            atomic_write_with(out / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
+        else:
+            pq.write_table(table, out / f"{name}.parquet")
     header = {**trace.header, "schema_version": SCHEMA_VERSION}
-    atomic_write_json(out / "trace.json", header)
+    if durable:
+        atomic_write_json(out / "trace.json", header)
+    else:
+        (out / "trace.json").write_text(to_json(header), encoding="utf-8")
     return out
 
 

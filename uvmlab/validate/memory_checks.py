@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uvmlab.validate.points import Point, check
+from uvmlab.validate.points import Point, check, item_progress, jobs
 
 MLP_DIR = "memory/gpumemnet_mlp_a100"
 XMEM_DIR = "memory/xmem_rtx3060_sample"
@@ -24,33 +24,26 @@ promise 10 %, and the fast sample's rows (index % 100 == 1) all sit within 3 %."
 
 
 def _mlp_points(data_dir: Path, keep: object = None, band: float | None = None) -> list[Point]:
-    import gc
-
-    from uvmlab.evaluate.gpumemnet import estimate_row, read_mlp_set
+    from uvmlab.evaluate.gpumemnet import estimate_rows, read_mlp_set
 
     rows, skipped = read_mlp_set(data_dir / MLP_DIR)
     if callable(keep):
         rows = [r for r in rows if keep(r)]
-    points = []
-    try:
-        for r in rows:
-            gc.freeze()  # keeps the capture's gc.collect() small (see uvmlab.evaluate.harness)
-            res = estimate_row(r)
-            points.append(
-                Point(
-                    dataset=MLP_DIR,
-                    case=f"row {r.index}",
-                    quantity="device_peak_bytes",
-                    unit="bytes",
-                    measured=float(r.measured_bytes),
-                    predicted=float(res["device_peak_bytes"]),
-                    fitted=r.fitted,
-                    note="eager module loading (the stack's floor rules out lazy)",
-                    band=None if r.fitted else band,
-                )
-            )
-    finally:
-        gc.unfreeze()
+    results = estimate_rows(rows, jobs=jobs(), progress=item_progress(len(rows)))
+    points = [
+        Point(
+            dataset=MLP_DIR,
+            case=f"row {r.index}",
+            quantity="device_peak_bytes",
+            unit="bytes",
+            measured=float(r.measured_bytes),
+            predicted=float(res["device_peak_bytes"]),
+            fitted=r.fitted,
+            note="eager module loading (the stack's floor rules out lazy)",
+            band=None if r.fitted else band,
+        )
+        for r, res in zip(rows, results, strict=True)
+    ]
     points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
                for i, why in skipped]  # fmt: skip
     return points

@@ -7,7 +7,9 @@ Modules holding checks are listed in :data:`CHECK_MODULES` so that the registry 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +101,43 @@ def check(name: str, *, needs: str, fast: bool = False) -> Callable[[CheckFn], C
         return fn
 
     return deco
+
+
+Advance = Callable[[int, int], None]
+"""``advance(done, total)``: a long check reports its progress through its own items (rows, runs)."""
+
+_JOBS: ContextVar[int] = ContextVar("uvmlab_validate_jobs", default=1)
+_ADVANCE: ContextVar[Advance | None] = ContextVar("uvmlab_validate_advance", default=None)
+
+
+@contextmanager
+def run_options(jobs: int = 1, advance: Advance | None = None) -> Iterator[None]:
+    """While the scorecard runs its checks: the worker processes a check may use (``jobs``) and where it reports
+    its progress through its items (``advance``)."""
+    if jobs < 1:
+        raise ValueError(f"jobs is >= 1, not {jobs}")
+    tokens = _JOBS.set(jobs), _ADVANCE.set(advance)
+    try:
+        yield
+    finally:
+        _JOBS.reset(tokens[0])
+        _ADVANCE.reset(tokens[1])
+
+
+def jobs() -> int:
+    """How many worker processes a check may use (1: run in this process)."""
+    return _JOBS.get()
+
+
+def item_progress(total: int) -> Callable[[int], None]:
+    """A callback ``done(n)`` for a check working through ``total`` items: forwards the running count to the
+    scorecard's progress (a no-op outside it)."""
+    advance = _ADVANCE.get()
+    count = [0]
+
+    def done(n: int = 1) -> None:
+        count[0] += n
+        if advance is not None:
+            advance(count[0], total)
+
+    return done

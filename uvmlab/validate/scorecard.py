@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Point
+from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Point, run_options
 
 COLUMNS = ["dataset", "case", "quantity", "unit", "measured", "predicted", "ratio",
            "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note"]  # fmt: skip
@@ -47,6 +47,14 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     return root
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def load_checks() -> dict[str, Check]:
     """Import every module in CHECK_MODULES (registering its checks) and return the registry."""
     for name in CHECK_MODULES:
@@ -64,7 +72,9 @@ class Scorecard:
     ran: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # check -> reason
     errors: dict[str, str] = field(default_factory=dict)  # check -> exception (a uvmlab bug)
-    cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process and its worker processes
+    wall_seconds: float = 0.0
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)  # check -> (wall s, CPU s incl. workers)
 
     def frame(self) -> pd.DataFrame:
         """One row per point (columns :data:`COLUMNS`)."""
@@ -117,6 +127,8 @@ class Scorecard:
             **counts(p for _, p in self.points),
             "by_dataset": {ds: counts(p for _, p in self.points if p.dataset == ds) for ds in datasets},
             "cpu_seconds": round(self.cpu_seconds, 2),
+            "wall_seconds": round(self.wall_seconds, 2),
+            "check_seconds": {n: {"wall": round(w, 2), "cpu": round(c, 2)} for n, (w, c) in self.timings.items()},
         }
 
     def write(self, out: str | os.PathLike[str] | Any, force: bool = False) -> Path:
@@ -158,9 +170,14 @@ def validate(
     out: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
+    advance: Callable[[str, int, int], None] | None = None,
 ) -> Scorecard:
     """Run the checks on ``data_dir`` (default :func:`default_data_dir`) and return (and with ``out``, write)
-    the scorecard. ``progress(name)`` is called after each check."""
+    the scorecard. ``progress(name)`` is called after each check, ``advance(name, done, total)`` as a long check
+    works through its items; a check may use ``jobs`` worker processes (the points do not depend on it)."""
+    if jobs < 1:
+        raise InputError(f"--jobs must be >= 1, not {jobs}")
     root = resolve_data_dir(data_dir)
     checks = select_checks(load_checks(), fast, only)
     if checks and not any((root / c.needs).is_dir() for c in checks):
@@ -168,7 +185,7 @@ def validate(
         raise InputError(f"{root} holds none of the real-data folders the checks read ({', '.join(needs)})")
     rd = _output_rundir(out, root, force)  # before any check runs: a refused -o costs nothing
     try:
-        card = _run_checks(root, checks, fast, progress)
+        card = _run_checks(root, checks, fast, progress, jobs, advance)
         if rd is not None:
             card.write(rd)
     finally:
@@ -190,22 +207,41 @@ def _output_rundir(out: str | os.PathLike[str] | None, root: Path, force: bool) 
     return RunDir.for_writing(out, force)
 
 
-def _run_checks(root: Path, checks: list[Check], fast: bool, progress: Callable[[str], None] | None) -> Scorecard:
+def _run_checks(
+    root: Path,
+    checks: list[Check],
+    fast: bool,
+    progress: Callable[[str], None] | None,
+    jobs: int = 1,
+    advance: Callable[[str, int, int], None] | None = None,
+) -> Scorecard:
     card = Scorecard(data_dir=str(root), fast=fast)
-    t0 = time.process_time()
+    start = _clocks()
     for c in checks:
         folder = root / c.needs
         if not folder.is_dir():
             card.skipped[c.name] = f"{folder} is absent"
         else:
+            t0 = _clocks()
+            step = None if advance is None else (lambda done, total, name=c.name: advance(name, done, total))
             try:
-                card.points += [(c.name, p) for p in c.fn(root)]
+                with run_options(jobs, step):
+                    card.points += [(c.name, p) for p in c.fn(root)]
                 card.ran.append(c.name)
             except InputError:
                 raise
             except Exception as exc:  # a check's bug must not hide the other checks' results
                 card.errors[c.name] = f"{type(exc).__name__}: {exc}"
+            t1 = _clocks()
+            card.timings[c.name] = (t1[0] - t0[0], t1[1] - t0[1])
         if progress is not None:
             progress(c.name)
-    card.cpu_seconds = time.process_time() - t0
+    end = _clocks()
+    card.wall_seconds, card.cpu_seconds = end[0] - start[0], end[1] - start[1]
     return card
+
+
+def _clocks() -> tuple[float, float]:
+    """(wall, CPU) seconds now; the CPU of this process plus its finished worker processes (``os.times``)."""
+    t = os.times()
+    return time.perf_counter(), t.user + t.system + t.children_user + t.children_system

@@ -147,11 +147,9 @@ void parse_config(Config& c) {
       else if (item == "preferred_location_cpu") c.advise_pref_cpu = true;
       else if (item == "accessed_by") c.advise_accessed_by = true;
       else if (item == "read_mostly") c.advise_read_mostly = true;
-      else if (item == "none" || item.empty()) {
-      } else {
+      else if (item != "none" && !item.empty())  // "none" and empty items ask for nothing
         die_config("UVMLAB_ADVISE", advise,
                    "a comma list of preferred_location_gpu, preferred_location_cpu, accessed_by, read_mostly");
-      }
       if (comma == std::string::npos) break;
       start = comma + 1;
     }
