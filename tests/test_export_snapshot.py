@@ -93,3 +93,11 @@ def test_estimate_snapshot_has_frames_too(tmp_path: Path) -> None:
         [fr["filename"] for fr in e["frames"]] == ["op", "category", "phase", "iteration"] for e in entries
     )
     assert [e["time_us"] for e in entries] == list(range(len(entries)))  # estimate has no clock: event index
+
+
+def test_settings_name_the_caching_switch_only_when_caching_is_off(snap: tuple[Path, dict[str, Any]]) -> None:
+    """PYTORCH_NO_CUDA_MEMORY_CACHING set to any value turns caching off: a PCA-on snapshot must not carry it."""
+    run_dir, data = snap
+    pca = json.loads((run_dir / "result.json").read_text())["pca"]
+    settings = data["allocator_settings"]
+    assert ("PYTORCH_NO_CUDA_MEMORY_CACHING" in settings) is (not pca)

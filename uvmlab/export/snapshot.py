@@ -128,5 +128,9 @@ def write_run_snapshot(
     from uvmlab.trace.snapshot import write_snapshot
 
     segments, traces = run_snapshot_dicts(trace, pca, kernels, peak_reserved_bytes, alloc_conf)
-    settings = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "PYTORCH_NO_CUDA_MEMORY_CACHING": "0" if pca else "1"}
+    # PyTorch's snapshots carry PYTORCH_CUDA_ALLOC_CONF; the caching switch is recorded only when caching is off,
+    # because PYTORCH_NO_CUDA_MEMORY_CACHING set to any value (even "0") turns caching off (uvmlab.gpu.worker).
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
+    if not pca:
+        settings["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return write_snapshot(path, segments, traces, allocator_settings=settings)
