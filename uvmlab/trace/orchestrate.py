@@ -279,19 +279,10 @@ def rule_cublas_workspace(b: _Builder, trace: Trace, size: int, ops: frozenset[s
 
 
 def _live_bytes_before(trace: Trace, seqs: np.ndarray) -> np.ndarray:
-    """Requested bytes alive just before each event ``seqs`` of ``trace`` (allocations alive at that seq)."""
-    a = trace.allocations
-    if a.empty:
-        return np.zeros(len(seqs), dtype=np.int64)
-    starts = a["alloc_seq"].to_numpy()
-    ends = np.where(a["free_seq"].to_numpy() == NEVER_FREED, np.iinfo(np.int64).max, a["free_seq"].to_numpy())
-    size = a["size_bytes"].to_numpy().astype(np.int64)
-    order_s, order_e = np.argsort(starts, kind="stable"), np.argsort(ends, kind="stable")
-    cum_s = np.concatenate([[0], np.cumsum(size[order_s])])
-    cum_e = np.concatenate([[0], np.cumsum(size[order_e])])
-    born = cum_s[np.searchsorted(starts[order_s], seqs, side="left")]
-    dead = cum_e[np.searchsorted(ends[order_e], seqs, side="left")]
-    return born - dead
+    """Requested bytes alive just before each event ``seqs`` of ``trace`` (from ``Trace.live_bytes``)."""
+    live = trace.live_bytes()
+    after = np.concatenate([[0], live.to_numpy()]).astype(np.int64)
+    return after[np.searchsorted(live.index.to_numpy(), seqs, side="left")]
 
 
 def rule_cudnn_workspace(
