@@ -44,9 +44,15 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
-from uvmlab.trace.cudnn_conv import ELEMENT_BYTES, WORKSPACE_MODELS, conv_geometry, workspace_sizes
+from uvmlab.trace.cudnn_conv import (
+    CUDNN_WORKSPACE_CAP_BYTES,
+    ELEMENT_BYTES,
+    WORKSPACE_MODELS,
+    conv_geometry,
+    workspace_sizes,
+)
 from uvmlab.trace.schema import NEVER_FREED, Trace
-from uvmlab.units import KiB, MiB
+from uvmlab.units import KiB
 
 CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 """``:4096:2:16:8`` = 8,519,680 B: PyTorch ``parseChosenWorkspaceSize`` default for non-sm90 GPUs."""
@@ -54,10 +60,6 @@ CUBLAS_SM90_WORKSPACE_BYTES = 4096 * 8 * 1024
 """32 MiB: the same function's default on sm90 (H100/H200/GH200)."""
 CUBLASLT_DEFAULT_WORKSPACE_BYTES = 1024 * KiB
 """``parseCUDABlasLtWorkspaceSize`` default (1024 KiB, PyTorch issue #73328), capped at the cuBLAS workspace."""
-CUDNN_WORKSPACE_CAP_BYTES = 256 * MiB
-"""Cap on the approximated per-call cuDNN workspace: our choice, checked as an envelope against real snapshots
-(every v8 workspace in HugePandaCoder/octree-nca-groupeq 0cc72993 and 3e8aa21a is at most 128 MiB, 185 calls with
-outputs up to 7.35 GB; tests/test_cudnn_workspace.py, docs/estimate.md). No VGG/ResNet per-layer size was found."""
 SM90_PREFIXES = ("H100", "H200", "GH200")
 """GpuSpec names of compute capability 9.0 GPUs (uvmlab/gpus.py)."""
 CUBLAS_OPS = frozenset(
