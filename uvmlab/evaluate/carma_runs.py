@@ -33,7 +33,7 @@ from pathlib import Path
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
-from uvmlab.evaluate.xmem_sample import csv_header
+from uvmlab.evaluate.xmem_sample import csv_header, find_csv
 from uvmlab.units import GiB, MiB
 
 CSV_NAME = "ehsan-summary.csv"
@@ -74,11 +74,7 @@ def _measured(text: str, line: int) -> float:
 
 def read_carma_summary(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, str]]]:
     """EvalCases of CARMA's summary (the CSV, or the folder holding ``CSV_NAME``); (cases, skipped [(row, reason)])."""
-    src = Path(path)
-    if src.is_dir():
-        src = src / CSV_NAME
-    if not src.is_file():
-        raise InputError(f"CARMA summary {src} not found")
+    src = find_csv(path, CSV_NAME, "CARMA summary")
     cases: list[EvalCase] = []
     skipped: list[tuple[str, str]] = []
     with src.open(newline="") as fh:

@@ -29,6 +29,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
+from uvmlab.evaluate.xmem_sample import find_csv
 from uvmlab.units import MiB
 
 CSV_NAME = "mlp_data_step2.csv"
@@ -108,11 +109,7 @@ def parse_row(index: int, row: dict[str, str]) -> MlpRow:
 
 def read_mlp_set(path: str | Path) -> tuple[list[MlpRow], list[tuple[int, str]]]:
     """All rows of the CSV (a file, or the folder holding ``CSV_NAME``): (rows, skipped [(index, reason)])."""
-    src = Path(path)
-    if src.is_dir():
-        src = src / CSV_NAME
-    if not src.is_file():
-        raise InputError(f"GPUMemNet MLP set {src} not found")
+    src = find_csv(path, CSV_NAME, "GPUMemNet MLP set")
     rows, skipped = [], []
     with src.open(newline="") as fh:
         for i, raw in enumerate(csv.DictReader(fh)):

@@ -55,13 +55,23 @@ def _float(text: str) -> float:
     return float(text) if text.strip() else math.nan
 
 
+def csv_file(path: str | Path, csv_name: str) -> Path:
+    """``path``, or ``path/csv_name`` when ``path`` is a folder (the readers take either)."""
+    src = Path(path)
+    return src / csv_name if src.is_dir() else src
+
+
+def find_csv(path: str | Path, csv_name: str, what: str) -> Path:
+    """:func:`csv_file`, or InputError("<what> <file> not found") when that file does not exist."""
+    src = csv_file(path, csv_name)
+    if not src.is_file():
+        raise InputError(f"{what} {src} not found")
+    return src
+
+
 def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, str]]]:
     """EvalCases of the sample (a CSV, or the folder holding ``CSV_NAME``); (cases, skipped [(row, reason)])."""
-    src = Path(path)
-    if src.is_dir():
-        src = src / CSV_NAME
-    if not src.is_file():
-        raise InputError(f"xMem sample {src} not found")
+    src = find_csv(path, CSV_NAME, "xMem sample")
     cases: list[EvalCase] = []
     skipped: list[tuple[str, str]] = []
     with src.open(newline="") as fh:
@@ -107,9 +117,7 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
 
 def csv_header(path: str | Path, csv_name: str) -> str:
     """The first line of ``path`` (or of ``path/csv_name`` for a folder) when it is a text CSV, else ""."""
-    src = Path(path)
-    if src.is_dir():
-        src = src / csv_name
+    src = csv_file(path, csv_name)
     if not src.is_file() or src.suffix != ".csv":
         return ""
     try:

@@ -11,8 +11,8 @@ on that path (pytorch/pytorch issue #49207: "the workspace size for algorithms r
 be large sometimes"). Which engine cuDNN's heuristics rank first is not knowable without cuDNN, so the size is a
 MODEL, one of ``WORKSPACE_MODELS``, each the buffer layout of a documented cuDNN algorithm family:
 
-- ``envelope`` (default): the largest operand of the call, capped (``uvmlab.trace.orchestrate``
-  ``CUDNN_WORKSPACE_CAP_BYTES``): an upper envelope of the real per-call sizes in allocator snapshots of 1x1
+- ``envelope`` (default): the largest operand of the call, capped (``CUDNN_WORKSPACE_CAP_BYTES``,
+  overridable per run): an upper envelope of the real per-call sizes in allocator snapshots of 1x1
   convolutions (docs/estimate.md "Real cuDNN workspaces per call"); one workspace for the two backward calls.
 - ``layout``: NCHW <-> NHWC copies of the call's three tensors for a tensor-core (TF32) engine: input + filter +
   output (forward), grad-output + filter + grad-input (backward data), input + grad-output + grad-filter
@@ -66,6 +66,10 @@ FFT_MAX_SIDE = 256
 ``cudnnConvolutionForward``, ``CUDNN_CONVOLUTION_FWD_ALGO_FFT`` conditions)."""
 MAX_KERNEL = 11
 """Largest kernel side resolved (AlexNet's 11x11 stem); a larger one means the inference failed."""
+CUDNN_WORKSPACE_CAP_BYTES = 256 * MiB
+"""Cap on the approximated per-call cuDNN workspace: our choice, checked as an envelope against real snapshots
+(every v8 workspace in HugePandaCoder/octree-nca-groupeq 0cc72993 and 3e8aa21a is at most 128 MiB, 185 calls with
+outputs up to 7.35 GB; tests/test_cudnn_workspace.py, docs/estimate.md). No VGG/ResNet per-layer size was found."""
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the trace's dtype (WorkloadConfig.dtype)."""
 
@@ -158,7 +162,7 @@ def _fft_bytes(g: ConvGeometry, pow2: bool) -> int | None:
     return (g.n * g.c + g.k * g.c + g.n * g.k) * plane
 
 
-def workspace_sizes(g: ConvGeometry, model: str, cap: int = 256 * MiB) -> tuple[int, ...]:
+def workspace_sizes(g: ConvGeometry, model: str, cap: int = CUDNN_WORKSPACE_CAP_BYTES) -> tuple[int, ...]:
     """Workspace bytes of each cuDNN call behind one trace kernel under ``model`` (module docstring).
 
     Forward: one call. Backward: ``envelope`` gives one (the two calls share it); the other models give

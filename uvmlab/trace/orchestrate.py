@@ -44,9 +44,15 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
-from uvmlab.trace.cudnn_conv import ELEMENT_BYTES, WORKSPACE_MODELS, conv_geometry, workspace_sizes
+from uvmlab.trace.cudnn_conv import (
+    CUDNN_WORKSPACE_CAP_BYTES,
+    ELEMENT_BYTES,
+    WORKSPACE_MODELS,
+    conv_geometry,
+    workspace_sizes,
+)
 from uvmlab.trace.schema import NEVER_FREED, Trace
-from uvmlab.units import KiB, MiB
+from uvmlab.units import KiB
 
 CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 """``:4096:2:16:8`` = 8,519,680 B: PyTorch ``parseChosenWorkspaceSize`` default for non-sm90 GPUs."""
@@ -54,10 +60,6 @@ CUBLAS_SM90_WORKSPACE_BYTES = 4096 * 8 * 1024
 """32 MiB: the same function's default on sm90 (H100/H200/GH200)."""
 CUBLASLT_DEFAULT_WORKSPACE_BYTES = 1024 * KiB
 """``parseCUDABlasLtWorkspaceSize`` default (1024 KiB, PyTorch issue #73328), capped at the cuBLAS workspace."""
-CUDNN_WORKSPACE_CAP_BYTES = 256 * MiB
-"""Cap on the approximated per-call cuDNN workspace: our choice, checked as an envelope against real snapshots
-(every v8 workspace in HugePandaCoder/octree-nca-groupeq 0cc72993 and 3e8aa21a is at most 128 MiB, 185 calls with
-outputs up to 7.35 GB; tests/test_cudnn_workspace.py, docs/estimate.md). No VGG/ResNet per-layer size was found."""
 SM90_PREFIXES = ("H100", "H200", "GH200")
 """GpuSpec names of compute capability 9.0 GPUs (uvmlab/gpus.py)."""
 CUBLAS_OPS = frozenset(
@@ -279,19 +281,10 @@ def rule_cublas_workspace(b: _Builder, trace: Trace, size: int, ops: frozenset[s
 
 
 def _live_bytes_before(trace: Trace, seqs: np.ndarray) -> np.ndarray:
-    """Requested bytes alive just before each event ``seqs`` of ``trace`` (allocations alive at that seq)."""
-    a = trace.allocations
-    if a.empty:
-        return np.zeros(len(seqs), dtype=np.int64)
-    starts = a["alloc_seq"].to_numpy()
-    ends = np.where(a["free_seq"].to_numpy() == NEVER_FREED, np.iinfo(np.int64).max, a["free_seq"].to_numpy())
-    size = a["size_bytes"].to_numpy().astype(np.int64)
-    order_s, order_e = np.argsort(starts, kind="stable"), np.argsort(ends, kind="stable")
-    cum_s = np.concatenate([[0], np.cumsum(size[order_s])])
-    cum_e = np.concatenate([[0], np.cumsum(size[order_e])])
-    born = cum_s[np.searchsorted(starts[order_s], seqs, side="left")]
-    dead = cum_e[np.searchsorted(ends[order_e], seqs, side="left")]
-    return born - dead
+    """Requested bytes alive just before each event ``seqs`` of ``trace`` (from ``Trace.live_bytes``)."""
+    live = trace.live_bytes()
+    after = np.concatenate([[0], live.to_numpy()]).astype(np.int64)
+    return after[np.searchsorted(live.index.to_numpy(), seqs, side="left")]
 
 
 def rule_cudnn_workspace(
