@@ -147,3 +147,10 @@ def test_prefetch_on_alloc_replaces_faults_by_prefetches() -> None:
     tight = int(placement.peak_allocated_bytes * 0.5)
     pressed = replay(trace, placement, tight, gpu, UvmKnobs(prefetch_on_alloc=True))
     assert pressed.totals.dtoh_bytes > 0
+
+
+def test_every_alloc_conf_policy_sets_the_same_conf_on_a_real_gpu() -> None:
+    confs = {n: p for n, p in POLICIES.items() if p.alloc_conf}
+    assert confs  # the allocator family has PYTORCH_CUDA_ALLOC_CONF policies
+    for pol in confs.values():
+        assert pol.gpu_env["PYTORCH_CUDA_ALLOC_CONF"] == pol.alloc_conf

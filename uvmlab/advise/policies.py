@@ -83,6 +83,9 @@ class Policy:
 
 
 def _p(**kw: Any) -> Policy:
+    """A policy; its ``alloc_conf`` also goes into ``gpu_env`` (``PYTORCH_CUDA_ALLOC_CONF``) for a real GPU run."""
+    if kw.get("alloc_conf"):
+        kw["gpu_env"] = {"PYTORCH_CUDA_ALLOC_CONF": kw["alloc_conf"], **kw.get("gpu_env", {})}
     return Policy(**kw)
 
 
@@ -128,7 +131,6 @@ POLICIES: dict[str, Policy] = {
             source=_ALLOC_CONF_SRC,
             pca=True,
             alloc_conf="max_split_size_mb:128",
-            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
         ),
         _p(
             name="roundup-pow2-4",
@@ -138,7 +140,6 @@ POLICIES: dict[str, Policy] = {
             source=_ALLOC_CONF_SRC,
             pca=True,
             alloc_conf="roundup_power2_divisions:4",
-            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4"},
         ),
         _p(
             name="gc-threshold-0.8",
@@ -151,7 +152,6 @@ POLICIES: dict[str, Policy] = {
             source=_ALLOC_CONF_SRC + "; CUDACachingAllocator.cpp garbage_collect_cached_blocks (needs set_fraction)",
             pca=True,
             alloc_conf="garbage_collection_threshold:0.8",
-            gpu_env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8"},
             needs_code_change="torch.cuda.set_per_process_memory_fraction(F)  # F = memory for UVM / GPU memory",
         ),
         _p(

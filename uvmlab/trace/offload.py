@@ -46,7 +46,6 @@ single-core figure; DeepSpeedCPUAdam (AVX, multi-threaded) is 5-7x faster than P
 ZeRO-Offload tutorial, www.deepspeed.ai/tutorials/zero-offload)."""
 SEQ_SPREAD = 4
 """Seqs are multiplied by this to leave room for the three inserted events before each step."""
-OFFLOAD_KERNELS = ("offload:grad_dtoh", "offload:cpu_step", "offload:param_htod")
 
 
 def offload_optimizer(trace: Trace, params_per_s: float = CPU_ADAM_PARAMS_PER_S) -> Trace:
