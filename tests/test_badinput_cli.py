@@ -243,6 +243,10 @@ CASES = [
     ),
     Case("compare-o-is-an-input", lambda d, o: ["compare", (a := fake_run(d, "A")), fake_run(d, "B"), "-o", a]),
     Case("compare-o-existing", lambda d, o: ["compare", fake_run(d, "A"), fake_run(d, "B"), "-o", _comparison(d)]),
+    Case(
+        "compare-o-another-run-even-with-force",
+        lambda d, o: ["compare", fake_run(d, "A"), fake_run(d, "B"), "-o", fake_run(d, "C"), "--force"],
+    ),
     Case("report-o-existing", lambda d, o: ["report", sweep_dir(d), "-o", workload_file(d, "<html/>", "r.html")]),
     Case("report-o-is-results", lambda d, o: ["report", (s := sweep_dir(d)), "-o", f"{s}/results.parquet"]),
     Case("nsys-import-random", lambda d, o: ["nsys", "import", random_bytes(d, "x.sqlite"), "-o", str(o)]),

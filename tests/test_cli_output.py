@@ -41,15 +41,17 @@ def test_piped_table_is_markdown_with_every_cell_whole(capsys: pytest.CaptureFix
     assert row.split("|")[2].strip() == "n/a"
 
 
-def test_terminal_table_folds_instead_of_cutting() -> None:
+def _terminal(monkeypatch: pytest.MonkeyPatch, width: int) -> io.StringIO:
+    """Point uvmlab's stdout console at a terminal of ``width`` columns for this test; return its text buffer."""
     buf = io.StringIO()
-    term = Console(file=buf, force_terminal=True, width=60, markup=False, color_system=None)
-    old = console.out
-    console.out = term
-    try:
-        print_table("t", ["estimator", "MRE"], [[LONG, 0.25]])
-    finally:
-        console.out = old
+    term = Console(file=buf, force_terminal=True, width=width, markup=False, color_system=None)
+    monkeypatch.setattr(console, "out", term)
+    return buf
+
+
+def test_terminal_table_folds_instead_of_cutting(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = _terminal(monkeypatch, 60)
+    print_table("t", ["estimator", "MRE"], [[LONG, 0.25]])
     first_column = "".join(ln.split("│")[1].strip() for ln in buf.getvalue().splitlines() if ln.startswith("│"))
     assert "…" not in buf.getvalue() and first_column == LONG
 
@@ -88,16 +90,10 @@ def test_notes_and_cells_keep_square_brackets(capsys: pytest.CaptureFixture[str]
     assert "pip install 'uvmlab[gpu]'" in captured.out and "[red]t[/red]" in captured.out
 
 
-def test_terminal_console_keeps_square_brackets() -> None:
-    buf = io.StringIO()
-    term = Console(file=buf, force_terminal=True, width=100, markup=False, color_system=None)
-    old = console.out
-    console.out = term
-    try:
-        print_table("t", ["k"], [["pip install 'uvmlab[gpu]'"]])
-        console.say("[gpu] stays")
-    finally:
-        console.out = old
+def test_terminal_console_keeps_square_brackets(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = _terminal(monkeypatch, 100)
+    print_table("t", ["k"], [["pip install 'uvmlab[gpu]'"]])
+    console.say("[gpu] stays")
     assert "uvmlab[gpu]" in buf.getvalue() and "[gpu] stays" in buf.getvalue()
 
 

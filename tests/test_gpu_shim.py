@@ -455,7 +455,7 @@ pd.DataFrame(dict(time_ns=[t_sample], iteration=[0], phase=["end"], allocated_by
 
 def _stub_run(built, tmp_path, monkeypatch, *, pca: bool, context: int = 256 * MiB, strict: bool = False, base=True):
     """run_gpu through the stub runtime (a 16 GiB card whose context and other tenants take ``context``) with
-    --footprint measure and --baseline (see test_run_gpu_end_to_end_with_the_stub_runtime)."""
+    --footprint measure and --baseline (test_run_gpu_end_to_end_with_the_stub_runtime checks the whole result)."""
     from uvmlab.config import RunConfig, WorkloadConfig
     from uvmlab.gpu import runner
     from uvmlab.gpu.detect import GpuStatus
@@ -522,26 +522,8 @@ def test_the_effective_factor_is_measured_and_a_short_one_is_loud(built, tmp_pat
 def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) -> None:
     """The whole GPU pipeline minus the GPU: plan -> calibrate (real shim, real log) -> measured footprint ->
     re-plan -> baseline + run (balloon reserved by the shim in leave mode) -> collect -> result.json."""
-    from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.gpu import runner
-    from uvmlab.gpu.detect import GpuStatus
-    from uvmlab.rundir import RunDir
-
-    total, context = 16 * GiB, 256 * MiB
-    monkeypatch.setattr(runner, "gpu_status", lambda: GpuStatus(True, "", "Stub GPU", total, "0", "13.0", 0, 1))
-    monkeypatch.setenv("UVMLAB_CACHE", str(built["dir"] / "cache"))  # the shim the fixture built
-    for k in [k for k in os.environ if k.startswith(("UVMLAB_", "FAKE_CUDART_")) and k != "UVMLAB_CACHE"]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("FAKE_CUDART_TOTAL_BYTES", str(total))
-    monkeypatch.setenv("FAKE_CUDART_CONTEXT_BYTES", str(context))
-    fake = tmp_path / "fake_python"
-    fake.write_text(_FAKE_WORKER.format(python=sys.executable, cudart=str(built["cudart"])))
-    fake.chmod(0o755)
-    cfg = RunConfig(WorkloadConfig("gpt2"), oversub=2.0, pca=True, mode="gpu")
-    opts = runner.GpuRunOptions(footprint="measure", baseline=True, python=str(fake), host_memory_bytes=64 * GiB)
-    rd = RunDir(tmp_path / "run")
-    rd.prepare()
-    res = runner.run_gpu(cfg, opts, rd)
+    total, context = 16 * GiB, 256 * MiB  # _stub_run's card
+    rd, res = _stub_run(built, tmp_path, monkeypatch, pca=True, context=context)
 
     footprint = 1200 * MiB  # both allocations live at once: the calibrate step's peak managed bytes
     capacity = 600 * MiB

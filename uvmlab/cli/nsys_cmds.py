@@ -145,10 +145,13 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     (B - A) / |A|; n/a where either side lacks the figure. With -o, writes comparison.json, tables and figures.
     """
     from uvmlab.compare import compare_runs, write_comparison
+    from uvmlab.errors import InputError
     from uvmlab.outputs import check_output_folder
 
     if out is not None:
         check_output_folder(out, ["comparison.json", "tables", "figures"], [run_a, run_b], force)
+        if (out / "result.json").is_file():  # --force would replace that run's tables/iterations.parquet etc.
+            raise InputError(f"-o {out} is a run directory; choose another folder for the comparison")
     cmp = compare_runs(run_a, run_b)
     if out is not None:
         written = write_comparison(cmp, out, figure_format)
