@@ -204,7 +204,10 @@ def _transfer_and_host_times(
 ) -> None:
     """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
     ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
-    ``host`` its ``host_ns`` column (the GPU waits for the CPU)."""
+    ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
+    for i, a in enumerate(api):
+        if a in ("prefetch", "host_write"):
+            native_ns[i] = 0.0
     idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
     if not idx:
         return
@@ -313,13 +316,11 @@ class _Replayer:
             c = UvmCounters()
             for r in rows:
                 c.add(sim.prefetch(r[0], r[1], r[2]))
-            st.native_ns[i] = 0.0
             dur = c.stall_ns
         elif kind == "host_write":
             for r in rows:
                 sim.host_write(r[0], r[1], r[2])
             c, dur = UvmCounters(), 0.0
-            st.native_ns[i] = 0.0
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
             c, dur = UvmCounters(), float(st.native_ns[i])
         elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
