@@ -73,6 +73,7 @@ class _Plan:
     n_pages: int
     n_runs: int
     n_records: int  # nsys-style HtoD records of the whole plan for a block entirely on the CPU (per cause)
+    sub_records: list[int]  # the same per sub (the slow path's full-CPU case)
     htod_ns: float
     zero_stall_ns: float = 0.0  # block services + zero-fill of the whole plan (block never populated)
     htod_stall_ns: float = 0.0  # block services + HtoD transfers of the whole plan (block entirely on the CPU)
@@ -243,6 +244,7 @@ class FaultService:
             p = int(take[-1]) + 1
             if not closes:
                 break
+        recs = [int(run_lengths(x[3]).size + run_lengths(x[2] & ~x[3]).size) for x in subs]
         all_runs = np.concatenate([x[4] for x in subs]) if subs else np.empty(0, dtype=np.int64)
         closes_at = [i for i, x in enumerate(subs) if x[1]]
         first = closes_at[0] if closes_at else -1
@@ -259,7 +261,8 @@ class FaultService:
             n_faults=sum(x[0] for x in subs),
             n_pages=int(res.sum()),
             n_runs=int(all_runs.size),
-            n_records=sum(run_lengths(x[3]).size + run_lengths(x[2] & ~x[3]).size for x in subs),
+            n_records=sum(recs),
+            sub_records=recs,
             htod_ns=transfer_time_ns(all_runs * PAGE_BYTES, self.costs.link_bytes_per_s),
         )
         services = self.costs.block_service_ns * len(plan.steps)
@@ -299,13 +302,13 @@ class FaultService:
                 k.prefetch_htod_bytes += (plan.n_pages - plan.n_faults) * PAGE_BYTES
                 k.stall_ns += plan.htod_stall_ns
         else:
-            for n_f, closes, mask, faulted, runs in plan.subs:
+            for (n_f, closes, mask, faulted, runs), n_rec in zip(plan.subs, plan.sub_records, strict=True):
                 n_m = int(runs.sum())
                 if n_cpu == 0:
                     self._account_service(s, n_f, n_m, 0, 0, n_m)
                 elif full_cpu:
                     self._add_htod_runs(runs)
-                    self._k.htod_records += run_lengths(faulted).size + run_lengths(mask & ~faulted).size
+                    self._k.htod_records += n_rec
                     self._account_service(s, n_f, n_m, n_f, n_m - n_f, 0)
                 else:
                     h = self._cpu[s] & mask
@@ -313,7 +316,7 @@ class FaultService:
                     nh = int(h.sum())
                     if nh:
                         self._add_htod_runs(run_lengths(h))
-                        self._k.htod_records += run_lengths(h & faulted).size + run_lengths(h & ~faulted).size
+                        self._k.htod_records += htod_record_count(h, faulted)
                     self._account_service(s, n_f, n_m, fh, nh - fh, n_m - nh)
                 if closes:
                     self._close_batch()

@@ -33,8 +33,9 @@ from uvmlab.sim.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.sim.uvm import UvmCounters, UvmSim
 from uvmlab.sim.uvm_hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-from uvmlab.sim.uvm_reread import gemm_passes
+from uvmlab.sim.uvm_reread import GEMM_OPS, gemm_passes
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
+from uvmlab.trace.orchestrate import op_base
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 COPY_PHASES = ("setup", "data")
@@ -156,6 +157,10 @@ class _KernelStatics:
     api: list[str]  # "" | "prefetch" | "host_write" (optional trace column ``api``)
     names: list[str] = field(default_factory=list)  # op names (uvm_reread picks the GEMM-like ones)
     flops: np.ndarray = field(default_factory=lambda: np.empty(0))
+    is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
+
+    def __post_init__(self) -> None:
+        self.is_gemm = [op_base(n) in GEMM_OPS for n in self.names]
 
 
 def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
@@ -199,7 +204,10 @@ def _transfer_and_host_times(
 ) -> None:
     """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
     ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
-    ``host`` its ``host_ns`` column (the GPU waits for the CPU)."""
+    ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
+    for i, a in enumerate(api):
+        if a in ("prefetch", "host_write"):
+            native_ns[i] = 0.0
     idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
     if not idx:
         return
@@ -267,7 +275,7 @@ class _Replayer:
         memory available to UVM; otherwise none of its pages can be evicted during it and one pass is the same.
         """
         sim = self.sim
-        if sim.knobs.gemm_rereads and st.names and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
+        if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
             passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
             if passes is not None:
                 self.reread_kernels += 1
@@ -308,13 +316,11 @@ class _Replayer:
             c = UvmCounters()
             for r in rows:
                 c.add(sim.prefetch(r[0], r[1], r[2]))
-            st.native_ns[i] = 0.0
             dur = c.stall_ns
         elif kind == "host_write":
             for r in rows:
                 sim.host_write(r[0], r[1], r[2])
             c, dur = UvmCounters(), 0.0
-            st.native_ns[i] = 0.0
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
             c, dur = UvmCounters(), float(st.native_ns[i])
         elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults

@@ -116,13 +116,25 @@ def _whole(x: float) -> int | None:
     return n if n >= 1 and abs(x - n) <= 1e-6 * max(1.0, abs(x)) else None
 
 
-def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+def _operands(rows: list[Access], min_reads: int) -> tuple[list[Access], list[Access]] | None:
+    """(reads, writes) of a kernel with at least ``min_reads`` reads and one write, else None."""
     reads = [r for r in rows if not r[3]]
     writes = [r for r in rows if r[3]]
-    if len(reads) < 2 or not writes:
+    return (reads, writes) if len(reads) >= min_reads and writes else None
+
+
+def _inner_dim(flops: float, e: int, out_bytes: int) -> int | None:
+    """GEMM K from 2 FLOPs per multiply-add: ``flops * elem / (2 |out|)`` if whole, else None."""
+    return _whole(flops * e / (2.0 * out_bytes)) if out_bytes > 0 else None
+
+
+def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+    ops = _operands(rows, 2)
+    if ops is None:
         return None
+    reads, writes = ops
     a, b, out = reads[-2], reads[-1], writes[0]
-    k = _whole(flops * e / (2.0 * out[2])) if out[2] > 0 else None
+    k = _inner_dim(flops, e, out[2])
     if k is None:
         return None
     m, n = _whole(a[2] / (k * e)), _whole(b[2] / (k * e))
@@ -131,19 +143,19 @@ def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access
     p = sweep_passes(-(-n // TILE_M), -(-m // TILE_N), ctas)
     if p <= 1:
         return None
-    others = [r for r in reads[:-2]]  # addmm's bias: read with the first pass
+    others = reads[:-2]  # addmm's bias: read with the first pass
     passes = _passes(b, [a, *writes], p)
     passes[0][1:1] = others
     return passes
 
 
 def _conv(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
-    reads = [r for r in rows if not r[3]]
-    writes = [r for r in rows if r[3]]
-    if len(reads) < 2 or not writes:
+    ops = _operands(rows, 2)
+    if ops is None:
         return None
+    reads, writes = ops
     x, w, out = reads[0], reads[1], writes[0]
-    k = _whole(flops * e / (2.0 * out[2])) if out[2] > 0 else None  # C*R*S
+    k = _inner_dim(flops, e, out[2])  # C*R*S
     if k is None:
         return None
     kout = _whole(w[2] / (k * e))
@@ -160,16 +172,16 @@ def _conv(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Acce
 
 
 def _conv_backward(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
-    reads = [r for r in rows if not r[3]]
-    writes = [r for r in rows if r[3]]
-    if len(reads) < 3 or not writes:
+    ops = _operands(rows, 3)
+    if ops is None:
         return None
+    reads, writes = ops
     gout, x, w = reads[0], reads[1], reads[2]
     gin = [r for r in writes if r[2] == x[2]]
     if not gin or x[2] == w[2]:
         return None  # no data gradient (first layer), or ambiguous sizes
     n_grads = 1 + any(r[2] == w[2] for r in writes)  # PyTorch counts one forward's FLOPs per gradient
-    kk = _whole(flops / n_grads * e / (2.0 * gin[0][2]))  # dgrad K = K_out*R*S
+    kk = _inner_dim(flops / n_grads, e, gin[0][2])  # dgrad K = K_out*R*S
     if kk is None:
         return None
     c = _whole(w[2] / (kk * e))

@@ -152,13 +152,16 @@ class StreamService:
         n_s, length = pages.shape
         valid = pages >= 0
         safe = np.where(valid, pages, 0)
+        invalid = ~valid
+        flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
+        lowest = self.knobs.stream_priority == "lowest"
         pos = np.zeros(n_s, dtype=np.int64)
         cols = np.arange(length)[None, :]
         per_batch = int(self.knobs.fault_batch_count)
         rotate = 0
         k = self._k
         while True:
-            res = self._gpu.reshape(-1)[safe] | ~valid
+            res = flat_gpu[safe] | invalid
             blocked = ~res & (cols >= pos[:, None])
             has = blocked.any(axis=1)
             if not has.any():
@@ -166,11 +169,7 @@ class StreamService:
             first = blocked.argmax(axis=1)
             pos = np.where(has, first, length)
             stalled = np.flatnonzero(has)
-            take = (
-                stalled[:per_batch]
-                if self.knobs.stream_priority == "lowest"
-                else np.roll(stalled, -(rotate % len(stalled)))[:per_batch]
-            )
+            take = stalled[:per_batch] if lowest else np.roll(stalled, -(rotate % len(stalled)))[:per_batch]
             rotate += len(take)
             gid = pages[take, first[take]]
             is_w = writes[take, first[take]]
