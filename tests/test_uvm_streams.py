@@ -177,17 +177,28 @@ def test_bad_order_is_an_input_error() -> None:
     n=st.integers(1, 40),
     order=st.sampled_from(["sequential", "random", "lcg"]),
     stride=st.sampled_from([PAGE_BYTES, 3 * PAGE_BYTES]),
+    warp=st.sampled_from([1, 4, 32]),
+    tid_stride=st.sampled_from([1, 8]),
 )
-def test_stream_kernels_keep_invariants(cap_blocks: int, sizes: list[int], n: int, order: str, stride: int) -> None:
+def test_stream_kernels_keep_invariants(
+    cap_blocks: int, sizes: list[int], n: int, order: str, stride: int, warp: int, tid_stride: int
+) -> None:
     sim = UvmSim(cap_blocks * VA_BLOCK_BYTES, None, CostParams(), GPU)
     for i, sz in enumerate(sizes):
         sim.map_range(i, sz)
-    k = StreamKernel(tuple((i, 0, sz, i % 2 == 1) for i, sz in enumerate(sizes)), n, order, stride)
+    k = StreamKernel(
+        tuple((i, 0, sz, i % 2 == 1) for i, sz in enumerate(sizes)),
+        n,
+        order,
+        stride,
+        tid_stride=tid_stride,
+        warp_size=warp,
+    )
     for _ in range(2):
         c = sim.access_streams(k)
         sim.check_invariants()
         assert c.fault_count == c.read_fault_count + c.write_fault_count
-        assert c.fault_batch_count * UvmKnobs().fault_batch_count >= c.fault_count
+        assert c.fault_batch_count * (UvmKnobs().fault_batch_count // tid_stride) >= c.fault_count
     assert sim.used_bytes <= sim.capacity_bytes
 
 

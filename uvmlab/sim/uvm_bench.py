@@ -21,7 +21,7 @@ divided by ``scale``; the chunk per thread keeps its size), fetches ``256 / scal
 same share of the threads per batch as the real run) and multiplies times by ``scale``: every count of blocks,
 faults and transfers scales with the sizes and the batch count is the real one, so the scaled run has the same
 dynamics [approximation, checked by tests/test_uvm_streams.py::test_uvmbench_scale_invariance; the 1.0x point,
-whose overflow is 537 MB, is the least scale-stable: 143 / 165 / 232 ms at scale 8 / 16 / 32].
+whose overflow is 537 MB, is the least scale-stable: seq_stream 137 / 165 / 223 ms at scale 8 / 16 / 32].
 Native kernel time: a roofline over the 32 B sectors touched.
 """
 
