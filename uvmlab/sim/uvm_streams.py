@@ -20,23 +20,33 @@ not from one block after the other in address order. This module models that:
   the pages touched: this, not the order itself, is why rand_stream beats seq_stream at 1.0x and 1.5x. Stream
   ``i`` of a scaled-down run stands for thread ``i * tid_stride`` (``uvmlab.sim.uvm_bench``); ``seed`` is
   ``base_seed``.
-* Threads whose next page is resident run on at no cost (their time is the kernel's native time); a thread whose
-  page is missing stalls and has exactly one fault outstanding.
+* Threads run in warps of ``warp_size`` lanes (SIMT: the lanes execute each load and store together; uvmbench's
+  lanes have equal loop trip counts, ``pages_in_chunk``). A warp whose lanes' pages at its current step are all
+  resident runs on at no cost (its time is the kernel's native time); a warp with a lane whose page is missing
+  stalls on that step and raises one fault per missing lane (uvm.md 1.3: the warp stalls, the uTLB writes an
+  entry per missing page); it moves to its next step only when every lane's page is resident. ``warp_size`` 1
+  is the independent-thread model.
 * The driver fetches up to ``fault_batch_count`` (256) entries per batch (uvm.md 1.4,
-  ``uvm_gpu_replayable_faults.c`` ``fetch_fault_buffer_entries``): the stalled threads' pages, distinct because
-  the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault). Which
-  stalled threads make it into a batch rotates (the fault buffer is a ring; BATCH_FLUSH discards the rest, which
-  refault after the replay). The batch's pages are serviced per VA block as in :mod:`uvmlab.sim.uvm_faults`
-  (prefetcher, chunk allocation with LRM eviction, migration / zero-fill), then the threads resume.
+  ``uvm_gpu_replayable_faults.c`` ``fetch_fault_buffer_entries``): the stalled warps' pages, distinct because
+  the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault); the
+  entries past the batch size wait (BATCH_FLUSH discards them and the warps refault after the replay). Which
+  stalled warps make it into a batch is the model knob ``stream_priority`` (``lowest``: the oldest warps first;
+  ``rotate``: round-robin). A scaled-down run (``tid_stride`` > 1) fetches ``fault_batch_count / tid_stride``
+  entries per batch, so that a batch serves the same share of the threads as in the real launch (before, 256
+  entries of 4,096 sampled threads stood for 256 of 65,536 real ones: 16x the real share, which made the
+  simulated service order depend on the scale). The batch's pages are serviced per VA block as in
+  :mod:`uvmlab.sim.uvm_faults` (prefetcher, chunk allocation with LRM eviction, migration / zero-fill), then the
+  warps resume.
 
 The consequence the address-order model missed: at an oversubscription factor near 1, the warps of resident
 blocks finish their chunks while the faulting ones wait, so the least-recently-migrated chunks evicted for the
 faulting blocks belong to threads that are already done; only the overflow migrates each pass, and the jump from
 1.0x to 1.25x appears (tests/test_uvm_streams.py, uvmlab/validate/uvm_checks.py).
 
-Approximations: no arrival times (all stalled threads are candidates for every batch); a thread's read and the
-dependent write are separate steps; thrashing mitigation is not triggered (its detector ignores eviction-caused
-migrations, ``uvm_perf_thrashing.c`` ``thrashing_event_cb``, uvm.md 1.7).
+Approximations: no arrival times (all stalled warps are candidates for every batch); a thread's read and the
+dependent write are separate steps; a sampled warp is 32 adjacent sampled chunks (as a real warp's are); thrashing
+mitigation is not triggered (its detector ignores eviction-caused migrations, ``uvm_perf_thrashing.c``
+``thrashing_event_cb``, uvm.md 1.7).
 """
 
 from __future__ import annotations
@@ -69,13 +79,18 @@ class StreamKernel:
     seed: int = 0
     """``random``: the generator's seed; ``lcg``: the kernel's ``base_seed``."""
     tid_stride: int = 1
-    """``lcg``: stream ``i`` is thread ``i * tid_stride`` of the real launch (a scaled-down run samples threads)."""
+    """A scaled-down run: stream ``i`` stands for ``tid_stride`` threads of the real launch (``lcg``: it is thread
+    ``i * tid_stride``). A driver batch of ``fault_batch_count`` entries then holds ``fault_batch_count /
+    tid_stride`` of the sampled threads' faults and its turnaround is charged ``1 / tid_stride`` (the caller
+    multiplies the stall by the scale), so a batch serves the same share of the threads as in the real run."""
+    warp_size: int = 1
+    """Threads per SIMT warp: a warp's threads execute each load/store together (module docstring)."""
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"access order must be one of {ORDERS}, not {self.order!r}")
-        if self.n_streams < 1 or self.stride_bytes < 1 or self.tid_stride < 1:
-            raise InputError("a stream kernel needs n_streams, stride_bytes and tid_stride >= 1")
+        if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
+            raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
 
 
 def _chunk_pages(n_pages: int, n_streams: int) -> int:
@@ -149,30 +164,44 @@ class StreamService:
         pages, writes = self._stream_pages(kern)
         if pages.size == 0:
             return self._flush_kernel_counters()
-        n_s, length = pages.shape
+        w_size = int(kern.warp_size)
+        n_w = -(-pages.shape[0] // w_size)
+        pad = n_w * w_size - pages.shape[0]
+        if pad:  # a last, partial warp: its missing lanes never fault
+            pages = np.pad(pages, ((0, pad), (0, 0)), constant_values=-1)
+            writes = np.pad(writes, ((0, pad), (0, 0)))
+        length = pages.shape[1]
         valid = pages >= 0
         safe = np.where(valid, pages, 0)
         invalid = ~valid
         flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
         lowest = self.knobs.stream_priority == "lowest"
-        pos = np.zeros(n_s, dtype=np.int64)
+        pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
         cols = np.arange(length)[None, :]
-        per_batch = int(self.knobs.fault_batch_count)
+        per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
+        turnaround = self.costs.batch_turnaround_ns / int(kern.tid_stride)
         rotate = 0
         k = self._k
         while True:
-            res = flat_gpu[safe] | invalid
-            blocked = ~res & (cols >= pos[:, None])
+            miss = (~(flat_gpu[safe] | invalid)).reshape(n_w, w_size, length)
+            blocked = miss.any(axis=1) & (cols >= pos[:, None])  # (warps, steps): some lane's page is missing
             has = blocked.any(axis=1)
             if not has.any():
                 break
             first = blocked.argmax(axis=1)
             pos = np.where(has, first, length)
             stalled = np.flatnonzero(has)
-            take = stalled[:per_batch] if lowest else np.roll(stalled, -(rotate % len(stalled)))[:per_batch]
+            if not lowest:
+                stalled = np.roll(stalled, -(rotate % len(stalled)))
+            lanes = miss[stalled, :, first[stalled]]  # (stalled warps, lanes): the faults each warp raises
+            per_warp = np.cumsum(lanes.sum(axis=1))
+            take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
             rotate += len(take)
-            gid = pages[take, first[take]]
-            is_w = writes[take, first[take]]
+            tw, lane = np.nonzero(lanes[: len(take)])
+            tw, lane = tw[:per_batch], lane[:per_batch]  # the fetch stops at the batch size (the rest refault)
+            rows, steps = take[tw] * w_size + lane, first[take][tw]
+            gid = pages[rows, steps]
+            is_w = writes[rows, steps]
             slots = gid // PAGES_PER_BLOCK
             order = np.argsort(slots, kind="stable")  # the driver sorts a batch by address (uvm.md 1.4)
             slots, gid, is_w = slots[order], gid[order], is_w[order]
@@ -182,14 +211,14 @@ class StreamService:
                 faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
                 faulted[gid[grp] - s * PAGES_PER_BLOCK] = True
                 self._service_block(s, faulted)
-            n_w = int(is_w.sum())
+            n_wr = int(is_w.sum())
             n = len(gid)
             k.fault_batch_count += 1
             k.fault_count += n
-            k.write_fault_count += n_w
-            k.read_fault_count += n - n_w
+            k.write_fault_count += n_wr
+            k.read_fault_count += n - n_wr
             k.raw_fault_entries += n
-            k.stall_ns += self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * n
+            k.stall_ns += turnaround + self.costs.fault_entry_ns * n
             self._open_faults = 0
             self._open_blocks = 0
         return self._flush_kernel_counters()
