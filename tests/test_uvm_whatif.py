@@ -32,6 +32,8 @@ def test_pad_brings_the_footprint_to_the_target(prep) -> None:
     assert len(prep.placement.ranges) == len(padded.placement.ranges) - 1  # the input is not modified
     new = padded.placement.ranges.iloc[-1]
     assert int(managed_chunk_bytes(int(new["size_bytes"]))) == pad  # chunk-rounded size is the pad itself
+    cached = pad if prep.placement.allocator == "pca" else 0  # PCA on: a cached segment; off: a live tensor
+    assert padded.placement.peak_reserved_bytes == prep.placement.peak_reserved_bytes + cached
 
 
 def test_pad_is_never_touched(prep) -> None:

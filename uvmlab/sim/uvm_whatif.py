@@ -55,7 +55,8 @@ def pad_cold(prep: Any, target_bytes: int, oversub: float = 1.0) -> tuple[Any, i
     }
     extra = {c: (row[c] if c in row else _neutral(ranges[c])) for c in ranges.columns}
     padded = pd.concat([ranges, pd.DataFrame([extra]).astype(ranges.dtypes.to_dict())], ignore_index=True)
-    placement = dataclasses.replace(prep.placement, ranges=padded)
+    reserved = prep.placement.peak_reserved_bytes + (pad if prep.placement.allocator == "pca" else 0)  # a segment
+    placement = dataclasses.replace(prep.placement, ranges=padded, peak_reserved_bytes=reserved)
     footprint = peak_managed_bytes(padded)
     available = min(int(footprint / oversub), prep.gpu.usable_bytes)
     return dataclasses.replace(prep, placement=placement, footprint_bytes=footprint, available_bytes=available), pad
