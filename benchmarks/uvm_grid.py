@@ -25,16 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
-FACTORS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-STUDY_FOOTPRINT_MB = {
-    "alexnet": 5316,
-    "resnet50": 15952,
-    "resnet101": 22588,
-    "gpt2": 12008,
-    "bert": 12350,
-    "whisper-small": 9824,
-}  # seed paper table 2
+from uvmlab.study import FACTORS, WORKLOADS
+from uvmlab.study import FOOTPRINT_MB as STUDY_FOOTPRINT_MB
 
 
 def run_pair(workload: str, pca: bool, iterations: int, pad_to_study: bool = False) -> list[dict]:

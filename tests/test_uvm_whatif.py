@@ -80,15 +80,15 @@ def test_working_sets_are_bounded_and_ordered(prep) -> None:
     assert knee(prep.footprint_bytes, ws["iteration_union"]) == prep.footprint_bytes / ws["iteration_union"]
 
 
-def test_default_grid_rows_are_unpadded() -> None:
+def test_default_grid_rows_are_unpadded(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/uvm_grid.py without --pad-to-study: no pad columns, the footprint prepare() gives."""
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "uvm_grid.py"
     spec = importlib.util.spec_from_file_location("uvm_grid_t", path)
     assert spec is not None and spec.loader is not None
     grid = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid)
-    grid.FACTORS = (1.0, 4.0)
-    grid.STUDY_FOOTPRINT_MB["alexnet"] = 4096
+    monkeypatch.setattr(grid, "FACTORS", (1.0, 4.0))
+    monkeypatch.setitem(grid.STUDY_FOOTPRINT_MB, "alexnet", 4096)  # the shared uvmlab.study dict: restored after
     base = prepare(RunConfig(WorkloadConfig("alexnet", iterations=2), oversub=1.0, pca=True, mode="sim"))
     rows = grid.run_pair("alexnet", True, 2)
     assert all("pad_mb" not in r for r in rows)

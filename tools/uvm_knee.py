@@ -13,21 +13,15 @@ Usage: python tools/uvm_knee.py [--out docs/uvm-grid-whatif] [--figure docs/uvm-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 
+from uvmlab import study
 from uvmlab.sim.uvm_whatif import PHASES, knee, working_sets
 
-_GRID = Path(__file__).resolve().parent.parent / "benchmarks" / "uvm_grid.py"
-_spec = importlib.util.spec_from_file_location("uvm_grid", _GRID)
-assert _spec is not None and _spec.loader is not None
-uvm_grid = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(uvm_grid)
-
-STUDY_PCA_MEAN, STUDY_PCA_MAX = 7.29, 57.74  # seeds/003 section 4.2 (slowdown with PCA, factor > 1)
-STUDY_DROPS = {"alexnet": 5.0, "whisper-small": 6.0}  # seeds/003 4.2: sharp drop beyond these factors
+STUDY_PCA_MEAN, STUDY_PCA_MAX = study.HEADLINES["mean_slowdown_pca"], study.HEADLINES["max_slowdown_pca"]
+STUDY_DROPS = study.DROPS
 WS_KEYS = ("kernel_max", *(f"{p}_union" for p in PHASES), "iteration_union")
 
 
@@ -41,14 +35,14 @@ def knee_rows(workloads: list[str], iterations: int, pcas: tuple[bool, ...]) -> 
         for pca in pcas:
             prep = prepare(RunConfig(WorkloadConfig(w, iterations=iterations), oversub=1.0, pca=pca, mode="sim"))
             ws = working_sets(prep)
-            fp, study = prep.footprint_bytes, uvm_grid.STUDY_FOOTPRINT_MB[w] * 2**20
+            fp, study_fp = prep.footprint_bytes, study.FOOTPRINT_MB[w] * 2**20
             row: dict = {"workload": w, "pca": "on" if pca else "off", "footprint_mb": fp / 2**20}
-            row["study_footprint_mb"] = study / 2**20
+            row["study_footprint_mb"] = study_fp / 2**20
             for k in WS_KEYS:
                 row[f"{k}_mb"] = ws[k] / 2**20
             for k in WS_KEYS:
                 row[f"knee_{k}"] = knee(fp, ws[k])
-                row[f"study_knee_{k}"] = knee(max(fp, study), ws[k])  # a larger own footprint is left unpadded
+                row[f"study_knee_{k}"] = knee(max(fp, study_fp), ws[k])  # a larger own footprint is left unpadded
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -80,9 +74,7 @@ def figure(default_csv: Path, padded_csv: Path, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     base, pad = pd.read_csv(default_csv), pd.read_csv(padded_csv)
-    ws = [
-        w for w in uvm_grid.WORKLOADS if w in set(pad["workload"]) and pad.loc[pad["workload"] == w, "pad_mb"].max() > 0
-    ]
+    ws = [w for w in study.WORKLOADS if w in set(pad["workload"]) and pad.loc[pad["workload"] == w, "pad_mb"].max() > 0]
     fig, axes = plt.subplots(1, len(ws), figsize=(4.2 * len(ws), 3.8), squeeze=False)
     for ax, w in zip(axes[0], ws, strict=True):
         for df, lab, ls in ((base, "uvmlab footprint", "-"), (pad, "padded to study's", "--")):
@@ -109,7 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/uvm-grid-whatif"))
     ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--workloads", default=",".join(uvm_grid.WORKLOADS))
+    ap.add_argument("--workloads", default=",".join(study.WORKLOADS))
     ap.add_argument("--pca", choices=("on", "off", "both"), default="both")
     ap.add_argument("--figure", nargs=2, type=Path, metavar=("DEFAULT_CSV", "PADDED_CSV"))
     args = ap.parse_args()

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from uvmlab import study
 from uvmlab.report.data import MEASURED_MODES, ok_runs, workload_order
 
-STUDY_HEADLINES = {
-    "mean_slowdown_pca": 7.29,
-    "max_slowdown_pca": 57.74,
-    "mean_slowdown_nopca": 1.75,
-    "max_slowdown_nopca": 17.85,
-    "nopca_over_pca_at_1": 7.22,
-}
-"""seeds/003 section 4.2: slowdowns over factors 1.25-10 (A100 80GB, measured) and no-PCA/PCA without oversub."""
+STUDY_HEADLINES = study.HEADLINES
+"""seeds/003 section 4.2 (uvmlab.study)."""
 
 
 VERSION_KEYS = ("uvmlab", "python", "torch", "cuda", "driver", "nsys", "gpu_name")
