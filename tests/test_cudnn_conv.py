@@ -204,7 +204,10 @@ def test_property_geometry_round_trips_and_workspaces_are_per_call_temporaries(
     ws = out.allocations.query("op == 'cudnn_workspace'")
     assert (ws["free_seq"] > ws["alloc_seq"]).all() and (ws["free_seq"] >= 0).all()
     touched = out.accesses[out.accesses["alloc_id"].isin(ws["alloc_id"])]
-    assert touched.groupby("kernel_id").size().max() == 1
+    if len(ws):
+        assert touched.groupby("kernel_id").size().max() == 1
+    else:  # only a dense call with a depthwise call's bytes and FLOPs (cudnn_conv.is_depthwise) goes without
+        assert c == k >= 2 and c * kh * kh in (9, 25, 49, 81, 121)
 
 
 def test_evaluate_estimator_takes_the_rules() -> None:

@@ -93,9 +93,41 @@ def test_xmem_sample_cases_skips_and_peers() -> None:
     assert mnas.workload.options["num_classes"] == 10 and mnas.gpu_name == "RTX3060"
     assert by_id["ResNet50_Adam_250"].gpu_name == "RTX4060"
     first = by_id["ConvNeXtTiny_SGD_200"]
-    assert first.target == "reserved"  # xMem's ground truth is net of framework memory (seeds/000 4.1.4)
+    # xMem's FastRunner: 1 ms NVML samples from after set_per_process_memory_fraction (the context exists)
+    assert first.target == "after_context"
     assert RecordedEstimator("xmem").estimate(first) == 3523215360
     assert math.isnan(first.recorded["dnnmem-reported"]) is False
+
+
+@needs_xmem
+def test_xmem_rows_are_rebuilt_as_xmems_trainer_ran_them() -> None:
+    """xMem's exp/trainer: FastRunner.train_on_gpu(iterations=3) + conv_train_loop's ``index >= iterations`` break
+    = 4 iterations; zero_grad (set_to_none) first in each iteration; optimizer(params, lr) with PyTorch's
+    defaults (foreach, SGD without momentum); 86 px fp32 inputs; torchvision models with weights=None."""
+    cases, _ = load_ground_truth(XMEM)
+    assert xmem_sample.ITERATIONS == 4
+    for c in cases:
+        w = c.workload
+        assert w is not None and w.iterations == 4 and w.zero_grad == "iteration_start"
+        assert w.dtype == "fp32" and w.accumulation_steps == 1 and w.options["image_size"] == 86
+        assert w.optimizer in ("sgd", "adam", "adamw") and c.module_loading == "lazy"
+    by_id = {c.case_id: c for c in cases}
+    assert by_id["ConvNeXtBase_SGD_300"].workload.options["num_classes"] == 1000
+
+
+def test_after_context_target_adds_only_what_loads_after_the_context() -> None:
+    """after_context = reserved peak + outside buffers + lazily loaded conv modules; not LMEM nor the lazy rest."""
+    from types import SimpleNamespace
+
+    from uvmlab.devicemem import LAZY_CONV_MODULES_BYTES, context_model
+    from uvmlab.evaluate.estimators import after_context_bytes
+
+    lazy = context_model("RTX3060", "lazy", convolutions=True)
+    est = SimpleNamespace(peak_reserved_bytes=1000, outside_allocator_bytes=7, context=lazy)
+    assert after_context_bytes(est) == 1007 + LAZY_CONV_MODULES_BYTES
+    assert after_context_bytes(SimpleNamespace(**{**vars(est), "context": context_model("RTX3060", "eager")})) == 1007
+    assert after_context_bytes(SimpleNamespace(**{**vars(est), "context": None})) == 1007
+    assert lazy.total_bytes > LAZY_CONV_MODULES_BYTES  # the context as created is left out
 
 
 def test_recorded_estimator_without_a_value_is_unavailable() -> None:

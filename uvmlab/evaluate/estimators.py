@@ -47,12 +47,13 @@ class EvalCase:
     round2_peak_bytes: float | None = None
     notes: list[str] = field(default_factory=list)
     target: str = "reserved"
-    """What was measured: ``reserved`` (PyTorch's ``max_memory_reserved()``) or ``device`` (nvidia-smi / NVML
-    whole-process memory: uvmlab then reports ``device_peak_bytes``)."""
+    """What was measured: ``reserved`` (PyTorch's ``max_memory_reserved()``), ``device`` (nvidia-smi / NVML
+    whole-process memory: uvmlab then reports ``device_peak_bytes``) or ``after_context`` (NVML peak minus a
+    first sample taken once the CUDA context existed: uvmlab reports :func:`after_context_bytes`)."""
     gpu_name: str | None = None
     """The GPU of the run (a ``uvmlab.gpus`` name, or a name ``uvmlab.devicemem`` knows); None: an A100."""
     module_loading: str = "lazy"
-    """CUDA module loading of the run (``uvmlab.devicemem``), for ``target == "device"``."""
+    """CUDA module loading of the run (``uvmlab.devicemem``), for ``target`` ``device`` or ``after_context``."""
     recorded: dict[str, float] = field(default_factory=dict)
     """Estimates other tools published for this run, by estimator name (``RECORDED_PEERS``)."""
     fitted: bool = False
@@ -161,10 +162,29 @@ class UvmlabEstimator:
                 rules=self.rules,
                 module_loading=case.module_loading,  # the context model, as `uvmlab estimate` builds it
             )
-            return int(est.device_peak_bytes if case.target == "device" else est.peak_reserved_bytes)
-        if case.target == "device":
+            if case.target == "device":
+                return int(est.device_peak_bytes)
+            return int(after_context_bytes(est) if case.target == "after_context" else est.peak_reserved_bytes)
+        if case.target in DEVICE_TARGETS:
             raise UnavailableError(f"case {case.case_id}: a device-level measurement needs a workload, not a trace")
         return placement_peak(case.get_trace(), self.allocator, case.alloc_conf)
+
+
+DEVICE_TARGETS = ("device", "after_context")
+"""Targets measured by NVML, which include memory outside the caching allocator (they need a workload)."""
+
+
+def after_context_bytes(est: Any) -> int:
+    """NVML growth over a first sample taken after the CUDA context was created: ``device_peak_bytes`` minus the
+    context as created (LMEM and the rest of a lazy context, ``uvmlab.devicemem``); what stays is the reserved
+    peak, buffers outside the allocator and the modules the run loads after that sample (lazy loading: the
+    conv-run kernels and library handles; eager: none, they load with the context). Without a context model
+    (a GpuSpec's fixed ``context_bytes``) nothing can be split off: the reserved peak plus outside buffers."""
+    ctx = est.context
+    if ctx is None:
+        return int(est.peak_reserved_bytes + est.outside_allocator_bytes)
+    loaded_later = ctx.lazy_conv_modules_bytes if ctx.module_loading == "lazy" else 0
+    return int(est.peak_reserved_bytes + est.outside_allocator_bytes + loaded_later)
 
 
 class RecordedEstimator:

@@ -4,14 +4,32 @@ estimates beside each row.
 Rows come from Stone-ResearchLife/xMem (MIT) ``plot/data/001-Anova/**/evaluation_result.json``: an RTX 3060
 12 GB (one row an RTX 4060 8 GB), PyTorch 2.6 / CUDA 12.4 (lazy module loading: PyTorch sets
 ``CUDA_MODULE_LOADING=LAZY``), torchvision models with ``weights=None``, CIFAR-10 resized to 86x86 (10 label
-values), fp32, ``torch.optim.<optimizer>(lr=1e-3)`` (foreach on CUDA), cross entropy. ``ground_bytes`` is the
-maximum NVML ``memory.used`` minus the first NVML sample. xMem compares its estimate with it directly while its
-second validation round caps the job at ``M_init + M_fm + M_hat`` (seeds/000 section 4.1.4: ``M_fm`` "the amount
-of memory used by a DL Framework ... constant during all experiments", recorded in round 1): estimates and
-ground truth are both net of the framework memory (CUDA context and modules). So uvmlab is scored with its
-peak reserved bytes (``device_peak_bytes - context_bytes``: ``target="reserved"``); ``xmem_est_bytes``,
-``dnnmem_est_bytes`` and
-``schedtune_est_bytes`` are the peers as xMem ran them (``RecordedEstimator``: xmem, dnnmem-reported, schedtune).
+values), fp32, cross entropy. How xMem's trainer made each measured run (Stone-ResearchLife/xMem; file versions
+as stored by the code index, commit of each file in brackets; the sample's data commit is d61e076):
+
+- ``exp/trainer/__init__.py`` [0715122] ``FastRunner.train_on_gpu``: ``iterations=3``; ``exp/trainer/train_loop.py``
+  [0fa57ba] ``conv_train_loop`` breaks after the step when ``index >= iterations``: **4 iterations**
+  (``ITERATIONS``). Each iteration: ``optimizer.zero_grad()`` first (``zero_grad_mode`` None/0; PyTorch 2.x
+  defaults to ``set_to_none=True``), batch ``.to(device)``, forward, loss, backward, ``optimizer.step()``,
+  ``torch.max(outputs, 1)``, ``StepLR.step()``: uvmlab's ``workloads/train.py`` with ``zero_grad=iteration_start``.
+- The optimizer: ``optimizer(params=model.parameters(), lr=lr)`` with ``lr=0.001`` (``perf_estimator/config.py``):
+  PyTorch's defaults (foreach on CUDA; SGD without momentum, so no state): what ``make_optimizer`` builds.
+- Data (``perf_estimator/dataset.py`` [08f757e]): CIFAR-10 ``Resize(86)``, ``ToTensor``, ``Normalize``: fp32
+  ``[B, 3, 86, 86]`` inputs, int64 labels, ``DataLoader(batch_size=B, shuffle=True)`` (no workers, no pinning).
+  ``cudnn.benchmark`` is never set (PyTorch's default False).
+- Models (``perf_estimator/models.py`` [08f757e]): torchvision ``convnext_tiny/convnext_base/resnet50(weights=None)``
+  (1000 classes), ``MNASNet(alpha=1.0, num_classes=10)``.
+- ``ground_bytes`` (``_get_ground_truth`` in xMem's experiment runner): max NVML ``memory.used`` minus the
+  run's first sample. ``FastRunner.train_on_gpu`` calls ``torch.cuda.set_per_process_memory_fraction`` before it
+  starts the 1 ms NVML monitor thread; PyTorch's ``setMemoryFraction`` sets the device (``cudaSetDevice``
+  initialises the primary context since CUDA 12) and calls ``cudaMemGetInfo`` (c10/cuda/CUDACachingAllocator.cpp,
+  ``DeviceCachingAllocator::setMemoryFraction``), so the context exists at the first sample: ``ground_bytes`` is
+  net of the context as created, but holds what the run loads later (lazy module loading: the kernels and
+  library handles of cuDNN/cuBLAS on first use). So these cases are ``target="after_context"``: uvmlab's reserved
+  peak plus ``uvmlab.devicemem.LAZY_CONV_MODULES_BYTES`` (``estimators.after_context_bytes``).
+
+``xmem_est_bytes``, ``dnnmem_est_bytes`` and ``schedtune_est_bytes`` are the peers as xMem ran them
+(``RecordedEstimator``: xmem, dnnmem-reported, schedtune).
 
 Rows uvmlab cannot rebuild are skipped with the reason (``read_xmem_sample``): the Adagrad row (uvmlab's
 optimizers are SGD/Adam/AdamW) and GPT-Neo-125M (dynamic padding of WikiText-2 to at most 128 tokens: the
@@ -32,8 +50,11 @@ from uvmlab.units import GiB
 
 CSV_NAME = "xmem_ground_truth_sample.csv"
 MARKER_COLUMN = "xmem_est_bytes"
-ITERATIONS = 3
-"""xMem trains about 4 iterations; the peak is reached by the second (optimizer state from the first step)."""
+ITERATIONS = 4
+"""xMem's ``FastRunner.train_on_gpu(iterations=3)`` with ``conv_train_loop``'s ``if index >= iterations: break``
+after the step: iterations 0..3 (module docstring)."""
+TARGET = "after_context"
+"""``ground_bytes`` is NVML growth over a first sample taken after the CUDA context was created (module docstring)."""
 MODELS = {"ConvNeXtTiny": ("convnext_tiny", 1000), "ConvNeXtBase": ("convnext_base", 1000),
           "ResNet50": ("resnet50", 1000)}  # fmt: skip
 """xMem model name -> (torchvision builder, classes): ``weights=None`` keeps torchvision's 1000 classes."""
@@ -106,7 +127,7 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
                 workload=cfg,
                 group=row["model"],
                 source=row["path"],
-                target="reserved",
+                target=TARGET,
                 gpu_name=gpu[0],
                 module_loading="lazy",
                 recorded={peer: _float(row[col]) for peer, col in PEERS.items()},

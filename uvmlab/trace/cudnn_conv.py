@@ -96,6 +96,45 @@ class ConvGeometry:
     """Input height (= width), in elements."""
     stride: int = 1
     elem: int = 4
+    depthwise: bool = False
+    """A depthwise forward call (``is_depthwise``): PyTorch runs it without cuDNN (no workspace). Backward calls
+    are not classified here (PyTorch's FLOP count of a grouped ``convolution_backward`` counts the filter gradient
+    as if ``groups`` were 1); ``rule_cudnn_workspace`` matches them to their forward by operand bytes."""
+
+
+DEPTHWISE_KERNELS = (3, 5, 7, 9, 11)
+"""Kernel sides ``is_depthwise`` recognises: odd, as depthwise layers use (MobileNet/MnasNet/EfficientNet 3 and 5,
+ConvNeXt 7); even sides are left out, as a 1x1 convolution with 4, 16, 36 or 64 input channels has the same
+bytes and FLOPs as a 2x2/4x4/6x6/8x8 depthwise one."""
+
+
+def is_depthwise(x: int, y: int, w: int, flops_fwd: float, n: int, elem: int) -> bool:
+    """A depthwise convolution (``groups`` = input channels = output channels) from its bytes and forward FLOPs.
+
+    PyTorch runs fp32 and bf16 depthwise convolutions of contiguous (NCHW) tensors with its own kernels
+    (aten/src/ATen/native/Convolution.cpp ``ConvParams::use_cudnn_depthwise``, "Use cudnn for FP16 depthwise
+    convolutions": cuDNN only for fp16 inputs or channels-last; otherwise ``ConvBackend::CudaDepthwise2d``,
+    aten/src/ATen/native/cuda/DepthwiseConv2d.cu), which take no cuDNN workspace. APPROXIMATION (groups are not
+    in the trace): ``C/groups = 1`` makes the forward FLOPs per output element ``2 x kh x kw`` with an odd square
+    kernel (``DEPTHWISE_KERNELS``), the filter ``K x kh x kw`` elements, and the input ``K`` channels of a
+    square plane, with at least 2 channels (``groups > 1``); a dense convolution matches only with
+    ``C x kh x kw`` in {9, 25, 49, 81, 121} and as many input as output channels (e.g. 1x1 with 9 channels).
+    """
+    if min(x, y, w) <= 0 or flops_fwd <= 0 or n <= 0:
+        return False
+    y_el, w_el, x_el = y / elem, w / elem, x / elem
+    q = flops_fwd / (2.0 * y_el)  # C/groups x kh x kw
+    kh = round(math.sqrt(q))
+    if kh not in DEPTHWISE_KERNELS or abs(kh * kh - q) > 0.01 * q:
+        return False
+    k = w_el / (kh * kh)
+    if abs(k - round(k)) > 1e-6 * k or k < 2:  # PyTorch's is_depthwise: groups > 1
+        return False
+    k = round(k)
+    in_plane, out_plane = x_el / (n * k), y_el / (n * k)
+    if in_plane < out_plane or min(in_plane, out_plane) < 1:
+        return False
+    return all(abs(v - round(math.sqrt(v)) ** 2) < 1e-6 for v in (in_plane, out_plane))  # square planes
 
 
 def _shape(x: int, y: int, w: int, flops_fwd: float, n: int, elem: int) -> tuple[bool, int, int, int, float, int]:
@@ -146,7 +185,8 @@ def conv_geometry(trace: Trace, kernel: pd.Series, accesses: pd.DataFrame, batch
     flops = float(kernel.get("flops", 0.0) or 0.0)
     flops_fwd = flops / 2.0 if backward and grad_input else flops
     known, c, k, kh, side, stride = _shape(x, y, w, flops_fwd, batch, elem)
-    return ConvGeometry(kid, backward, x, y, w, largest, grad_input, known, batch, c, k, kh, side, stride, elem)
+    dw = not backward and is_depthwise(x, y, w, flops_fwd, batch, elem)  # backward: matched to its forward
+    return ConvGeometry(kid, backward, x, y, w, largest, grad_input, known, batch, c, k, kh, side, stride, elem, dw)
 
 
 def _fft_bytes(g: ConvGeometry, pow2: bool) -> int | None:

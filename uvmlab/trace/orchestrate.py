@@ -143,6 +143,8 @@ class _Builder:
         self.new_free_key: list[float] = []
         self.new_access: list[dict[str, Any]] = []
         self.next_id = int(self.a["alloc_id"].max()) + 1 if len(self.a) else 0
+        self.depthwise_convolutions = 0
+        """Convolution calls ``rule_cudnn_workspace`` left without a workspace as depthwise."""
 
     def insert(
         self,
@@ -317,6 +319,10 @@ def rule_cudnn_workspace(
     report trials of this order: 30 GB to tune a 5 GB model; 7.5 GB vs 4.5 GB). Later calls of the same key use
     the cached plan (no trial).
 
+    Depthwise calls (``uvmlab.trace.cudnn_conv.is_depthwise``) get no workspace: PyTorch runs fp32/bf16 NCHW
+    depthwise convolutions with its own kernels, not cuDNN (``ConvParams::use_cudnn_depthwise``, Convolution.cpp);
+    their count is ``b.depthwise_convolutions``.
+
     Returns (workspaces added, largest per-call workspace, largest trial workspace).
     """
     k = trace.kernels
@@ -331,15 +337,22 @@ def rule_cudnn_workspace(
     batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
     batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
     elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
-    by_kernel = dict(tuple(acc.groupby("kernel_id"))) if model != "envelope" else {}
+    by_kernel = dict(tuple(acc.groupby("kernel_id")))
     seen: set[tuple[Any, ...]] = set()
-    added, top, trial_top = 0, 0, 0
+    added, top, trial_top, skipped_depthwise = 0, 0, 0, 0
+    depthwise_operands: set[tuple[int, int, int]] = set()  # (input, output, filter) bytes of depthwise forwards
     for i, (_, kern) in enumerate(convs.iterrows()):
         kid = kern["kernel_id"]
+        geom = conv_geometry(trace, kern, by_kernel.get(kid, acc.iloc[:0]), batch, elem)
+        operands = (geom.x_bytes, geom.y_bytes, geom.w_bytes)
+        if geom.depthwise:
+            depthwise_operands.add(operands)
+        if geom.depthwise or (geom.backward and operands in depthwise_operands):
+            skipped_depthwise += 1  # PyTorch's own depthwise kernels, not cuDNN (cudnn_conv.is_depthwise)
+            continue
         if model == "envelope":
             sizes: tuple[int, ...] = (min(int(largest.get(kid, 0)), cap),)
         else:
-            geom = conv_geometry(trace, kern, by_kernel.get(kid, acc.iloc[:0]), batch, elem)
             sizes = workspace_sizes(geom, model, cap)
         size = max(sizes, default=0)
         if size <= 0:
@@ -368,6 +381,7 @@ def rule_cudnn_workspace(
             )
             added += 1
         top = max(top, size)
+    b.depthwise_convolutions = skipped_depthwise
     return added, top, trial_top
 
 
@@ -414,6 +428,7 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         "cublas_workspace_bytes": ws if rules.cublas_workspace else None,
         "cublaslt_workspace_bytes": lt if rules.cublaslt_workspace else None,
         "cudnn_workspace_peak_bytes": cudnn_top if rules.cudnn_workspace else None,
+        "cudnn_depthwise_calls_without_workspace": b.depthwise_convolutions if rules.cudnn_workspace else None,
         "cudnn_benchmark_trial_peak_bytes": trial_top if rules.cudnn_benchmark else None,
         "context_bytes": gpu.context_bytes,
         "zero_grad": zero_grad,

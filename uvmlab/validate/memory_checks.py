@@ -67,7 +67,9 @@ def _in_sample(row: object) -> bool:
 
 @check("memory/xmem_rtx3060_sample", needs=XMEM_DIR)
 def xmem_sample(data_dir: Path) -> list[Point]:
-    """xMem's sample: uvmlab's peak reserved bytes per row (peers' estimates are in ``uvmlab evaluate``)."""
+    """xMem's sample: uvmlab's reserved peak + modules loaded after the context (``after_context_bytes``) per row.
+
+    Peers' estimates are in ``uvmlab evaluate``."""
     from uvmlab.evaluate.estimators import UvmlabEstimator
     from uvmlab.evaluate.xmem_sample import read_xmem_sample
 
@@ -77,14 +79,14 @@ def xmem_sample(data_dir: Path) -> list[Point]:
         Point(
             XMEM_DIR,
             c.case_id,
-            "peak_reserved_bytes",
+            "after_context_bytes",
             "bytes",
             c.measured_peak_bytes,
             float(est.estimate(c)),
-            note=f"{c.gpu_name}; xMem's ground truth is net of framework memory (seeds/000 4.1.4)",
+            note=f"{c.gpu_name}; NVML peak minus a first sample taken after the CUDA context existed",
         )
         for c in cases
     ]
-    points += [Point(XMEM_DIR, cid, "peak_reserved_bytes", "bytes", float("nan"), None, note=why)
+    points += [Point(XMEM_DIR, cid, "after_context_bytes", "bytes", float("nan"), None, note=why)
                for cid, why in skipped]  # fmt: skip
     return points
