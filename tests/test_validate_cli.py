@@ -133,3 +133,18 @@ def test_output_is_owned_replaced_only_with_force_and_never_the_data(
     assert main([*args[:-1], str(real_data), "--force"]) == 2
     assert "also an input" in capsys.readouterr().err
     assert sorted(p.name for p in real_data.iterdir()) == before
+
+
+@pytest.mark.real_data
+def test_jobs_do_not_change_the_points(real_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A planned check (the MLP sample: 3 tasks of 10 rows, in 2 spawned workers) next to a serial one gives the
+    same points, in the same order, with --jobs 2 as with --jobs 1 (everything in this process)."""
+    args = [str(real_data), "--check", "memory/gpumemnet_mlp_a100_sample", "--check", "nsys-link"]
+    got = {}
+    for jobs in ("1", "2"):
+        rc, payload = _run_json([*args, "--jobs", jobs], capsys)
+        assert rc == 0 and not payload["summary"]["check_errors"]
+        got[jobs] = payload
+    assert got["1"]["points"] == got["2"]["points"]
+    assert got["2"]["summary"]["checks_run"] == ["memory/gpumemnet_mlp_a100_sample", "nsys-link"]  # as asked
+    assert sum(p["check"] == "memory/gpumemnet_mlp_a100_sample" for p in got["2"]["points"]) == 30

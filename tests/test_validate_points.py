@@ -167,3 +167,51 @@ def test_checks_see_jobs_and_report_items_and_each_is_timed(tmp_path: Path, monk
     P.item_progress(5)(5)  # no scorecard run: a no-op, not an error
     with pytest.raises(InputError, match="--jobs"):
         validate(tmp_path, only=["fake-j"], jobs=0)
+
+
+def _fake_planned(monkeypatch: pytest.MonkeyPatch, name: str, bases: list[int], cost: float = 1.0) -> None:
+    """A planned check: one task ``pow(b, 2)`` per base (a builtin: importable in a spawned worker); base 0 is a
+    task that crashes (``divmod(1, 0)``)."""
+
+    def plan(data_dir: Path) -> P.Plan:
+        tasks = [P.Task(pow, (b, 2), cost=cost * b) if b else P.Task(divmod, (1, 0)) for b in bases]
+        return P.Plan(tasks, lambda results: [pt(b * b, r) for b, r in zip(bases, results, strict=True)])
+
+    def fn(data_dir: Path) -> list[Point]:
+        return plan(data_dir).run()
+
+    monkeypatch.setitem(CHECKS, name, Check(name=name, fn=fn, fast=True, needs="a", plan=plan))
+
+
+def test_planned_checks_in_the_pool_give_the_serial_points_in_check_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 2 (tasks of planned checks in spawned workers, longest first, serial checks here meanwhile) gives the
+    same points, in the same order, as --jobs 1; each check is timed and advances through all its items."""
+    (tmp_path / "a").mkdir()
+    _fake_planned(monkeypatch, "plan-a", [3, 1, 2])
+    _fake(monkeypatch, "serial-b", "a", [pt(7, 7)])
+    _fake_planned(monkeypatch, "plan-c", [5, 4], cost=10.0)  # submitted first, finishes before plan-a maybe
+    only = ["plan-a", "serial-b", "plan-c"]
+    cards, steps = {}, {}
+    for jobs in (1, 2):
+        seen: list[tuple[str, int, int]] = []
+        cards[jobs] = validate(tmp_path, only=only, jobs=jobs, advance=lambda *a, seen=seen: seen.append(a))
+        steps[jobs] = seen
+    assert cards[1].points == cards[2].points
+    assert [(n, p.measured, p.predicted) for n, p in cards[2].points] == [
+        ("plan-a", 9, 9), ("plan-a", 1, 1), ("plan-a", 4, 4), ("serial-b", 7, 7), ("plan-c", 25, 25), ("plan-c", 16, 16)
+    ]  # fmt: skip
+    assert cards[2].ran == only and list(cards[2].timings) == only and not cards[2].errors
+    for jobs in (1, 2):
+        assert {s for s in steps[jobs] if s[1] == s[2]} == {("plan-a", 3, 3), ("plan-c", 2, 2)}
+
+
+def test_a_crashing_task_fails_only_its_planned_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    _fake_planned(monkeypatch, "plan-ok", [2, 3])
+    _fake_planned(monkeypatch, "plan-crash", [2, 0])
+    for jobs in (1, 2):
+        card = validate(tmp_path, only=["plan-ok", "plan-crash"], jobs=jobs)
+        assert card.ran == ["plan-ok"] and [p.predicted for _, p in card.points] == [4, 9]
+        assert list(card.errors) == ["plan-crash"] and "ZeroDivisionError" in card.errors["plan-crash"]

@@ -164,7 +164,7 @@ def estimate_rows(
     """
     workers = max(1, min(jobs, len(rows) // MIN_ROWS_PER_WORKER))
     if workers == 1:
-        return _estimate_chunk(rows, progress)
+        return estimate_chunk(rows, progress)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -172,7 +172,7 @@ def estimate_rows(
     results: list[list[dict[str, Any]]] = [[] for _ in chunks]
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_estimate_chunk, chunk): i for i, chunk in enumerate(chunks)}
+        futures = {pool.submit(estimate_chunk, chunk): i for i, chunk in enumerate(chunks)}
         for fut in as_completed(futures):
             i = futures[fut]
             results[i] = fut.result()
@@ -181,7 +181,7 @@ def estimate_rows(
     return [r for chunk in results for r in chunk]
 
 
-def _estimate_chunk(rows: list[MlpRow], progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+def estimate_chunk(rows: list[MlpRow], progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """:func:`estimate_row` of each row; a capture gc.collect()s at each iteration end, which scans the whole
     heap: freezing what is alive before each row keeps that to the row's own objects (uvmlab.evaluate.harness)."""
     import gc

@@ -227,7 +227,7 @@ class UvmSim(FaultService, StreamService, HintService):
         if b0 == b1:
             return [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
         out = [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, PAGES_PER_BLOCK)]
-        out.extend((int(s), 0, PAGES_PER_BLOCK) for s in slots[b0 + 1 : b1].tolist())
+        out += [(s, 0, PAGES_PER_BLOCK) for s in slots[b0 + 1 : b1].tolist()]  # tolist(): Python ints
         out.append((int(slots[b1]), 0, p1 - b1 * PAGES_PER_BLOCK))
         return out
 
@@ -385,7 +385,12 @@ class UvmSim(FaultService, StreamService, HintService):
         stages: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
         for range_id, offset, size, is_write in accesses:
             d = stages[1 if is_write else 0]
-            for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
+            segs = self._segments(int(range_id), int(offset), int(size))
+            if not d:  # the stage's first access: its blocks are distinct slots, nothing to merge
+                for s, lo, hi in segs:
+                    d[s] = (lo, hi)
+                continue
+            for s, lo, hi in segs:
                 cur = d.get(s)
                 if cur is None:
                     d[s] = (lo, hi)

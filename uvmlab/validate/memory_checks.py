@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from uvmlab.validate.points import Point, check, item_progress, jobs
+from uvmlab.validate.points import Plan, Point, Task, check, planned_check
 
 MLP_DIR = "memory/gpumemnet_mlp_a100"
 XMEM_DIR = "memory/xmem_rtx3060_sample"
@@ -23,42 +24,53 @@ one row may miss by more (95th percentile of the 2,400 validation rows: 1.8 %, m
 promise 10 %, and the fast sample's rows (index % 100 == 1) all sit within 3 %."""
 
 
-def _mlp_points(data_dir: Path, keep: object = None, band: float | None = None) -> list[Point]:
-    from uvmlab.evaluate.gpumemnet import estimate_rows, read_mlp_set
+ROW_TASK_S = 0.15
+"""Rough CPU seconds per MLP row (trace + estimate); only orders the tasks against the other checks'."""
+
+
+def _mlp_plan(data_dir: Path, keep: object = None, band: float | None = None) -> Plan:
+    """One task per ``ROWS_PER_TASK`` rows (a worker imports torch once for all its tasks)."""
+    from uvmlab.evaluate.gpumemnet import ROWS_PER_TASK, estimate_chunk, read_mlp_set
 
     rows, skipped = read_mlp_set(data_dir / MLP_DIR)
     if callable(keep):
         rows = [r for r in rows if keep(r)]
-    results = estimate_rows(rows, jobs=jobs(), progress=item_progress(len(rows)))
-    points = [
-        Point(
-            dataset=MLP_DIR,
-            case=f"row {r.index}",
-            quantity="device_peak_bytes",
-            unit="bytes",
-            measured=float(r.measured_bytes),
-            predicted=float(res["device_peak_bytes"]),
-            fitted=r.fitted,
-            note="eager module loading (the stack's floor rules out lazy)",
-            band=None if r.fitted else band,
-        )
-        for r, res in zip(rows, results, strict=True)
-    ]
-    points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
-               for i, why in skipped]  # fmt: skip
-    return points
+    chunks = [rows[i : i + ROWS_PER_TASK] for i in range(0, len(rows), ROWS_PER_TASK)]
+    tasks = [Task(estimate_chunk, (c,), cost=ROW_TASK_S * len(c), items=len(c)) for c in chunks]
+
+    def assemble(results: list[list[dict[str, Any]]]) -> list[Point]:
+        flat = [r for chunk in results for r in chunk]
+        points = [
+            Point(
+                dataset=MLP_DIR,
+                case=f"row {r.index}",
+                quantity="device_peak_bytes",
+                unit="bytes",
+                measured=float(r.measured_bytes),
+                predicted=float(res["device_peak_bytes"]),
+                fitted=r.fitted,
+                note="eager module loading (the stack's floor rules out lazy)",
+                band=None if r.fitted else band,
+            )
+            for r, res in zip(rows, flat, strict=True)
+        ]
+        points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
+                   for i, why in skipped]  # fmt: skip
+        return points
+
+    return Plan(tasks, assemble)
 
 
-@check("memory/gpumemnet_mlp_a100", needs=MLP_DIR)
-def gpumemnet_mlp(data_dir: Path) -> list[Point]:
+@planned_check("memory/gpumemnet_mlp_a100", needs=MLP_DIR)
+def gpumemnet_mlp(data_dir: Path) -> Plan:
     """Every row of the GPUMemNet A100 MLP set but the fast sample's (its own check: no point counted twice)."""
-    return _mlp_points(data_dir, keep=lambda r: not _in_sample(r))
+    return _mlp_plan(data_dir, keep=lambda r: not _in_sample(r))
 
 
-@check("memory/gpumemnet_mlp_a100_sample", needs=MLP_DIR, fast=True)
-def gpumemnet_mlp_sample(data_dir: Path) -> list[Point]:
+@planned_check("memory/gpumemnet_mlp_a100_sample", needs=MLP_DIR, fast=True)
+def gpumemnet_mlp_sample(data_dir: Path) -> Plan:
     """30 validation rows (index % 100 == 1) of the GPUMemNet A100 MLP set."""
-    return _mlp_points(data_dir, keep=_in_sample, band=SAMPLE_BAND)
+    return _mlp_plan(data_dir, keep=_in_sample, band=SAMPLE_BAND)
 
 
 def _in_sample(row: object) -> bool:

@@ -3,6 +3,13 @@
 A *check* turns one real data set into points. Checks register themselves with :func:`check`; the scorecard
 (`uvmlab validate`) runs every registered check (or the ``fast`` subset in CI) and tabulates the points.
 Modules holding checks are listed in :data:`CHECK_MODULES` so that the registry is filled on import.
+
+A long check registers with :func:`planned_check` instead: its function returns a :class:`Plan`, independent
+:class:`Task` s (one simulation, one shard of rows) and how to turn their results into points. With ``--jobs`` > 1
+the scorecard runs the tasks of every planned check in one worker pool, longest first, while the short checks
+run in the parent, so that both cores stay busy until the end; with one job the tasks run here, in order. The
+points are the same either way (each task is a pure function of its arguments; the assembly sees the results in
+task order).
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BANDS = (1.5, 2.0)
 """The scorecard's bands: a point is *within F x* when ``1/F <= predicted / measured <= F``."""
@@ -75,6 +83,42 @@ class Check:
     fn: CheckFn
     fast: bool  # part of the CI subset
     needs: str  # sub-folder of the real-data directory it reads (skipped with a reason where absent)
+    plan: Callable[[Path], Plan] | None = None  # a planned check's tasks (``fn`` runs them in this process)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One independent unit of a planned check: ``fn(*args, **kwargs)``, run here or in a spawned worker.
+
+    ``fn`` must be importable at module level (workers unpickle it by name) and its arguments picklable.
+    ``cost`` is a rough CPU-second estimate used only to start the longest tasks first; ``items`` is how many of
+    the check's progress items (rows, runs) the task covers."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    cost: float = 1.0
+    items: int = 1
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned check: its tasks and ``assemble(results)`` (results in task order) giving its points."""
+
+    tasks: list[Task]
+    assemble: Callable[[list[Any]], list[Point]]
+
+    def run(self) -> list[Point]:
+        """Every task in this process, in order (reporting progress through the items), then the points."""
+        done = item_progress(sum(t.items for t in self.tasks))
+        results = []
+        for t in self.tasks:
+            results.append(t())
+            done(t.items)
+        return self.assemble(results)
 
 
 CHECKS: dict[str, Check] = {}
@@ -99,6 +143,24 @@ def check(name: str, *, needs: str, fast: bool = False) -> Callable[[CheckFn], C
             raise ValueError(f"check {name!r} registered twice")
         CHECKS[name] = Check(name=name, fn=fn, fast=fast, needs=needs)
         return fn
+
+    return deco
+
+
+def planned_check(name: str, *, needs: str, fast: bool = False) -> Callable[[Callable[[Path], Plan]], CheckFn]:
+    """Register ``plan_fn`` (``data_dir -> Plan``) as the planned check ``name``; the decorated name becomes the
+    serial check function (``data_dir -> list[Point]``, the tasks run in this process)."""
+
+    def deco(plan_fn: Callable[[Path], Plan]) -> CheckFn:
+        def run(data_dir: Path) -> list[Point]:
+            return plan_fn(data_dir).run()
+
+        run.__name__, run.__qualname__, run.__doc__ = plan_fn.__name__, plan_fn.__qualname__, plan_fn.__doc__
+        run.__module__ = plan_fn.__module__
+        if name in CHECKS:
+            raise ValueError(f"check {name!r} registered twice")
+        CHECKS[name] = Check(name=name, fn=run, fast=fast, needs=needs, plan=plan_fn)
+        return run
 
     return deco
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Point, run_options
+from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Plan, Point, Task, run_options
 
 COLUMNS = ["dataset", "case", "quantity", "unit", "measured", "predicted", "ratio",
            "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note"]  # fmt: skip
@@ -215,30 +215,141 @@ def _run_checks(
     jobs: int = 1,
     advance: Callable[[str, int, int], None] | None = None,
 ) -> Scorecard:
+    """Run ``checks``; with ``jobs`` > 1 the planned checks' tasks go to one pool of ``jobs`` spawned workers
+    (longest first) while the other checks run here. The points come out in check order either way."""
     card = Scorecard(data_dir=str(root), fast=fast)
     start = _clocks()
-    for c in checks:
-        folder = root / c.needs
-        if not folder.is_dir():
-            card.skipped[c.name] = f"{folder} is absent"
-        else:
-            t0 = _clocks()
-            step = None if advance is None else (lambda done, total, name=c.name: advance(name, done, total))
-            try:
-                with run_options(jobs, step):
-                    card.points += [(c.name, p) for p in c.fn(root)]
-                card.ran.append(c.name)
-            except InputError:
-                raise
-            except Exception as exc:  # a check's bug must not hide the other checks' results
-                card.errors[c.name] = f"{type(exc).__name__}: {exc}"
-            t1 = _clocks()
-            card.timings[c.name] = (t1[0] - t0[0], t1[1] - t0[1])
-        if progress is not None:
-            progress(c.name)
+    present = [c for c in checks if (root / c.needs).is_dir()]
+    pooled = [c for c in present if c.plan is not None] if jobs > 1 else []
+    points: dict[str, list[Point]] = {}
+    pool = _PlannedPool(root, pooled, jobs, card, advance) if pooled else None
+    try:
+        for c in checks:
+            if c not in present:
+                card.skipped[c.name] = f"{root / c.needs} is absent"
+            elif c not in pooled:
+                t0 = _clocks()
+                step = None if advance is None else (lambda done, total, name=c.name: advance(name, done, total))
+                got = _guarded(card, c.name, lambda c=c, step=step: _serial(c, root, jobs, step))
+                if got is not None:
+                    points[c.name] = got
+                t1 = _clocks()
+                card.timings[c.name] = (t1[0] - t0[0], t1[1] - t0[1])
+            else:
+                continue  # reported when its tasks finish
+            if progress is not None:
+                progress(c.name)
+        if pool is not None:
+            for name, got in pool.finished():
+                if got is not None:
+                    points[name] = got
+                if progress is not None:
+                    progress(name)
+    finally:
+        if pool is not None:
+            pool.close()
+    card.ran = [c.name for c in checks if c.name in points]
+    card.points = [(c.name, p) for c in checks if c.name in points for p in points[c.name]]
+    card.timings = {c.name: card.timings[c.name] for c in checks if c.name in card.timings}
     end = _clocks()
     card.wall_seconds, card.cpu_seconds = end[0] - start[0], end[1] - start[1]
     return card
+
+
+def _serial(c: Check, root: Path, jobs: int, step: Callable[[int, int], None] | None) -> list[Point]:
+    with run_options(jobs, step):
+        return c.fn(root)
+
+
+def _guarded(card: Scorecard, name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``; an exception other than InputError is recorded as the check's error (a uvmlab bug) -> None."""
+    try:
+        return fn()
+    except InputError:
+        raise
+    except Exception as exc:  # a check's bug must not hide the other checks' results
+        card.errors[name] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _timed_task(task: Task) -> tuple[Any, float, float]:
+    """Run ``task`` (in a worker) and return (result, wall s, CPU s of this process)."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    result = task()
+    return result, time.perf_counter() - w0, time.process_time() - c0
+
+
+class _PlannedPool:
+    """The tasks of the planned checks in a pool of spawned workers (not forked: the parent may hold threads,
+    e.g. a progress bar), submitted longest first; :meth:`finished` yields each check's points as it completes.
+
+    A check's timing is the sum of its tasks' wall and CPU seconds in the workers (its busy time)."""
+
+    def __init__(
+        self,
+        root: Path,
+        checks: list[Check],
+        jobs: int,
+        card: Scorecard,
+        advance: Callable[[str, int, int], None] | None,
+    ) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.card, self.advance = card, advance
+        self.plans: dict[str, Plan] = {}
+        self.unplanned: list[str] = []  # crashed while planning
+        for c in checks:
+            assert c.plan is not None
+            plan = _guarded(card, c.name, lambda c=c: c.plan(root))  # type: ignore[misc]
+            if plan is None:
+                self.unplanned.append(c.name)
+            else:
+                self.plans[c.name] = plan
+        order = sorted(
+            ((name, i, t) for name, plan in self.plans.items() for i, t in enumerate(plan.tasks)),
+            key=lambda x: -x[2].cost,
+        )
+        workers = max(1, min(jobs, len(order)))
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.futures = {self.pool.submit(_timed_task, t): (name, i) for name, i, t in order}
+
+    def finished(self) -> Iterator[tuple[str, list[Point] | None]]:
+        """(check name, its points or None when it crashed) as each planned check's last task completes."""
+        from concurrent.futures import as_completed
+
+        results: dict[str, dict[int, Any]] = {name: {} for name in self.plans}
+        done_items = dict.fromkeys(self.plans, 0)
+        for name in self.plans:
+            self.card.timings[name] = (0.0, 0.0)
+        for name in self.unplanned:
+            yield name, None
+        for name, plan in self.plans.items():
+            if not plan.tasks:
+                yield name, _guarded(self.card, name, lambda p=plan: p.assemble([]))
+        for fut in as_completed(self.futures):
+            name, i = self.futures[fut]
+            plan = self.plans[name]
+            if name in self.card.errors:
+                continue
+            try:
+                result, wall, cpu = fut.result()
+            except Exception as exc:  # a task's bug: the check crashed, the others go on
+                self.card.errors[name] = f"{type(exc).__name__}: {exc}"
+                yield name, None
+                continue
+            w, c = self.card.timings[name]
+            self.card.timings[name] = (w + wall, c + cpu)
+            results[name][i] = result
+            done_items[name] += plan.tasks[i].items
+            if self.advance is not None:
+                self.advance(name, done_items[name], sum(t.items for t in plan.tasks))
+            if len(results[name]) == len(plan.tasks):
+                ordered = [results[name][k] for k in range(len(plan.tasks))]
+                yield name, _guarded(self.card, name, lambda p=plan, r=ordered: p.assemble(r))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _clocks() -> tuple[float, float]:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from uvmlab.calibrate_uvm import BENCH_CSV, GCN_DIR, bench_measured, bench_ms, gcn_epoch_s, gcn_measured
 from uvmlab.sim.profile import load_profile
-from uvmlab.validate.points import Point, check
+from uvmlab.validate.points import Plan, Point, Task, check, planned_check
 
 GCN_SIZES = (5_000_000, 7_000_000, 8_000_000, 10_000_000, 12_000_000, 15_000_000)
 NATIVE_SIZES = (1_000_000, 3_000_000, 5_000_000, 7_000_000)
@@ -39,16 +40,37 @@ def _peak_gb(uvm_dir: Path, nodes: int) -> float:
     return float(json.loads(p.read_text())["uvm_stats"]["peak_allocated_GB"])
 
 
-@check("uvm/gcn-rtx5090", needs=f"uvm/{GCN_DIR}")
-def gcn_points(data_dir: Path) -> list[Point]:
-    """GCN epoch times, slowdowns, footprints and the user-prefetch speedup (module docstring)."""
+GCN_TASK_S_PER_MNODE = 1.8
+"""Rough CPU seconds of one GCN replay per million nodes (measured: 10M in 17.7 s); only orders the tasks."""
+
+
+@planned_check("uvm/gcn-rtx5090", needs=f"uvm/{GCN_DIR}")
+def gcn_points(data_dir: Path) -> Plan:
+    """GCN epoch times, slowdowns, footprints and the user-prefetch speedup (module docstring): one task per
+    simulated (size, variant), 20 replays."""
+    from uvmlab.sim.uvm_knobs import UvmKnobs
+
     uvm = data_dir / "uvm"
     costs = load_profile("RTX5090")
+    plain = sorted(set(GCN_SIZES) | set(NATIVE_SIZES))
+    variants: list[tuple[str, int, dict[str, Any]]] = (
+        [("plain", n, {}) for n in plain]
+        + [("policy", n, {"knobs": UvmKnobs(prefetch_on_alloc=True)}) for n in GCN_SIZES]
+        + [("prefetch", n, {"prefetch": True}) for n in PREFETCH_SIZES]
+    )
+    tasks = [Task(gcn_epoch_s, (n, costs), kw, cost=GCN_TASK_S_PER_MNODE * n / 1e6) for _, n, kw in variants]
+
+    def assemble(results: list[Any]) -> list[Point]:
+        got = {(v, n): r for (v, n, _), r in zip(variants, results, strict=True)}
+        return _gcn_assemble(uvm, {n: got["plain", n] for n in plain}, got)
+
+    return Plan(tasks, assemble)
+
+
+def _gcn_assemble(uvm: Path, sim: dict[int, tuple[float, float, int]], got: dict[tuple[str, int], Any]) -> list[Point]:
+    """The GCN points from the simulated (UVM s, native s, peak bytes) per (variant, size)."""
     ds = f"uvm/{GCN_DIR}"
     pts: list[Point] = []
-    sim: dict[int, tuple[float, float, int]] = {}
-    for n in sorted(set(GCN_SIZES) | set(NATIVE_SIZES)):
-        sim[n] = gcn_epoch_s(n, costs)
     for n in GCN_SIZES:
         t, _, peak = sim[n]
         case = f"{n // 10**6}M nodes, without user prefetch"
@@ -68,17 +90,15 @@ def gcn_points(data_dir: Path) -> list[Point]:
                     ds, f"{n // 10**6}M nodes", "slowdown_vs_native", "x", slow_m, sim[n][0] / sim[n][1], n == 5_000_000
                 )
             )
-    from uvmlab.sim.uvm_knobs import UvmKnobs
-
     for n in GCN_SIZES:
-        t_policy, _, _ = gcn_epoch_s(n, costs, knobs=UvmKnobs(prefetch_on_alloc=True))
+        t_policy, _, _ = got["policy", n]
         speed_m = gcn_measured(uvm, n) / gcn_measured(uvm, n, prefetch=True)
         case = f"{n // 10**6}M nodes, advise policy prefetch-on-alloc"
         fit = ("gcn", n, "prefetch") in FITTED
         band = None if fit else 1.5
         pts.append(Point(ds, case, "user_prefetch_speedup", "x", speed_m, sim[n][0] / t_policy, fit, band=band))
     for n in PREFETCH_SIZES:
-        t, _, _ = gcn_epoch_s(n, costs, prefetch=True)
+        t, _, _ = got["prefetch", n]
         m = gcn_measured(uvm, n, prefetch=True)
         fit = ("gcn", n, "prefetch") in FITTED
         band = None if fit else 1.5
