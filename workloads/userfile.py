@@ -68,12 +68,16 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         if spec is None or spec.loader is None:
             raise InputError(f"cannot import workload file {file}: it is not a Python module")
         module = importlib.util.module_from_spec(spec)
+        bytecode = sys.dont_write_bytecode
+        sys.dont_write_bytecode = True  # no __pycache__ beside the user's file: uvmlab writes nothing among inputs
         try:
             spec.loader.exec_module(module)
         except SystemExit as exc:  # the file's own sys.exit(): not a successful run of anything
             raise InputError(f"workload file {file} called sys.exit({exc.code!r}) while being imported") from None
         except Exception as exc:  # anything the user's module raises: one sentence, exit 2
             raise failure(f"workload file {file.resolve()}", "importing it", exc) from None
+        finally:
+            sys.dont_write_bytecode = bytecode
         sys.modules[mod_name] = module
     build = getattr(module, "build", None)
     if not callable(build):
