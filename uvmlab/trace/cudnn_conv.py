@@ -166,7 +166,9 @@ def conv_geometry(trace: Trace, kernel: pd.Series, accesses: pd.DataFrame, batch
     (``convolution_backward``): reads grad-output, input, weight in that order; writes grad-input (when needed),
     grad-weight, grad-bias.
     """
-    a = accesses.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")
+    a = accesses
+    if "category" not in a.columns:  # callers with many kernels merge the categories once
+        a = a.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")
     largest = int(a["size_bytes"].max()) if len(a) else 0
     reads, writes = a[~a["is_write"]], a[a["is_write"]]
     params = reads[reads["category"] == "parameter"]["size_bytes"]

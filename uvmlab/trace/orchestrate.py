@@ -337,13 +337,14 @@ def rule_cudnn_workspace(
     batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
     batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
     elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
-    by_kernel = dict(tuple(acc.groupby("kernel_id")))
+    with_category = acc.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")  # once
+    by_kernel = dict(tuple(with_category.groupby("kernel_id")))
     seen: set[tuple[Any, ...]] = set()
     added, top, trial_top, skipped_depthwise = 0, 0, 0, 0
     depthwise_operands: set[tuple[int, int, int]] = set()  # (input, output, filter) bytes of depthwise forwards
     for i, (_, kern) in enumerate(convs.iterrows()):
         kid = kern["kernel_id"]
-        geom = conv_geometry(trace, kern, by_kernel.get(kid, acc.iloc[:0]), batch, elem)
+        geom = conv_geometry(trace, kern, by_kernel.get(kid, with_category.iloc[:0]), batch, elem)
         operands = (geom.x_bytes, geom.y_bytes, geom.w_bytes)
         if geom.depthwise:
             depthwise_operands.add(operands)
