@@ -53,18 +53,13 @@ def pad_cold(prep: Any, target_bytes: int, oversub: float = 1.0) -> tuple[Any, i
         "alloc_seq": first,
         "free_seq": NEVER_FREED,
     }
-    extra = {c: (row[c] if c in row else _neutral(ranges[c])) for c in ranges.columns}
-    padded = pd.concat([ranges, pd.DataFrame([extra]).astype(ranges.dtypes.to_dict())], ignore_index=True)
+    pad_row = pd.DataFrame([row], columns=ranges.columns).astype(ranges.dtypes.to_dict())  # a new column: fails
+    padded = pd.concat([ranges, pad_row], ignore_index=True)
     reserved = prep.placement.peak_reserved_bytes + (pad if prep.placement.allocator == "pca" else 0)  # a segment
     placement = dataclasses.replace(prep.placement, ranges=padded, peak_reserved_bytes=reserved)
     footprint = peak_managed_bytes(padded)
     available = min(int(footprint / oversub), prep.gpu.usable_bytes)
     return dataclasses.replace(prep, placement=placement, footprint_bytes=footprint, available_bytes=available), pad
-
-
-def _neutral(col: pd.Series) -> Any:
-    """A filler for an extra ranges column (none today): zero / False / empty of its dtype."""
-    return col.dtype.type(0) if col.dtype.kind in "biuf" else ""
 
 
 def study_target_bytes(study_mib: float) -> int:
