@@ -68,10 +68,18 @@ def test_oversubscribed_pass_migrates_about_the_overflow_only() -> None:
 def test_rotating_batches_cascade_where_lowest_first_does_not() -> None:
     """The stream_priority model knob matters (docs/uvm-sim.md): round-robin service thrashes at 1.5x."""
     out = {}
-    for prio in ("lowest", "rotate"):
+    for prio in ("lowest", "rotate", "random"):
         r = simulate_uvmbench("seq_stream", 1.5, scale=64, knobs=UvmKnobs(stream_priority=prio))
         out[prio] = r.htod_bytes
     assert out["rotate"] > 1.5 * out["lowest"]
+    assert out["random"] > 1.5 * out["lowest"]  # an order with no memory of age cascades too
+
+
+def test_random_priority_repeats_for_the_same_seed() -> None:
+    knobs = UvmKnobs(stream_priority="random")
+    a = simulate_uvmbench("rand_stream", 1.25, scale=64, knobs=knobs)
+    b = simulate_uvmbench("rand_stream", 1.25, scale=64, knobs=knobs)
+    assert a.times_ns == b.times_ns and a.htod_bytes == b.htod_bytes
 
 
 def test_page_strided_view_faults_only_touched_pages() -> None:

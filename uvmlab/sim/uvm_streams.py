@@ -31,12 +31,12 @@ not from one block after the other in address order. This module models that:
   the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault); the
   entries past the batch size wait (BATCH_FLUSH discards them and the warps refault after the replay). Which
   stalled warps make it into a batch is the model knob ``stream_priority`` (``lowest``: the oldest warps first;
-  ``rotate``: round-robin). A scaled-down run (``tid_stride`` > 1) fetches ``fault_batch_count / tid_stride``
-  entries per batch, so that a batch serves the same share of the threads as in the real launch (before, 256
-  entries of 4,096 sampled threads stood for 256 of 65,536 real ones: 16x the real share, which made the
-  simulated service order depend on the scale). The batch's pages are serviced per VA block as in
-  :mod:`uvmlab.sim.uvm_faults` (prefetcher, chunk allocation with LRM eviction, migration / zero-fill), then the
-  warps resume.
+  ``rotate``: round-robin; ``random``: a seeded random order each batch). A scaled-down run (``tid_stride`` > 1)
+  fetches ``fault_batch_count / tid_stride`` entries per batch, so that a batch serves the same share of the
+  threads as in the real launch (before, 256 entries of 4,096 sampled threads stood for 256 of 65,536 real ones:
+  16x the real share, which made the simulated service order depend on the scale). The batch's pages are
+  serviced per VA block as in :mod:`uvmlab.sim.uvm_faults` (prefetcher, chunk allocation with LRM eviction,
+  migration / zero-fill), then the warps resume.
 
 The consequence the address-order model missed: at an oversubscription factor near 1, the warps of resident
 blocks finish their chunks while the faulting ones wait, so the least-recently-migrated chunks evicted for the
@@ -175,7 +175,8 @@ class StreamService:
         safe = np.where(valid, pages, 0)
         invalid = ~valid
         flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
-        lowest = self.knobs.stream_priority == "lowest"
+        prio = self.knobs.stream_priority
+        order_rng = np.random.default_rng(kern.seed)  # stream_priority "random": seeded, so runs repeat
         pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
         cols = np.arange(length)[None, :]
         per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
@@ -191,8 +192,10 @@ class StreamService:
             first = blocked.argmax(axis=1)
             pos = np.where(has, first, length)
             stalled = np.flatnonzero(has)
-            if not lowest:
+            if prio == "rotate":
                 stalled = np.roll(stalled, -(rotate % len(stalled)))
+            elif prio == "random":
+                stalled = order_rng.permutation(stalled)
             lanes = miss[stalled, :, first[stalled]]  # (stalled warps, lanes): the faults each warp raises
             per_warp = np.cumsum(lanes.sum(axis=1))
             take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
