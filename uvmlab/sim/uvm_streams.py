@@ -9,7 +9,8 @@ not from one block after the other in address order. This module models that:
   chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
   (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
   the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
-  (uvmbench's ``rand_chunk_kernel``, below). A thread uses the same page order in every range it walks (the
+  (uvmbench's ``rand_chunk_kernel``, below) or ``visits`` (pages of the range the caller lists per thread and
+  step, e.g. a pointer chase; no chunking). A thread uses the same page order in every range it walks (the
   kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
 * ``lcg`` reproduces ``rand_chunk_kernel`` of gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (3f4cc2d): thread
   ``tid`` draws ``seed = lcg(base_seed ^ tid)``, ``step = seed | 1``, ``offset = lcg(seed ^ 0xDEADBEEF) % P`` and
@@ -51,7 +52,7 @@ mitigation is not triggered (its detector ignores eviction-caused migrations, ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,7 +60,7 @@ from uvmlab.errors import InputError
 from uvmlab.sim.uvm_faults import UvmCounters
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
-ORDERS = ("sequential", "random", "lcg")
+ORDERS = ("sequential", "random", "lcg", "visits")
 LCG_A, LCG_C = 1664525, 1013904223
 """``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
 LCG_OFFSET_XOR = 0xDEADBEEF
@@ -85,10 +86,18 @@ class StreamKernel:
     multiplies the stall by the scale), so a batch serves the same share of the threads as in the real run."""
     warp_size: int = 1
     """Threads per SIMT warp: a warp's threads execute each load/store together (module docstring)."""
+    visits: np.ndarray | None = field(default=None, compare=False)
+    """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
+    (-1: nothing), e.g. a pointer chase whose addresses the caller computed (``uvmlab.sim.uvm_bench``); the ranges
+    are not cut into chunks."""
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"access order must be one of {ORDERS}, not {self.order!r}")
+        if (self.order == "visits") != (self.visits is not None):
+            raise InputError("order 'visits' needs a visits array, and only it takes one")
+        if self.visits is not None and (self.visits.ndim != 2 or self.visits.shape[0] != self.n_streams):
+            raise InputError(f"visits must be (n_streams, steps), not {self.visits.shape}")
         if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
             raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
 
@@ -131,6 +140,11 @@ class StreamService:
             if not segs:
                 continue
             gids = np.concatenate([s * PAGES_PER_BLOCK + np.arange(lo, hi) for s, lo, hi in segs])
+            if kern.order == "visits":  # the caller placed every visit: no chunking
+                if kern.visits.max(initial=-1) >= len(gids):
+                    raise InputError(f"visits index a page past the range's {len(gids)} pages")
+                per_range.append((np.where(kern.visits >= 0, gids[np.maximum(kern.visits, 0)], -1), bool(is_write)))
+                continue
             chunk = _chunk_pages(len(gids), kern.n_streams)
             pad = kern.n_streams * chunk - len(gids)
             grid = np.concatenate([gids, np.full(pad, -1, dtype=np.int64)]).reshape(kern.n_streams, chunk)
