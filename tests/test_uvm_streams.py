@@ -68,10 +68,18 @@ def test_oversubscribed_pass_migrates_about_the_overflow_only() -> None:
 def test_rotating_batches_cascade_where_lowest_first_does_not() -> None:
     """The stream_priority model knob matters (docs/uvm-sim.md): round-robin service thrashes at 1.5x."""
     out = {}
-    for prio in ("lowest", "rotate"):
+    for prio in ("lowest", "rotate", "random"):
         r = simulate_uvmbench("seq_stream", 1.5, scale=64, knobs=UvmKnobs(stream_priority=prio))
         out[prio] = r.htod_bytes
     assert out["rotate"] > 1.5 * out["lowest"]
+    assert out["random"] > 1.5 * out["lowest"]  # an order with no memory of age cascades too
+
+
+def test_random_priority_repeats_for_the_same_seed() -> None:
+    knobs = UvmKnobs(stream_priority="random")
+    a = simulate_uvmbench("rand_stream", 1.25, scale=64, knobs=knobs)
+    b = simulate_uvmbench("rand_stream", 1.25, scale=64, knobs=knobs)
+    assert a.times_ns == b.times_ns and a.htod_bytes == b.htod_bytes
 
 
 def test_page_strided_view_faults_only_touched_pages() -> None:
@@ -168,6 +176,52 @@ def test_bad_order_is_an_input_error() -> None:
         StreamKernel(((0, 0, 1, False),), 4, "zigzag")
     with pytest.raises(InputError):
         UvmKnobs(stream_priority="fifo")
+    with pytest.raises(InputError):  # visits without the order, the order without visits, the wrong shape
+        StreamKernel(((0, 0, 1, False),), 4, visits=np.zeros((4, 2), dtype=np.int64))
+    with pytest.raises(InputError):
+        StreamKernel(((0, 0, 1, False),), 4, "visits")
+    with pytest.raises(InputError):
+        StreamKernel(((0, 0, 1, False),), 4, "visits", visits=np.zeros((3, 2), dtype=np.int64))
+    with pytest.raises(InputError):  # a visit past the range
+        sim = _stream_sim(8, 1)
+        sim._stream_pages(StreamKernel(((0, 0, MiB, False),), 2, "visits", visits=np.full((2, 1), 256)))
+
+
+def test_visits_order_touches_exactly_the_listed_pages() -> None:
+    sim = _stream_sim(8, 1)
+    visits = np.array([[0, 5, -1], [255, 5, 7]])
+    pages, writes = sim._stream_pages(StreamKernel(((0, 0, MiB, False),), 2, "visits", visits=visits))
+    base = sim._segments(0, 0, MiB)[0][0] * 512
+    assert (pages == np.where(visits >= 0, base + visits, -1)).all() and not writes.any()
+
+
+def test_pointer_chase_visits_follow_init_chunks_kernel() -> None:
+    """chase_visits reproduces synthetic.cuh: node i's next is chunk_start + lcg(i) % nodes_per_chunk, from the
+    chunk's first node, 8 loads; sampled thread i is real thread i * tid_stride."""
+    from uvmlab.sim.uvm_bench import CHASE_STEPS, chase_visits
+
+    npc, stride = 341 * 141, 16
+    got = chase_visits(5, npc, stride)
+    for i in range(5):
+        start = i * stride * npc
+        cur, want = start, []
+        for _ in range(CHASE_STEPS):
+            want.append(cur - start)
+            cur = start + _lcg_c(cur & 0xFFFFFFFF) % npc
+        assert got[i].tolist() == want
+
+
+def test_pointer_chase_faults_only_when_oversubscribed() -> None:
+    """At 1.0x the GPU-initialised nodes all stay resident (no fault in the timed launches); at 1.25x and 1.5x the
+    chase migrates about the overflow each launch, more at 1.5x."""
+    r1 = simulate_uvmbench("pointer_chase", 1.0, scale=64)
+    assert r1.fault_count == 0 and r1.htod_bytes == 0
+    r125 = simulate_uvmbench("pointer_chase", 1.25, scale=64)
+    r15 = simulate_uvmbench("pointer_chase", 1.5, scale=64)
+    assert 0 < r125.htod_bytes < r15.htod_bytes
+    assert r125.median_ms > 1000 * r1.median_ms
+    with pytest.raises(InputError):
+        simulate_uvmbench("zigzag_stream", 1.0, scale=64)
 
 
 @settings(max_examples=25, deadline=None)
@@ -300,6 +354,8 @@ def test_uvmbench_check_meets_targets(real_data: Path) -> None:
         assert pts[(f"t0rq3_results: {k}", "time_ratio_1.25x_over_1.0x")].predicted >= 5
     assert pts[("t0rq3_results: seq_stream uvm 1.25x", "kernel_time")].fitted
     assert not pts[("t0rq3_results: seq_stream uvm 1.5x", "kernel_time")].fitted
+    chase = [pts[(f"t0rq3_results: pointer_chase uvm {f}x", "kernel_time")] for f in ("1.25", "1.5")]
+    assert not any(p.fitted for p in chase)  # validation only: nothing was fitted on pointer_chase
 
 
 def test_gcn_5m_7m_within_targets(real_data: Path) -> None:

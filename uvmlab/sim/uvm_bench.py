@@ -11,6 +11,16 @@ What the real program does (``main.cu``, ``kernels/synthetic.cuh`` at gpu_ext 3f
   ``rand_chunk_kernel``'s LCG (``StreamKernel`` order ``lcg``: a thread whose step shares a factor with its chunk's
   page count revisits a subset of its pages and never touches the rest, uvmlab.sim.uvm_streams);
 * 2 warm-up launches, then ``iterations`` timed launches; the CSV reports the median.
+* ``pointer_chase`` (``run_pointer_chase``, ``pointer_chunk_kernel``): one managed array of 12-byte ``Node``s
+  (``{unsigned next; float data; float padding[1];}``, 90 % of ``W``; each thread's chunk rounded up to whole
+  341-node "pages" of 4,092 B, so chunks are not page-aligned) and ``T`` output floats. A GPU kernel
+  (``init_chunks_kernel``, grid-stride, so it writes the array in address order) sets node ``i``'s ``next`` to a
+  node of its own chunk, ``lcg(i) % nodes_per_chunk``; ``output`` is not touched before the timed kernel. Each
+  thread then follows 8 dependent ``next`` pointers from its chunk's first node (8 nodes read: ``chase_steps``)
+  and writes ``output[t]``. uvmlab computes every thread's 8 nodes exactly and replays them as a
+  ``StreamKernel`` of order ``visits`` (warps in lockstep: a warp waits for its slowest lane's page), then the
+  output write as one more access [approximations: a node is charged to the page of its first byte (1 node in
+  341 straddles two pages); the output write is replayed after the chase instead of per thread].
 
 * every lane of a warp runs the same loop (``pages_in_chunk`` trips: seq reads ``input[i]`` and writes
   ``output[i]`` at the first element of each page, ``stride_elems`` = 1024; rand does the same in its LCG order and
@@ -31,11 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS, GpuSpec
 from uvmlab.sim.timing import CostParams, kernel_time_ns
 from uvmlab.sim.uvm import UvmSim
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
-from uvmlab.sim.uvm_streams import StreamKernel
+from uvmlab.sim.uvm_streams import StreamKernel, _lcg
 
 RTX5090_TOTAL_BYTES = 33_669_316_608
 """``cudaMemGetInfo`` total in gpu_ext t0rq3_results.csv (``working_set_bytes`` at size_factor 1.0)."""
@@ -45,7 +56,13 @@ WARMUP = 2
 """``time_kernel(launch, /*warmup=*/2, ...)`` in synthetic.cuh."""
 SECTOR_BYTES = 32
 """DRAM access granularity of one strided element (an L2 sector)."""
-KERNELS = {"seq_stream": "sequential", "rand_stream": "lcg"}
+KERNELS = {"seq_stream": "sequential", "rand_stream": "lcg", "pointer_chase": "visits"}
+NODE_BYTES = 12
+"""``sizeof(Node)`` of synthetic.cuh: ``unsigned next; float data; float padding[1]`` (its comment says 16)."""
+CHASE_STEPS = 8
+"""``chase_steps`` of ``run_pointer_chase``."""
+CHASE_NODES_SHARE = 0.9
+"""``run_pointer_chase`` splits the working set: nodes 90 %, output 10 % (then allocates ``T`` floats of output)."""
 WARP = 32
 """Threads per warp (CUDA); every lane of a warp runs the same number of loop trips in both kernels
 (``pages_in_chunk`` is the same for all but the last chunk), so a warp's lanes probe their pages in lockstep."""
@@ -84,21 +101,31 @@ def simulate_uvmbench(
     capacity = (total_bytes - gpu.context_bytes) // scale
     array = int(total_bytes * size_factor) // 2 // scale
     sim = UvmSim(capacity, knobs, costs, gpu)
-    sim.map_range(0, array)
-    sim.map_range(1, array)
-    sim.host_write(0, 0, array)
     n_streams = max(1, THREADS // scale)
-    order = KERNELS[kernel]
-    if order == "lcg":  # rand_chunk_kernel ignores stride_bytes: one element per page
-        stride_bytes = PAGE_BYTES
-    accesses = ((0, 0, array, False), (1, 0, array, True))
-    kern = StreamKernel(accesses, n_streams, order, stride_bytes, seed=RAND_BASE_SEED, tid_stride=scale, warp_size=WARP)
-    touched = 2 * -(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale
+    order = KERNELS.get(kernel)
+    if order is None:
+        raise InputError(f"unknown uvmbench kernel {kernel!r}; known: {', '.join(KERNELS)}")
+    tail: tuple[tuple[int, int, int, bool], ...] = ()
+    if order == "visits":
+        kern, touched, tail = _pointer_chase(sim, int(total_bytes * size_factor), scale)
+    else:
+        sim.map_range(0, array)
+        sim.map_range(1, array)
+        sim.host_write(0, 0, array)
+        if order == "lcg":  # rand_chunk_kernel ignores stride_bytes: one element per page
+            stride_bytes = PAGE_BYTES
+        accesses = ((0, 0, array, False), (1, 0, array, True))
+        kern = StreamKernel(
+            accesses, n_streams, order, stride_bytes, seed=RAND_BASE_SEED, tid_stride=scale, warp_size=WARP
+        )
+        touched = 2 * -(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale
     native = float(kernel_time_ns(np.array([0.0]), np.array([float(touched)]), gpu, costs)[0])
     times: list[float] = []
     timed = []
     for i in range(WARMUP + iterations):
         c = sim.access_streams(kern)
+        if tail:
+            c.add(sim.access(tail))
         times.append(native + scale * (1 - costs.fault_overlap) * c.stall_ns)
         if i >= WARMUP:
             timed.append(c)
@@ -112,3 +139,42 @@ def simulate_uvmbench(
         fault_batch_count=sum(c.fault_batch_count for c in timed),  # batches already hold 1/scale of the entries
         eviction_count=scale * sum(c.eviction_count for c in timed),
     )
+
+
+def chase_visits(n_streams: int, nodes_per_chunk: int, tid_stride: int) -> np.ndarray:
+    """(n_streams, CHASE_STEPS) node offsets within its chunk that each sampled thread reads, in order.
+
+    Sampled thread ``i`` is thread ``i * tid_stride`` of the real launch: its chain starts at its chunk's first node
+    and follows ``next = chunk_start + lcg(node) % nodes_per_chunk`` (``init_chunks_kernel``, global node ids)."""
+    start = np.arange(n_streams, dtype=np.uint64) * np.uint64(tid_stride * nodes_per_chunk)
+    cur = start.copy()
+    out = np.empty((n_streams, CHASE_STEPS), dtype=np.int64)
+    for step in range(CHASE_STEPS):
+        out[:, step] = (cur - start).astype(np.int64)
+        cur = start + _lcg(cur & np.uint64(0xFFFFFFFF)) % np.uint64(nodes_per_chunk)
+    return out
+
+
+def _pointer_chase(
+    sim: UvmSim, working_set: int, scale: int
+) -> tuple[StreamKernel, float, tuple[tuple[int, int, int, bool], ...]]:
+    """Map and GPU-initialise ``run_pointer_chase``'s arrays at 1/``scale``; return (kernel, touched bytes at full
+    scale, the output write)."""
+    nodes_per_page = PAGE_BYTES // NODE_BYTES
+    total_nodes = int(working_set * CHASE_NODES_SHARE) // NODE_BYTES
+    per_thread = -(-total_nodes // THREADS)
+    per_chunk = -(-per_thread // nodes_per_page) * nodes_per_page  # rounded up to whole 341-node "pages"
+    n_streams = max(1, THREADS // scale)
+    nodes_bytes = n_streams * per_chunk * NODE_BYTES
+    out_bytes = n_streams * 4
+    sim.map_range(0, nodes_bytes)
+    sim.map_range(1, out_bytes)
+    sim.access(((0, 0, nodes_bytes, True),))  # init_chunks_kernel: the GPU writes every node, in address order
+    offsets = chase_visits(n_streams, per_chunk, scale)
+    node = np.arange(n_streams, dtype=np.int64)[:, None] * per_chunk + offsets
+    visits = node * NODE_BYTES // PAGE_BYTES
+    kern = StreamKernel(
+        ((0, 0, nodes_bytes, False),), n_streams, "visits", tid_stride=scale, warp_size=WARP, visits=visits
+    )
+    touched = float(THREADS * (CHASE_STEPS + 1) * SECTOR_BYTES)
+    return kern, touched, ((1, 0, out_bytes, True),)

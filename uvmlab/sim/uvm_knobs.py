@@ -79,9 +79,10 @@ class UvmKnobs:
     stream_priority: str = "lowest"
     """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm_streams):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
-    ``rotate`` (round-robin over the stalled threads). The choice was made by looking at the uvmbench points
-    (rotate makes seq_stream 1.5x cascade, 4.3x too slow), so it is a structural choice informed by validation
-    data: docs/uvm-sim.md reports both."""
+    ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
+    order with no memory of age). The choice was made by looking at the uvmbench points (rotate makes seq_stream
+    1.5x cascade, 4.3x too slow; random cascades as well), so it is a structural choice informed by validation
+    data: docs/uvm-sim.md reports all three."""
     gemm_rereads: bool = True
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm_reread), so pages evicted
@@ -135,8 +136,8 @@ class UvmKnobs:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
         if self.gemm_rereads not in (0, 1):  # True/False and 0/1 (--sim-option values are parsed as JSON)
             raise InputError(f"gemm_rereads must be 0 or 1, not {self.gemm_rereads!r}")
-        if self.stream_priority not in ("lowest", "rotate"):
-            raise InputError(f"stream_priority must be 'lowest' or 'rotate', not {self.stream_priority!r}")
+        if self.stream_priority not in ("lowest", "rotate", "random"):
+            raise InputError(f"stream_priority must be 'lowest', 'rotate' or 'random', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"

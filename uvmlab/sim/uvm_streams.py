@@ -9,7 +9,8 @@ not from one block after the other in address order. This module models that:
   chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
   (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
   the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
-  (uvmbench's ``rand_chunk_kernel``, below). A thread uses the same page order in every range it walks (the
+  (uvmbench's ``rand_chunk_kernel``, below) or ``visits`` (pages of the range the caller lists per thread and
+  step, e.g. a pointer chase; no chunking). A thread uses the same page order in every range it walks (the
   kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
 * ``lcg`` reproduces ``rand_chunk_kernel`` of gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (3f4cc2d): thread
   ``tid`` draws ``seed = lcg(base_seed ^ tid)``, ``step = seed | 1``, ``offset = lcg(seed ^ 0xDEADBEEF) % P`` and
@@ -31,12 +32,12 @@ not from one block after the other in address order. This module models that:
   the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault); the
   entries past the batch size wait (BATCH_FLUSH discards them and the warps refault after the replay). Which
   stalled warps make it into a batch is the model knob ``stream_priority`` (``lowest``: the oldest warps first;
-  ``rotate``: round-robin). A scaled-down run (``tid_stride`` > 1) fetches ``fault_batch_count / tid_stride``
-  entries per batch, so that a batch serves the same share of the threads as in the real launch (before, 256
-  entries of 4,096 sampled threads stood for 256 of 65,536 real ones: 16x the real share, which made the
-  simulated service order depend on the scale). The batch's pages are serviced per VA block as in
-  :mod:`uvmlab.sim.uvm_faults` (prefetcher, chunk allocation with LRM eviction, migration / zero-fill), then the
-  warps resume.
+  ``rotate``: round-robin; ``random``: a seeded random order each batch). A scaled-down run (``tid_stride`` > 1)
+  fetches ``fault_batch_count / tid_stride`` entries per batch, so that a batch serves the same share of the
+  threads as in the real launch (before, 256 entries of 4,096 sampled threads stood for 256 of 65,536 real ones:
+  16x the real share, which made the simulated service order depend on the scale). The batch's pages are
+  serviced per VA block as in :mod:`uvmlab.sim.uvm_faults` (prefetcher, chunk allocation with LRM eviction,
+  migration / zero-fill), then the warps resume.
 
 The consequence the address-order model missed: at an oversubscription factor near 1, the warps of resident
 blocks finish their chunks while the faulting ones wait, so the least-recently-migrated chunks evicted for the
@@ -51,7 +52,7 @@ mitigation is not triggered (its detector ignores eviction-caused migrations, ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,7 +60,7 @@ from uvmlab.errors import InputError
 from uvmlab.sim.uvm_faults import UvmCounters
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
-ORDERS = ("sequential", "random", "lcg")
+ORDERS = ("sequential", "random", "lcg", "visits")
 LCG_A, LCG_C = 1664525, 1013904223
 """``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
 LCG_OFFSET_XOR = 0xDEADBEEF
@@ -85,10 +86,18 @@ class StreamKernel:
     multiplies the stall by the scale), so a batch serves the same share of the threads as in the real run."""
     warp_size: int = 1
     """Threads per SIMT warp: a warp's threads execute each load/store together (module docstring)."""
+    visits: np.ndarray | None = field(default=None, compare=False)
+    """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
+    (-1: nothing), e.g. a pointer chase whose addresses the caller computed (``uvmlab.sim.uvm_bench``); the ranges
+    are not cut into chunks."""
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"access order must be one of {ORDERS}, not {self.order!r}")
+        if (self.order == "visits") != (self.visits is not None):
+            raise InputError("order 'visits' needs a visits array, and only it takes one")
+        if self.visits is not None and (self.visits.ndim != 2 or self.visits.shape[0] != self.n_streams):
+            raise InputError(f"visits must be (n_streams, steps), not {self.visits.shape}")
         if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
             raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
 
@@ -131,6 +140,11 @@ class StreamService:
             if not segs:
                 continue
             gids = np.concatenate([s * PAGES_PER_BLOCK + np.arange(lo, hi) for s, lo, hi in segs])
+            if kern.order == "visits":  # the caller placed every visit: no chunking
+                if kern.visits.max(initial=-1) >= len(gids):
+                    raise InputError(f"visits index a page past the range's {len(gids)} pages")
+                per_range.append((np.where(kern.visits >= 0, gids[np.maximum(kern.visits, 0)], -1), bool(is_write)))
+                continue
             chunk = _chunk_pages(len(gids), kern.n_streams)
             pad = kern.n_streams * chunk - len(gids)
             grid = np.concatenate([gids, np.full(pad, -1, dtype=np.int64)]).reshape(kern.n_streams, chunk)
@@ -175,7 +189,8 @@ class StreamService:
         safe = np.where(valid, pages, 0)
         invalid = ~valid
         flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
-        lowest = self.knobs.stream_priority == "lowest"
+        prio = self.knobs.stream_priority
+        order_rng = np.random.default_rng(kern.seed)  # stream_priority "random": seeded, so runs repeat
         pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
         cols = np.arange(length)[None, :]
         per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
@@ -191,8 +206,10 @@ class StreamService:
             first = blocked.argmax(axis=1)
             pos = np.where(has, first, length)
             stalled = np.flatnonzero(has)
-            if not lowest:
+            if prio == "rotate":
                 stalled = np.roll(stalled, -(rotate % len(stalled)))
+            elif prio == "random":
+                stalled = order_rng.permutation(stalled)
             lanes = miss[stalled, :, first[stalled]]  # (stalled warps, lanes): the faults each warp raises
             per_warp = np.cumsum(lanes.sum(axis=1))
             take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
