@@ -97,3 +97,14 @@ def test_bad_input_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], e
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("uvmlab: error:")]
     assert len(errors) == 1 and expected in errors[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["torchvision:nope", "hf:nope"])
+def test_unknown_model_is_exactly_one_line_on_stderr(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """The error raised inside the progress bar is the only output: no blank line before it when stderr is not a
+    terminal (a CI log, a pipe)."""
+    assert main(["estimate", name]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("uvmlab: error: "), captured.err

@@ -25,6 +25,16 @@ out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 TableSpec = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
+
+
+def progress_bar(*columns: Any, disable: bool = False) -> Any:
+    """A transient rich progress bar on stderr, off when stderr is not a terminal (a pipe, a file, a CI log): rich
+    would only leave a stray blank line there."""
+    from rich.progress import Progress
+
+    return Progress(*columns, console=err, transient=True, disable=disable or not err.is_terminal)
+
+
 """(title, columns, rows) of one printable table."""
 
 

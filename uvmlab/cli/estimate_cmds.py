@@ -161,11 +161,9 @@ def estimate_cmd(
     if out_dir is not None:
         rundir = RunDir(out_dir)
         rundir.prepare(force=force)
-    from rich.progress import Progress
+    from uvmlab.console import progress_bar
 
-    from uvmlab.console import err
-
-    with Progress(console=err, transient=True) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("estimating", total=None)
 
         def capture_progress(done: int, total: int) -> None:

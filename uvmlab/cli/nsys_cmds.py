@@ -43,9 +43,9 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
     Figures that were not collected print n/a (null in JSON, an empty cell in CSV), never 0. Also gives the
     totals of `nsys stats -r um_total_sum,um_sum`, including where those reports refuse to run.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from uvmlab.console import err, table_key
+    from uvmlab.console import progress_bar, table_key
     from uvmlab.errors import InputError
     from uvmlab.nsys import schema as S
     from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
@@ -58,7 +58,7 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
             note(f"warning: {w}")
         total = (ex.row_count(S.GPU_FAULTS) or 0) + (ex.row_count(S.MEMCPY) or 0)
         columns = (TextColumn("reading fault and copy rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=err, transient=True, disable=total < 1_000_000) as bar:
+        with progress_bar(*columns, disable=total < 1_000_000) as bar:
             task = bar.add_task("rows", total=total)
             s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN, progress=lambda n: bar.advance(task, n))
     if fmt == "json":

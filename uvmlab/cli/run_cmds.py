@@ -261,22 +261,15 @@ def run_command(
 
 def _progress(label: str) -> Any:
     """A progress callback drawing a rich bar on stderr (transient)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from uvmlab.console import err
+    from uvmlab.console import progress_bar
 
     state: dict[str, Any] = {}
 
     def update(done: int, total: int) -> None:
         if "p" not in state:
-            p = Progress(
-                TextColumn(label),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=True,
-            )
+            p = progress_bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             p.start()
             state["p"], state["t"] = p, p.add_task("sim", total=total)
         state["p"].update(state["t"], completed=done, total=total)

@@ -109,8 +109,7 @@ def trace_capture(
     # (terms: see uvmlab trace show --help)
     from pathlib import Path
 
-    from rich.progress import Progress
-
+    from uvmlab.console import progress_bar
     from uvmlab.outputs import check_output_folder
     from uvmlab.trace.capture import capture_trace
     from uvmlab.trace.schema import SCHEMAS, write_trace
@@ -119,7 +118,7 @@ def trace_capture(
     cfg = workload_config(workload, **kw)
     names = ["trace.json", *(f"{n}.parquet" for n in SCHEMAS)]
     check_output_folder(out_dir, names, [workload] if Path(workload).exists() else [], force)
-    with Progress(console=err, transient=True, disable=fmt != "table") as bar:
+    with progress_bar(disable=fmt != "table") as bar:
         task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
 
         def progress(done: int, total: int) -> None:

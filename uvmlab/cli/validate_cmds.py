@@ -38,16 +38,16 @@ def validate_cmd(
     1.5x and 2x. With -o: tables/scorecard.parquet, figures/scorecard.png, result.json. Exit code 1 when a
     validation point leaves the band it promises, 3 when a check crashed (a uvmlab bug).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from uvmlab.console import err, plain
+    from uvmlab.console import plain, progress_bar
     from uvmlab.errors import InvariantError, UvmlabError
     from uvmlab.validate.scorecard import load_checks, resolve_data_dir, select_checks, usable_cpus, validate
 
     data_dir = resolve_data_dir(data_dir)  # bad input fails before the progress bar starts
     total = len(select_checks(load_checks(), fast, only))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    with progress_bar(*columns) as bar:
         task = bar.add_task("running checks", total=total)
         card = validate(
             data_dir,
