@@ -229,24 +229,40 @@ def test_pointer_chase_faults_only_when_oversubscribed() -> None:
     cap_blocks=st.integers(2, 12),
     sizes=st.lists(st.integers(1, 6 * VA_BLOCK_BYTES), min_size=1, max_size=3),
     n=st.integers(1, 40),
-    order=st.sampled_from(["sequential", "random", "lcg"]),
+    order=st.sampled_from(["sequential", "random", "lcg", "visits"]),
     stride=st.sampled_from([PAGE_BYTES, 3 * PAGE_BYTES]),
     warp=st.sampled_from([1, 4, 32]),
     tid_stride=st.sampled_from([1, 8]),
+    priority=st.sampled_from(["lowest", "rotate", "random"]),
+    seed=st.integers(0, 2**16),
 )
 def test_stream_kernels_keep_invariants(
-    cap_blocks: int, sizes: list[int], n: int, order: str, stride: int, warp: int, tid_stride: int
+    cap_blocks: int,
+    sizes: list[int],
+    n: int,
+    order: str,
+    stride: int,
+    warp: int,
+    tid_stride: int,
+    priority: str,
+    seed: int,
 ) -> None:
-    sim = UvmSim(cap_blocks * VA_BLOCK_BYTES, None, CostParams(), GPU)
+    sim = UvmSim(cap_blocks * VA_BLOCK_BYTES, UvmKnobs(stream_priority=priority), CostParams(), GPU)
     for i, sz in enumerate(sizes):
         sim.map_range(i, sz)
+    visits = None
+    if order == "visits":  # every thread a few pages of the smallest range, -1 = nothing at that step
+        pages = -(-min(sizes) // PAGE_BYTES)
+        visits = np.random.default_rng(seed).integers(-1, pages, size=(n, 6))
     k = StreamKernel(
         tuple((i, 0, sz, i % 2 == 1) for i, sz in enumerate(sizes)),
         n,
         order,
         stride,
+        seed=seed,
         tid_stride=tid_stride,
         warp_size=warp,
+        visits=visits,
     )
     for _ in range(2):
         c = sim.access_streams(k)
