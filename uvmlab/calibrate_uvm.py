@@ -10,15 +10,19 @@ never fitted. For the RTX 5090 (driver 575) profile:
    ratios). Fitted on **GCN 5M without user prefetch** (no oversubscription: the epoch is native time plus the
    faults and zero-fill of ~233k freshly allocated 2 MiB blocks). The epoch time is linear in s, so two
    simulations give it exactly.
-2. ``link_bytes_per_s`` (2 MiB host<->device bandwidth, HtoD and DtoH serialised) fitted on **uvmbench
+2. ``sector_memory_efficiency`` (DRAM efficiency of lone 32 B sectors, one per 4 KiB page: uvmbench's
+   page-strided kernels) fitted on **uvmbench seq_stream in device mode at 0.5x** (no UVM: the time is the
+   native kernel's, inversely proportional to the efficiency).
+3. ``link_bytes_per_s`` (2 MiB host<->device bandwidth, HtoD and DtoH serialised) fitted on **uvmbench
    seq_stream at 1.25x** with s fixed: the transfer part of the time is proportional to 1 / bandwidth.
-3. ``prefetch_first_block_ns`` (the API path's cost for a never-populated block: ``cudaMemPrefetchAsync`` ->
+4. ``prefetch_first_block_ns`` (the API path's cost for a never-populated block: ``cudaMemPrefetchAsync`` ->
    ``uvm_migrate.c`` populate, CE zeroing, mapping) fitted on **GCN 5M with user prefetch** (every tensor
    prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
    per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
 
 Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
-Titan V logs, the seed study) is validation (uvmlab/validate/uvm_checks.py).
+other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed study) is validation
+(uvmlab/validate/uvm_checks.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
 PREFETCH_PROBE_NS = 10_000.0
 """Probe value of ``prefetch_first_block_ns`` for the two-point linear fit (any positive value gives the same fit)."""
+SECTOR_FIT = ("device", 0.5)
+"""The uvmbench point ``sector_memory_efficiency`` is fitted on: seq_stream, this mode and size factor (t0rq3)."""
 BENCH_SCALE = 16
 """Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm_bench)."""
 
@@ -59,14 +65,14 @@ def gcn_measured(uvm_dir: Path, nodes: int, prefetch: bool = False, uvm: bool = 
         raise InputError(f"cannot read GCN timing {p}: {exc}") from None
 
 
-def bench_measured(uvm_dir: Path, kernel: str, factor: float) -> float:
-    """Measured median time (ms) of uvmbench ``kernel`` in uvm mode at ``factor`` (t0rq3 CSV)."""
+def bench_measured(uvm_dir: Path, kernel: str, factor: float, mode: str = "uvm", csv: str = BENCH_CSV) -> float:
+    """Measured median time (ms) of uvmbench ``kernel`` in ``mode`` at ``factor`` (default: the t0rq3 CSV)."""
     import pandas as pd
 
-    df = pd.read_csv(uvm_dir / BENCH_CSV)
-    row = df[(df["kernel"] == kernel) & (df["mode"] == "uvm") & ((df["size_factor"] - factor).abs() < 1e-6)]
+    df = pd.read_csv(uvm_dir / csv)
+    row = df[(df["kernel"] == kernel) & (df["mode"] == mode) & ((df["size_factor"] - factor).abs() < 1e-6)]
     if row.empty:
-        raise InputError(f"{BENCH_CSV} has no uvm row for {kernel} at {factor}")
+        raise InputError(f"{csv} has no {mode} row for {kernel} at {factor}")
     return float(row["median_ms"].iloc[0])
 
 
@@ -87,11 +93,11 @@ def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False, knobs: An
     return steady_mean(r.iterations["duration_ns"]) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
 
 
-def bench_ms(kernel: str, factor: float, costs: CostParams) -> float:
+def bench_ms(kernel: str, factor: float, costs: CostParams, mode: str = "uvm") -> float:
     """Simulated uvmbench median (ms)."""
     from uvmlab.sim.uvm_bench import simulate_uvmbench
 
-    return simulate_uvmbench(kernel, factor, costs=costs, scale=BENCH_SCALE).median_ms
+    return simulate_uvmbench(kernel, factor, mode=mode, costs=costs, scale=BENCH_SCALE).median_ms
 
 
 def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostParams, dict[str, Any]]:
@@ -107,6 +113,11 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     t1, _, _ = gcn_epoch_s(5_000_000, scaled(base, 1.0))
     s = max(0.0, (t_gcn - t0) / (t1 - t0))
     fitted = scaled(base, s)
+    t_dev = bench_measured(uvm_dir, "seq_stream", SECTOR_FIT[1], mode=SECTOR_FIT[0])
+    probe = replace(fitted, sector_memory_efficiency=fitted.memory_efficiency)
+    t_dev_sim = bench_ms("seq_stream", SECTOR_FIT[1], probe, mode=SECTOR_FIT[0])
+    sector_eff = fitted.memory_efficiency * t_dev_sim / t_dev  # native time is inversely proportional to it
+    fitted = replace(fitted, sector_memory_efficiency=sector_eff)
     t_seq = bench_measured(uvm_dir, "seq_stream", 1.25)
     link0 = base.link_bytes_per_s or gpu.link_bytes_per_s
     a = bench_ms("seq_stream", 1.25, replace(fitted, link_bytes_per_s=link0))
@@ -126,6 +137,11 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
         "fault_scale": s,
         "kernel_time_scale": {"measured_native_s": native_meas, "sim_native_s": native_sim, "scale": k},
         "gcn_5M": {"measured_s": t_gcn, "sim_s_at_scale0": t0, "sim_s_at_scale1": t1},
+        "seq_stream_device_0.5": {
+            "measured_ms": t_dev,
+            "sim_ms_at_memory_efficiency": t_dev_sim,
+            "sector_memory_efficiency": sector_eff,
+        },
         "seq_stream_1.25": {"measured_ms": t_seq, "fault_path_ms": rest, "transfer_ms_at_gpu_link": per_inv},
         "gcn_5M_with_user_prefetch": {
             "measured_s": t_pre,
@@ -148,6 +164,7 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
         "fitted_on": [
             f"{GCN_DIR}/without-user-prefetch/result_no_uvm1/5000000.json avg_epoch_time_s -> kernel efficiencies",
             f"{GCN_DIR}/without-user-prefetch/result_uvm_baseline1/5000000.json avg_epoch_time_s -> fault_scale",
+            f"{BENCH_CSV} seq_stream device 0.5 median_ms -> sector_memory_efficiency",
             f"{BENCH_CSV} seq_stream uvm 1.25 median_ms -> link_bytes_per_s",
             f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
             " -> prefetch_first_block_ns",
@@ -155,7 +172,9 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
         "validated_on": [
             "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); "
             "GCN with user prefetch 7M, 8M, 10M, 12M, 15M and its speedup over plain UVM",
-            "uvmbench seq_stream 1.0x, 1.5x; rand_stream 1.0x, 1.25x, 1.5x",
+            "uvmbench seq_stream 1.0x, 1.5x; rand_stream 1.0x, 1.25x, 1.5x; pointer_chase 1.25x, 1.5x",
+            "uvmbench native (t0rq3 device 0.75x, uvm 0.5x/0.75x, rand_stream device and uvm 0.5x/0.75x) and the "
+            "rq4 modes at 0.25x",
         ],
         "fit": details,
         "params": costs.to_dict(),
@@ -181,6 +200,7 @@ def derive_profile(
         link_bytes_per_s=link,
         compute_efficiency=base_gpu_defaults.compute_efficiency,
         memory_efficiency=base_gpu_defaults.memory_efficiency,
+        sector_memory_efficiency=base_gpu_defaults.sector_memory_efficiency,
         zero_fill_bytes_per_s=None,
     )
     doc = {

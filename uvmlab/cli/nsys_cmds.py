@@ -224,7 +224,15 @@ def calibrate_cmd(
         write_profile(out, costs, details)
         doc = json.loads(out.read_text())
         doc["fitted"] = dict.fromkeys(
-            [*FAULT_PATH, "link_bytes_per_s", "compute_efficiency", "memory_efficiency"], True
+            [
+                *FAULT_PATH,
+                "link_bytes_per_s",
+                "compute_efficiency",
+                "memory_efficiency",
+                "sector_memory_efficiency",
+                "prefetch_first_block_ns",
+            ],
+            True,
         )
         doc["notes"] = [f"fitted on: {x}" for x in doc["fitted_on"]]
     elif microbench:

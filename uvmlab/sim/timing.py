@@ -74,6 +74,11 @@ class CostParams:
     """Achieved share of peak FLOP/s for a training kernel [U: typical 30-70 % for fp32 GEMM/conv mixes]."""
     memory_efficiency: float = 0.7
     """Achieved share of peak HBM bandwidth for a memory-bound kernel [U: STREAM-like kernels reach 70-90 %]."""
+    sector_memory_efficiency: float | None = None
+    """Achieved share of peak DRAM bandwidth when every access is a lone 32 B sector in its own 4 KiB page (a
+    page-strided stream: uvmbench ``--stride_bytes=4096``, one DRAM row and one TLB entry per access); None:
+    ``memory_efficiency``. The RTX 5090 profile fits it on uvmbench seq_stream in ``device`` mode at 0.5x (t0rq3:
+    0.568 ms for 4.11 M sectors: 13 % of peak, against ~49-70 % for dense streams) [F: uvmlab.calibrate_uvm]."""
     kernel_min_ns: float = 4_000.0
     """Floor of any kernel's time: launch + tail (~3-5 µs for back-to-back launches on A100) [U]."""
     fault_overlap: float = 0.0
@@ -89,8 +94,14 @@ class CostParams:
                 raise InputError(f"cost parameter {f.name} must be a finite number >= 0, not {v!r}")
         if not 0 <= self.fault_overlap <= 1:
             raise InputError(f"cost parameter fault_overlap must be in [0, 1], not {self.fault_overlap}")
-        if self.compute_efficiency <= 0 or self.memory_efficiency <= 0:
-            raise InputError("cost parameters compute_efficiency and memory_efficiency must be > 0")
+        if self.compute_efficiency <= 0 or self.memory_efficiency <= 0 or self.sector_memory_efficiency == 0:
+            raise InputError(
+                "cost parameters compute_efficiency, memory_efficiency and sector_memory_efficiency must be > 0"
+            )
+
+    def for_scattered_sectors(self) -> CostParams:
+        """These costs with ``memory_efficiency`` set to the lone-sector one (for page-strided streams)."""
+        return replace(self, memory_efficiency=self.sector_memory_efficiency or self.memory_efficiency)
 
     def for_gpu(self, gpu: GpuSpec) -> CostParams:
         """Fill the GPU-dependent parameters left as None from ``gpu``."""

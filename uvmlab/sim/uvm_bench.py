@@ -32,7 +32,36 @@ same share of the threads per batch as the real run) and multiplies times by ``s
 faults and transfers scales with the sizes and the batch count is the real one, so the scaled run has the same
 dynamics [approximation, checked by tests/test_uvm_streams.py::test_uvmbench_scale_invariance; the 1.0x point,
 whose overflow is 537 MB, is the least scale-stable: seq_stream 137 / 165 / 223 ms at scale 8 / 16 / 32].
-Native kernel time: a roofline over the 32 B sectors touched.
+Native kernel time: a roofline over the 32 B sectors touched, each access a lone sector of its own page, at
+``CostParams.sector_memory_efficiency`` (the RTX 5090 profile fits it on seq_stream in ``device`` mode at 0.5x).
+
+**Modes** (``--mode``; ``apply_uvm_hints`` in synthetic.cuh applies the hint to both arrays after the host
+initialisation, before the warm-ups). Where the driver puts a faulting page is
+``block_select_processor_residency`` (NVIDIA/open-gpu-kernel-modules 595.45.04, ``kernel-open/nvidia-uvm/
+uvm_va_block.c``); the CSV times the launches after the two warm-ups, so only the steady state matters:
+
+* ``device``: ``cudaMalloc``; the native kernel only.
+* ``uvm``: no hint (above).
+* ``uvm_prefetch``: ``cudaMemPrefetchAsync`` of both arrays to the GPU, then ``cudaDeviceSynchronize``
+  (``UvmSim.prefetch``), untimed.
+* ``uvm_advise_pref_gpu`` (preferred location the GPU): "if the faulting processor is the preferred location always
+  migrate": GPU faults migrate as without the hint; without eviction the run is ``uvm``'s.
+* ``uvm_advise_read`` (read-mostly): a read fault makes a read duplicate on the GPU, a write makes the page the
+  writer's (``can_read_duplicate``: the faulting processor gets a local copy either way); after the warm-ups every
+  page is local and the launch is native [the model's reading: the measured RTX 5090 time is 4 orders of magnitude
+  above it, unexplained (docs/uvm-sim.md)].
+* ``uvm_advise_pref_cpu`` (preferred location the CPU): a GPU fault on a CPU-resident page, or on one resident
+  nowhere, selects the preferred location, which the GPU can access over the link: the page stays (or is
+  populated) on the CPU and the GPU maps it. Every timed access is remote: the launch costs the link time of its
+  sectors (``uvm_hints.remote_link_ns``, reads and writes in their own directions) or the native time, the larger.
+* ``uvm_advise_access`` (accessed-by the GPU): a GPU fault on a page resident on a processor the GPU can access
+  keeps it there and adds the mapping; a page resident nowhere goes to the faulting GPU. So the host-written array
+  (seq/rand ``input``) is read remotely, the GPU-written ones are local.
+  In both remote modes only the steady launch is modelled: the warm-ups' first-touch faults are not simulated
+  (``BenchResult.times_ns`` repeats the steady launch), and no page moves.
+
+The hint modes other than ``uvm_prefetch`` are modelled only without eviction (the working set fits the GPU;
+rq4 runs at 0.25x): what preferred locations and duplicates do to eviction order is not modelled here.
 """
 
 from __future__ import annotations
@@ -45,6 +74,7 @@ from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS, GpuSpec
 from uvmlab.sim.timing import CostParams, kernel_time_ns
 from uvmlab.sim.uvm import UvmSim
+from uvmlab.sim.uvm_hints import remote_link_ns
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
 from uvmlab.sim.uvm_streams import StreamKernel, _lcg
 
@@ -68,6 +98,19 @@ WARP = 32
 (``pages_in_chunk`` is the same for all but the last chunk), so a warp's lanes probe their pages in lockstep."""
 RAND_BASE_SEED = 0x12345678
 """``base_seed`` of ``run_rand_stream`` in synthetic.cuh."""
+MODES = (
+    "device",
+    "uvm",
+    "uvm_prefetch",
+    "uvm_advise_read",
+    "uvm_advise_pref_gpu",
+    "uvm_advise_pref_cpu",
+    "uvm_advise_access",
+)
+"""uvmbench's ``--mode`` values (main.cu; ``apply_uvm_hints`` in synthetic.cuh); the module docstring says how each
+is modelled."""
+NO_EVICTION_MODES = ("uvm_advise_read", "uvm_advise_pref_gpu", "uvm_advise_pref_cpu", "uvm_advise_access")
+"""Modes modelled only when the working set fits the GPU (module docstring)."""
 
 
 @dataclass
@@ -81,12 +124,15 @@ class BenchResult:
     fault_count: int
     fault_batch_count: int
     eviction_count: int
+    remote_bytes: int = 0
+    """Bytes a timed launch reads or writes remotely (mapped host memory), summed over the timed launches."""
 
 
 def simulate_uvmbench(
     kernel: str,
     size_factor: float,
     *,
+    mode: str = "uvm",
     iterations: int = 3,
     total_bytes: int = RTX5090_TOTAL_BYTES,
     gpu: GpuSpec | None = None,
@@ -95,9 +141,11 @@ def simulate_uvmbench(
     stride_bytes: int = PAGE_BYTES,
     scale: int = 16,
 ) -> BenchResult:
-    """Simulate ``uvmbench --kernel=KERNEL --mode=uvm --size_factor=F`` (module docstring)."""
+    """Simulate ``uvmbench --kernel=KERNEL --mode=MODE --size_factor=F`` (module docstring)."""
     gpu = gpu or GPUS["RTX5090"]
     costs = (costs or CostParams()).for_gpu(gpu)
+    if mode not in MODES:
+        raise InputError(f"unknown uvmbench mode {mode!r}; known: {', '.join(MODES)}")
     capacity = (total_bytes - gpu.context_bytes) // scale
     array = int(total_bytes * size_factor) // 2 // scale
     sim = UvmSim(capacity, knobs, costs, gpu)
@@ -107,7 +155,8 @@ def simulate_uvmbench(
         raise InputError(f"unknown uvmbench kernel {kernel!r}; known: {', '.join(KERNELS)}")
     tail: tuple[tuple[int, int, int, bool], ...] = ()
     if order == "visits":
-        kern, touched, tail = _pointer_chase(sim, int(total_bytes * size_factor), scale)
+        kern, sectors, tail = _pointer_chase(sim, int(total_bytes * size_factor), scale)
+        sizes, host_written = {0: kern.accesses[0][2], 1: tail[0][2]}, False
     else:
         sim.map_range(0, array)
         sim.map_range(1, array)
@@ -118,8 +167,30 @@ def simulate_uvmbench(
         kern = StreamKernel(
             accesses, n_streams, order, stride_bytes, seed=RAND_BASE_SEED, tid_stride=scale, warp_size=WARP
         )
-        touched = 2 * -(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale
-    native = float(kernel_time_ns(np.array([0.0]), np.array([float(touched)]), gpu, costs)[0])
+        per_array = float(-(-array // max(stride_bytes, 1)) * SECTOR_BYTES * scale)
+        sectors, sizes, host_written = (per_array, per_array), {0: array, 1: array}, True
+    if mode in NO_EVICTION_MODES and sim.mapped_bytes > capacity:
+        raise InputError(
+            f"uvmbench mode {mode} is modelled only when the working set fits the GPU (size_factor {size_factor} "
+            "does not)"
+        )
+    sector_costs = costs.for_scattered_sectors()
+
+    def native_ns(nbytes: float) -> float:
+        return float(kernel_time_ns(np.array([0.0]), np.array([nbytes]), gpu, sector_costs)[0])
+
+    native = native_ns(sum(sectors))
+    remote = _remote_sectors(mode, sectors, host_written)
+    if remote is not None:
+        read_b, write_b = remote
+        link = costs.link_bytes_per_s or gpu.link_bytes_per_s
+        t = max(native_ns(sum(sectors) - read_b - write_b), remote_link_ns(read_b, write_b, link))
+        return BenchResult([t] * (WARMUP + iterations), t / 1e6, 0, 0, 0, 0, 0, int((read_b + write_b) * iterations))
+    if mode == "device":
+        return BenchResult([native] * (WARMUP + iterations), native / 1e6, 0, 0, 0, 0, 0)
+    if mode == "uvm_prefetch":
+        for range_id, size in sizes.items():
+            sim.prefetch(range_id, 0, size)
     times: list[float] = []
     timed = []
     for i in range(WARMUP + iterations):
@@ -141,6 +212,18 @@ def simulate_uvmbench(
     )
 
 
+def _remote_sectors(mode: str, sectors: tuple[float, float], host_written: bool) -> tuple[float, float] | None:
+    """(read, write) bytes a launch accesses remotely in a remote-mapping mode, else None (module docstring).
+
+    ``sectors``: the lone-sector bytes of array 0 (read) and array 1 (written) per launch at full scale;
+    ``host_written``: array 0 was written by the CPU before the first launch (so it is CPU-resident)."""
+    if mode == "uvm_advise_pref_cpu":
+        return sectors
+    if mode == "uvm_advise_access":
+        return (sectors[0] if host_written else 0.0), 0.0
+    return None
+
+
 def chase_visits(n_streams: int, nodes_per_chunk: int, tid_stride: int) -> np.ndarray:
     """(n_streams, CHASE_STEPS) node offsets within its chunk that each sampled thread reads, in order.
 
@@ -157,9 +240,9 @@ def chase_visits(n_streams: int, nodes_per_chunk: int, tid_stride: int) -> np.nd
 
 def _pointer_chase(
     sim: UvmSim, working_set: int, scale: int
-) -> tuple[StreamKernel, float, tuple[tuple[int, int, int, bool], ...]]:
-    """Map and GPU-initialise ``run_pointer_chase``'s arrays at 1/``scale``; return (kernel, touched bytes at full
-    scale, the output write)."""
+) -> tuple[StreamKernel, tuple[float, float], tuple[tuple[int, int, int, bool], ...]]:
+    """Map and GPU-initialise ``run_pointer_chase``'s arrays at 1/``scale``; return (kernel, (node, output) sector
+    bytes per launch at full scale, the output write)."""
     nodes_per_page = PAGE_BYTES // NODE_BYTES
     total_nodes = int(working_set * CHASE_NODES_SHARE) // NODE_BYTES
     per_thread = -(-total_nodes // THREADS)
@@ -176,5 +259,5 @@ def _pointer_chase(
     kern = StreamKernel(
         ((0, 0, nodes_bytes, False),), n_streams, "visits", tid_stride=scale, warp_size=WARP, visits=visits
     )
-    touched = float(THREADS * (CHASE_STEPS + 1) * SECTOR_BYTES)
-    return kern, touched, ((1, 0, out_bytes, True),)
+    sectors = (float(THREADS * CHASE_STEPS * SECTOR_BYTES), float(THREADS * SECTOR_BYTES))
+    return kern, sectors, ((1, 0, out_bytes, True),)

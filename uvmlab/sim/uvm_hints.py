@@ -58,6 +58,12 @@ DISCARD_CALL_NS = 10_000.0
 Row = tuple[int, int, int, bool]
 
 
+def remote_link_ns(read_bytes: float, write_bytes: float, link_bytes_per_s: float) -> float:
+    """Link time (ns) of remote accesses (mapped, not migrated): reads and writes each use their own direction of
+    the link, at the 2 MiB transfer rate (an upper bound for scattered accesses: module docstring)."""
+    return max(read_bytes, write_bytes) / link_bytes_per_s * 1e9
+
+
 class HintService:
     """The per-tensor hint half of UvmSim (mixed in; uses its bitmaps, per-slot lists, LRM, counters).
 
@@ -108,8 +114,7 @@ class HintService:
             k.stall_ns += nb * self.costs.batch_turnaround_ns + raw * self.costs.fault_entry_ns
             k.stall_ns += blocks * self.costs.block_service_ns
         k.remote_bytes += int(read_b + write_b)
-        link_ns = max(read_b, write_b) / self.costs.link_bytes_per_s * 1e9
-        return self._flush_kernel_counters(), link_ns
+        return self._flush_kernel_counters(), remote_link_ns(read_b, write_b, self.costs.link_bytes_per_s)
 
     def read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
         """Before a kernel: the CPU residency of the pages of read-mostly tensors it reads."""
@@ -320,4 +325,4 @@ def prefetch_rows(plan: HintPlan, rows: list[Row], ids: list[int], now_seq: int,
     return list(out.values())
 
 
-__all__ = ["DISCARD_CALL_NS", "HintPlan", "HintService", "plan_hints", "prefetch_rows"]
+__all__ = ["DISCARD_CALL_NS", "HintPlan", "HintService", "plan_hints", "prefetch_rows", "remote_link_ns"]

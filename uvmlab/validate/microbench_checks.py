@@ -12,7 +12,8 @@ uvmlab's native kernel time is a roofline (:func:`uvmlab.sim.timing.kernel_time_
 31.36 GiB total (the README), not stated.
 
 Not covered here: ``rand_stream`` and ``pointer_chase`` (the roofline has no random-access or latency term),
-the ``uvm`` / ``uvm_prefetch`` rows (the UVM-timing checks of uvm_checks.py), rq4 (cudaMemAdvise).
+the ``uvm`` / ``uvm_prefetch`` rows, and the page-strided t0rq3 / rq4 runs (the UVM-timing checks of uvm_checks.py:
+``uvm/uvmbench-rtx5090-modes`` scores their native time and the rq4 cudaMemAdvise modes).
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@
 * ``uvm/uvmbench-rtx5090`` (fast): uvmbench t0rq3 seq_stream / rand_stream at 1.0x, 1.25x, 1.5x
   (``uvmlab.sim.uvm_bench``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
   latency-bound case) at 1.25x and 1.5x.
+* ``uvm/uvmbench-rtx5090-modes`` (fast): the undersubscribed uvmbench runs, where no page moves after the warm-ups:
+  the native time of the page-strided kernels (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x; seq_stream
+  ``device`` 0.5x fits ``sector_memory_efficiency``) and the rq4 ``cudaMemPrefetchAsync`` / ``cudaMemAdvise`` modes
+  at 0.25x (``uvmlab.sim.uvm_bench`` module docstring says how each mode is modelled). Band 1.5 for the modes whose
+  steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU); no band for read-mostly and the
+  two remote-mapping modes, whose costs are the hint model's (``uvmlab.sim.uvm_hints``), not fitted and not
+  validated before: they are tabulated with what they miss. pointer_chase is not scored (its native time is
+  latency-bound and L2-resident, above).
 
 Points used to fit the RTX 5090 profile (``uvmlab/sim/profiles/rtx5090.json``, ``uvmlab.calibrate_uvm``) are marked
 ``fitted=True``: native GCN 5M, UVM GCN 5M, seq_stream 1.25x, GCN 5M with user prefetch (and so the 5M speedups).
@@ -22,7 +30,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from uvmlab.calibrate_uvm import BENCH_CSV, GCN_DIR, bench_measured, bench_ms, gcn_epoch_s, gcn_measured
+from uvmlab.calibrate_uvm import (
+    BENCH_CSV,
+    GCN_DIR,
+    SECTOR_FIT,
+    bench_measured,
+    bench_ms,
+    gcn_epoch_s,
+    gcn_measured,
+)
 from uvmlab.sim.profile import load_profile
 from uvmlab.validate.points import Plan, Point, Task, check, planned_check
 
@@ -39,6 +55,26 @@ and L2-resident, which the native roofline does not model (microbench_checks.py)
 KNOWN_MISSES = {
     ("rand_stream", 1.5): "known miss (2.0x): the model moves about the overflow per pass; measured 1.5x barely grows",
 }
+RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
+RQ4_FACTOR = 0.25
+"""rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
+NATIVE_POINTS = tuple((k, m, f) for k in ("seq_stream", "rand_stream") for m in ("device", "uvm") for f in (0.5, 0.75))
+"""t0rq3's undersubscribed rows: after the warm-ups every page is resident, so the time is the native kernel's."""
+RQ4_MODES = {
+    "uvm": "",
+    "uvm_prefetch": "",
+    "uvm_advise_pref_gpu": "",
+    "uvm_advise_read": "known miss: measured 3.07 s per launch (1.5 us per touched page, 10,800x the plain UVM "
+    "launch; pointer_chase 0.33 ms vs 0.009 ms); the driver source read (block_select_processor_residency, "
+    "compute_new_permission: a read makes a duplicate, a write maps the page read-write on the writer) leaves no "
+    "fault after the warm-ups, so the model predicts the native kernel",
+    "uvm_advise_pref_cpu": "known miss: every access remote; measured 34.5 ms with reads and writes remote and 1.7 ms "
+    "with reads only (accessed-by): a lone remote 4 B write costs ~32 ns, a read ~1.7 ns; the model charges "
+    "both at the 2 MiB link rate (uvm_hints.remote_link_ns)",
+    "uvm_advise_access": "remote reads of lone sectors at the 2 MiB link rate (uvm_hints.remote_link_ns), not fitted",
+}
+"""rq4's modes and, for the ones promising no band, why (module docstring)."""
+NATIVE_MODES = ("uvm", "uvm_prefetch", "uvm_advise_pref_gpu")
 FITTED = {("gcn", 5_000_000, "uvm"), ("gcn", 5_000_000, "native"), ("gcn", 5_000_000, "prefetch"), ("seq_stream", 1.25)}
 
 
@@ -147,4 +183,30 @@ def uvmbench_points(data_dir: Path) -> list[Point]:
                 band=2.0,
             )
         )
+    return pts
+
+
+@check("uvm/uvmbench-rtx5090-modes", needs="uvm/" + BENCH_CSV.split("/")[0], fast=True)
+def uvmbench_mode_points(data_dir: Path) -> list[Point]:
+    """uvmbench's undersubscribed runs: native page-strided times (t0rq3) and the rq4 hint modes (module docstring)."""
+    uvm = data_dir / "uvm"
+    costs = load_profile("RTX5090")
+    ds = "uvm/" + BENCH_CSV.split("/")[0]
+    pts: list[Point] = []
+    for k, mode, f in NATIVE_POINTS:
+        fit = (k, mode, f) == ("seq_stream", *SECTOR_FIT)
+        m, s = bench_measured(uvm, k, f, mode=mode), bench_ms(k, f, costs, mode=mode)
+        pts.append(
+            Point(ds, f"t0rq3_results: {k} {mode} {f}x", "kernel_time", "ms", m, s, fit, band=None if fit else 1.5)
+        )
+    if not (uvm / RQ4_CSV).is_file():
+        return pts
+    for k in ("seq_stream", "rand_stream"):
+        for mode, miss in RQ4_MODES.items():
+            m = bench_measured(uvm, k, RQ4_FACTOR, mode=mode, csv=RQ4_CSV)
+            s = bench_ms(k, RQ4_FACTOR, costs, mode=mode)
+            band = 1.5 if mode in NATIVE_MODES else None
+            pts.append(
+                Point(ds, f"rq4_memadvise: {k} {mode} {RQ4_FACTOR}x", "kernel_time", "ms", m, s, note=miss, band=band)
+            )
     return pts
