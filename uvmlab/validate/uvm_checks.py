@@ -64,8 +64,9 @@ RQ4_MODES = {
     "uvm": "",
     "uvm_prefetch": "",
     "uvm_advise_pref_gpu": "",
-    "uvm_advise_read": "known miss: measured 3.07 s per launch (1.5 us per touched page, 10,800x the plain UVM "
-    "launch; pointer_chase 0.33 ms vs 0.009 ms); the driver source read (block_select_processor_residency, "
+    "uvm_advise_read": "known miss: measured 3.07 s per launch (~3 us per written page on every launch, 10,800x "
+    "the plain UVM launch; pointer_chase, 64 written pages, 0.33 ms vs 0.009 ms); the driver source read "
+    "(block_select_processor_residency, "
     "compute_new_permission: a read makes a duplicate, a write maps the page read-write on the writer) leaves no "
     "fault after the warm-ups, so the model predicts the native kernel",
     "uvm_advise_pref_cpu": "known miss: every access remote; measured 34.5 ms with reads and writes remote and 1.7 ms "
