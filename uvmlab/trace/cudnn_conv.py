@@ -119,6 +119,9 @@ def is_depthwise(x: int, y: int, w: int, flops_fwd: float, n: int, elem: int) ->
     kernel (``DEPTHWISE_KERNELS``), the filter ``K x kh x kw`` elements, and the input ``K`` channels of a
     square plane, with at least 2 channels (``groups > 1``); a dense convolution matches only with
     ``C x kh x kw`` in {9, 25, 49, 81, 121} and as many input as output channels (e.g. 1x1 with 9 channels).
+    APPROXIMATION (memory formats are not in the trace): a channels-last input goes to cuDNN on CUDA in any dtype
+    (e.g. torchvision ConvNeXt's 7x7 depthwise layers), yet is taken here as a kernel without workspace
+    (docs/estimate.md: no effect on xMem's ConvNeXt rows).
     """
     if min(x, y, w) <= 0 or flops_fwd <= 0 or n <= 0:
         return False
