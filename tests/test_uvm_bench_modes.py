@@ -87,6 +87,8 @@ def test_hint_modes_are_refused_under_oversubscription_and_unknown_modes_always(
         with pytest.raises(InputError, match="fits the GPU"):
             simulate_uvmbench("seq_stream", 1.25, mode=mode, scale=SCALE)
     assert simulate_uvmbench("seq_stream", 1.25, mode="uvm_prefetch", scale=SCALE).median_ms > 0
+    with pytest.raises(InputError, match=r"device mode above size_factor 0\.8"):
+        simulate_uvmbench("seq_stream", 0.9, mode="device", scale=SCALE)
     with pytest.raises(InputError, match="unknown uvmbench mode"):
         simulate_uvmbench("seq_stream", 0.25, mode="uvm_advise_magic", scale=SCALE)
     assert len(MODES) == 7

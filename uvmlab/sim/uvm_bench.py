@@ -109,6 +109,8 @@ MODES = (
 )
 """uvmbench's ``--mode`` values (main.cu; ``apply_uvm_hints`` in synthetic.cuh); the module docstring says how each
 is modelled."""
+DEVICE_MAX_FACTOR = 0.8
+"""main.cu: "device mode requires size_factor <= 0.8 to avoid OOM" (cudaMalloc cannot oversubscribe)."""
 NO_EVICTION_MODES = ("uvm_advise_read", "uvm_advise_pref_gpu", "uvm_advise_pref_cpu", "uvm_advise_access")
 """Modes modelled only when the working set fits the GPU (module docstring)."""
 
@@ -146,6 +148,8 @@ def simulate_uvmbench(
     costs = (costs or CostParams()).for_gpu(gpu)
     if mode not in MODES:
         raise InputError(f"unknown uvmbench mode {mode!r}; known: {', '.join(MODES)}")
+    if mode == "device" and size_factor > DEVICE_MAX_FACTOR:
+        raise InputError(f"uvmbench refuses device mode above size_factor {DEVICE_MAX_FACTOR} (got {size_factor})")
     capacity = (total_bytes - gpu.context_bytes) // scale
     array = int(total_bytes * size_factor) // 2 // scale
     sim = UvmSim(capacity, knobs, costs, gpu)
