@@ -207,8 +207,8 @@ def calibrate_cmd(
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
     With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.calibrate_uvm: GCN
-    native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream at 1.25x; docs/uvm-sim.md "Cost
-    profiles").
+    native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in device mode at 0.5x and at 1.25x;
+    docs/uvm-sim.md "Cost profiles").
     """
     from uvmlab.calibrate import calibrate, calibrate_microbench
     from uvmlab.errors import InputError

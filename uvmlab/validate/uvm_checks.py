@@ -20,7 +20,8 @@
   latency-bound and L2-resident, above).
 
 Points used to fit the RTX 5090 profile (``uvmlab/sim/profiles/rtx5090.json``, ``uvmlab.calibrate_uvm``) are marked
-``fitted=True``: native GCN 5M, UVM GCN 5M, seq_stream 1.25x, GCN 5M with user prefetch (and so the 5M speedups).
+``fitted=True``: native GCN 5M, UVM GCN 5M, seq_stream 1.25x, seq_stream device 0.5x, GCN 5M with user prefetch
+(and so the 5M speedups).
 The Titan V logs are checked by the i11val checks.
 """
 
