@@ -108,3 +108,23 @@ def test_unknown_model_is_exactly_one_line_on_stderr(capsys: pytest.CaptureFixtu
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("uvmlab: error: "), captured.err
+
+
+def test_workspace_range_covers_every_model_only_when_cudnn_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cudnn-workspace-range: one device peak per workspace model for a CNN, a single figure without cuDNN."""
+    from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
+
+    plain = _json(capsys, ["estimate", *TINY_RESNET, "--format", "json"])
+    assert plain["cudnn_workspace_range"] is None
+    data = _json(capsys, ["estimate", *TINY_RESNET, "--format", "json", "--cudnn-workspace-range"])
+    rng = data["cudnn_workspace_range"]
+    assert sorted(rng["device_peak_bytes"]) == sorted(WORKSPACE_MODELS)
+    assert rng["device_peak_bytes"]["envelope"] == data["device_peak_bytes"] == plain["device_peak_bytes"]
+    assert rng["min_bytes"] == min(rng["device_peak_bytes"].values()) <= data["device_peak_bytes"] <= rng["max_bytes"]
+    assert rng["max_bytes"] > rng["min_bytes"]  # the models differ on a real CNN
+    fft = _json(capsys, ["estimate", *TINY_RESNET, "--format", "json", "--cudnn-workspace-model", "fft"])
+    assert rng["device_peak_bytes"]["fft"] == fft["device_peak_bytes"]
+    gpt2 = _json(capsys, ["estimate", *TINY_GPT2, "--format", "json", "--cudnn-workspace-range"])
+    assert gpt2["cudnn_workspace_range"]["device_peak_bytes"] == {"envelope": gpt2["device_peak_bytes"]}
+    assert main(["estimate", *TINY_RESNET, "--cudnn-workspace-range"]) == 0
+    assert "over cuDNN workspace models" in capsys.readouterr().out

@@ -93,6 +93,8 @@ class Estimate:
     """Device buffers outside the caching allocator at the peak (none modelled: always 0 for now)."""
     cudnn_workspaces_skipped_on_gpu: int = 0
     """cuDNN workspaces that did not fit in the capacity run: PyTorch ran another engine (``cudnn_workspace_ids``)."""
+    cudnn_workspace_range: dict[str, int] | None = None
+    """``device_peak_bytes`` per cuDNN workspace model (:func:`workspace_range`), or None when not asked for."""
 
     @property
     def device_peak_bytes(self) -> int:
@@ -157,6 +159,13 @@ class Estimate:
                 "cudnn_benchmark_trial_peak": ws.get("cudnn_benchmark_trial_peak_bytes"),
             },
             "cudnn_workspace_model": (ws.get("rules") or {}).get("cudnn_workspace_model", "envelope"),
+            "cudnn_workspace_range": None
+            if self.cudnn_workspace_range is None
+            else {
+                "device_peak_bytes": self.cudnn_workspace_range,
+                "min_bytes": min(self.cudnn_workspace_range.values()),
+                "max_bytes": max(self.cudnn_workspace_range.values()),
+            },
             "orchestration_changes": ws.get("changes", {}),
             "trace_allocations": self.trace_allocations,
             "trace_events": self.trace_events,
@@ -166,6 +175,36 @@ class Estimate:
     def carma_text(self) -> str:
         """What CARMA's task file takes: one integer line in MB (CARMA reads ``int(float(line))``)."""
         return f"{self.required_mb}\n"
+
+
+def has_cudnn_convolutions(est: Estimate) -> bool:
+    """Whether the orchestrated trace of ``est`` runs cuDNN convolutions (with or without a workspace)."""
+    orch = est.orchestration
+    return bool(
+        (orch.get("changes") or {}).get("cudnn_workspace") or orch.get("cudnn_depthwise_calls_without_workspace")
+    )
+
+
+def workspace_range(est: Estimate, cfg: WorkloadConfig, gpu: GpuSpec, **kwargs: Any) -> dict[str, int]:
+    """``device_peak_bytes`` of ``cfg`` under every cuDNN workspace model (``uvmlab.trace.cudnn_conv``).
+
+    Which engine cuDNN's heuristics pick per call, and so its workspace, is unknown without cuDNN; the models bound
+    the plausible buffer sizes (docs/estimate.md "Workspace models"), so their spread is the part of the estimate
+    that only cuDNN could settle. ``est`` is the estimate already made (its model is reused, not recomputed);
+    ``kwargs`` are :func:`estimate`'s (the trace comes from the cache). A trace without cuDNN convolutions gives
+    every model the same figure, so only ``est``'s is returned."""
+    from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
+
+    rules = kwargs.pop("rules", None) or OrchestrationRules()
+    done = rules.cudnn_workspace_model
+    out = {done: est.device_peak_bytes}
+    if not has_cudnn_convolutions(est):
+        return out
+    for model in WORKSPACE_MODELS:
+        if model != done:
+            other = estimate(cfg, gpu, rules=replace(rules, cudnn_workspace_model=model), **kwargs)
+            out[model] = other.device_peak_bytes
+    return out
 
 
 def default_margin(peak_reserved_bytes: int) -> int:

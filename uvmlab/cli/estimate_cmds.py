@@ -111,6 +111,8 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--cudnn-workspace-model", type=click.Choice(WORKSPACE_MODELS), default="envelope", show_default=True,
               help="Per-call cuDNN convolution workspace size: the largest operand capped at 256 MiB (envelope), "
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
+@click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
+              "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(
@@ -130,6 +132,7 @@ def estimate_cmd(
     module_loading: str,
     cudnn_benchmark: bool,
     cudnn_workspace_model: str,
+    cudnn_workspace_range: bool,
     out_dir: str | None,
     force: bool,
     fmt: str,
@@ -145,7 +148,7 @@ def estimate_cmd(
 
         uvmlab estimate gpt2 --gpu A100-80GB --format json
     """
-    from uvmlab.estimate import CARMA_PLACEMENT_MARGIN_MB, estimate, snapshot_dicts, write_estimate
+    from uvmlab.estimate import CARMA_PLACEMENT_MARGIN_MB, estimate, snapshot_dicts, workspace_range, write_estimate
     from uvmlab.gpus import get_gpu
     from uvmlab.rundir import RunDir
     from uvmlab.trace.orchestrate import OrchestrationRules
@@ -170,17 +173,23 @@ def estimate_cmd(
             bar.update(task, description=plain(f"capturing {workload} (first time; cached afterwards)"), completed=done,
                        total=total)  # fmt: skip
 
+        common: dict[str, Any] = {
+            "allocator": allocator,
+            "alloc_conf": alloc_conf,
+            "margin_bytes": None if margin_mb is None else margin_mb * MiB,
+            "rules": OrchestrationRules(cudnn_benchmark=cudnn_benchmark, cudnn_workspace_model=cudnn_workspace_model),
+            "module_loading": module_loading,
+        }
         est = estimate(
             cfg,
             gpu,
-            allocator=allocator,
-            alloc_conf=alloc_conf,
-            margin_bytes=None if margin_mb is None else margin_mb * MiB,
-            rules=OrchestrationRules(cudnn_benchmark=cudnn_benchmark, cudnn_workspace_model=cudnn_workspace_model),
-            module_loading=module_loading,
+            **common,
             progress=lambda msg: bar.update(task, description=plain(msg)),
             capture_progress=capture_progress,
         )
+        if cudnn_workspace_range:
+            bar.update(task, description="estimating under every cuDNN workspace model")
+            est.cudnn_workspace_range = workspace_range(est, cfg, gpu, **common)
     result = est.to_json()
     if snapshot_out is not None:
         from uvmlab.trace.snapshot import write_snapshot
@@ -229,6 +238,7 @@ def estimate_cmd(
                 "device peak (nvidia-smi)",
                 f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']} MB)",
             ],
+            *_range_rows(est),
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],
             ["margin", f"{format_bytes(est.margin_bytes)} ({est.margin_rule})"],
@@ -239,3 +249,20 @@ def estimate_cmd(
 
 
 COMMANDS = [snapshot_group, estimate_cmd]
+
+
+def _range_rows(est: Any) -> list[list[str]]:
+    """Table rows for ``--cudnn-workspace-range`` (none without it)."""
+    rng = est.cudnn_workspace_range
+    if rng is None:
+        return []
+    if len(rng) == 1:
+        return [["  over cuDNN workspace models", "no cuDNN convolution: one figure"]]
+    lo, hi = min(rng, key=rng.__getitem__), max(rng, key=rng.__getitem__)
+    return [
+        [
+            "  over cuDNN workspace models",
+            f"{format_bytes(rng[lo])} ({lo}) to {format_bytes(rng[hi])} ({hi}); "
+            + ", ".join(f"{m} {format_bytes(v)}" for m, v in rng.items()),
+        ]
+    ]
