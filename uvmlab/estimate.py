@@ -188,11 +188,12 @@ def has_cudnn_convolutions(est: Estimate) -> bool:
 def workspace_range(est: Estimate, cfg: WorkloadConfig, gpu: GpuSpec, **kwargs: Any) -> dict[str, int]:
     """``device_peak_bytes`` of ``cfg`` under every cuDNN workspace model (``uvmlab.trace.cudnn_conv``).
 
-    Which engine cuDNN's heuristics pick per call, and so its workspace, is unknown without cuDNN; the models bound
-    the plausible buffer sizes (docs/estimate.md "Workspace models"), so their spread is the part of the estimate
-    that only cuDNN could settle. ``est`` is the estimate already made (its model is reused, not recomputed);
-    ``kwargs`` are :func:`estimate`'s (the trace comes from the cache). A trace without cuDNN convolutions gives
-    every model the same figure, so only ``est``'s is returned."""
+    Which engine cuDNN's heuristics pick per call, and so its workspace, is unknown without cuDNN; each model sizes
+    the buffers of one documented algorithm family (docs/estimate.md "Workspace models"), so their spread shows how
+    much of the estimate hangs on that choice (not a bound: a real run may use other sizes). ``est`` is the
+    estimate already made (its model is reused, not recomputed); ``kwargs`` are :func:`estimate`'s (the trace
+    comes from the cache). A trace without cuDNN convolutions gives every model the same figure, so only
+    ``est``'s is returned."""
     from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
 
     rules = kwargs.pop("rules", None) or OrchestrationRules()
