@@ -128,3 +128,7 @@ def test_workspace_range_covers_every_model_only_when_cudnn_runs(capsys: pytest.
     assert gpt2["cudnn_workspace_range"]["device_peak_bytes"] == {"envelope": gpt2["device_peak_bytes"]}
     assert main(["estimate", *TINY_RESNET, "--cudnn-workspace-range"]) == 0
     assert "over cuDNN workspace models" in capsys.readouterr().out
+    assert main(["estimate", *TINY_RESNET]) == 0
+    assert "--cudnn-workspace-range" in capsys.readouterr().out  # the table points a CNN's user to the option
+    assert main(["estimate", *TINY_GPT2]) == 0
+    assert "--cudnn-workspace-range" not in capsys.readouterr().out

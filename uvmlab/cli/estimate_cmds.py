@@ -252,10 +252,14 @@ COMMANDS = [snapshot_group, estimate_cmd]
 
 
 def _range_rows(est: Any) -> list[list[str]]:
-    """Table rows for ``--cudnn-workspace-range`` (none without it)."""
+    """Table rows for ``--cudnn-workspace-range``; without it, a pointer to it when cuDNN convolutions run."""
+    from uvmlab.estimate import has_cudnn_convolutions
+
     rng = est.cudnn_workspace_range
     if rng is None:
-        return []
+        if not has_cudnn_convolutions(est):
+            return []
+        return [["  cuDNN convolutions", "workspaces depend on cuDNN's engine choice: --cudnn-workspace-range"]]
     if len(rng) == 1:
         return [["  over cuDNN workspace models", "no cuDNN convolution: one figure"]]
     lo, hi = min(rng, key=rng.__getitem__), max(rng, key=rng.__getitem__)
