@@ -6,8 +6,18 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# Property tests are reproducible in CI: a fixed seed per test (derandomize), no example database carried between
+# runs, and each test's own max_examples. HYPOTHESIS_PROFILE=explore draws fresh examples (for local hunting).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile(
+    "explore", derandomize=False, max_examples=200, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def real_data_dir() -> Path:

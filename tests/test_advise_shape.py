@@ -322,3 +322,25 @@ def test_a_gpu_run_of_the_offload_policy_is_refused_with_one_sentence(tmp_path: 
     out = str(tmp_path / "g")
     proc = _uvmlab("run", "alexnet", *SMALL, "--policy", "offload-optimizer", "--mode", "gpu", "--dry-run", "-o", out)
     assert proc.returncode == 2 and "needs a code change" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _ReadsCache:
+    _can_checkpoint_with_cache = True
+
+
+def test_checkpointed_segments_drop_the_kv_cache_under_every_argument_name() -> None:
+    """transformers renamed the layers' cache argument (past_key_values -> cache in 5.24): the rule drops a Cache
+    under any name or position, and keeps it for a layer that only reads it (``_can_checkpoint_with_cache``)."""
+    from transformers.cache_utils import DynamicCache
+
+    from workloads.checkpointing import drop_kv_cache
+
+    for key in ("cache", "past_key_values", "layer_past", "my_kv"):
+        kwargs = {key: DynamicCache(), "use_cache": True, "attention_mask": None}
+        assert drop_kv_cache((), kwargs) == ()
+        assert kwargs == {key: None, "use_cache": False, "attention_mask": None}
+    args = drop_kv_cache((1, DynamicCache()), {})
+    assert args == (1, None)
+    kept = {"cache": DynamicCache(), "use_cache": True}
+    drop_kv_cache((), kept, _ReadsCache())
+    assert kept["cache"] is not None and kept["use_cache"] is False

@@ -49,6 +49,19 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert ci.strip() == quickstart_tail.strip(), "the last line of .ci/run must be the README's test command"
 
 
+def test_installs_go_through_the_lock() -> None:
+    """CI and both README commands install with ``-c constraints.txt``, and the lock pins every package exactly."""
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"pip install .*-c constraints\.txt -e '\.\[test\]'", ci)
+    quickstart = README.split("## Quickstart", 1)[1].split("## ", 1)[0]
+    installs = re.findall(r"pip install [^&\n]*", quickstart)
+    assert len(installs) >= 2 and all("-c constraints.txt" in i for i in installs[:2])
+    lock = [ln for ln in (REPO / "constraints.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert lock and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[^\s=]+", ln) for ln in lock)
+    names = {ln.split("==")[0].lower() for ln in lock}
+    assert {"torch", "transformers", "numpy", "pandas", "pytest", "hypothesis", "pytest-timeout"} <= names
+
+
 def test_relative_links_resolve() -> None:
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):

@@ -31,6 +31,12 @@ class OutOfMemoryError(UvmlabError):
     exit_code = 1
 
 
+class SimulationStalledError(UvmlabError):
+    """A simulator loop stopped making progress (a bug in uvmlab's model, never a property of the workload)."""
+
+    exit_code = 3
+
+
 class InvariantError(UvmlabError):
     """A simulator's internal state broke one of its documented invariants (a bug in uvmlab)."""
 

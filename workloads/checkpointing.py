@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from workloads.base import Workload
 
 AUTO = "auto"
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
+"""Names transformers layers have given their KV-cache argument (``drop_kv_cache``)."""
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -133,27 +135,32 @@ def apply_checkpointing(workload: Workload, rule: str) -> list[str]:
     for mod in mods:
         inner = mod.forward
 
-        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            args = _no_cache(args, kwargs)
+        def forward(*args: Any, _inner: Any = inner, _module: Any = mod, **kwargs: Any) -> Any:
+            args = drop_kv_cache(args, kwargs, _module)
             return checkpoint(_inner, *args, use_reentrant=False, context_fn=_same_function_modes, **kwargs)
 
         mod.forward = forward  # type: ignore[method-assign]
     return _counts(mods)
 
 
-def _no_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def drop_kv_cache(args: tuple[Any, ...], kwargs: dict[str, Any], module: Any = None) -> tuple[Any, ...]:
     """A checkpointed segment must not write a KV cache (the recomputation would write it again): what
-    transformers does under gradient checkpointing (``GradientCheckpointingLayer``: ``use_cache=False``,
-    ``past_key_values``/``layer_past`` None; GPT-2 passes its cache positionally and gives None instead).
-    Returns ``args`` with any transformers ``Cache`` replaced by None; ``kwargs`` is changed in place."""
+    transformers does under gradient checkpointing (``modeling_layers.GradientCheckpointingLayer``:
+    ``use_cache=False`` and the cache argument None, unless the layer class sets ``_can_checkpoint_with_cache``
+    because it only reads the cache). The cache argument's name changed across transformers releases
+    (``past_key_value`` / ``past_key_values`` / ``layer_past`` before 5.24, ``cache`` from 5.24 on; GPT-2 passed
+    its cache positionally), so every argument holding a transformers ``Cache`` is dropped, whatever its name,
+    as are the names above. Returns ``args`` with any ``Cache`` replaced by None; ``kwargs`` is changed in place."""
     try:
         from transformers.cache_utils import Cache
     except ImportError:  # no transformers: no KV cache to drop
         return args
     if kwargs.get("use_cache"):
         kwargs["use_cache"] = False
-    for key in ("past_key_values", "layer_past"):
-        if kwargs.get(key) is not None:
+    if getattr(module, "_can_checkpoint_with_cache", False):  # a layer that only reads the cache keeps it
+        return args
+    for key, value in kwargs.items():
+        if value is not None and (key in CACHE_ARGUMENTS or isinstance(value, Cache)):
             kwargs[key] = None
     return tuple(None if isinstance(a, Cache) else a for a in args)
 

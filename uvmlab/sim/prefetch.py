@@ -23,6 +23,8 @@ import numpy as np
 from uvmlab.sim.uvm_knobs import PAGES_PER_BIG_PAGE, PAGES_PER_BLOCK
 
 _LEVEL_SIZES = tuple(1 << k for k in range(PAGES_PER_BLOCK.bit_length()))  # 1, 2, 4, ..., 512 pages
+_SIZES = np.array(_LEVEL_SIZES)[None, :]
+_PAGE_INDEX = np.arange(PAGES_PER_BLOCK)
 
 
 def grow_to_big_pages(faulted: np.ndarray) -> np.ndarray:
@@ -38,18 +40,29 @@ def prefetch_pages(resident: np.ndarray, faulted: np.ndarray, npages: np.ndarray
     ``resident``: (B, 512) pages already resident on the GPU; ``faulted``: (B, 512) pages faulted in this batch;
     ``npages``: (B,) valid pages per block. Returns (B, 512) bool: pages to migrate in addition to the faulted
     ones (never resident, never faulted, never past the block end).
+
+    Only the 10 ancestors of each faulted page can qualify (module docstring), so their marked-page counts are
+    read off a prefix sum of the marked pages, and each faulted page's largest qualifying ancestor is added to
+    the region through a difference array: the cost grows with the faulted pages, not with the tree's levels.
     """
     b = resident.shape[0]
-    valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
+    npg = npages[:, None]
+    valid = _PAGE_INDEX[None, :] < npg
     marked = (resident | grow_to_big_pages(faulted)) & valid
-    region = np.zeros_like(faulted)
-    for size in _LEVEL_SIZES:
-        n_sub = PAGES_PER_BLOCK // size
-        counts = marked.reshape(b, n_sub, size).sum(axis=2)
-        has_fault = faulted.reshape(b, n_sub, size).any(axis=2)
-        starts = np.arange(n_sub)[None, :] * size
-        eff = np.clip(npages[:, None] - starts, 0, size)  # subtree size clipped at the block end
-        qualifies = (counts * 100 > eff * threshold_percent) & (eff > 0) & has_fault
-        if qualifies.any():
-            region |= np.repeat(qualifies, size, axis=1)
+    prefix = np.zeros((b, PAGES_PER_BLOCK + 1), dtype=np.int32)
+    np.cumsum(marked, axis=1, out=prefix[:, 1:])
+    blk, page = np.nonzero(faulted)
+    starts = (page[:, None] // _SIZES) * _SIZES  # (F, levels): each faulted page's aligned ancestors
+    ends = starts + _SIZES
+    rows = blk[:, None]
+    counts = prefix[rows, ends] - prefix[rows, starts]
+    eff = np.minimum(np.maximum(npages[blk][:, None] - starts, 0), _SIZES)  # subtree size clipped at the block end
+    qualifies = counts * 100 > eff * threshold_percent  # counts <= eff, so eff > 0 here
+    has = qualifies.any(axis=1)
+    top = _SIZES.size - 1 - np.argmax(qualifies[:, ::-1], axis=1)  # the largest qualifying ancestor
+    edges = np.zeros((b, PAGES_PER_BLOCK + 1), dtype=np.int32)
+    sel = np.flatnonzero(has)
+    np.add.at(edges, (blk[sel], starts[sel, top[sel]]), 1)
+    np.add.at(edges, (blk[sel], ends[sel, top[sel]]), -1)
+    region = np.cumsum(edges[:, :PAGES_PER_BLOCK], axis=1) > 0
     return region & ~resident & ~faulted & valid

@@ -49,6 +49,9 @@ from uvmlab.sim.uvm_hints import HintService
 from uvmlab.sim.uvm_knobs import BIG_PAGE_BYTES, PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm_streams import StreamService
 
+RUNS_CACHED = 8
+"""Up to this many transfers, ``_runs_ns`` sums cached per-size times instead of evaluating the link curve."""
+
 Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
@@ -253,7 +256,7 @@ class UvmSim(FaultService, StreamService, HintService):
             self._cpu_count[v] += n
             runs = run_lengths(row)
             n_runs = len(runs)
-            t_ns = transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+            t_ns = self._runs_ns(runs)
             self._cpu[v] |= row
         self._gpu[v] = False
         self._res_count[v] = 0
@@ -265,6 +268,12 @@ class UvmSim(FaultService, StreamService, HintService):
         k.stall_ns += self.costs.evict_fixed_ns + t_ns
         if self.events is not None:
             self.events.append(("evict", self._slot_range[v], self._slot_bidx[v], n))
+
+    def _runs_ns(self, runs: np.ndarray) -> float:
+        """Time (ns) of serial transfers of ``runs`` pages each; few runs are summed from the per-size cache."""
+        if runs.size > RUNS_CACHED:
+            return transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+        return sum(self._transfer_ns(r) for r in runs.tolist())
 
     def _transfer_ns(self, pages: int) -> float:
         t = self._tcache.get(pages)

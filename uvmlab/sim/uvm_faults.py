@@ -187,7 +187,7 @@ class FaultService:
         k.htod_count += int(runs.size)
         k.htod_bytes += int(runs.sum()) * PAGE_BYTES
         if time_ns is None:
-            time_ns = transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+            time_ns = self._runs_ns(runs)
         k.stall_ns += time_ns
 
     def _service_block(self, s: int, faulted: np.ndarray) -> None:

@@ -25,8 +25,14 @@ not from one block after the other in address order. This module models that:
   lanes have equal loop trip counts, ``pages_in_chunk``). A warp whose lanes' pages at its current step are all
   resident runs on at no cost (its time is the kernel's native time); a warp with a lane whose page is missing
   stalls on that step and raises one fault per missing lane (uvm.md 1.3: the warp stalls, the uTLB writes an
-  entry per missing page); it moves to its next step only when every lane's page is resident. ``warp_size`` 1
+  entry per missing page); it moves to its next step when every lane has completed that step. ``warp_size`` 1
   is the independent-thread model.
+* Replays complete lanes one by one (forward progress): the replay that ends a batch retries every faulting
+  access, each "correctly translated or faulted again" (``UVM_FAULT_REPLAY_TYPE_START``, ``uvm_hal_types.h``), so a
+  lane whose page is resident at the replay completes its access and does not need that page again at that step.
+  The pages of the block a batch services last are resident at its replay, so every batch completes a lane, even
+  when one warp step spans more 2 MiB blocks than the GPU holds (then the real GPU crawls too: thrashing
+  mitigation ignores eviction-caused migrations, ``uvm_perf_thrashing.c`` ``thrashing_event_cb``).
 * The driver fetches up to ``fault_batch_count`` (256) entries per batch (uvm.md 1.4,
   ``uvm_gpu_replayable_faults.c`` ``fetch_fault_buffer_entries``): the stalled warps' pages, distinct because
   the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault); the
@@ -56,13 +62,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from uvmlab.errors import InputError
+from uvmlab.errors import InputError, SimulationStalledError
 from uvmlab.sim.uvm_faults import UvmCounters
 from uvmlab.sim.uvm_knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
 ORDERS = ("sequential", "random", "lcg", "visits")
 LCG_A, LCG_C = 1664525, 1013904223
 """``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
+SCAN_WINDOW = 16
+"""Steps a warp's first look-ahead covers (``first_pending``; it doubles each round): a cost knob, not a model
+parameter (the result does not depend on it)."""
+STALL_BATCH_LIMIT = 64
+"""Fault batches in a row that complete no lane before :meth:`StreamService.access_streams` gives up. The
+replay rule completes at least one lane per batch, so reaching it means a bug, not a slow workload."""
 LCG_OFFSET_XOR = 0xDEADBEEF
 """``lcg_random(seed ^ 0xDEADBEEF)`` picks a thread's first page (same file)."""
 
@@ -174,7 +186,13 @@ class StreamService:
         return pages, writes
 
     def access_streams(self, kern: StreamKernel) -> UvmCounters:
-        """Run one stream kernel (module docstring); return its counters."""
+        """Run one stream kernel (module docstring); return its counters.
+
+        Forward progress (module docstring, "Replays complete lanes one by one"): a lane whose page is resident
+        when the driver replays completes its access at the warp's current step and does not need that page
+        again, so every batch completes at least the lanes of the block it serviced last. The loop raises
+        :class:`~uvmlab.errors.SimulationStalledError` if ``STALL_BATCH_LIMIT`` batches in a row complete nothing.
+        """
         pages, writes = self._stream_pages(kern)
         if pages.size == 0:
             return self._flush_kernel_counters()
@@ -192,25 +210,59 @@ class StreamService:
         prio = self.knobs.stream_priority
         order_rng = np.random.default_rng(kern.seed)  # stream_priority "random": seeded, so runs repeat
         pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
-        cols = np.arange(length)[None, :]
+        done = np.zeros((n_w, w_size), dtype=bool)  # lanes whose access at their warp's current step completed
+        lane_ids = np.arange(w_size)
         per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
         turnaround = self.costs.batch_turnaround_ns / int(kern.tid_stride)
         rotate = 0
+        idle_batches = 0
         k = self._k
+
+        def pending(warps: np.ndarray, steps: np.ndarray) -> np.ndarray:
+            """(warps, lanes, steps) accesses still to do: page missing and, at a warp's current step, not done."""
+            rows = (warps[:, None] * w_size + lane_ids[None, :])[:, :, None]
+            cols = np.minimum(steps, length - 1)[:, None, :]
+            miss = ~(flat_gpu[safe[rows, cols]] | invalid[rows, cols]) & (steps < length)[:, None, :]
+            miss[:, :, 0] &= ~(done[warps] & (steps[:, :1] == pos[warps][:, None]))
+            return miss
+
+        def first_pending(warps: np.ndarray) -> np.ndarray:
+            """Each warp's first step with a pending access at or after its current step (``length``: none).
+
+            Steps whose pages are all resident run on at no cost, so the scan looks ahead in windows that double
+            while a warp finds nothing to wait for (no batch is serviced during the scan: residency is fixed)."""
+            out = np.full(len(warps), length, dtype=np.int64)
+            todo = np.arange(len(warps))
+            start = pos[warps].copy()
+            width = SCAN_WINDOW
+            while todo.size:
+                steps = start[todo][:, None] + np.arange(width)[None, :]
+                blocked = pending(warps[todo], steps).any(axis=1)
+                hit = blocked.any(axis=1)
+                out[todo[hit]] = start[todo[hit]] + blocked[hit].argmax(axis=1)
+                more = ~hit & (start[todo] + width < length)
+                start[todo[more]] += width
+                todo = todo[more]
+                width *= 2
+            return out
+
+        active = np.arange(n_w)
         while True:
-            miss = (~(flat_gpu[safe] | invalid)).reshape(n_w, w_size, length)
-            blocked = miss.any(axis=1) & (cols >= pos[:, None])  # (warps, steps): some lane's page is missing
-            has = blocked.any(axis=1)
-            if not has.any():
+            first = np.full(n_w, length, dtype=np.int64)
+            first[active] = first_pending(active)
+            moved = first != pos
+            done[moved] = False  # a warp that moved on starts its new step with no lane done
+            progressed = bool(moved.any())
+            pos = first
+            active = np.flatnonzero(pos < length)
+            if not active.size:
                 break
-            first = blocked.argmax(axis=1)
-            pos = np.where(has, first, length)
-            stalled = np.flatnonzero(has)
+            stalled = active
             if prio == "rotate":
                 stalled = np.roll(stalled, -(rotate % len(stalled)))
             elif prio == "random":
                 stalled = order_rng.permutation(stalled)
-            lanes = miss[stalled, :, first[stalled]]  # (stalled warps, lanes): the faults each warp raises
+            lanes = pending(stalled, first[stalled][:, None])[:, :, 0]  # (stalled warps, lanes): their faults
             per_warp = np.cumsum(lanes.sum(axis=1))
             take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
             rotate += len(take)
@@ -238,4 +290,20 @@ class StreamService:
             k.stall_ns += turnaround + self.costs.fault_entry_ns * n
             self._open_faults = 0
             self._open_blocks = 0
+            # The replay: every stalled lane whose page is resident now completes its access.
+            lane_rows = stalled[:, None] * w_size + lane_ids[None, :]
+            at = first[stalled][:, None]
+            now = flat_gpu[safe[lane_rows, at]] | invalid[lane_rows, at]
+            newly = now & ~done[stalled]
+            done[stalled] |= now
+            if progressed or newly.any():
+                idle_batches = 0
+            else:
+                idle_batches += 1
+                if idle_batches >= STALL_BATCH_LIMIT:
+                    raise SimulationStalledError(
+                        f"the UVM simulation made no progress in {STALL_BATCH_LIMIT} fault batches of one stream "
+                        f"kernel ({active.size} warps stalled, GPU capacity {self.capacity_bytes} bytes): "
+                        "this is a bug in uvmlab's forward-progress rule, please report it"
+                    )
         return self._flush_kernel_counters()
