@@ -4,7 +4,7 @@ For each workload: the trace is captured once (or found in the trace cache), the
 
 - ``cli_s``: wall time of ``python -m uvmlab estimate WORKLOAD --allocator A --format json`` in a fresh process
   with a warm trace cache (includes Python start-up and imports);
-- ``warm_s``: in this process, reading the cached trace (``read_trace``) plus ``uvmlab.estimate.estimate``
+- ``warm_s``: in this process, reading the cached trace (``read_trace``) plus ``uvmlab.memory.estimate.estimate``
   (orchestrate + simulate): what the CLI costs after start-up and imports;
 - ``import torch`` (printed once): a fresh ``python -c "import torch"``; the CLI pays it because the trace
   cache key (``uvmlab.trace.cache.cache_key``) imports torch for its version string.
@@ -30,8 +30,8 @@ def main(gpu: str, workloads: str, allocators: str) -> None:
     """Run the benchmark and print one row per (workload, allocator)."""
     from uvmlab.config import WorkloadConfig
     from uvmlab.console import print_table
-    from uvmlab.estimate import estimate
     from uvmlab.gpus import get_gpu
+    from uvmlab.memory.estimate import estimate
     from uvmlab.trace.cache import cache_key, cache_root, get_trace
     from uvmlab.trace.schema import read_trace
     from workloads.registry import WORKLOADS

@@ -22,7 +22,13 @@ import pandas as pd
 from uvmlab.config import WorkloadConfig
 from uvmlab.console import print_table
 from uvmlab.errors import UvmlabError
-from uvmlab.fragmentation import STWEAVER_REPORTED, Fragmentation, characterize, characterize_snapshot, workload_trace
+from uvmlab.evaluate.fragmentation import (
+    STWEAVER_REPORTED,
+    Fragmentation,
+    characterize,
+    characterize_snapshot,
+    workload_trace,
+)
 
 WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")
 GiB = 2**30

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from uvmlab.console import print_table
-from uvmlab.gpu.shim import build_shim, read_alloc_log
+from uvmlab.measure.gpu.shim import build_shim, read_alloc_log
 
 STUBS = Path(__file__).resolve().parents[1] / "tests" / "stubs"
 

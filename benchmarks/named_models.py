@@ -73,8 +73,8 @@ def _dropout() -> None:
     import uvmlab.trace.capture as capture_mod
     from uvmlab.config import WorkloadConfig
     from uvmlab.console import print_table
-    from uvmlab.estimate import estimate
     from uvmlab.gpus import get_gpu
+    from uvmlab.memory.estimate import estimate
     from uvmlab.trace.emulate import DropoutEmulation
 
     gpu = get_gpu("A100-80GB")

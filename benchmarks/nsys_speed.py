@@ -5,7 +5,7 @@ Goal (issue 5): 10 million GPU fault rows and 1 million UM migrations summarized
 
     python benchmarks/nsys_speed.py [--faults 10000000] [--migrations 1000000] [--workers N] [--keep DIR]
 
-The export is generated once (uvmlab.nsys.synthetic), then summarized in a fresh subprocess (`python -m uvmlab
+The export is generated once (uvmlab.measure.nsys.synthetic), then summarized in a fresh subprocess (`python -m uvmlab
 nsys summarize --format json`, which may start worker processes for the fault table; ``--workers`` sets
 UVMLAB_NSYS_WORKERS). Reported: wall time, CPU time (getrusage of all waited-for descendants), peak summed RSS of
 the process tree (sampled from /proc every 0.1 s), peak RSS of the largest single process, and the load average.
@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from uvmlab.nsys.synthetic import write_synthetic_export
+from uvmlab.measure.nsys.synthetic import write_synthetic_export
 
 GOAL_S = 30.0
 GOAL_RSS_BYTES = 2 * 10**9

@@ -4,7 +4,7 @@
    of its events (initial state, simulation, comparison).
 2. A synthetic 1,000,000-event stream (500k malloc + 500k free, sizes from a training-like mix, ~200 live
    tensors) driven straight through CachingAllocatorSim (the hot path), and the same stream through
-   ``uvmlab.sim.placement.place`` (Trace -> tables, what the estimator and the UVM simulator call).
+   ``uvmlab.sim.allocator.placement.place`` (Trace -> tables, what the estimator and the UVM simulator call).
 
 Run: python benchmarks/replay_speed.py [--events N]
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from uvmlab.console import print_table
-from uvmlab.sim.caching import CachingAllocatorSim
-from uvmlab.sim.nocache import NoCacheAllocatorSim
-from uvmlab.sim.placement import place
+from uvmlab.sim.allocator.caching import CachingAllocatorSim
+from uvmlab.sim.allocator.nocache import NoCacheAllocatorSim
+from uvmlab.sim.allocator.placement import place
 from uvmlab.trace.schema import Trace
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real-data" / "snapshots"
@@ -89,9 +89,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     if REAL.is_dir():
-        from uvmlab.replay import replay_device
-        from uvmlab.replay_state import device_events
-        from uvmlab.sim.allocconf import AllocatorSettings
+        from uvmlab.memory.replay import replay_device
+        from uvmlab.memory.replay_state import device_events
+        from uvmlab.sim.allocator.allocconf import AllocatorSettings
         from uvmlab.trace.snapshot import read_snapshot
 
         best, best_n = None, -1

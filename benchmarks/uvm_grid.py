@@ -8,7 +8,7 @@ captured and placed once; the factors reuse it. Usage::
 
 ``--pad-to-study`` (analysis only, never a default; docs/uvm-sim.md "Footprint what-if"): pads each workload's
 footprint with a cold, never-touched managed range up to the study's Table 2 value
-(``uvmlab.sim.uvm_whatif.pad_cold``; workloads whose footprint is already larger are left as they are). It uses
+(``uvmlab.sim.uvm.whatif.pad_cold``; workloads whose footprint is already larger are left as they are). It uses
 the validation target's measured footprint to test an explanation; it is not a fit and not a uvmlab prediction.
 """
 
@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uvmlab.study import FACTORS, WORKLOADS
-from uvmlab.study import FOOTPRINT_MB as STUDY_FOOTPRINT_MB
+from uvmlab.uvm.study import FACTORS, WORKLOADS
+from uvmlab.uvm.study import FOOTPRINT_MB as STUDY_FOOTPRINT_MB
 
 
 def run_pair(workload: str, pca: bool, iterations: int, pad_to_study: bool = False) -> list[dict]:
     """All factors of one (workload, PCA mode); returns one row per factor (``pad_to_study``: see the docstring)."""
     from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.simulate import prepare, simulate_prepared
+    from uvmlab.uvm.simulate import prepare, simulate_prepared
 
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -40,7 +40,7 @@ def run_pair(workload: str, pca: bool, iterations: int, pad_to_study: bool = Fal
     prep = prepare(base)
     pad = None
     if pad_to_study:
-        from uvmlab.sim.uvm_whatif import pad_cold, study_target_bytes
+        from uvmlab.sim.uvm.whatif import pad_cold, study_target_bytes
 
         own_mb = prep.footprint_bytes / 2**20
         prep, pad = pad_cold(prep, study_target_bytes(STUDY_FOOTPRINT_MB[workload]))

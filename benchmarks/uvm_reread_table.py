@@ -1,4 +1,4 @@
-"""Where the GEMM re-read model (uvmlab.sim.uvm_reread) can act in the seed grid's workloads: prints a table.
+"""Where the GEMM re-read model (uvmlab.sim.uvm.reread) can act in the seed grid's workloads: prints a table.
 
 For each workload (one steady iteration of its cached trace): how many GEMM-like kernels the model splits into
 sweeps, the largest of them (bytes, passes) and the oversubscription factor beyond which that kernel no longer
@@ -16,7 +16,7 @@ import argparse
 import pandas as pd
 
 from uvmlab.config import WorkloadConfig
-from uvmlab.sim.uvm_reread import gemm_passes
+from uvmlab.sim.uvm.reread import gemm_passes
 from uvmlab.trace.cache import get_trace
 
 WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")

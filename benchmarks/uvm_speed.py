@@ -30,11 +30,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.sim.placement import place
-    from uvmlab.sim.uvm_replay import peak_managed_bytes
-    from uvmlab.simulate import Prepared, run_gpu_spec, simulate_prepared
+    from uvmlab.sim.allocator.placement import place
+    from uvmlab.sim.uvm.replay import peak_managed_bytes
     from uvmlab.trace.cache import get_trace
     from uvmlab.trace.orchestrate import to_cuda
+    from uvmlab.uvm.simulate import Prepared, run_gpu_spec, simulate_prepared
 
     table = Table(title=f"uvm_speed: {args.workload}, {args.iterations} iterations, factor {args.oversub:g}")
     for col in ("stage", "PCA", "wall s", "CPU s", "detail"):

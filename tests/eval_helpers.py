@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from uvmlab.colocate import Job
+from uvmlab.memory.colocate import Job
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 

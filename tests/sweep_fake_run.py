@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError, OutOfMemoryError
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, KERNEL_COLUMNS, RESULT_KEYS
 
 TESTS_DIR = Path(__file__).resolve().parent

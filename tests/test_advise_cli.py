@@ -45,7 +45,7 @@ def test_the_gc_threshold_policy_ooms_under_oversubscription(advice: object) -> 
 
 
 def test_fit_batch_finds_the_smallest_accumulation_that_fits(advice: object) -> None:
-    from uvmlab.simulate import prepare
+    from uvmlab.uvm.simulate import prepare
 
     avail = advice.available_bytes  # type: ignore[attr-defined]
     cfg = RunConfig(workload=SMALL, oversub=1.5, mode="sim")

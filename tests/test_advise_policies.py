@@ -8,8 +8,8 @@ from tests.uvm_synth import make_trace
 from uvmlab.advise.policies import POLICIES, compose, get_policy
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.sim.placement import place
-from uvmlab.simulate import iteration_ends
+from uvmlab.sim.allocator.placement import place
+from uvmlab.uvm.simulate import iteration_ends
 
 
 def _cfg(**kw: object) -> RunConfig:
@@ -58,7 +58,7 @@ def test_pca_off_policy_turns_caching_off_and_sets_the_env() -> None:
 
 
 def test_driver_policies_set_the_module_parameter_knobs() -> None:
-    from uvmlab.sim.uvm_knobs import UvmKnobs
+    from uvmlab.sim.uvm.knobs import UvmKnobs
 
     off = POLICIES["driver-prefetch-off"].apply(_cfg())
     assert UvmKnobs.from_options(off.sim_options).prefetch_enable is False
@@ -104,7 +104,7 @@ def test_every_policy_names_its_source_and_how_to_apply_it() -> None:
 
 def test_a_gpu_plan_applies_the_policys_environment_and_names_driver_setup() -> None:
     """On a GPU the policy is applied as simulated: allocator settings, empty_cache per step, driver note."""
-    from uvmlab.gpu.plan import EMPTY_CACHE_ENV, GpuRunOptions, plan_run
+    from uvmlab.measure.gpu.plan import EMPTY_CACHE_ENV, GpuRunOptions, plan_run
 
     def plan(policy: str) -> object:
         return plan_run(
@@ -129,8 +129,8 @@ def test_prefetch_on_alloc_replaces_faults_by_prefetches() -> None:
     """Each new managed range is prefetched at cudaMallocManaged: its first touches no longer fault, the pages
     are populated without fault batches, and the counters say so (issue 16: the policy's mechanism)."""
     from uvmlab.gpus import get_gpu
-    from uvmlab.sim.uvm_knobs import UvmKnobs
-    from uvmlab.sim.uvm_replay import replay
+    from uvmlab.sim.uvm.knobs import UvmKnobs
+    from uvmlab.sim.uvm.replay import replay
 
     trace = make_trace(n_iter=3, param_mb=30, act_mb=30)
     placement = place(trace, "nocache")  # one range per tensor: every activation is a fresh range each iteration

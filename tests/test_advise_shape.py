@@ -18,8 +18,8 @@ from uvmlab.advise.policies import POLICIES, compose, get_policy
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
-from uvmlab.sim.timing import CostParams, transfer_time_ns
-from uvmlab.sim.uvm_replay import replay
+from uvmlab.sim.uvm.replay import replay
+from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 from uvmlab.trace.offload import CPU_ADAM_PARAMS_PER_S, offload_optimizer
 from uvmlab.units import MiB
 
@@ -199,11 +199,12 @@ def test_offload_frees_device_memory_and_costs_time_when_everything_fits() -> No
 
 
 def test_offload_of_a_stateless_optimizer_is_refused() -> None:
-    from uvmlab.advise.shape import policy_trace
+    from uvmlab.trace.offload import offload_optimizer_of
 
     with pytest.raises(InputError, match="nothing to offload"):
-        policy_trace(POLICIES["offload-optimizer"], "sgd", _toy())
-    assert policy_trace(POLICIES["pca-off"], "sgd", t := _toy()) is t
+        offload_optimizer_of(_toy(), "sgd")
+    assert POLICIES["offload-optimizer"].resolved().offload_optimizer
+    assert not POLICIES["pca-off"].resolved().offload_optimizer  # a policy that does not offload leaves the trace
 
 
 def test_shape_policies_compose_with_each_other_and_with_uvm_policies() -> None:
@@ -277,8 +278,8 @@ def test_run_accepts_the_shape_policies(tmp_path: Path) -> None:
 def test_the_gpu_worker_applies_checkpointing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker (run on the CPU here) wraps the same segments before training, and training still runs."""
     import workloads.checkpointing as ckmod
-    from uvmlab.atomic import atomic_write_json
-    from uvmlab.gpu.worker import main
+    from uvmlab.files.atomic import atomic_write_json
+    from uvmlab.measure.gpu.worker import main
 
     seen: list[list[str]] = []
     real = ckmod.apply_checkpointing

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from uvmlab.errors import InputError
-from uvmlab.sim.placement import place
+from uvmlab.sim.allocator.placement import place
 from uvmlab.trace.schema import Trace
 
 MiB = 1 << 20

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from uvmlab.errors import OutOfMemoryError
-from uvmlab.sim.allocconf import AllocatorSettings
-from uvmlab.sim.caching import CachingAllocatorSim
-from uvmlab.sim.device import DeviceSim
-from uvmlab.sim.nocache import NoCacheAllocatorSim
+from uvmlab.sim.allocator.allocconf import AllocatorSettings
+from uvmlab.sim.allocator.caching import CachingAllocatorSim
+from uvmlab.sim.allocator.device import DeviceSim
+from uvmlab.sim.allocator.nocache import NoCacheAllocatorSim
 
 MiB = 1 << 20
 SIZES = st.one_of(

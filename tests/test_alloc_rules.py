@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from uvmlab.errors import InputError
-from uvmlab.sim.allocconf import AllocatorSettings
-from uvmlab.sim.constants import SIZE_MAX
-from uvmlab.sim.rounding import allocation_size, divisions_for, round_size, roundup_power2_next_division
+from uvmlab.sim.allocator.allocconf import AllocatorSettings
+from uvmlab.sim.allocator.constants import SIZE_MAX
+from uvmlab.sim.allocator.rounding import allocation_size, divisions_for, round_size, roundup_power2_next_division
 
 MiB = 1 << 20
 D4 = (4,) * 16

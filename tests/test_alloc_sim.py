@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from uvmlab.errors import InputError, OutOfMemoryError
-from uvmlab.sim.allocconf import AllocatorSettings
-from uvmlab.sim.caching import CachingAllocatorSim
-from uvmlab.sim.device import DeviceSim
-from uvmlab.sim.nocache import NoCacheAllocatorSim
+from uvmlab.sim.allocator.allocconf import AllocatorSettings
+from uvmlab.sim.allocator.caching import CachingAllocatorSim
+from uvmlab.sim.allocator.device import DeviceSim
+from uvmlab.sim.allocator.nocache import NoCacheAllocatorSim
 
 MiB = 1 << 20
 

@@ -330,7 +330,7 @@ def _users_spec_folder(d: Path) -> str:
 
 def export(d: Path) -> str:
     """A valid (synthetic) nsys export."""
-    from uvmlab.nsys.synthetic import write_synthetic_export
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
 
     write_synthetic_export(d / "v.sqlite", faults=0, migrations=50, iterations=2, kernels_per_iteration=5)
     return str(d / "v.sqlite")

@@ -18,8 +18,8 @@ import uvmlab.trace.capture as capture_mod
 from uvmlab.cli import main
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.outputs import check_output_file, check_output_folder
-from uvmlab.rundir import MARKER_NAME, RunDir
+from uvmlab.files.outputs import check_output_file, check_output_folder
+from uvmlab.files.rundir import MARKER_NAME, RunDir
 from uvmlab.sweep.aggregate import collect, read_results, write_results
 from uvmlab.trace import cache
 from uvmlab.trace import snapshot as snapshot_mod
@@ -264,7 +264,7 @@ def test_expanded_count_equals_the_naive_count_with_sharing(tree: object, copies
 
 def test_nsys_import_force_keeps_unrelated_files(tmp_path: Path) -> None:
     """Defect 1 for `nsys import -o P --force`: the old code removed the whole folder."""
-    from uvmlab.nsys.synthetic import write_synthetic_export
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
 
     db = tmp_path / "x.sqlite"
     write_synthetic_export(db, faults=10, migrations=20, iterations=2, kernels_per_iteration=5)

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uvmlab.calibrate import calibrate
 from uvmlab.cli import main
-from uvmlab.nsys.synthetic import GLOBAL_PID, write_synthetic_export
-from uvmlab.rundir import RunDir
-from uvmlab.sim.timing import CostParams, transfer_bandwidth
+from uvmlab.files.rundir import RunDir
+from uvmlab.measure.calibrate import calibrate
+from uvmlab.measure.nsys.synthetic import GLOBAL_PID, write_synthetic_export
+from uvmlab.sim.uvm.timing import CostParams, transfer_bandwidth
 from uvmlab.stats.schema import KERNEL_COLUMNS, RESULT_KEYS
 
 LINK = 18e9  # bytes/s at 2 MiB
@@ -112,7 +112,7 @@ def test_calibrate_usage_errors(tmp_path: Path) -> None:
     assert main(["calibrate", "-o", str(tmp_path / "p.json")]) == 2  # no report
     assert main(["calibrate", str(tmp_path / "missing.sqlite"), "-o", str(tmp_path / "p.json")]) == 2
     # --microbench refuses without a GPU (exit 2), or runs where there is one (exit 2 still without CuPy)
-    from uvmlab.gpu.detect import gpu_status
+    from uvmlab.measure.gpu.detect import gpu_status
 
     code = main(["calibrate", "--microbench", "-o", str(tmp_path / "p.json")])
     assert code == 2 if not gpu_status().available else code in (0, 2)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from eval_helpers import synthetic_job
 
-from uvmlab.colocate import DEFAULT_MARGIN_BYTES, colocate, parse_job, simulate_together
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
+from uvmlab.memory.colocate import DEFAULT_MARGIN_BYTES, colocate, parse_job, simulate_together
 from uvmlab.units import GiB, MiB
 
 

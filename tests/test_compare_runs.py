@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from uvmlab.cli import main
-from uvmlab.compare import compare_runs, rel_error, write_comparison
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
+from uvmlab.measure.compare import compare_runs, rel_error
+from uvmlab.report.compare_figures import write_comparison
 from uvmlab.stats.schema import ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
 
 GH200 = "cudamicrobench_gh200_um_gpu_faults_nsys2023.4.4.sqlite"
@@ -49,7 +50,7 @@ def make_run(path: Path, *, pca: bool, faults: list[int], names: list[str], fp: 
     rd.write_table("iterations", its)
     rd.write_table("memory", mem)
     if shim_peak is not None:
-        from uvmlab.gpu.shim import LOG_HEADER_BYTES, LOG_MAGIC, LOG_RECORD_DTYPE, LOG_VERSION
+        from uvmlab.measure.gpu.shim import LOG_HEADER_BYTES, LOG_MAGIC, LOG_RECORD_DTYPE, LOG_VERSION
 
         rec = np.zeros(2, dtype=LOG_RECORD_DTYPE)
         rec["op"], rec["ptr"], rec["size"] = [1, 2], [0x1000, 0x1000], [shim_peak, 0]

@@ -8,11 +8,11 @@ import math
 import pandas as pd
 import pytest
 
-from uvmlab.atomic import atomic_write_json, atomic_write_text
 from uvmlab.config import RunConfig, WorkloadConfig, check_oversub
 from uvmlab.errors import InputError
+from uvmlab.files.atomic import atomic_write_json, atomic_write_text
+from uvmlab.files.rundir import RunDir
 from uvmlab.gpus import GPUS, get_gpu
-from uvmlab.rundir import RunDir
 from uvmlab.units import GiB, KiB, MiB, format_bytes, parse_bytes
 
 

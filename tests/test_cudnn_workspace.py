@@ -10,9 +10,10 @@ import pytest
 
 from tests.test_orchestrate_rules import TraceMaker
 from uvmlab.config import WorkloadConfig
-from uvmlab.estimate import cudnn_workspace_ids, estimate, snapshot_dicts
 from uvmlab.gpus import get_gpu
-from uvmlab.sim.placement import place
+from uvmlab.memory.estimate import estimate, snapshot_dicts
+from uvmlab.sim.allocator.placement import place
+from uvmlab.sim.allocator.recorded import cudnn_workspace_ids
 from uvmlab.trace.orchestrate import CUDNN_WORKSPACE_CAP_BYTES, OrchestrationRules, to_cuda
 
 MiB = 1 << 20

@@ -1,4 +1,5 @@
-"""`uvmlab.calibrate_uvm.derive_profile`: the cost profile of a GPU for which we hold only an nsys export (A100)."""
+"""`uvmlab.measure.profile_fit.derive_profile`: the cost profile of a GPU for which we hold only an nsys export
+(A100)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab import calibrate, calibrate_uvm
 from uvmlab.errors import InputError
-from uvmlab.nsys import read
-from uvmlab.sim.timing import CostParams
+from uvmlab.measure import calibrate
+from uvmlab.measure import profile_fit as calibrate_uvm
+from uvmlab.measure.nsys import read
+from uvmlab.sim.uvm.timing import CostParams
 
-PROFILES = Path(calibrate_uvm.__file__).resolve().parent / "sim" / "profiles"
+PROFILES = Path(calibrate_uvm.__file__).resolve().parents[1] / "sim" / "uvm" / "profiles"
 CSC746 = "nsys/csc746_a100_um_migrations_nsys2022.2.1.sqlite"
 BASE = {
     "gpu": "RTX5090",

@@ -1,4 +1,4 @@
-"""Device peak: the context model (uvmlab.devicemem), device_peak_bytes, and the cuDNN workspace sequence."""
+"""Device peak: the context model (uvmlab.memory.devicemem), device_peak_bytes, and the cuDNN workspace sequence."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 
 from tests.test_orchestrate_rules import training_trace
 from uvmlab.config import WorkloadConfig
-from uvmlab.devicemem import (
+from uvmlab.errors import InputError
+from uvmlab.gpus import get_gpu
+from uvmlab.memory.devicemem import (
     EAGER_MODULES_A100_BYTES,
     LAZY_CONTEXT_OTHER_BYTES,
     context_model,
     lmem_bytes,
 )
-from uvmlab.errors import InputError
-from uvmlab.estimate import estimate
-from uvmlab.gpus import get_gpu
+from uvmlab.memory.estimate import estimate
 from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
 
 MiB = 1 << 20
@@ -115,7 +115,7 @@ def test_real_cudnn_workspaces_are_per_call_temporaries() -> None:
 def test_lazy_loading_adds_conv_modules_only_to_runs_with_convolutions() -> None:
     """The lazily loaded cuDNN/cuBLAS modules of a CNN (calibrated on CARMA's CIFAR rows) count under lazy loading,
     for runs that launch convolutions; eager loading already holds every module."""
-    from uvmlab.devicemem import LAZY_CONV_MODULES_BYTES, context_model
+    from uvmlab.memory.devicemem import LAZY_CONV_MODULES_BYTES, context_model
 
     plain = context_model("A100-40GB", "lazy")
     cnn = context_model("A100-40GB", "lazy", convolutions=True)

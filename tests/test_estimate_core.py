@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.estimate import MARGIN_MIN_BYTES, default_margin, estimate, plot_curve, snapshot_dicts
 from uvmlab.gpus import get_gpu
+from uvmlab.memory.estimate import MARGIN_MIN_BYTES, default_margin, estimate, plot_curve, snapshot_dicts
 from uvmlab.trace.orchestrate import OrchestrationRules
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.trace.snapshot import read_snapshot, write_snapshot

@@ -119,8 +119,8 @@ def test_after_context_target_adds_only_what_loads_after_the_context() -> None:
     """after_context = reserved peak + outside buffers + lazily loaded conv modules; not LMEM nor the lazy rest."""
     from types import SimpleNamespace
 
-    from uvmlab.devicemem import LAZY_CONV_MODULES_BYTES, context_model
     from uvmlab.evaluate.estimators import after_context_bytes
+    from uvmlab.memory.devicemem import LAZY_CONV_MODULES_BYTES, context_model
 
     lazy = context_model("RTX3060", "lazy", convolutions=True)
     est = SimpleNamespace(peak_reserved_bytes=1000, outside_allocator_bytes=7, context=lazy)
@@ -203,9 +203,9 @@ def test_two_iterations_reach_the_peak_a_third_does_not_move_it() -> None:
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    from uvmlab.devicemem import context_model
-    from uvmlab.estimate import estimate
     from uvmlab.gpus import get_gpu
+    from uvmlab.memory.devicemem import context_model
+    from uvmlab.memory.estimate import estimate
     from uvmlab.trace.cache import get_trace
 
     rows, _ = gpumemnet.read_mlp_set(MLP)

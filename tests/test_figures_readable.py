@@ -11,9 +11,9 @@ from matplotlib.figure import Figure
 
 from uvmlab.cli import main
 from uvmlab.errors import InputError
-from uvmlab.report.run_figures import memory_per_kernel_figure
+from uvmlab.files.rundir import RunDir
 from uvmlab.report.ticks import log_axis
-from uvmlab.rundir import RunDir
+from uvmlab.stats.figures import memory_per_kernel_figure
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")

@@ -10,7 +10,7 @@ import pytest
 from eval_helpers import make_trace
 
 from uvmlab.cli import main
-from uvmlab.fragmentation import characterize
+from uvmlab.evaluate.fragmentation import characterize
 
 SNAP = "HugePandaCoder__octree-nca-groupeq__752276c1__my_snapshot.pickle"
 TINY_GPT2 = [

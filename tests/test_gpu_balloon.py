@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.errors import InputError
-from uvmlab.gpu.balloon import (
+from uvmlab.measure.gpu.balloon import (
     DEFAULT_RESERVE_BYTES,
     MIN_AVAILABLE_BYTES,
     ROOT_CHUNK_BYTES,

@@ -11,8 +11,8 @@ import pytest
 
 from uvmlab.cli import main
 from uvmlab.errors import UnavailableError
-from uvmlab.gpu import detect
-from uvmlab.gpu.detect import gpu_status
+from uvmlab.measure.gpu import detect
+from uvmlab.measure.gpu.detect import gpu_status
 
 
 class _NVMLError(Exception):

@@ -1,4 +1,4 @@
-"""uvmlab.gpu.hints: what the GPU worker calls for the per-tensor hint policies (fake runtime, CPU torch)."""
+"""uvmlab.measure.gpu.hints: what the GPU worker calls for the per-tensor hint policies (fake runtime, CPU torch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from uvmlab.advise.policies import POLICIES, compose
 from uvmlab.errors import InputError
-from uvmlab.gpu.hints import (
+from uvmlab.measure.gpu.hints import (
     ADVISE_ACCESSED_BY,
     ADVISE_PREFERRED_LOCATION,
     ADVISE_READ_MOSTLY,
@@ -139,7 +139,7 @@ def test_the_runtime_wrapper_uses_the_cuda_13_location_form_or_the_cuda_12_devic
 def test_a_gpu_plan_passes_the_hints_to_the_worker_and_says_discard_is_not_applied() -> None:
     from uvmlab.advise.policies import get_policy
     from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.gpu.plan import GpuRunOptions, plan_run
+    from uvmlab.measure.gpu.plan import GpuRunOptions, plan_run
 
     def plan(policy: str) -> object:
         cfg = RunConfig(workload=WorkloadConfig("alexnet", batch_size=4), oversub=2.0, mode="gpu")

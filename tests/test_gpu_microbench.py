@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.errors import InputError, UnavailableError
-from uvmlab.gpu import microbench as mb
-from uvmlab.gpu.detect import gpu_status
-from uvmlab.sim.timing import CostParams
+from uvmlab.measure.gpu import microbench as mb
+from uvmlab.measure.gpu.detect import gpu_status
+from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.units import GiB, MiB
 
 SIZES = (2 * MiB, 8 * MiB, 64 * MiB, 512 * MiB)
@@ -136,7 +136,7 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch):
     import importlib.util
     import sys
 
-    from uvmlab.gpu import detect
+    from uvmlab.measure.gpu import detect
 
     spec = importlib.util.spec_from_file_location("cupy", STUBS / "fake_cupy.py")
     mod = importlib.util.module_from_spec(spec)

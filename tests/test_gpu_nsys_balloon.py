@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.nsys import schema as S
-from uvmlab.nsys.read import open_export
-from uvmlab.nsys.stats import summarize
+from uvmlab.measure.nsys import schema as S
+from uvmlab.measure.nsys.read import open_export
+from uvmlab.measure.nsys.stats import summarize
 
 GEMM = "gemmspmm_a100_cuda_memory_usage_nsys2024.2.3.sqlite"
 BALLOON_ADDR, BALLOON_BYTES = 0x7F0000000000, 40 << 30
@@ -63,15 +63,15 @@ def test_an_unrelated_address_excludes_nothing(real_data: Path, tmp_path: Path) 
 
 
 def test_collect_excludes_the_balloon_the_shim_logged(real_data: Path, tmp_path: Path) -> None:
-    """End to end through uvmlab.gpu.collect: run.alloc.bin names the balloon, profile.sqlite holds it."""
+    """End to end through uvmlab.measure.gpu.collect: run.alloc.bin names the balloon, profile.sqlite holds it."""
     from dataclasses import replace
 
     from test_gpu_worker import _cfg, _fake_gpu_outputs, _shim_log
 
-    from uvmlab.gpu import collect
-    from uvmlab.gpu.detect import GpuStatus
-    from uvmlab.gpu.runner import GpuRunOptions, plan_run
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
+    from uvmlab.measure.gpu import collect
+    from uvmlab.measure.gpu.detect import GpuStatus
+    from uvmlab.measure.gpu.runner import GpuRunOptions, plan_run
 
     cfg = replace(_cfg(), pca=True)  # peaks from the worker; the memory and kernel tables from the export
     status = GpuStatus(True, "", "Fake GPU", 80 * (1 << 30), "1", "13.0", 0, 1)

@@ -16,15 +16,15 @@ import pytest
 
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.gpu import shim
-from uvmlab.gpu.detect import GpuStatus
-from uvmlab.gpu.runner import REQUIRED_ALLOC_CONF, GpuRunOptions, build_alloc_conf, format_plan, plan_run
+from uvmlab.measure.gpu import shim
+from uvmlab.measure.gpu.detect import GpuStatus
+from uvmlab.measure.gpu.runner import REQUIRED_ALLOC_CONF, GpuRunOptions, build_alloc_conf, format_plan, plan_run
 from uvmlab.units import GiB
 
 GOLDEN = Path(__file__).parent / "golden"
 NO_GPU = GpuStatus(False, "no NVIDIA driver (test)")
 FOOTPRINTS = {
-    # Fixed stand-ins (bytes) so the goldens test the plan, not the estimator (uvmlab.simulate owns that number).
+    # Fixed stand-ins (bytes) so the goldens test the plan, not the estimator (uvmlab.uvm.simulate owns that number).
     "alexnet": 6 * GiB,
     "resnet50": 14 * GiB,
     "resnet101": 20 * GiB,
@@ -73,7 +73,7 @@ def test_plan_rules(workload: str, factor: float, pca: bool) -> None:
     assert "UVMLAB_BALLOON_LEAVE_BYTES" not in base.env
     assert run.env["UVMLAB_ALLOC_LOG"] == "/RUN/logs/run.alloc.bin"
     assert run.argv[:2] == ("nsys", "profile") and "--cuda-um-gpu-page-faults=true" in run.argv
-    assert run.argv[-6:] == (sys.executable, "-m", "uvmlab.gpu.worker", "/RUN", "--role", "run")
+    assert run.argv[-6:] == (sys.executable, "-m", "uvmlab.measure.gpu.worker", "/RUN", "--role", "run")
     assert plan.step("export").argv[-1] == "/RUN/logs/profile.nsys-rep"
     assert any("no GPU here" in n for n in plan.notes)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from uvmlab.errors import InputError
-from uvmlab.gpu import shim
+from uvmlab.measure.gpu import shim
 
 STUBS = Path(__file__).parent / "stubs"
 GiB = 1 << 30
@@ -406,7 +406,8 @@ def test_top_level_csrc_is_the_packaged_source_and_its_makefile_uses_the_same_fl
 
 
 _FAKE_WORKER = """#!{python}
-# Stands in for `python -m uvmlab.gpu.worker RUNDIR --role ROLE` on a machine without a GPU: it allocates through
+# Stands in for `python -m uvmlab.measure.gpu.worker RUNDIR --role ROLE` on a machine without a GPU: it allocates
+# through
 # the global cudaMalloc (the preloaded shim, in front of the stub runtime) and writes what the real worker writes,
 # with PyTorch's answers: with PYTORCH_NO_CUDA_MEMORY_CACHING set its allocator counters read 0. Its capacity probe
 # reads the stub's cudaMemGetInfo and the shim's counters after freeing everything, as the real worker does.
@@ -414,7 +415,7 @@ import ctypes, json, os, sys, time
 from pathlib import Path
 import pandas as pd
 args = sys.argv[1:]
-assert args[:2] == ["-m", "uvmlab.gpu.worker"], args
+assert args[:2] == ["-m", "uvmlab.measure.gpu.worker"], args
 rundir, role = Path(args[2]), args[args.index("--role") + 1]
 ctypes.CDLL({cudart!r}, mode=ctypes.RTLD_GLOBAL)
 lib = ctypes.CDLL(None)
@@ -457,9 +458,9 @@ def _stub_run(built, tmp_path, monkeypatch, *, pca: bool, context: int = 256 * M
     """run_gpu through the stub runtime (a 16 GiB card whose context and other tenants take ``context``) with
     --footprint measure and --baseline (test_run_gpu_end_to_end_with_the_stub_runtime checks the whole result)."""
     from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.gpu import runner
-    from uvmlab.gpu.detect import GpuStatus
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
+    from uvmlab.measure.gpu import runner
+    from uvmlab.measure.gpu.detect import GpuStatus
 
     total = 16 * GiB
     tmp_path.mkdir(parents=True, exist_ok=True)

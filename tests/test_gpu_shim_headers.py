@@ -1,4 +1,4 @@
-"""Compile-time check of the shim's CUDA declarations (uvmlab/gpu/csrc/uvmlab_cuda_abi.h) against the real CUDA
+"""Compile-time check of the shim's CUDA declarations (uvmlab/measure/gpu/csrc/uvmlab_cuda_abi.h) against the real CUDA
 runtime headers: tests/stubs/check_cuda_abi.cpp static_asserts every intercepted or called signature and every
 constant. Runs for each CUDA 13 and CUDA 12 installation under /usr/local/cuda* (skipped, with the reason, where
 none is installed; CI and the project's machines have CUDA 13)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.gpu import shim
+from uvmlab.measure.gpu import shim
 
 CHECK = Path(__file__).parent / "stubs" / "check_cuda_abi.cpp"
 

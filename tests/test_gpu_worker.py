@@ -12,13 +12,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from uvmlab.atomic import atomic_write_json
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import UnavailableError
-from uvmlab.gpu import collect
-from uvmlab.gpu.detect import GpuStatus
-from uvmlab.gpu.runner import GpuRunOptions, plan_run, run_gpu
-from uvmlab.rundir import RunDir
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.rundir import RunDir
+from uvmlab.measure.gpu import collect
+from uvmlab.measure.gpu.detect import GpuStatus
+from uvmlab.measure.gpu.runner import GpuRunOptions, plan_run, run_gpu
 from uvmlab.stats.schema import ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS
 from uvmlab.units import GiB
 
@@ -34,7 +34,7 @@ def _cfg(**kw) -> RunConfig:
 def test_worker_runs_the_training_loop(tmp_path: Path) -> None:
     """In-process (the child-process entry point is exercised by the next test; torch imports once per session)."""
     pytest.importorskip("torch")
-    from uvmlab.gpu.worker import main
+    from uvmlab.measure.gpu.worker import main
 
     cfg = _cfg()
     atomic_write_json(tmp_path / "config.json", {**cfg.to_dict(), "gpu_options": {"footprint": "estimate"}})
@@ -55,7 +55,7 @@ def test_worker_with_a_missing_cuda_device_is_one_sentence(tmp_path: Path) -> No
     pytest.importorskip("torch")
     atomic_write_json(tmp_path / "config.json", _cfg().to_dict())
     proc = subprocess.run(
-        [sys.executable, "-m", "uvmlab.gpu.worker", str(tmp_path)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "uvmlab.measure.gpu.worker", str(tmp_path)], capture_output=True, text=True, timeout=600
     )
     import torch
 
@@ -158,7 +158,7 @@ def test_collect_without_baseline_has_no_slowdown(tmp_path: Path) -> None:
 
 
 def test_run_gpu_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:
-    from uvmlab.gpu.detect import gpu_status
+    from uvmlab.measure.gpu.detect import gpu_status
 
     if gpu_status().available:
         pytest.skip("a GPU is present")
@@ -169,7 +169,7 @@ def test_run_gpu_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:
 
 
 def test_execute_step_runs_argv_with_its_environment_and_no_shell(tmp_path: Path) -> None:
-    from uvmlab.gpu.runner import Step, execute_step
+    from uvmlab.measure.gpu.runner import Step, execute_step
 
     code = "import os, sys; print(os.environ['UVMLAB_X']); print(sys.argv[1]); sys.exit(3)"
     step = Step("probe", (sys.executable, "-c", code, "a b; echo not-a-shell"), {"UVMLAB_X": "42"}, str(tmp_path), "")
@@ -193,7 +193,7 @@ def test_dry_run_returns_the_plan_and_writes_nothing(tmp_path: Path) -> None:
 def test_a_stray_parent_environment_does_not_reach_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 5: steps merged os.environ, so an inherited PYTORCH_NO_CUDA_MEMORY_CACHING turned a --pca on run
     uncached and an inherited UVMLAB_BALLOON_DONE disabled the balloon."""
-    from uvmlab.gpu.runner import execute_step
+    from uvmlab.measure.gpu.runner import execute_step
 
     stray = {
         "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
@@ -227,7 +227,7 @@ def test_worker_memory_helpers_without_a_gpu() -> None:
     the cache."""
     import types
 
-    from uvmlab.gpu import worker
+    from uvmlab.measure.gpu import worker
 
     assert worker.caching_disabled({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}) is True
     assert worker.caching_disabled({}) is False
@@ -254,7 +254,7 @@ def test_worker_memory_helpers_without_a_gpu() -> None:
 
 
 def test_effective_factor_arithmetic() -> None:
-    from uvmlab.gpu.balloon import plan_balloon
+    from uvmlab.measure.gpu.balloon import plan_balloon
 
     b = plan_balloon(16 * GiB, 4.0, 80 * GiB, 512 << 20, host_memory_bytes=512 * GiB)
     probe = {"free_bytes": b.leave_bytes, "live_managed_bytes": 0}

@@ -9,8 +9,8 @@ import sys
 def test_sim_nsys_report_do_not_import_torch() -> None:
     code = (
         "import importlib, pkgutil, sys\n"
-        "import uvmlab.sim, uvmlab.nsys, uvmlab.report, uvmlab.stats\n"
-        "for pkg in (uvmlab.sim, uvmlab.nsys, uvmlab.report, uvmlab.stats):\n"
+        "import uvmlab.sim, uvmlab.measure.nsys, uvmlab.report, uvmlab.stats\n"
+        "for pkg in (uvmlab.sim, uvmlab.measure.nsys, uvmlab.report, uvmlab.stats):\n"
         "    for m in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
         "import uvmlab.trace.schema\n"

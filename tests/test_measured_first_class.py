@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from uvmlab.cli import main
-from uvmlab.compare import RAW_FAULTS_FIGURE, Run, compare_runs, mismatch_warnings, percent
+from uvmlab.measure.compare import RAW_FAULTS_FIGURE, Run, compare_runs, mismatch_warnings, percent
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")

@@ -1,4 +1,4 @@
-"""Interval attribution (uvmlab.nsys.attribute.assign) against a brute-force reference."""
+"""Interval attribution (uvmlab.measure.nsys.attribute.assign) against a brute-force reference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uvmlab.nsys.attribute import assign
+from uvmlab.measure.nsys.attribute import assign
 
 
 def brute(es, ee, eg, ks, ke, kg):

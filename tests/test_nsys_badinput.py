@@ -13,9 +13,9 @@ import pytest
 
 from uvmlab.cli import main
 from uvmlab.errors import InputError
-from uvmlab.nsys.read import open_export
-from uvmlab.nsys.stats import summarize
-from uvmlab.nsys.synthetic import write_synthetic_export
+from uvmlab.measure.nsys.read import open_export
+from uvmlab.measure.nsys.stats import summarize
+from uvmlab.measure.nsys.synthetic import write_synthetic_export
 
 GH200 = "cudamicrobench_gh200_um_gpu_faults_nsys2023.4.4.sqlite"
 

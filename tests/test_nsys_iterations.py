@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.cli import main
-from uvmlab.nsys.measured import import_export
-from uvmlab.nsys.read import open_export
-from uvmlab.nsys.stats import summarize
-from uvmlab.nsys.synthetic import PHASES, write_synthetic_export
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
+from uvmlab.measure.nsys.measured import import_export
+from uvmlab.measure.nsys.read import open_export
+from uvmlab.measure.nsys.stats import summarize
+from uvmlab.measure.nsys.synthetic import PHASES, write_synthetic_export
 from uvmlab.stats.schema import TABLE_COLUMNS
 
 INDEPENDENT_SQL = """

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.nsys import schema as S
-from uvmlab.nsys.read import open_export
-from uvmlab.nsys.stats import summarize
+from uvmlab.measure.nsys import schema as S
+from uvmlab.measure.nsys.read import open_export
+from uvmlab.measure.nsys.stats import summarize
 
 pytestmark = pytest.mark.real_data
 

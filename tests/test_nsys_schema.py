@@ -7,7 +7,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from uvmlab.nsys import schema as S
+from uvmlab.measure.nsys import schema as S
 
 
 def flags(**kv: bool) -> S.CaptureFlags:
@@ -63,7 +63,7 @@ def test_version_sources(tmp_path) -> None:
 
 
 def test_pid_decoding() -> None:
-    from uvmlab.nsys.read import _pid  # what every table reader uses
+    from uvmlab.measure.nsys.read import _pid  # what every table reader uses
 
     pids = _pid(pd.Series([339211836194816, None]))
     assert pids.iloc[0] == 3441385  # CMB, reference/nsys.md §1.9

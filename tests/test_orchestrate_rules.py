@@ -251,7 +251,7 @@ def test_snapshot_orchestrate_estimate_are_torch_free() -> None:
 
     code = (
         "import sys\n"
-        "import uvmlab.trace.snapshot, uvmlab.trace.safe_pickle, uvmlab.trace.orchestrate, uvmlab.estimate\n"
+        "import uvmlab.trace.snapshot, uvmlab.trace.safe_pickle, uvmlab.trace.orchestrate, uvmlab.memory.estimate\n"
         "import uvmlab.cli.estimate_cmds\n"
         "sys.exit(1 if 'torch' in sys.modules else 0)\n"
     )

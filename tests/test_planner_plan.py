@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.errors import InputError, InvariantError
-from uvmlab.sim.planner import PLAN_ALIGN_BYTES, lower_bound_bytes, plan
+from uvmlab.sim.allocator.planner import PLAN_ALIGN_BYTES, lower_bound_bytes, plan
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -89,7 +89,7 @@ def test_fusion_fills_a_bubble_and_is_kept() -> None:
     # fused: b1 reuses a2's slot after time 5 -> height 2 MiB over [0, 10): TMP = 19/20 = 0.95 > 0.79: kept
     import numpy as np
 
-    from uvmlab.sim.planner import _fuse, _Local
+    from uvmlab.sim.allocator.planner import _fuse, _Local
 
     mib = 2**20
     size = np.array([mib, mib, mib])
@@ -110,7 +110,7 @@ def test_plan_as_placement_replays_under_uvm() -> None:
     from eval_helpers import synthetic_job
 
     from uvmlab.gpus import get_gpu
-    from uvmlab.sim.uvm_replay import replay
+    from uvmlab.sim.uvm.replay import replay
 
     job = synthetic_job("a", 3, 4 * 2**20, 4)
     p = plan(job.trace)

@@ -14,9 +14,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uvmlab.replay import replay_snapshot
-from uvmlab.sim.allocconf import AllocatorSettings
-from uvmlab.sim.caching import CachingAllocatorSim
+from uvmlab.memory.replay import replay_snapshot
+from uvmlab.sim.allocator.allocconf import AllocatorSettings
+from uvmlab.sim.allocator.caching import CachingAllocatorSim
 from uvmlab.trace.snapshot import write_snapshot
 
 MiB = 1 << 20

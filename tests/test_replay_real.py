@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import real_data_dir
 from uvmlab.cli import main
 from uvmlab.errors import InputError
-from uvmlab.replay import replay_snapshot
+from uvmlab.memory.replay import replay_snapshot
 
 SNAPDIR = real_data_dir() / "snapshots"
 

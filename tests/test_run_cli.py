@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from uvmlab.cli import main
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
 from uvmlab.stats.schema import RESULT_KEYS, TABLE_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_bad_params_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``gpu_availability`` report no GPU, so the no-GPU paths are tested on every machine."""
     import uvmlab.run as run_mod
-    from uvmlab.gpu.detect import GpuStatus
+    from uvmlab.measure.gpu.detect import GpuStatus
 
     monkeypatch.setattr(run_mod, "gpu_availability", lambda: GpuStatus(False, "no CUDA device found"))
 
@@ -174,9 +174,9 @@ def test_gpt2_main_command(tmp_path: Path) -> None:
 
 def test_gpu_mode_hands_the_flags_to_the_gpu_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a GPU reported, auto mode picks gpu and builds GpuRunOptions from the CLI flags (runner faked)."""
-    import uvmlab.gpu.runner as runner
+    import uvmlab.measure.gpu.runner as runner
     import uvmlab.run as run_mod
-    from uvmlab.gpu.detect import GpuStatus
+    from uvmlab.measure.gpu.detect import GpuStatus
 
     seen: dict = {}
 

@@ -26,7 +26,7 @@ def test_gpu_dry_run_through_the_cli_without_a_gpu(tmp_path, capsys, pca: str) -
 
 def test_gpu_mode_without_gpu_is_one_sentence(capsys, monkeypatch) -> None:
     import uvmlab.run as run_mod
-    from uvmlab.gpu.detect import GpuStatus
+    from uvmlab.measure.gpu.detect import GpuStatus
 
     # report no GPU on every machine (on a GPU machine this command would otherwise really run)
     monkeypatch.setattr(run_mod, "gpu_availability", lambda: GpuStatus(False, "no CUDA device found"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.uvm_synth import make_trace
-from uvmlab import simulate
 from uvmlab.config import RunConfig, WorkloadConfig
-from uvmlab.sim.placement import place
-from uvmlab.sim.uvm_replay import peak_managed_bytes
+from uvmlab.sim.allocator.placement import place
+from uvmlab.sim.uvm.replay import peak_managed_bytes
+from uvmlab.uvm import simulate
 
 
 def test_the_cost_profile_is_picked_once_and_named_in_the_result(monkeypatch: pytest.MonkeyPatch) -> None:

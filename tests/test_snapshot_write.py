@@ -60,7 +60,7 @@ def _tiny_run() -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
 
 def _sim_run() -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     """A run of the caching-allocator simulator."""
-    from uvmlab.sim.caching import CachingAllocatorSim
+    from uvmlab.sim.allocator.caching import CachingAllocatorSim
 
     sim = CachingAllocatorSim(record_events=True)
     live = [sim.malloc(s) for s in (100, 3000, 2 * MiB, 7 * MiB, 30 * MiB, 500)]

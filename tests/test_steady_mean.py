@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uvmlab.gpu.collect import mean_iteration_ns
+from uvmlab.measure.gpu.collect import mean_iteration_ns
 from uvmlab.stats.schema import steady_mean
 
 

@@ -19,7 +19,7 @@ import pytest
 import sweep_fake_run
 
 from uvmlab.errors import InputError
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
 from uvmlab.sweep.aggregate import collect
 from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
 from uvmlab.sweep.slurm import SlurmOptions

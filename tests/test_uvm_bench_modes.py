@@ -1,4 +1,4 @@
-"""uvmbench's modes (uvmlab.sim.uvm_bench: device, prefetch, cudaMemAdvise hints) and the lone-sector efficiency."""
+"""uvmbench's modes (uvmlab.sim.uvm.bench: device, prefetch, cudaMemAdvise hints) and the lone-sector efficiency."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.calibrate_uvm import SECTOR_FIT, bench_measured
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS
-from uvmlab.sim.profile import load_profile
-from uvmlab.sim.timing import CostParams
-from uvmlab.sim.uvm_bench import MODES, RTX5090_TOTAL_BYTES, SECTOR_BYTES, THREADS, simulate_uvmbench
-from uvmlab.sim.uvm_hints import remote_link_ns
-from uvmlab.sim.uvm_knobs import PAGE_BYTES
+from uvmlab.measure.profile_fit import SECTOR_FIT, bench_measured
+from uvmlab.sim.uvm.bench import MODES, RTX5090_TOTAL_BYTES, SECTOR_BYTES, THREADS, simulate_uvmbench
+from uvmlab.sim.uvm.hints import remote_link_ns
+from uvmlab.sim.uvm.knobs import PAGE_BYTES
+from uvmlab.sim.uvm.profile import load_profile
+from uvmlab.sim.uvm.timing import CostParams
 
 GPU = GPUS["RTX5090"]
 COSTS = replace(CostParams(sector_memory_efficiency=0.125), link_bytes_per_s=10e9)

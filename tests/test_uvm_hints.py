@@ -1,4 +1,4 @@
-"""Per-tensor UVM hints (uvmlab.sim.uvm_hints, issue 16): each mechanism on tiny scenarios, then through the replay."""
+"""Per-tensor UVM hints (uvmlab.sim.uvm.hints, issue 16): each mechanism on tiny scenarios, then through the replay."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from tests.uvm_synth import make_trace, nocache_placement, pool_placement
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
-from uvmlab.sim.uvm import UvmSim
-from uvmlab.sim.uvm_hints import plan_hints, prefetch_rows
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
-from uvmlab.sim.uvm_replay import replay
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.hints import plan_hints, prefetch_rows
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm.replay import replay
 
 MiB = 1 << 20
 BLOCK = 2 * MiB

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from uvm_synth import make_trace, nocache_placement, pool_placement
 
 from uvmlab.gpus import GPUS
-from uvmlab.sim.uvm import UvmSim
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
-from uvmlab.sim.uvm_replay import peak_managed_bytes, replay
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm.replay import peak_managed_bytes, replay
 
 MiB = 1 << 20
 GPU = GPUS["A100-80GB"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.validate.titanv_checks import cublas_unique_pages, merge_same_kind, parse_abc, simulate_abc
 
 

@@ -1,4 +1,4 @@
-"""The steps of uvmlab.sim.uvm_replay.replay, each on its own (translate, statics, range events, API kernels)."""
+"""The steps of uvmlab.sim.uvm.replay.replay, each on its own (translate, statics, range events, API kernels)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.gpus import GPUS
-from uvmlab.sim.placement import place
-from uvmlab.sim.timing import CostParams
-from uvmlab.sim.uvm_gcn import gcn_trace
-from uvmlab.sim.uvm_replay import kernel_statics, range_events, replay, translate_accesses
+from uvmlab.sim.allocator.placement import place
+from uvmlab.sim.uvm.gcn import gcn_trace
+from uvmlab.sim.uvm.replay import kernel_statics, range_events, replay, translate_accesses
+from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.schema import NEVER_FREED
 
 GPU = GPUS["RTX5090"]

@@ -1,4 +1,4 @@
-"""Re-reads within one GEMM-like kernel (uvmlab.sim.uvm_reread) and nsys-style migration records."""
+"""Re-reads within one GEMM-like kernel (uvmlab.sim.uvm.reread) and nsys-style migration records."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmlab.gpus import GPUS
-from uvmlab.sim.timing import CostParams
-from uvmlab.sim.uvm import UvmSim
-from uvmlab.sim.uvm_knobs import UvmKnobs
-from uvmlab.sim.uvm_reread import TILE_M, TILE_N, gemm_passes, sm_count, sweep_passes
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import UvmKnobs
+from uvmlab.sim.uvm.reread import TILE_M, TILE_N, gemm_passes, sm_count, sweep_passes
+from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.units import MiB
 
 GPU = GPUS["A100-80GB"]
@@ -105,7 +105,7 @@ def test_passes_conserve_bytes(m: int, n: int, k: int, bias: bool) -> None:
 
 def _gemm_run(cap: int, rereads: bool) -> tuple[int, int]:
     """A 64 MiB x 64 MiB -> 64 MiB fp32 mm on a GPU of ``cap`` bytes: (HtoD bytes, faults) of the kernel."""
-    from uvmlab.sim.uvm_replay import _KernelStatics, _Replayer
+    from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
 
     m = n = 4096
     k = 4096
@@ -175,7 +175,7 @@ def test_htod_records_match_the_exports(real_data: Path) -> None:
 def test_cli_gemm_rereads_knob_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """A 4096 x 2048 MLP at x10: its 80 MiB matmuls exceed the 30-odd MiB left, so the sweeps migrate more."""
     from uvmlab.cli import main
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
 
     monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
     tiny = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from uvmlab.errors import InputError, InvariantError
-from uvmlab.sim.prefetch import prefetch_pages
-from uvmlab.sim.uvm import UvmSim
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm.prefetch import prefetch_pages
 
 MiB = 1 << 20
 BLOCK = 2 * MiB

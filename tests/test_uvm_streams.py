@@ -1,4 +1,4 @@
-"""Interleaved fault arrival (uvmlab.sim.uvm_streams), uvmbench and GCN workloads, prefetch, cost profiles."""
+"""Interleaved fault arrival (uvmlab.sim.uvm.streams), uvmbench and GCN workloads, prefetch, cost profiles."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS
-from uvmlab.sim.profile import load_profile, pick_profile
-from uvmlab.sim.timing import CostParams
-from uvmlab.sim.uvm import UvmSim
-from uvmlab.sim.uvm_bench import simulate_uvmbench
-from uvmlab.sim.uvm_gcn import gcn_trace
-from uvmlab.sim.uvm_knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-from uvmlab.sim.uvm_streams import StreamKernel
+from uvmlab.sim.uvm.bench import simulate_uvmbench
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.gcn import gcn_trace
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.profile import load_profile, pick_profile
+from uvmlab.sim.uvm.streams import StreamKernel
+from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.units import MiB
 
 GPU = GPUS["RTX5090"]
@@ -118,7 +118,7 @@ def test_warp_lanes_advance_in_lockstep() -> None:
 def test_sampled_threads_fill_batches_in_proportion() -> None:
     """A run with 1 stream per ``tid_stride`` threads fetches fault_batch_count / tid_stride entries per batch and
     pays 1 / tid_stride of the turnaround, so the batches it stands for cost what the real ones do."""
-    from uvmlab.calibrate_uvm import FAULT_PATH
+    from uvmlab.measure.profile_fit import FAULT_PATH
 
     costs = replace(CostParams(), **{f: 0.0 for f in FAULT_PATH if f != "batch_turnaround_ns"})
     out = {}
@@ -139,7 +139,7 @@ def _lcg_c(x: int) -> int:
 
 def test_lcg_order_is_rand_chunk_kernel_sequence() -> None:
     """lcg_page_order reproduces synthetic.cuh rand_chunk_kernel page by page, repeats included."""
-    from uvmlab.sim.uvm_streams import lcg_page_order
+    from uvmlab.sim.uvm.streams import lcg_page_order
 
     n_valid = np.array([63] * 40 + [17, 0])
     got = lcg_page_order(n_valid, 63, 0x12345678, tid_stride=16)
@@ -152,7 +152,7 @@ def test_lcg_order_is_rand_chunk_kernel_sequence() -> None:
 
 def test_lcg_order_skips_pages_when_step_shares_a_factor() -> None:
     """With 63 pages per chunk (uvmbench 1.0x) a third of the pages is never touched (module docstring)."""
-    from uvmlab.sim.uvm_streams import lcg_page_order
+    from uvmlab.sim.uvm.streams import lcg_page_order
 
     got = lcg_page_order(np.full(4096, 63), 63, 0x12345678, tid_stride=16)
     distinct = np.array([len(set(r.tolist())) for r in got])
@@ -200,7 +200,7 @@ def test_visits_order_touches_exactly_the_listed_pages() -> None:
 def test_pointer_chase_visits_follow_init_chunks_kernel() -> None:
     """chase_visits reproduces synthetic.cuh: node i's next is chunk_start + lcg(i) % nodes_per_chunk, from the
     chunk's first node, 8 loads; sampled thread i is real thread i * tid_stride."""
-    from uvmlab.sim.uvm_bench import CHASE_STEPS, chase_visits
+    from uvmlab.sim.uvm.bench import CHASE_STEPS, chase_visits
 
     npc, stride = 341 * 141, 16
     got = chase_visits(5, npc, stride)
@@ -276,7 +276,7 @@ def check_stream_kernel(
     assert sim.used_bytes <= sim.capacity_bytes
 
 
-MAX_WALK_PAGES = 256
+MAX_WALK_PAGES = 128
 """The property test's bound on the pages one thread walks. Past it a thrashing single-thread walk costs one fault
 batch per page, seconds of simulation that test no new rule (the long walk has its own regression test below)."""
 
@@ -335,7 +335,7 @@ def test_gcn_user_prefetch_prefetches_every_tensor() -> None:
 
 
 def test_uvmbench_scale_invariance() -> None:
-    """The scaled-down uvmbench run gives the same time at two scales (uvmlab.sim.uvm_bench approximation)."""
+    """The scaled-down uvmbench run gives the same time at two scales (uvmlab.sim.uvm.bench approximation)."""
     costs = load_profile("RTX5090")
     a = simulate_uvmbench("seq_stream", 1.25, costs=costs, scale=16).median_ms
     b = simulate_uvmbench("seq_stream", 1.25, costs=costs, scale=32).median_ms
@@ -368,7 +368,7 @@ def test_profile_rule() -> None:
 
 
 def test_scaled_fault_path_changes_only_fault_constants() -> None:
-    from uvmlab.calibrate_uvm import FAULT_PATH, scaled
+    from uvmlab.measure.profile_fit import FAULT_PATH, scaled
 
     base = CostParams()
     s = scaled(base, 0.5)
@@ -403,7 +403,7 @@ def test_uvmbench_check_meets_targets(real_data: Path) -> None:
 
 
 def test_gcn_5m_7m_within_targets(real_data: Path) -> None:
-    from uvmlab.calibrate_uvm import gcn_epoch_s, gcn_measured
+    from uvmlab.measure.profile_fit import gcn_epoch_s, gcn_measured
 
     costs = load_profile("RTX5090")
     uvm = real_data / "uvm"
@@ -419,7 +419,7 @@ def test_gcn_7m_user_prefetch_speedup_within_target(real_data: Path) -> None:
     """Issue 16 acceptance at 7M (not fitted): the advisor's prefetch-on-alloc speedup over plain UVM within 1.5x
     of the measured with-user-prefetch speedup (6.28x); it was 9.6x (1.53x too high) when a prefetch skipped the
     fresh-block cost."""
-    from uvmlab.calibrate_uvm import gcn_epoch_s, gcn_measured
+    from uvmlab.measure.profile_fit import gcn_epoch_s, gcn_measured
 
     costs = load_profile("RTX5090")
     uvm = real_data / "uvm"
@@ -437,7 +437,7 @@ def test_calibrate_uvm_timings_reproduces_the_shipped_profile(real_data: Path, t
     from click.testing import CliRunner
 
     from uvmlab.cli import cli
-    from uvmlab.sim.profile import PROFILE_DIR
+    from uvmlab.sim.uvm.profile import PROFILE_DIR
 
     out = tmp_path / "p.json"
     res = CliRunner().invoke(cli, ["calibrate", "--uvm-timings", str(real_data / "uvm"), "-o", str(out)])
@@ -488,7 +488,7 @@ def test_a_kernel_that_cannot_progress_raises_instead_of_spinning(monkeypatch: p
     """The guard: batches that complete nothing (here a service that never makes a page resident) end in one
     clear error after STALL_BATCH_LIMIT batches, not in an endless loop."""
     from uvmlab.errors import SimulationStalledError
-    from uvmlab.sim.uvm_streams import STALL_BATCH_LIMIT
+    from uvmlab.sim.uvm.streams import STALL_BATCH_LIMIT
 
     sim = UvmSim(4 * VA_BLOCK_BYTES, None, CostParams(), GPU)
     sim.map_range(0, VA_BLOCK_BYTES)

@@ -10,7 +10,7 @@ import pytest
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS
-from uvmlab.sim.timing import CostParams, kernel_time_ns, transfer_bandwidth, transfer_time_ns
+from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_bandwidth, transfer_time_ns
 
 
 def test_param_file_round_trip(tmp_path: Path) -> None:

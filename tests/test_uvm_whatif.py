@@ -1,4 +1,4 @@
-"""The footprint what-if (uvmlab.sim.uvm_whatif): the cold pad, the working sets, and default runs unchanged."""
+"""The footprint what-if (uvmlab.sim.uvm.whatif): the cold pad, the working sets, and default runs unchanged."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from uvmlab.config import RunConfig, WorkloadConfig
-from uvmlab.sim.uvm_replay import managed_chunk_bytes, translate_accesses
-from uvmlab.sim.uvm_whatif import knee, pad_cold, study_target_bytes, working_sets
-from uvmlab.simulate import prepare, simulate_prepared
+from uvmlab.sim.uvm.replay import managed_chunk_bytes, translate_accesses
+from uvmlab.sim.uvm.whatif import knee, pad_cold, study_target_bytes, working_sets
+from uvmlab.uvm.simulate import prepare, simulate_prepared
 
 SMALL = WorkloadConfig("alexnet", batch_size=16, options={"image_size": 64, "num_classes": 10}, iterations=2)
 COUNTS = ("fault_count", "read_fault_count", "htod_count", "htod_bytes", "dtoh_count", "dtoh_bytes", "eviction_count")
@@ -89,7 +89,7 @@ def test_default_grid_rows_are_unpadded(monkeypatch: pytest.MonkeyPatch) -> None
     grid = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid)
     monkeypatch.setattr(grid, "FACTORS", (1.0, 4.0))
-    monkeypatch.setitem(grid.STUDY_FOOTPRINT_MB, "alexnet", 4096)  # the shared uvmlab.study dict: restored after
+    monkeypatch.setitem(grid.STUDY_FOOTPRINT_MB, "alexnet", 4096)  # the shared uvmlab.uvm.study dict: restored after
     base = prepare(RunConfig(WorkloadConfig("alexnet", iterations=2), oversub=1.0, pca=True, mode="sim"))
     rows = grid.run_pair("alexnet", True, 2)
     assert all("pad_mb" not in r for r in rows)

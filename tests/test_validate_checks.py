@@ -16,7 +16,7 @@ from uvmlab.validate.titanv_checks import merge_same_kind, parse_abc
 
 
 def test_raw_totals_and_parser_agree_on_a_synthetic_export(tmp_path: Path) -> None:
-    from uvmlab.nsys.synthetic import write_synthetic_export
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
 
     path = tmp_path / "synthetic.sqlite"
     truth = write_synthetic_export(path, faults=300, migrations=120, seed=3)
@@ -31,9 +31,9 @@ def test_raw_totals_and_parser_agree_on_a_synthetic_export(tmp_path: Path) -> No
 
 @pytest.mark.real_data
 def test_link_fit_on_htod_only_differs_from_the_fit_on_both(real_data: Path) -> None:
-    from uvmlab.calibrate import fit_link_bandwidth
-    from uvmlab.nsys import schema as S
-    from uvmlab.nsys.read import open_export
+    from uvmlab.measure.calibrate import fit_link_bandwidth
+    from uvmlab.measure.nsys import schema as S
+    from uvmlab.measure.nsys.read import open_export
 
     with open_export(real_data / "nsys" / "csc746_a100_um_migrations_nsys2022.2.1.sqlite") as ex:
         both, d_both = fit_link_bandwidth(ex)

@@ -61,7 +61,7 @@ def test_a_broken_prediction_lowers_the_count_and_fails(
     real_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Make the transfer model 3x too slow: the DtoH validation points leave their band, the command exits 1."""
-    import uvmlab.sim.timing as timing
+    import uvmlab.sim.uvm.timing as timing
 
     args = [str(real_data), "--check", "nsys-link"]
     rc, good = _run_json(args, capsys)
@@ -79,7 +79,7 @@ def test_a_uvm_model_regression_fails_the_titanv_check(
 ) -> None:
     """Split the warp's faults into 16-page batches (as a model that ignored the warp's concurrency would): the
     per-kind VA blocks and the fault totals no longer match the logs."""
-    from uvmlab.sim.uvm_knobs import UvmKnobs
+    from uvmlab.sim.uvm.knobs import UvmKnobs
     from uvmlab.validate import titanv_checks
 
     original = titanv_checks.simulate_abc

@@ -11,8 +11,8 @@ import pytest
 from uvmlab.cli import main
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.estimate import estimate
 from uvmlab.gpus import get_gpu
+from uvmlab.memory.estimate import estimate
 from uvmlab.trace.capture import capture_trace
 from workloads.registry import load_workload, workload_identity
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from uvmlab.advise.advisor import advise
-from uvmlab.atomic import atomic_write_text
 from uvmlab.config import RunConfig, WorkloadConfig
+from uvmlab.files.atomic import atomic_write_text
 from uvmlab.units import format_bytes
 
 WORKLOADS = ("alexnet", "resnet50", "resnet101", "gpt2", "bert", "whisper-small")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from uvmlab.atomic import atomic_write_text
 from uvmlab.cli import cli
+from uvmlab.files.atomic import atomic_write_text
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 

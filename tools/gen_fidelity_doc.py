@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvmlab.atomic import atomic_write_text, atomic_write_with
+from uvmlab.files.atomic import atomic_write_text, atomic_write_with
 from uvmlab.validate.figure import scorecard_figure
 from uvmlab.validate.scorecard import Scorecard, usable_cpus, validate
 

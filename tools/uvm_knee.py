@@ -1,7 +1,7 @@
 """Each seed-grid workload's working sets and knees, with uvmlab's footprint and with the study's (analysis only).
 
 The knee of a working set ``ws`` is the oversubscription factor footprint / ws beyond which it no longer fits in
-the memory UVM may use (``uvmlab.sim.uvm_whatif``). Working sets are measured from the trace's kernel accesses
+the memory UVM may use (``uvmlab.sim.uvm.whatif``). Working sets are measured from the trace's kernel accesses
 through the placement (chunk-rounded 2 MiB VA blocks, one steady iteration: the last of ``--iterations``). The
 study's footprints are its Table 2 (seeds/003); using them assumes the study's extra footprint is cold (allocated,
 never touched), which is the hypothesis under test, not a fact. Prints a Markdown table and writes OUT/knees.csv;
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from uvmlab import study
-from uvmlab.sim.uvm_whatif import PHASES, knee, working_sets
+from uvmlab.sim.uvm.whatif import PHASES, knee, working_sets
+from uvmlab.uvm import study
 
 STUDY_PCA_MEAN, STUDY_PCA_MAX = study.HEADLINES["mean_slowdown_pca"], study.HEADLINES["max_slowdown_pca"]
 STUDY_DROPS = study.DROPS
@@ -28,7 +28,7 @@ WS_KEYS = ("kernel_max", *(f"{p}_union" for p in PHASES), "iteration_union")
 def knee_rows(workloads: list[str], iterations: int, pcas: tuple[bool, ...]) -> pd.DataFrame:
     """One row per (workload, PCA): footprints, working sets (MiB) and knees with both footprints."""
     from uvmlab.config import RunConfig, WorkloadConfig
-    from uvmlab.simulate import prepare
+    from uvmlab.uvm.simulate import prepare
 
     rows = []
     for w in workloads:

@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "WorkloadConfig": "uvmlab.config",
     "RunConfig": "uvmlab.config",
     "get_gpu": "uvmlab.gpus",
-    "RunDir": "uvmlab.rundir",
+    "RunDir": "uvmlab.files.rundir",
     # traces (capture needs torch)
     "capture_trace": "uvmlab.trace.capture",
     "get_trace": "uvmlab.trace.cache",
@@ -43,19 +43,19 @@ _EXPORTS: dict[str, str] = {
     "read_snapshot": "uvmlab.trace.snapshot",
     "write_snapshot": "uvmlab.trace.snapshot",
     # allocator simulation and estimation
-    "place": "uvmlab.sim.placement",
-    "estimate": "uvmlab.estimate",
-    "replay_snapshot": "uvmlab.replay",
+    "place": "uvmlab.sim.allocator.placement",
+    "estimate": "uvmlab.memory.estimate",
+    "replay_snapshot": "uvmlab.memory.replay",
     # UVM simulation and runs
-    "simulate_run": "uvmlab.simulate",
-    "footprint_bytes": "uvmlab.simulate",
+    "simulate_run": "uvmlab.run",
+    "footprint_bytes": "uvmlab.uvm.simulate",
     "run": "uvmlab.run",
     # measurement
-    "open_export": "uvmlab.nsys.read",
-    "summarize": "uvmlab.nsys.stats",
-    "import_export": "uvmlab.nsys.measured",
-    "compare_runs": "uvmlab.compare",
-    "calibrate": "uvmlab.calibrate",
+    "open_export": "uvmlab.measure.nsys.read",
+    "summarize": "uvmlab.measure.nsys.stats",
+    "import_export": "uvmlab.measure.nsys.measured",
+    "compare_runs": "uvmlab.measure.compare",
+    "calibrate": "uvmlab.measure.calibrate",
     # sweeps and reports
     "load_spec": "uvmlab.sweep.spec",
     "run_sweep": "uvmlab.sweep.runner",
@@ -63,8 +63,8 @@ _EXPORTS: dict[str, str] = {
     "build_report": "uvmlab.report.build",
     # evaluation, fragmentation, collocation
     "evaluate": "uvmlab.evaluate.harness",
-    "characterize_source": "uvmlab.fragmentation",
-    "colocate_workloads": "uvmlab.colocate",
+    "characterize_source": "uvmlab.evaluate.fragmentation",
+    "colocate_workloads": "uvmlab.memory.colocate",
     # fidelity scorecard
     "validate": "uvmlab.validate.scorecard",
 }
@@ -102,7 +102,7 @@ def _trace(x: Any) -> Any:
 
 
 def _rundir(x: Any) -> Any:
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
 
     return x if isinstance(x, RunDir) else RunDir(_path_of(x))
 
@@ -152,8 +152,8 @@ _KWARGS: dict[str, dict[str, Callable[[Any], Any]]] = {
 
 def _summarize(ex: Any, *args: Any, **kwargs: Any) -> Any:
     """``summarize`` of an opened export, or of a path (opened and closed here)."""
-    from uvmlab.nsys.read import open_export
-    from uvmlab.nsys.stats import summarize
+    from uvmlab.measure.nsys.read import open_export
+    from uvmlab.measure.nsys.stats import summarize
 
     if _is_path(ex):
         with open_export(ex) as opened:
@@ -163,7 +163,7 @@ def _summarize(ex: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _characterize_source(source: Any, *args: Any, **kwargs: Any) -> Any:
     """``characterize_source`` of a workload name, snapshot or trace path, a read snapshot, or a Trace object."""
-    from uvmlab.fragmentation import characterize, characterize_source
+    from uvmlab.evaluate.fragmentation import characterize, characterize_source
     from uvmlab.trace.schema import Trace
 
     if isinstance(source, Trace):

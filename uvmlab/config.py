@@ -112,6 +112,33 @@ def check_oversub(value: float) -> float:
 
 
 @dataclass(frozen=True)
+class AppliedPolicy:
+    """A memory policy of ``uvmlab advise`` resolved into what the layers below act on (``RunConfig.applied``).
+
+    It is set once, where the user names the policy (``uvmlab run``, ``advise``, ``sweep``:
+    ``uvmlab.advise.advisor.resolve_policy``); the simulator, the estimator, the GPU path and the exports read only
+    this, never the policy catalogue (``uvmlab.advise.policies``)."""
+
+    name: str
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` entries the policy adds."""
+    release_each_iteration: bool = False
+    """``torch.cuda.empty_cache()`` after each optimizer step."""
+    offload_optimizer: bool = False
+    """Optimizer state and step on the host (``uvmlab.trace.offload``)."""
+    gpu_env: tuple[tuple[str, str], ...] = ()
+    """Environment of a real GPU run that applies the policy (shim options, PyTorch variables)."""
+    gpu_notes: tuple[str, ...] = ()
+    """What the policy needs on a GPU host that a plan cannot set for one process."""
+    available_bytes: int | None = None
+    """GPU memory of the job as given (its footprint / oversub): the policy runs on the same GPU as that job."""
+
+    def env(self, key: str) -> str | None:
+        """The policy's GPU environment value of ``key`` (None: not set)."""
+        return dict(self.gpu_env).get(key)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run: a workload under UVM at an oversubscription factor, with PCA on or off."""
 
@@ -125,10 +152,13 @@ class RunConfig:
     params_file: str | None = None
     """JSON file of simulator cost parameters (uvmlab calibrate writes one)."""
     sim_options: dict[str, Any] = field(default_factory=dict)
-    """Simulator knobs mirroring the UVM driver's module parameters (see uvmlab.sim.uvm)."""
+    """Simulator knobs mirroring the UVM driver's module parameters (see uvmlab.sim.uvm.driver)."""
     policy: str | None = None
-    """A memory policy of ``uvmlab advise`` (uvmlab.advise.policies), e.g. ``release-each-iteration``; its
-    allocator settings and driver knobs are applied when the run is prepared (``RunConfig.with_policy``)."""
+    """A memory policy of ``uvmlab advise`` (uvmlab.advise.policies), e.g. ``release-each-iteration``, as the user
+    named it; ``applied`` holds what it resolves to."""
+    applied: AppliedPolicy | None = field(default=None, compare=False)
+    """``policy`` resolved (set by ``uvmlab.advise.advisor.resolve_policy``; not part of ``to_dict``: it follows
+    from ``policy``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "oversub", check_oversub(self.oversub))
@@ -139,13 +169,14 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (config.json, hashing)."""
         d = asdict(self)
+        d.pop("applied")
         d["workload"] = self.workload.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         """Inverse of :meth:`to_dict`; unknown keys are an InputError naming the known ones."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"applied"}
         unknown = set(d) - known
         if unknown:
             raise InputError(f"unknown run config keys {sorted(unknown)}; known keys: {sorted(known)}")
@@ -162,3 +193,17 @@ class RunConfig:
         """A stable 12-hex-digit hash of the configuration (names sweep run directories)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be)."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"--option takes KEY=VALUE, not {pair!r}")
+        try:
+            result[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[key] = raw
+    return result

@@ -1,8 +1,8 @@
 """``uvmlab run``: one workload under UVM at one oversubscription factor, PCA on or off, simulated or on a GPU.
 
-Mode ``auto`` runs on the GPU only where ``uvmlab.gpu.detect.gpu_status()`` reports a CUDA device and the shim;
+Mode ``auto`` runs on the GPU only where ``uvmlab.measure.gpu.detect.gpu_status()`` reports a CUDA device and the shim;
 otherwise it runs the simulator and says so in one line on stderr. Mode ``gpu`` without a GPU is an
-UnavailableError naming what is missing. Both modes write the same run directory (uvmlab.rundir.RunDir).
+UnavailableError naming what is missing. Both modes write the same run directory (uvmlab.files.rundir.RunDir).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from uvmlab.advise.policies import get_policy
+from uvmlab.advise.advisor import resolve_policy
 from uvmlab.config import RunConfig
 from uvmlab.console import note
 from uvmlab.errors import InputError, UnavailableError
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
 from uvmlab.units import parse_bytes
 
 
@@ -44,8 +44,8 @@ class RunResult:
 
 
 def gpu_availability() -> Any:
-    """Whether GPU mode can run here: ``uvmlab.gpu.detect.gpu_status()`` (``.available``, ``.reason``)."""
-    from uvmlab.gpu.detect import gpu_status
+    """Whether GPU mode can run here: ``uvmlab.measure.gpu.detect.gpu_status()`` (``.available``, ``.reason``)."""
+    from uvmlab.measure.gpu.detect import gpu_status
 
     return gpu_status()
 
@@ -86,7 +86,7 @@ def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> s
 
 def _gpu_run_options(gpu_options: Any) -> Any:
     """``GpuRunOptions`` from the CLI's dict of GPU flags (or pass one through)."""
-    from uvmlab.gpu.runner import GpuRunOptions
+    from uvmlab.measure.gpu.runner import GpuRunOptions
 
     if gpu_options is None:
         return GpuRunOptions()
@@ -122,22 +122,25 @@ def run(
     from workloads.registry import load_workload
 
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
-    if cfg.policy and snapshot is not None and get_policy(cfg.policy).release_each_iteration:  # before any removal
+    given = cfg
+    if cfg.policy and cfg.applied is None:  # the one place a run's policy is resolved (an unknown name: one sentence)
+        cfg = resolve_policy(cfg, progress=capture_progress)
+    if cfg.applied is not None and snapshot is not None and cfg.applied.release_each_iteration:  # before any removal
         raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
     )
     mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
-    path = Path(out) if out is not None else default_run_dir(cfg)
-    if not dry_run:  # before anything runs or is removed: an existing file needs --force (uvmlab.outputs)
+    path = Path(out) if out is not None else default_run_dir(given)
+    if not dry_run:  # before anything runs or is removed: an existing file needs --force (uvmlab.files.outputs)
         _check_output_files(cfg, force, {"--snapshot": snapshot if mode == "sim" else None, "--timeline": timeline})
     rundir = RunDir(path, figure_format=figure_format)
     if mode == "gpu":
-        from uvmlab.gpu.runner import run_gpu
+        from uvmlab.measure.gpu.runner import run_gpu
 
         opts = _gpu_run_options(gpu_options)
-        if cfg.policy:
-            cfg, opts = _gpu_policy(cfg, opts)
+        if cfg.applied is not None:
+            opts = _gpu_policy(given, cfg, opts)
         if not dry_run:
             rundir.prepare(force=force)
         with rundir:  # releases the writer's lock
@@ -153,12 +156,18 @@ def run(
         used = sorted(k for k, v in gpu_options.items() if v not in (None, False))
         if used:
             note(f"{', '.join('--' + k.replace('_', '-') for k in used)} only apply to --mode gpu; ignored")
-    from uvmlab.simulate import simulate_run
+    from uvmlab.uvm.simulate import simulate_run
 
     rundir.prepare(force=force)
     with rundir:  # releases the writer's lock
         result = simulate_run(
-            cfg, rundir, progress=progress, capture_progress=capture_progress, snapshot=snapshot, timeline=timeline
+            cfg,
+            rundir,
+            progress=progress,
+            capture_progress=capture_progress,
+            snapshot=snapshot,
+            timeline=timeline,
+            given=given,
         )
     eff = result.get("effective_oversub")
     if not quiet and eff is not None and eff > cfg.oversub * 1.001:
@@ -172,7 +181,7 @@ def run(
 def _check_output_files(cfg: RunConfig, force: bool, files: dict[str, Path | str | None]) -> None:
     """Refuse an extra output file (``--snapshot``, ``--timeline``) that is the workload file, a folder, or an
     existing file without ``force``."""
-    from uvmlab.outputs import check_output_file
+    from uvmlab.files.outputs import check_output_file
 
     workload = Path(cfg.workload.workload)
     inputs = [workload] if workload.exists() else []
@@ -181,26 +190,34 @@ def _check_output_files(cfg: RunConfig, force: bool, files: dict[str, Path | str
             check_output_file(file, inputs, force, option)
 
 
-def _gpu_policy(cfg: RunConfig, opts: Any) -> tuple[RunConfig, Any]:
-    """A GPU run of ``cfg.policy``: the policy's settings (PCA, batch shape) on the GPU memory the job as given has.
+def _gpu_policy(given: RunConfig, cfg: RunConfig, opts: Any) -> Any:
+    """GPU options for ``cfg`` (a resolved policy): the policy's settings on the GPU memory the job as given has.
 
     With ``--footprint estimate`` (the default) the balloon is sized from the simulated footprint of the job as
     given, so the policy runs on footprint(given) / --oversub of memory, as ``uvmlab advise`` simulated it.
     """
     from dataclasses import replace
 
-    from uvmlab.advise.advisor import resolve_policy
-    from uvmlab.simulate import footprint_bytes
+    from uvmlab.uvm.simulate import footprint_bytes
 
-    if get_policy(cfg.policy).offload_optimizer:
+    if cfg.applied.offload_optimizer:
         raise InputError(
             f"policy {cfg.policy} needs a code change uvmlab's GPU worker does not make (an fp32 copy of the "
             "parameters and Adam on the CPU; uvmlab advise shows the lines): run it with --mode sim"
         )
-    eff, _ = resolve_policy(cfg)
-    prefetch = get_policy(cfg.policy).gpu_env.get("UVMLAB_PREFETCH")
+    prefetch = cfg.applied.env("UVMLAB_PREFETCH")
     if prefetch:
         opts = replace(opts, prefetch=prefetch)
     if opts.footprint == "estimate":
-        opts = replace(opts, footprint=footprint_bytes(replace(cfg, policy=None)))
-    return eff, opts
+        opts = replace(opts, footprint=footprint_bytes(replace(given, policy=None)))
+    return opts
+
+
+def simulate_run(cfg: RunConfig, rundir: RunDir, **kwargs: Any) -> dict:
+    """``uvmlab.uvm.simulate.simulate_run`` for the public API: a named policy is resolved first, as in :func:`run`."""
+    from uvmlab.uvm.simulate import simulate_run as simulate
+
+    if cfg.policy and cfg.applied is None:
+        kwargs.setdefault("given", cfg)
+        cfg = resolve_policy(cfg, progress=kwargs.get("capture_progress"))
+    return simulate(cfg, rundir, **kwargs)

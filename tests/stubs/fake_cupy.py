@@ -1,4 +1,5 @@
-"""A fake ``cupy`` for tests without a GPU: the few classes and functions uvmlab.gpu.microbench uses, each with the
+"""A fake ``cupy`` for tests without a GPU: the few classes and functions uvmlab.measure.gpu.microbench uses, each
+with the
 signature of CuPy's source (cupy/cupy main, Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx,
 cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx). Calls are recorded in ``CALLS``; "device" memory is host
 memory (ctypes buffers), kernels do nothing, every event pair measures 1 ms.

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.advise.policies import POLICIES, Policy, compose
+from uvmlab.advise.policies import POLICIES, Policy, compose, get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 
@@ -80,7 +80,7 @@ class Advice:
 
 
 def _simulate(cfg: RunConfig, available: int) -> tuple[Any, dict[str, Any]]:
-    from uvmlab.simulate import prepare, simulate_prepared
+    from uvmlab.uvm.simulate import prepare, simulate_prepared
 
     prep = prepare(cfg, available_bytes=available)
     _, result = simulate_prepared(cfg, prep)
@@ -121,7 +121,7 @@ def _failed_row(policy: Policy, outcome: str, note: str) -> dict[str, Any]:
 
 
 def _footprint(cfg: RunConfig) -> int:
-    from uvmlab.simulate import prepare
+    from uvmlab.uvm.simulate import prepare
 
     return prepare(cfg).footprint_bytes
 
@@ -177,8 +177,8 @@ def fit_batch(cfg: RunConfig, available: int, batch: int) -> tuple[int, int] | N
 
 def _gc_oom(cfg: RunConfig, available: int) -> str | None:
     """The gc-threshold policy's OOM check: the allocator refuses memory past the per-process fraction."""
-    from uvmlab.sim.placement import place
-    from uvmlab.simulate import prepare, run_gpu_spec
+    from uvmlab.sim.allocator.placement import place
+    from uvmlab.uvm.simulate import prepare, run_gpu_spec
 
     gpu = run_gpu_spec(cfg)
     prep = prepare(replace(cfg, policy=None), available_bytes=available)
@@ -204,7 +204,7 @@ def advise(
 
     ``available_bytes`` None: footprint of the job as given / ``cfg.oversub``, at most the GPU's usable memory.
     """
-    from uvmlab.simulate import prepare, simulate_prepared
+    from uvmlab.uvm.simulate import prepare, simulate_prepared
     from workloads.registry import load_workload
 
     say = progress or (lambda _msg: None)
@@ -214,7 +214,7 @@ def advise(
     if unknown:  # bad input is one sentence before anything is simulated or printed
         raise InputError(f"unknown policy {unknown[0]!r}; policies: {', '.join(POLICIES)}")
     load_workload(cfg.workload.workload)  # an unknown workload, likewise
-    given = replace(cfg, policy=None)
+    given = replace(cfg, policy=None, applied=None)
     say("the job as given")
     given_prep = prepare(given, available_bytes=available_bytes)
     available = given_prep.available_bytes
@@ -265,7 +265,7 @@ def _evaluate(
             if oom:
                 return _failed_row(pol, "oom", oom)
         if pol.fit_batch:
-            cfg = _with_fit(cfg, given, available, batch)
+            cfg = _with_fit(cfg, pol, given, available, batch)
             if cfg is None:
                 return _failed_row(pol, "n/a", "does not fit even at micro-batch 1 (parameters and optimizer state)")
         prep, result = _simulate(cfg, available)
@@ -274,7 +274,7 @@ def _evaluate(
     row = _row(pol, cfg, prep, result, native)
     if pol.checkpoint or pol.offload_optimizer:
         from uvmlab.advise.shape import shape_note
-        from uvmlab.simulate import prepare
+        from uvmlab.uvm.simulate import prepare
 
         row["note"] = shape_note(pol, prep, given_prep or prepare(given, available_bytes=available))
     if pol.sim_options.get("discard_min_bytes"):
@@ -301,7 +301,7 @@ def _combinations(singles: dict[str, float], given_result: dict[str, Any]) -> li
             continue
         if fam == "job-shape":  # checkpointing and CPU offload shrink different things: each may pair
             fam = name
-        if fam == "uvm-hint":  # each hint acts on other tensors or events (uvmlab.sim.uvm_hints): they compose
+        if fam == "uvm-hint":  # each hint acts on other tensors or events (uvmlab.sim.uvm.hints): they compose
             fam = f"uvm-hint:{name}"
         if t < given_t and name != "pca-on" and (fam not in best or t < best[fam][0]):
             best[fam] = (t, name)
@@ -336,48 +336,48 @@ def _rank(df: pd.DataFrame, given_time_ns: float) -> pd.DataFrame:
     return df[list(ROW_COLUMNS)]
 
 
-def resolve_policy(cfg: RunConfig, progress: Any = None) -> tuple[RunConfig, int]:
-    """The run configuration that applies ``cfg.policy``, and the GPU memory it runs on.
+def resolve_policy(cfg: RunConfig, progress: Any = None) -> RunConfig:
+    """``cfg`` with its named policy resolved into ``RunConfig.applied``, on the GPU memory the job as given has.
 
     The memory is that of the job as given (without the policy): its footprint / ``cfg.oversub``, so that
-    ``uvmlab run --policy P --oversub F`` answers "the same job on the same GPU, with P applied".
+    ``uvmlab run --policy P --oversub F`` answers "the same job on the same GPU, with P applied". This is the one
+    place a run's policy name is looked up; everything below reads ``cfg.applied``.
     """
-    from uvmlab.advise.policies import get_policy
-    from uvmlab.simulate import prepare
+    from uvmlab.uvm.simulate import prepare
 
     if not cfg.policy:
         raise InputError("no policy given")
     pol = get_policy(cfg.policy)
-    given = replace(cfg, policy=None)
+    given = replace(cfg, policy=None, applied=None)
     given_prep = prepare(given, progress=progress)
     available = given_prep.available_bytes
     eff: RunConfig | None = pol.apply(given)
     if pol.fit_batch:
-        eff = _with_fit(eff, given, available, int(given_prep.trace.header.get("batch_size") or 0))
+        eff = _with_fit(eff, pol, given, available, int(given_prep.trace.header.get("batch_size") or 0))
         if eff is None:
             raise InputError(f"policy {pol.name}: the job does not fit in {available} bytes even at micro-batch 1")
-    return eff, available
+    return replace(eff, applied=pol.resolved(available))
 
 
-def _with_fit(cfg: RunConfig, given: RunConfig, available: int, batch: int) -> RunConfig | None:
+def _with_fit(cfg: RunConfig, pol: Policy, given: RunConfig, available: int, batch: int) -> RunConfig | None:
     """``cfg`` with the micro-batch and accumulation steps :func:`fit_batch` finds for ``given`` (None: none fits)."""
-    fit = fit_batch(_fit_base(cfg, given), available, batch)
+    fit = fit_batch(_fit_base(pol, given), available, batch)
     if fit is None:
         return None
     return replace(cfg, workload=replace(cfg.workload, batch_size=fit[0], accumulation_steps=fit[1]))
 
 
-def _fit_base(cfg: RunConfig, given: RunConfig) -> RunConfig:
+def _fit_base(pol: Policy, given: RunConfig) -> RunConfig:
     """The job whose footprints the micro-batch search measures: the given job, or, composed with a job-shape
     policy, the job that policy makes (optimizer state on the host, or checkpointed segments: a larger micro-batch
     may fit; with checkpointing each micro-batch tried is its own capture)."""
-    from uvmlab.advise.policies import get_policy
-
-    pol = get_policy(cfg.policy) if cfg.policy else None
-    if pol is None or not (pol.offload_optimizer or pol.checkpoint):
+    if not (pol.offload_optimizer or pol.checkpoint):
         return given
     workload = replace(given.workload, checkpoint=given.workload.checkpoint or pol.checkpoint)
-    return replace(given, workload=workload, policy="offload-optimizer" if pol.offload_optimizer else None)
+    if pol.offload_optimizer:
+        offload = POLICIES["offload-optimizer"]
+        return replace(given, workload=workload, policy=offload.name, applied=offload.resolved())
+    return replace(given, workload=workload)
 
 
 def shape_fit_combination(rows: list[dict[str, Any]], available: int) -> tuple[str, ...] | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from uvmlab.advise.shape import SHAPE_POLICIES
-from uvmlab.config import RunConfig
+from uvmlab.config import AppliedPolicy, RunConfig
 from uvmlab.errors import InputError
 
 FAMILIES = ("allocator", "driver", "uvm-hint", "job-shape")
@@ -39,7 +39,7 @@ class Policy:
     release_each_iteration: bool = False
     """``torch.cuda.empty_cache()`` after each optimizer step."""
     sim_options: dict[str, Any] = field(default_factory=dict)
-    """UVM driver knobs (uvmlab.sim.uvm_knobs.UvmKnobs field names)."""
+    """UVM driver knobs (uvmlab.sim.uvm.knobs.UvmKnobs field names)."""
     gpu_env: dict[str, str] = field(default_factory=dict)
     """Environment of a real GPU run that applies the policy (shim options, PyTorch variables)."""
     fit_batch: bool = False
@@ -54,7 +54,7 @@ class Policy:
     def changes_nothing_for(self, cfg: RunConfig) -> bool:
         """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job): the
         knobs it sets already have its values (given, or by default)."""
-        from uvmlab.sim.uvm_knobs import UvmKnobs
+        from uvmlab.sim.uvm.knobs import UvmKnobs
 
         knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
         return (
@@ -79,7 +79,34 @@ class Policy:
         ck = cfg.workload.checkpoint or self.checkpoint  # a job that already names its segments keeps them
         workload = replace(cfg.workload, checkpoint=ck) if ck != cfg.workload.checkpoint else cfg.workload
         pca = cfg.pca if self.pca is None else self.pca
-        return replace(cfg, workload=workload, pca=pca, sim_options=options, policy=self.name)
+        return replace(cfg, workload=workload, pca=pca, sim_options=options, policy=self.name, applied=self.resolved())
+
+    def resolved(self, available_bytes: int | None = None) -> AppliedPolicy:
+        """What the layers below act on (``RunConfig.applied``); ``available_bytes``: the given job's GPU memory."""
+        return AppliedPolicy(
+            name=self.name,
+            alloc_conf=self.alloc_conf,
+            release_each_iteration=self.release_each_iteration,
+            offload_optimizer=self.offload_optimizer,
+            gpu_env=tuple(sorted(self.gpu_env.items())),
+            gpu_notes=tuple(self.gpu_notes()),
+            available_bytes=available_bytes,
+        )
+
+    def gpu_notes(self) -> list[str]:
+        """What the policy needs on the GPU host that a plan cannot set for one process (driver module
+        parameters, a C++ allocator hook)."""
+        notes = []
+        if "driver" in self.family.split("+"):
+            notes.append(
+                f"policy {self.name} needs the driver set up first, as root: {self.apply_how}; uvmlab cannot check it"
+            )
+        if self.sim_options.get("discard_min_bytes"):
+            notes.append(
+                "discard-freed-blocks is not applied on a GPU: it needs a C++ allocator hook (docs/advise.md); "
+                "the run measures the job without it"
+            )
+        return notes
 
 
 def _p(**kw: Any) -> Policy:
@@ -201,7 +228,7 @@ POLICIES: dict[str, Policy] = {
 """The single policies, by name."""
 POLICIES.update({kw["name"]: Policy(**kw) for kw in SHAPE_POLICIES})  # job shape: checkpointing, CPU offload
 
-# -- per-tensor UVM hints (issue 16; modelled by uvmlab.sim.uvm_hints) -----------------------------------------------
+# -- per-tensor UVM hints (issue 16; modelled by uvmlab.sim.uvm.hints) -----------------------------------------------
 # The shim sees only the caching allocator's segments (cudaMalloc/cudaFree), not tensors, so these need a few lines
 # of PyTorch: ``_CUDA_HINT_PRELUDE`` (ctypes on libcudart, CUDA 13 signatures from cuda_runtime_api.h:
 # cudaMemAdvise(ptr, n, advice, cudaMemLocation), cudaMemPrefetchAsync(ptr, n, cudaMemLocation, flags, stream);

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from uvmlab.errors import InputError
-from uvmlab.trace.schema import Trace
-
 SHAPE_POLICIES: tuple[dict[str, Any], ...] = (
     {
         "name": "checkpoint-activations",
@@ -59,17 +56,6 @@ SHAPE_POLICIES: tuple[dict[str, Any], ...] = (
     },
 )
 """Keyword arguments of the two ``Policy`` objects (uvmlab.advise.policies.POLICIES)."""
-
-
-def policy_trace(policy: Any, optimizer: str, trace: Trace) -> Trace:
-    """The orchestrated ``trace`` as ``policy`` changes it (offload: optimizer moved to the host)."""
-    if not policy.offload_optimizer:
-        return trace
-    if optimizer == "sgd":
-        raise InputError("optimizer sgd (no momentum) keeps no optimizer state: there is nothing to offload")
-    from uvmlab.trace.offload import offload_optimizer
-
-    return offload_optimizer(trace)
 
 
 def shape_note(policy: Any, prep: Any, given_prep: Any) -> str:

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if exc.filename is None:
             raise  # not about a path the user named: a bug, keep the traceback
-        from uvmlab.rundir import os_error_sentence
+        from uvmlab.files.rundir import os_error_sentence
 
         click.echo(f"uvmlab: error: {os_error_sentence(exc, 'use')}", err=True)
         return 2

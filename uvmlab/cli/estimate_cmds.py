@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS
 from uvmlab.console import note, plain, print_csv, print_table, say
+from uvmlab.files.atomic import to_json
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
 from uvmlab.units import format_bytes
 
@@ -148,9 +148,15 @@ def estimate_cmd(
 
         uvmlab estimate gpt2 --gpu A100-80GB --format json
     """
-    from uvmlab.estimate import CARMA_PLACEMENT_MARGIN_MB, estimate, snapshot_dicts, workspace_range, write_estimate
+    from uvmlab.files.rundir import RunDir
     from uvmlab.gpus import get_gpu
-    from uvmlab.rundir import RunDir
+    from uvmlab.memory.estimate import (
+        CARMA_PLACEMENT_MARGIN_MB,
+        estimate,
+        snapshot_dicts,
+        workspace_range,
+        write_estimate,
+    )
     from uvmlab.trace.orchestrate import OrchestrationRules
     from uvmlab.units import MiB
 
@@ -158,7 +164,7 @@ def estimate_cmd(
     gpu = get_gpu(gpu_name, gpu_memory)
     rundir = None
     if snapshot_out is not None:
-        from uvmlab.outputs import check_output_file
+        from uvmlab.files.outputs import check_output_file
 
         check_output_file(snapshot_out, [Path(workload)] if Path(workload).exists() else [], force, "--snapshot")
     if out_dir is not None:
@@ -253,7 +259,7 @@ COMMANDS = [snapshot_group, estimate_cmd]
 
 def _range_rows(est: Any) -> list[list[str]]:
     """Table rows for ``--cudnn-workspace-range``; without it, a pointer to it when cuDNN convolutions run."""
-    from uvmlab.estimate import has_cudnn_convolutions
+    from uvmlab.memory.estimate import has_cudnn_convolutions
 
     rng = est.cudnn_workspace_range
     if rng is None:

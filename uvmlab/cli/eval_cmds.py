@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.console import err, note, plain, print_csv, print_table, say
+from uvmlab.files.atomic import to_json
 from uvmlab.units import format_bytes, parse_bytes
 
 ESTIMATOR_NAMES = ("uvmlab-pca", "uvmlab-nocache", "shape-inference", "dnnmem")
@@ -23,8 +23,8 @@ def _output_rundir(output: str | None, inputs: list[Any], force: bool) -> Any:
     """The prepared (locked, owned) RunDir of ``-o`` before any work starts, or None without ``-o``."""
     if not output:
         return None
-    from uvmlab.outputs import refuse_input_as_output
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.outputs import refuse_input_as_output
+    from uvmlab.files.rundir import RunDir
 
     refuse_input_as_output(output, inputs)
     return RunDir.for_writing(output, force)
@@ -178,7 +178,7 @@ def fragmentation_cmd(
     SOURCE is a workload (traced on the meta device, cached), a PyTorch snapshot pickle, or a trace directory.
     Efficiency = peak live tensor bytes / peak reserved bytes; fragmentation ratio = 1 - efficiency.
     """
-    from uvmlab.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
+    from uvmlab.evaluate.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
 
     cfg = workload_config(source, **kw)
     rd = _output_rundir(output, [source] if Path(source).exists() else [], force)
@@ -270,8 +270,8 @@ def colocate_cmd(
     simulated peak reserved bytes, one CUDA context per job and the margin is at most the GPU memory. Otherwise
     the jobs run interleaved (round-robin by kernel) on one simulated UVM GPU: faults, migrations, slowdown.
     """
-    from uvmlab.colocate import colocate_workloads, write_colocation
     from uvmlab.gpus import get_gpu
+    from uvmlab.memory.colocate import colocate_workloads, write_colocation
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)

@@ -1,5 +1,5 @@
 """``uvmlab shim build|path|status``, ``uvmlab doctor`` and ``uvmlab gpus``: the GPU path's tools (logic in
-uvmlab.gpu and uvmlab.gpus)."""
+uvmlab.measure.gpu and uvmlab.gpus)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def shim_group() -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
 def shim_build(force: bool, cache_dir: Path | None) -> None:
     """Compile the shim with g++ (no CUDA needed) into the per-user cache and print its path."""
-    from uvmlab.gpu.shim import build_shim
+    from uvmlab.measure.gpu.shim import build_shim
 
     click.echo(str(build_shim(cache_dir=cache_dir, force=force)))
 
@@ -33,7 +33,7 @@ def shim_build(force: bool, cache_dir: Path | None) -> None:
 def shim_path_cmd(cache_dir: Path | None) -> None:
     """Print where the shim for the current source is built (exit 1 if it is not built yet)."""
     from uvmlab.errors import UvmlabError
-    from uvmlab.gpu.shim import shim_status
+    from uvmlab.measure.gpu.shim import shim_status
 
     status = shim_status(cache_dir)
     if not status.built:
@@ -47,7 +47,7 @@ def shim_path_cmd(cache_dir: Path | None) -> None:
 def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
     """Whether the shim is built for the current source, where, and with which compiler."""
     from uvmlab.console import print_csv, print_table
-    from uvmlab.gpu.shim import shim_status
+    from uvmlab.measure.gpu.shim import shim_status
 
     s = shim_status(cache_dir)
     doc = {"built": s.built, "path": str(s.path), "compiler": s.compiler, "source": str(s.source)}
@@ -66,7 +66,7 @@ def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
 def doctor(fmt: str) -> None:
     """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim) and which modes it can run."""
     from uvmlab.console import print_csv, print_table
-    from uvmlab.gpu.doctor import doctor_report
+    from uvmlab.measure.gpu.doctor import doctor_report
 
     report = doctor_report()
     if fmt == "json":
@@ -112,8 +112,8 @@ def gpus_cmd(fmt: str) -> None:
     host<->device bandwidth UVM migrations get, "context" the memory a job cannot use (CUDA context).
     """
     from uvmlab.console import note, print_csv, print_table, say
-    from uvmlab.gpu.detect import gpu_status
     from uvmlab.gpus import DEFAULT_GPU, GPUS
+    from uvmlab.measure.gpu.detect import gpu_status
     from uvmlab.units import format_bytes
 
     status = gpu_status()

@@ -47,11 +47,11 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
 
     from uvmlab.console import progress_bar, table_key
     from uvmlab.errors import InputError
-    from uvmlab.nsys import schema as S
-    from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
-    from uvmlab.nsys.read import open_export
-    from uvmlab.nsys.stats import summarize
-    from uvmlab.nsys.tables import summary_tables
+    from uvmlab.measure.nsys import schema as S
+    from uvmlab.measure.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
+    from uvmlab.measure.nsys.read import open_export
+    from uvmlab.measure.nsys.stats import summarize
+    from uvmlab.measure.nsys.tables import summary_tables
 
     with open_export(report) as ex:
         for w in ex.warnings:
@@ -102,8 +102,8 @@ def import_cmd(
     figure_format: str,
 ) -> None:
     """Write a measured run directory (result.json + iterations/kernels/migrations/memory tables) from REPORT."""
-    from uvmlab.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
-    from uvmlab.nsys.measured import import_export
+    from uvmlab.measure.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN
+    from uvmlab.measure.nsys.measured import import_export
 
     rd, result = import_export(
         report,
@@ -144,9 +144,10 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
     (B - A) / |A|; n/a where either side lacks the figure. With -o, writes comparison.json, tables and figures.
     """
-    from uvmlab.compare import compare_runs, write_comparison
     from uvmlab.errors import InputError
-    from uvmlab.outputs import check_output_folder
+    from uvmlab.files.outputs import check_output_folder
+    from uvmlab.measure.compare import compare_runs
+    from uvmlab.report.compare_figures import write_comparison
 
     if out is not None:
         check_output_folder(out, ["comparison.json", "tables", "figures"], [run_a, run_b], force)
@@ -202,23 +203,23 @@ def calibrate_cmd(
     force: bool,
     fmt: str,
 ) -> None:
-    """Fit the simulator's cost parameters (uvmlab.sim.timing.CostParams) from REPORT.sqlite and write them.
+    """Fit the simulator's cost parameters (uvmlab.sim.uvm.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
-    With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.calibrate_uvm: GCN
+    With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.measure.profile_fit: GCN
     native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in device mode at 0.5x and at 1.25x;
     docs/uvm-sim.md "Cost profiles").
     """
-    from uvmlab.calibrate import calibrate, calibrate_microbench
     from uvmlab.errors import InputError
-    from uvmlab.outputs import check_output_file
+    from uvmlab.files.outputs import check_output_file
+    from uvmlab.measure.calibrate import calibrate, calibrate_microbench
 
     check_output_file(out, [report, sim_run, base], force)
 
     if uvm_timings is not None:
-        from uvmlab.calibrate_uvm import FAULT_PATH, fit_rtx5090, write_profile
-        from uvmlab.sim.timing import CostParams
+        from uvmlab.measure.profile_fit import FAULT_PATH, fit_rtx5090, write_profile
+        from uvmlab.sim.uvm.timing import CostParams
 
         costs, details = fit_rtx5090(uvm_timings, CostParams.from_file(base) if base else None)
         write_profile(out, costs, details)
@@ -261,7 +262,7 @@ PER_GPU = {
     "link_bytes_per_s": "the GPU's link bandwidth (uvmlab.gpus GpuSpec.link_bytes_per_s)",
     "zero_fill_bytes_per_s": "the GPU's HBM bandwidth (uvmlab.gpus GpuSpec.hbm_bytes_per_s)",
 }
-"""Parameters a file leaves null: CostParams.for_gpu fills them from the run's GPU (uvmlab.sim.timing)."""
+"""Parameters a file leaves null: CostParams.for_gpu fills them from the run's GPU (uvmlab.sim.uvm.timing)."""
 
 
 def _param_cell(name: str, value: object, fitted: bool) -> tuple[object, str]:

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
+from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig, parse_options
 from uvmlab.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,20 +108,6 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
     return decorate
 
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be)."""
-    result: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise InputError(f"--option takes KEY=VALUE, not {pair!r}")
-        try:
-            result[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            result[key] = raw
-    return result
-
-
 SHORTCUTS = {"seq_len": "--seq-len", "image_size": "--image-size", "num_classes": "--num-classes"}
 """Flags that set a workload option (the workload refuses it if it has no such option)."""
 
@@ -152,7 +137,7 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
 
 def figure_format_option() -> Callable[[F], F]:
     """Add ``--figure-format png|svg|pdf`` (as ``figure_format``) for commands that write figures."""
-    from uvmlab.rundir import FIGURE_FORMATS
+    from uvmlab.files.rundir import FIGURE_FORMATS
 
     return click.option(
         "--figure-format",

@@ -60,10 +60,10 @@ def replay(snapshot: str, fmt: str, device: int | None, alloc_conf: str | None, 
                            torch.cuda.empty_cache() calls
       device capacity      memory inferred from the trace's OOM events, when it has some
     """
-    from uvmlab.atomic import to_json
     from uvmlab.console import print_csv, print_table, say
     from uvmlab.errors import UvmlabError
-    from uvmlab.replay import replay_snapshot
+    from uvmlab.files.atomic import to_json
+    from uvmlab.memory.replay import replay_snapshot
     from uvmlab.units import format_bytes
 
     report = replay_snapshot(snapshot, device=device, alloc_conf=alloc_conf, tie_break=tie_break)

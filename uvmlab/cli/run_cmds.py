@@ -12,14 +12,14 @@ from uvmlab.cli.options import (
     figure_format_option,
     format_option,
     out_option,
-    parse_options,
     workload_config,
     workload_options,
 )
+from uvmlab.config import parse_options
 from uvmlab.errors import InputError
 
 
-def _on_off(value: str) -> bool:
+def on_off(value: str) -> bool:
     v = value.strip().lower()
     if v in ("on", "true", "1", "yes"):
         return True
@@ -205,7 +205,7 @@ def run_command(
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub,  # validated by check_oversub
-        pca=_on_off(pca),
+        pca=on_off(pca),
         mode=mode,
         gpu=gpu_name,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
@@ -214,10 +214,6 @@ def run_command(
         sim_options=parse_options(sim_options),
         policy=policy,
     )
-    if policy:
-        from uvmlab.advise.policies import get_policy
-
-        get_policy(policy)  # an unknown name is one sentence before anything runs
     gpu_flags = {
         "dry_run": dry_run,
         "footprint": footprint,
@@ -248,7 +244,7 @@ def run_command(
     if res.result.get("dry_run"):
         click.echo(res.result["plan"], nl=False)
         return
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
 
     if fmt == "csv":
         scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]

@@ -226,7 +226,7 @@ def sweep_collect(out: Path, fmt: str) -> None:
 def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure_format: str) -> None:
     """Figures of the seed study (slowdown, per-kernel memory, faults, migrations) and an HTML page for a sweep."""
     from uvmlab.console import note, print_csv, print_table
-    from uvmlab.outputs import check_output_file, check_output_folder
+    from uvmlab.files.outputs import check_output_file, check_output_folder
     from uvmlab.report import build_report
 
     if out_html is not None:  # the default page inside SWEEP_DIR/report is uvmlab's own and is rebuilt freely

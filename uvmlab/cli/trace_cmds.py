@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 
-from uvmlab.atomic import to_json
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import CAPTURE_DEVICES
 from uvmlab.console import err, note, out, plain, print_csv, print_table, say
+from uvmlab.files.atomic import to_json
 from uvmlab.units import format_bytes
 
 TRACE_TERMS = """\b
@@ -110,7 +110,7 @@ def trace_capture(
     from pathlib import Path
 
     from uvmlab.console import progress_bar
-    from uvmlab.outputs import check_output_folder
+    from uvmlab.files.outputs import check_output_folder
     from uvmlab.trace.capture import capture_trace
     from uvmlab.trace.schema import SCHEMAS, write_trace
     from uvmlab.trace.summary import summarize

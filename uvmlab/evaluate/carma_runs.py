@@ -20,7 +20,7 @@ What each script trains (read from the scripts at that commit; none sets AMP, ``
 Skipped with the reason: ``Inception.py`` (``inception_v3(aux_logits=False)``; uvmlab's ``torchvision:inception_v3``
 trains the auxiliary head) and every non-CNN or custom script (BERT, GPT-2, XLNet, UNet, DLRM, Mask R-CNN).
 Rows are estimated with lazy module loading: see docs/estimate.md "Validation: CARMA A100-40GB CNN runs".
-The 15 ``*_cifar100.py`` rows calibrate ``uvmlab.devicemem.LAZY_CONV_MODULES_BYTES`` (``fitted=True``); the
+The 15 ``*_cifar100.py`` rows calibrate ``uvmlab.memory.devicemem.LAZY_CONV_MODULES_BYTES`` (``fitted=True``); the
 ImageNet rows validate it (``uvmlab evaluate`` adds a "(validation runs)" score).
 """
 

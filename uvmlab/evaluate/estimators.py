@@ -1,7 +1,7 @@
 """Peak-memory estimators behind one interface, ``estimate(case) -> bytes``, for the evaluation harness.
 
-- ``uvmlab-pca``: uvmlab's PyTorch caching-allocator simulator (``uvmlab.sim.placement.place(trace, "pca")``;
-  for a workload case ``uvmlab.estimate.estimate(cfg, gpu, "pca")``): peak reserved bytes.
+- ``uvmlab-pca``: uvmlab's PyTorch caching-allocator simulator (``uvmlab.sim.allocator.placement.place(trace, "pca")``;
+  for a workload case ``uvmlab.memory.estimate.estimate(cfg, gpu, "pca")``): peak reserved bytes.
 - ``uvmlab-nocache``: the same with caching off (one cudaMalloc per tensor, ``PYTORCH_NO_CUDA_MEMORY_CACHING``).
 - ``shape-inference``: the peak of the sum of live tensor bytes (what Horus-style formulas and FakeTensor memory
   counters report): no rounding, no allocator, no framework memory.
@@ -51,9 +51,9 @@ class EvalCase:
     whole-process memory: uvmlab then reports ``device_peak_bytes``) or ``after_context`` (NVML peak minus a
     first sample taken once the CUDA context existed: uvmlab reports :func:`after_context_bytes`)."""
     gpu_name: str | None = None
-    """The GPU of the run (a ``uvmlab.gpus`` name, or a name ``uvmlab.devicemem`` knows); None: an A100."""
+    """The GPU of the run (a ``uvmlab.gpus`` name, or a name ``uvmlab.memory.devicemem`` knows); None: an A100."""
     module_loading: str = "lazy"
-    """CUDA module loading of the run (``uvmlab.devicemem``), for ``target`` ``device`` or ``after_context``."""
+    """CUDA module loading of the run (``uvmlab.memory.devicemem``), for ``target`` ``device`` or ``after_context``."""
     recorded: dict[str, float] = field(default_factory=dict)
     """Estimates other tools published for this run, by estimator name (``RECORDED_PEERS``)."""
     fitted: bool = False
@@ -86,7 +86,7 @@ def _case_gpu(case: EvalCase) -> Any:
     from uvmlab.gpus import GPUS, get_gpu
 
     if case.gpu_name is not None and case.gpu_name not in GPUS:
-        # a GPU uvmlab.gpus does not list (e.g. xMem's RTX 3060): only its name (SM count, uvmlab.devicemem) and
+        # a GPU uvmlab.gpus does not list (e.g. xMem's RTX 3060): only its name (SM count, uvmlab.memory.devicemem) and
         # memory matter to the estimate; the cuBLAS workspace default is the same for every non-sm90 GPU
         return replace(get_gpu("RTX4060"), name=case.gpu_name, memory_bytes=case.gpu_memory_bytes)
     base = get_gpu(case.gpu_name or "A100-80GB")
@@ -151,7 +151,7 @@ class UvmlabEstimator:
 
     def estimate(self, case: EvalCase) -> int:
         if case.workload is not None:
-            from uvmlab.estimate import estimate
+            from uvmlab.memory.estimate import estimate
 
             est = estimate(
                 case.workload,
@@ -176,7 +176,7 @@ DEVICE_TARGETS = ("device", "after_context")
 
 def after_context_bytes(est: Any) -> int:
     """NVML growth over a first sample taken after the CUDA context was created: ``device_peak_bytes`` minus the
-    context as created (LMEM and the rest of a lazy context, ``uvmlab.devicemem``); what stays is the reserved
+    context as created (LMEM and the rest of a lazy context, ``uvmlab.memory.devicemem``); what stays is the reserved
     peak, buffers outside the allocator and the modules the run loads after that sample (lazy loading: the
     conv-run kernels and library handles; eager: none, they load with the context). Without a context model
     (a GpuSpec's fixed ``context_bytes``) nothing can be split off: the reserved peak plus outside buffers."""
@@ -201,9 +201,10 @@ class RecordedEstimator:
 
 
 def placement_peak(trace: Trace, allocator: str, alloc_conf: str = "") -> int:
-    """Peak reserved bytes of ``uvmlab.sim.placement.place(trace, allocator)`` (settings from ``alloc_conf``)."""
-    from uvmlab.sim.allocconf import AllocatorSettings
-    from uvmlab.sim.placement import place
+    """Peak reserved bytes of ``uvmlab.sim.allocator.placement.place(trace, allocator)`` (settings from
+    ``alloc_conf``)."""
+    from uvmlab.sim.allocator.allocconf import AllocatorSettings
+    from uvmlab.sim.allocator.placement import place
 
     settings = AllocatorSettings.parse(alloc_conf) if alloc_conf else None
     result = place(trace, allocator, settings=settings)

@@ -11,9 +11,9 @@ is the workload file ``workloads/gpumemnet_mlp.py`` with those options (one trac
 ``uvmlab.trace.cache``).
 
 The stack's CUDA version is not recorded. Its smallest models sit at 1,443-1,451 MiB, about 1 GiB above a lazily
-loaded A100 context (uvmlab.devicemem: 429 MiB), so the runs loaded modules eagerly: rows are estimated with
+loaded A100 context (uvmlab.memory.devicemem: 429 MiB), so the runs loaded modules eagerly: rows are estimated with
 ``module_loading="eager"``. The eager module size of this stack is the one calibrated constant
-(``uvmlab.devicemem.EAGER_MODULES_A100_BYTES``): calibrated on the rows whose index is a multiple of
+(``uvmlab.memory.devicemem.EAGER_MODULES_A100_BYTES``): calibrated on the rows whose index is a multiple of
 ``CALIBRATION_STRIDE`` (``calibration_rows``), validated on the others (``fitted`` in the results).
 """
 
@@ -127,9 +127,9 @@ def calibration_rows(rows: list[MlpRow]) -> list[MlpRow]:
 
 def estimate_row(row: MlpRow, module_loading: str = "eager") -> dict[str, Any]:
     """Trace (cached), orchestrate and simulate one row on an A100-40GB; returns the figures per row."""
-    from uvmlab.devicemem import context_model
-    from uvmlab.estimate import estimate
     from uvmlab.gpus import get_gpu
+    from uvmlab.memory.devicemem import context_model
+    from uvmlab.memory.estimate import estimate
     from uvmlab.trace.cache import get_trace
 
     cfg = row.config()

@@ -382,7 +382,7 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
 
 def write_ground_truth(cases: list[EvalCase], path: str | Path) -> None:
     """Write cases (e.g. from snapshots) as a ground-truth CSV that :func:`read_ground_truth` reads back."""
-    from uvmlab.atomic import atomic_write_text
+    from uvmlab.files.atomic import atomic_write_text
 
     lines = [",".join((*REQUIRED_COLUMNS, "group", "alloc_conf"))]
     for c in cases:

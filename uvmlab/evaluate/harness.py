@@ -141,7 +141,7 @@ def quadrant_figure(ev: Evaluation, title: str = "Estimators: PEF vs MRE (xMem F
 
 def write_evaluation(ev: Evaluation, out: Any, config: dict[str, Any], force: bool = False) -> Path:
     """Write tables (estimates, per_run, summary, by_group), the quadrant figure and result.json into ``out``."""
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.rundir import RunDir
 
     rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
     rd.write_json(rd.config_json, config)

@@ -26,7 +26,7 @@ as stored by the code index, commit of each file in brackets; the sample's data 
   ``DeviceCachingAllocator::setMemoryFraction``), so the context exists at the first sample: ``ground_bytes`` is
   net of the context as created, but holds what the run loads later (lazy module loading: the kernels and
   library handles of cuDNN/cuBLAS on first use). So these cases are ``target="after_context"``: uvmlab's reserved
-  peak plus ``uvmlab.devicemem.LAZY_CONV_MODULES_BYTES`` (``estimators.after_context_bytes``).
+  peak plus ``uvmlab.memory.devicemem.LAZY_CONV_MODULES_BYTES`` (``estimators.after_context_bytes``).
 
 ``xmem_est_bytes``, ``dnnmem_est_bytes`` and ``schedtune_est_bytes`` are the peers as xMem ran them
 (``RecordedEstimator``: xmem, dnnmem-reported, schedtune).

@@ -1,6 +1,7 @@
 """A simulated run as a PyTorch memory snapshot whose entries say something in memory_viz.
 
-The allocator model (``uvmlab.estimate.recorded_run``) replays the run's trace once more with ``record_events``;
+The allocator model (``uvmlab.sim.allocator.recorded.recorded_run``) replays the run's trace once more with
+``record_events``;
 each recorded trace entry then gets:
 
 * ``frames``: four pseudo stack frames, innermost first, in PyTorch's frame format ``{filename, line, name}``
@@ -70,11 +71,11 @@ def run_snapshot_dicts(
     """(segments, device_traces) of a simulated run with frames and simulated ``time_us`` (module docstring).
 
     ``trace`` is the CUDA-orchestrated trace the run placed, ``kernels`` its kernels table; the allocator is
-    replayed without a memory limit, as ``uvmlab.simulate.prepare`` places it. ``peak_reserved_bytes`` (the
+    replayed without a memory limit, as ``uvmlab.uvm.simulate.prepare`` places it. ``peak_reserved_bytes`` (the
     placement's) is checked against the replay's.
     """
-    from uvmlab.estimate import recorded_run
-    from uvmlab.sim.allocconf import AllocatorSettings
+    from uvmlab.sim.allocator.allocconf import AllocatorSettings
+    from uvmlab.sim.allocator.recorded import recorded_run
 
     seqs: list[int] = []
     sim = recorded_run(trace, "pca" if pca else "nocache", AllocatorSettings.parse(alloc_conf), None, entry_seqs=seqs)
@@ -129,7 +130,7 @@ def write_run_snapshot(
 
     segments, traces = run_snapshot_dicts(trace, pca, kernels, peak_reserved_bytes, alloc_conf)
     # PyTorch's snapshots carry PYTORCH_CUDA_ALLOC_CONF; the caching switch is recorded only when caching is off,
-    # because PYTORCH_NO_CUDA_MEMORY_CACHING set to any value (even "0") turns caching off (uvmlab.gpu.worker).
+    # because PYTORCH_NO_CUDA_MEMORY_CACHING set to any value (even "0") turns caching off (uvmlab.measure.gpu.worker).
     settings = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
     if not pca:
         settings["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"

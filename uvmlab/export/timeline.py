@@ -38,8 +38,8 @@ import numpy as np
 import pandas as pd
 
 from uvmlab import __version__
-from uvmlab.atomic import atomic_write_text
-from uvmlab.rundir import RunDir
+from uvmlab.files.atomic import atomic_write_text
+from uvmlab.files.rundir import RunDir
 from uvmlab.units import MiB
 
 PID = 1

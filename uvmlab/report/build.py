@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.atomic import atomic_write_text, atomic_write_with
+from uvmlab.files.atomic import atomic_write_text, atomic_write_with
 from uvmlab.report import captions, figures
 from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
@@ -94,7 +94,7 @@ def build_report(
     The page: headline numbers beside the study's (with why they differ), what was run (said once) and a table
     of the runs linking to their directories, then each figure with its own caption.
     """
-    from uvmlab.rundir import check_figure_format
+    from uvmlab.files.rundir import check_figure_format
 
     check_figure_format(figure_format)
     sweep_dir = Path(sweep_dir)

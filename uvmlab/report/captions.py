@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from uvmlab import study
 from uvmlab.report.data import MEASURED_MODES, ok_runs, workload_order
+from uvmlab.uvm import study
 
 STUDY_HEADLINES = study.HEADLINES
-"""seeds/003 section 4.2 (uvmlab.study)."""
+"""seeds/003 section 4.2 (uvmlab.uvm.study)."""
 
 
 VERSION_KEYS = ("uvmlab", "python", "torch", "cuda", "driver", "nsys", "gpu_name")
@@ -56,7 +56,7 @@ def describe_runs(df: pd.DataFrame) -> str:
 
 
 WHY_SIMULATED = {
-    "mean_slowdown_pca": "The simulator's fault-service costs are defaults (uvmlab.sim.timing.CostParams), not "
+    "mean_slowdown_pca": "The simulator's fault-service costs are defaults (uvmlab.sim.uvm.timing.CostParams), not "
     "calibrated on an A100, and a simulated run has 3 iterations where the study ran longer.",
     "max_slowdown_pca": "The study's extremes come from thrashing (AlexNet beyond factor 5) that the UVM model "
     "shows only as a smooth rise with the factor.",
@@ -123,7 +123,7 @@ FIGURE_TEXT = {
     "fig7_read_write": "Share of page faults caused by reads and by writes (read_fault_count, write_fault_count).",
     "fig8_migration_count": "Migration transactions in both directions (htod_count + dtoh_count). The study "
     "plots Nsight Systems' migration records (units of 10^7); a simulated run counts one transfer per "
-    "contiguous run of migrated pages (uvmlab.sim.uvm), so absolute counts differ while trends (factor, PCA on "
+    "contiguous run of migrated pages (uvmlab.sim.uvm.driver), so absolute counts differ while trends (factor, PCA on "
     "vs off) are comparable.",
     "fig9_migration_bytes": "Migrated bytes in both directions (htod_bytes + dtoh_bytes).",
     "fig_sim_vs_measured": "Each point is one configuration run both ways; the dashed line is y = x; titles "

@@ -1,18 +1,20 @@
-"""Figures of `uvmlab compare` (matplotlib, Agg backend): totals with relative errors, per-iteration series,
-per-kernel scatter, footprint bars. Every axis is labelled with its unit."""
+"""What `uvmlab compare` writes: its tables, comparison.json and figures (matplotlib, Agg backend): totals with
+relative errors, per-iteration series, per-kernel scatter, footprint bars. Every axis is labelled with its unit.
+The comparison itself (``uvmlab.measure.compare``) returns data and draws nothing."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.rundir import RunDir
+from uvmlab.measure.compare import Comparison
 from uvmlab.report.ticks import log_axis
-from uvmlab.rundir import RunDir
-
-if TYPE_CHECKING:
-    from uvmlab.compare import Comparison
 
 GIB = float(1 << 30)
 
@@ -130,3 +132,31 @@ def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -
         out.append(rd.write_figure("per_kernel", fig))
         plt.close(fig)
     return out
+
+
+def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format: str = "png") -> list[Path]:
+    """Write comparison.json, tables/*.parquet and figures/*.png into ``out``; return the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, df in (
+        ("totals", cmp.totals),
+        ("footprint", cmp.footprint),
+        ("iterations", cmp.iterations),
+        ("kernels", cmp.kernels),
+    ):
+        if df is None:
+            continue
+        frame = df.copy()
+        for c in frame.columns:
+            if frame[c].dtype == object:
+                num = pd.to_numeric(frame[c], errors="coerce")
+                if num.notna().sum() == frame[c].notna().sum():
+                    frame[c] = num.astype(float)
+                else:
+                    frame[c] = frame[c].map(lambda v: None if v is None else str(v))
+        written.append(RunDir(out).write_table(name, frame))
+    written += plot_comparison(cmp, out, figure_format)
+    atomic_write_json(out / "comparison.json", cmp.to_dict())
+    written.append(out / "comparison.json")
+    return written

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.rundir import RunDir
+from uvmlab.files.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS
 from uvmlab.sweep.aggregate import GROUP_KEYS, slowdown_vs_oversub1
 

@@ -1,4 +1,5 @@
-"""Column contracts of the run-directory tables, shared by simulation (uvmlab.sim) and measurement (uvmlab.nsys).
+"""Column contracts of the run-directory tables, shared by simulation (uvmlab.sim) and measurement
+(uvmlab.measure.nsys).
 
 Every count is a number of events, every ``*_bytes`` a byte count, every ``*_ns`` nanoseconds.
 A figure that was not collected is null (NaN / pd.NA), never 0.

@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.atomic import atomic_write_with
 from uvmlab.errors import InputError
-from uvmlab.rundir import RunDir
+from uvmlab.files.atomic import atomic_write_with
+from uvmlab.files.rundir import RunDir
 
 RESULTS_NAME = "results.parquet"
 GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")

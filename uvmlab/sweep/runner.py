@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, UnavailableError
-from uvmlab.outputs import same_path
-from uvmlab.rundir import RunDir
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.outputs import same_path
+from uvmlab.files.rundir import RunDir
 from uvmlab.sweep.slurm import SlurmOptions
 from uvmlab.sweep.spec import SweepSpec
 from uvmlab.sweep.worker import run_chunk, run_lock, run_one

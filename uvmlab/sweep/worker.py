@@ -8,7 +8,7 @@ error sentence; a crash (a bug, a signal) leaves no result and the parent (:func
 
 Exactly one result per configuration: two workers of the same run directory (e.g. an orphan of a killed sweep and
 the resumed sweep) serialize on the lock, and the second one finds ``result.json`` and exits. ``result.json`` is
-written last and atomically (uvmlab.atomic), so a partial file is never taken for a result.
+written last and atomically (uvmlab.files.atomic), so a partial file is never taken for a result.
 
 ``run_chunk(rundirs)`` is what one Slurm array task (submitit) executes: each configuration in its own process.
 
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.rundir import OWNED_NAMES, RunDir, remove_owned
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.rundir import OWNED_NAMES, RunDir, remove_owned
 from uvmlab.stats.schema import RESULT_KEYS
 
 LOCK_NAME = ".worker.lock"
@@ -92,7 +92,7 @@ def clear_partial(path: Path) -> None:
     for name in OWNED_NAMES:
         if name not in ("config.json", "logs"):
             remove_owned(path / name)
-    for tmp in path.glob(".*.tmp"):  # uvmlab.atomic.atomic_path's temporaries
+    for tmp in path.glob(".*.tmp"):  # uvmlab.files.atomic.atomic_path's temporaries
         tmp.unlink(missing_ok=True)
 
 

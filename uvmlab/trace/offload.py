@@ -9,11 +9,11 @@ job with its optimizer phase replaced; this module does that replacement (no new
 - every allocation of category ``optimizer_state`` and every allocation made in the ``optimizer`` phase (the
   device step's temporaries) is removed, with its accesses: the device never holds the optimizer;
 - every ``optimizer`` kernel is removed and, in its place, each iteration gets three events
-  (kernels column ``api``, read by ``uvmlab.sim.uvm_replay``):
+  (kernels column ``api``, read by ``uvmlab.sim.uvm.replay``):
 
   1. ``offload:grad_dtoh`` (api ``memcpy_dtoh``): reads every gradient alive at the step (``cudaMemcpyAsync``
      device-to-host into pinned host buffers), timed at the link bandwidth (``CostParams.link_bytes_per_s``,
-     UVMSmart's transfer curve, uvmlab.sim.timing) plus the faults of gradient pages that are not resident;
+     UVMSmart's transfer curve, uvmlab.sim.uvm.timing) plus the faults of gradient pages that are not resident;
   2. ``offload:cpu_step`` (api ``host``, column ``host_ns``): the optimizer step on the CPU, trainable parameters /
      :data:`CPU_ADAM_PARAMS_PER_S`; the GPU waits (the step needs every gradient and the next forward every
      parameter);
@@ -126,3 +126,10 @@ def offload_optimizer(trace: Trace, params_per_s: float = CPU_ADAM_PARAMS_PER_S)
     out = Trace(allocations=keep_a.reset_index(drop=True), kernels=kernels, accesses=accesses, header=header)
     out.validate("offloaded trace")
     return out
+
+
+def offload_optimizer_of(trace: Trace, optimizer: str) -> Trace:
+    """:func:`offload_optimizer` for a job trained with ``optimizer`` (sgd without momentum keeps no state)."""
+    if optimizer == "sgd":
+        raise InputError("optimizer sgd (no momentum) keeps no optimizer state: there is nothing to offload")
+    return offload_optimizer(trace)

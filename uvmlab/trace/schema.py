@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.atomic import atomic_write_json, atomic_write_with, to_json
 from uvmlab.errors import InputError
+from uvmlab.files.atomic import atomic_write_json, atomic_write_with, to_json
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
 """Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""

@@ -33,8 +33,8 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.atomic import atomic_write_bytes
 from uvmlab.errors import InputError
+from uvmlab.files.atomic import atomic_write_bytes
 from uvmlab.trace.safe_pickle import safe_load_file
 
 KNOWN_TOP_KEYS = frozenset(

@@ -6,7 +6,7 @@ of the GPU's memory. The kernel (``seq_stream_kernel`` in ``microbench/memory/ke
 repository) splits the working set into an input and an output array of equal size, reads every input element
 and writes every output element once per iteration (element-level in these runs: no stride), so
 ``bytes_accessed`` (= the working set) is its DRAM traffic; t0rq3 instead touches one element per 4 KiB page.
-uvmlab's native kernel time is a roofline (:func:`uvmlab.sim.timing.kernel_time_ns`): bytes / (HBM bandwidth x
+uvmlab's native kernel time is a roofline (:func:`uvmlab.sim.uvm.timing.kernel_time_ns`): bytes / (HBM bandwidth x
 ``memory_efficiency``), with the RTX 5090's HBM bandwidth from :mod:`uvmlab.gpus` and the default ``CostParams``
 (``memory_efficiency`` is an unfitted assumption). Validation points, band 1.5. The GPU is inferred from the
 31.36 GiB total (the README), not stated.
@@ -33,7 +33,7 @@ BAND = 1.5
 def check_stream_native(data_dir: Path) -> list[Point]:
     """seq_stream device-mode median time against the native roofline."""
     from uvmlab.gpus import get_gpu
-    from uvmlab.sim.timing import CostParams, kernel_time_ns
+    from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns
 
     gpu, costs = get_gpu(GPU), CostParams()
     points = []

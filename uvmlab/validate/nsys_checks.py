@@ -1,14 +1,14 @@
 """Scorecard checks on the real Nsight Systems exports (real-data/nsys).
 
-``nsys-parser``: every export through uvmlab's parser (:func:`uvmlab.nsys.stats.summarize`) against independent
+``nsys-parser``: every export through uvmlab's parser (:func:`uvmlab.measure.nsys.stats.summarize`) against independent
 SQL on the raw tables (GPU fault records and page faults, CPU faults, UM migrations per direction: count and
 bytes). The parser must agree exactly (band 1.0). The JSON export's GPU faults are counted from its raw lines.
 
-``nsys-link``: the link-bandwidth fit of ``uvmlab calibrate`` (:func:`uvmlab.calibrate.fit_link_bandwidth`), per
+``nsys-link``: the link-bandwidth fit of ``uvmlab calibrate`` (:func:`uvmlab.measure.calibrate.fit_link_bandwidth`), per
 export with UM migrations. Protocol: the bandwidth is fitted on the host-to-device migrations (copyKind 11) only
 (those points are marked fitted) and validated on the device-to-host migrations (copyKind 12) of the same export:
 their total transfer time and their median achieved bandwidth per transfer size, predicted by the simulator's
-transfer model (:func:`uvmlab.sim.timing.transfer_time_ns`, UVMSmart's atan curve). Exports without DtoH
+transfer model (:func:`uvmlab.sim.uvm.timing.transfer_time_ns`, UVMSmart's atan curve). Exports without DtoH
 migrations give only fitted points. Known miss (no band promised): 4 KiB transfers, whose achieved bandwidth the
 atan curve over-predicts about 2x on the A100 export (csc746) and under-predicts on the RTX 4060 one.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uvmlab.nsys import schema as S
+from uvmlab.measure.nsys import schema as S
 from uvmlab.validate.points import Point, check
 
 DATASET = "nsys"
@@ -32,7 +32,7 @@ JSON_FAULT_TYPE = "CudaUvmGpuPageFaultEvent"  # the JSON export's GPU fault reco
 
 
 def _raw(path: Path, sql: str) -> list[tuple]:
-    """Run ``sql`` on the raw export, opened read-only (independent of uvmlab.nsys)."""
+    """Run ``sql`` on the raw export, opened read-only (independent of uvmlab.measure.nsys)."""
     conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
     try:
         return conn.execute(sql).fetchall()
@@ -64,8 +64,8 @@ def raw_totals(path: Path) -> dict[str, float]:
 
 def parser_totals(path: Path) -> dict[str, float | None]:
     """The same totals through uvmlab's parser (None where it reports the figure as not collected)."""
-    from uvmlab.nsys.read import open_export
-    from uvmlab.nsys.stats import summarize
+    from uvmlab.measure.nsys.read import open_export
+    from uvmlab.measure.nsys.stats import summarize
 
     with open_export(path) as ex:
         s = summarize(ex)
@@ -141,9 +141,9 @@ def _migrations(path: Path, kind: int) -> np.ndarray:
 
 def link_points(path: Path) -> list[Point]:
     """Fit the link bandwidth on the HtoD migrations of one export; validate it on its DtoH migrations."""
-    from uvmlab.calibrate import fit_link_bandwidth
-    from uvmlab.nsys.read import open_export
-    from uvmlab.sim.timing import transfer_bandwidth, transfer_time_ns
+    from uvmlab.measure.calibrate import fit_link_bandwidth
+    from uvmlab.measure.nsys.read import open_export
+    from uvmlab.sim.uvm.timing import transfer_bandwidth, transfer_time_ns
 
     if S.MEMCPY not in _tables(path):
         return []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from uvmlab.nsys import schema as S
+from uvmlab.measure.nsys import schema as S
 from uvmlab.validate.points import Point, check
 
 DATASET = "nsys"
@@ -39,9 +39,9 @@ def export_htod(path: Path) -> tuple[int, int]:
 def sweep_records(n_blocks: int) -> tuple[int, int]:
     """(htod_records, htod_bytes) of a one-fault-per-batch sweep of ``n_blocks`` CPU-resident 2 MiB blocks."""
     from uvmlab.gpus import GPUS
-    from uvmlab.sim.timing import CostParams
-    from uvmlab.sim.uvm import UvmSim
-    from uvmlab.sim.uvm_knobs import VA_BLOCK_BYTES, UvmKnobs
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs
+    from uvmlab.sim.uvm.timing import CostParams
 
     size = n_blocks * VA_BLOCK_BYTES
     sim = UvmSim(size + VA_BLOCK_BYTES, UvmKnobs(batch_unique_pages=1), CostParams(), GPUS["A100-80GB"])
@@ -54,7 +54,7 @@ def sweep_records(n_blocks: int) -> tuple[int, int]:
 @check("nsys-records", needs="nsys", fast=True)
 def check_nsys_records(data_dir: Path) -> list[Point]:
     """HtoD record counts of the sequential-sweep exports: measured vs the simulator's count."""
-    from uvmlab.sim.uvm_knobs import VA_BLOCK_BYTES
+    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
 
     points = []
     for name, fitted in SWEEP_EXPORTS.items():

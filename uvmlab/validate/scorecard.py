@@ -134,7 +134,7 @@ class Scorecard:
     def write(self, out: str | os.PathLike[str] | Any, force: bool = False) -> Path:
         """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``
         (a path, or a RunDir already prepared by :func:`validate`); the writer's lock is released after."""
-        from uvmlab.rundir import RunDir
+        from uvmlab.files.rundir import RunDir
         from uvmlab.validate.figure import scorecard_figure
 
         rd = RunDir.for_writing(out, force)  # refuses a foreign folder or a complete one without force; locks it
@@ -197,11 +197,11 @@ def validate(
 def _output_rundir(out: str | os.PathLike[str] | None, root: Path, force: bool) -> Any:
     """The prepared (owned, locked) run directory ``out``, before any check runs; None without ``out``.
 
-    ``out`` may not be the data folder (or a file in it) whatever ``--force`` says (uvmlab.outputs)."""
+    ``out`` may not be the data folder (or a file in it) whatever ``--force`` says (uvmlab.files.outputs)."""
     if out is None:
         return None
-    from uvmlab.outputs import refuse_input_as_output
-    from uvmlab.rundir import RunDir
+    from uvmlab.files.outputs import refuse_input_as_output
+    from uvmlab.files.rundir import RunDir
 
     refuse_input_as_output(out, [root])
     return RunDir.for_writing(out, force)

@@ -1,6 +1,6 @@
 """Scorecard check: every replayable real snapshot (real-data/snapshots) through the allocator simulator.
 
-Each snapshot with an alloc/free trace is replayed with :func:`uvmlab.replay.replay_snapshot` (PyTorch's
+Each snapshot with an alloc/free trace is replayed with :func:`uvmlab.memory.replay.replay_snapshot` (PyTorch's
 CUDACachingAllocator rules, reference/allocator.md; nothing is fitted). Per device, four quantities, each promised
 exact (band 1.0): allocations placed at the real address (measured = the trace's allocations, predicted = those
 the simulator put at the same address), peak reserved bytes, peak requested bytes, and segment events
@@ -37,7 +37,7 @@ def _case(path: Path, device: int, n_devices: int) -> str:
 
 def snapshot_points(path: Path) -> list[Point]:
     """The points of one snapshot (empty for a snapshot without a trace)."""
-    from uvmlab.replay import replay_snapshot
+    from uvmlab.memory.replay import replay_snapshot
 
     try:
         report = replay_snapshot(path)

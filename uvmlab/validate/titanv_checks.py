@@ -3,7 +3,7 @@
 abc.cu (real-data/uvm README section 1): three managed 2 MiB arrays a, b, c; the CPU initialises the first 32
 pages of each; one warp of 32 threads does ``c[p] = a[p] + b[p]``, one page per thread; prefetcher off. Each of
 the four logs shows 96 faults: 56 + 8 reads (two VA blocks, then one) and 32 writes (one block). The model
-(:class:`uvmlab.sim.uvm.UvmSim`) must give the same totals, read/write split and VA blocks (band 1.0). It has no
+(:class:`uvmlab.sim.uvm.driver.UvmSim`) must give the same totals, read/write split and VA blocks (band 1.0). It has no
 arrival times, so it services the 64 reads in one batch: the log's consecutive same-kind batches are merged
 before the batch count is compared (docs/uvm-sim.md). The wall time of the fault handling is tabulated as a
 fitted point: the fault-path cost defaults come from these logs (a consistency check, not a validation). So is
@@ -27,7 +27,7 @@ FAULT_BUFFER_ENTRIES = 256  # entries per fault batch (reference/uvm.md 1.4; the
 def parse_abc(path: Path) -> dict[str, Any]:
     """Batches (access kind, faults, distinct VA blocks), distinct VA blocks per access kind, destroyed ranges and
     wall time (us) of one abc log."""
-    from uvmlab.sim.uvm_knobs import VA_BLOCK_BYTES
+    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
 
     batches: list[dict[str, Any]] = []
     destroyed: list[tuple[int, int]] = []
@@ -61,8 +61,8 @@ def simulate_abc(knobs: Any = None) -> tuple[Any, list[tuple[str, int, int]]]:
     """The simulated abc run and its batches (kind, faults, VA blocks). Default knobs: the logged driver's
     (prefetcher off, uvm_perf_prefetch_enable=0 in genabcfaults.sh) and one warp: all its 64 loads are in flight
     together, so the batch is not limited by concurrency (batch_unique_pages = the 256-entry batch)."""
-    from uvmlab.sim.uvm import UvmSim
-    from uvmlab.sim.uvm_knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 
     if knobs is None:
         knobs = UvmKnobs(prefetch_enable=False, batch_unique_pages=256)
@@ -136,7 +136,7 @@ def cublas_unique_pages(path: Path) -> float:
 @check("titanv-cublas", needs="uvm/uvm-eval_titanv_460.27.04", fast=True)
 def check_cublas(data_dir: Path) -> list[Point]:
     """The default distinct pages per fault batch against the cuBLAS log it was fitted on."""
-    from uvmlab.sim.uvm_knobs import UvmKnobs
+    from uvmlab.sim.uvm.knobs import UvmKnobs
 
     path = data_dir / "uvm" / "uvm-eval_titanv_460.27.04" / CUBLAS_LOG
     if not path.is_file():
@@ -150,6 +150,6 @@ def check_cublas(data_dir: Path) -> list[Point]:
             cublas_unique_pages(path),
             float(UvmKnobs().batch_unique_pages),
             fitted=True,
-            note="the default batch_unique_pages is fitted on this log (uvmlab.sim.uvm_knobs)",
+            note="the default batch_unique_pages is fitted on this log (uvmlab.sim.uvm.knobs)",
         )
     ]

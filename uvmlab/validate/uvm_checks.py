@@ -1,25 +1,26 @@
 """Scorecard checks of the UVM simulator on the real RTX 5090 data (real-data/uvm); registered on import.
 
-* ``uvm/gcn-rtx5090``: the PyTorch GCN of noob512/uvm (``uvmlab.sim.uvm_gcn``), with and without user prefetch:
+* ``uvm/gcn-rtx5090``: the PyTorch GCN of noob512/uvm (``uvmlab.sim.uvm.gcn``), with and without user prefetch:
   UVM and native epoch times, slowdown, peak allocated bytes, and the user-prefetch speedup (issue 16 needs it):
   both the script's own prefetching allocator (every tensor prefetched at allocation, in the trace) and
   ``uvmlab advise``'s generic ``prefetch-on-alloc`` policy (every new range prefetched,
   ``UvmKnobs.prefetch_on_alloc``) against the measured speedup of the with-user-prefetch runs (band 1.5x). The
   allocator of those runs: noob512/uvm ``workloads/pytorch/docs/UVM_EVALUATION.md`` section 2.4 and weiso131/schedcp
-  ``workloads/pytorch/uvm_allocator.c`` @8a8dccd (``uvmlab.sim.uvm_gcn`` docstring).
+  ``workloads/pytorch/uvm_allocator.c`` @8a8dccd (``uvmlab.sim.uvm.gcn`` docstring).
 * ``uvm/uvmbench-rtx5090`` (fast): uvmbench t0rq3 seq_stream / rand_stream at 1.0x, 1.25x, 1.5x
-  (``uvmlab.sim.uvm_bench``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
+  (``uvmlab.sim.uvm.bench``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
   latency-bound case) at 1.25x and 1.5x.
 * ``uvm/uvmbench-rtx5090-modes`` (fast): the undersubscribed uvmbench runs, where no page moves after the warm-ups:
   the native time of the page-strided kernels (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x; seq_stream
   ``device`` 0.5x fits ``sector_memory_efficiency``) and the rq4 ``cudaMemPrefetchAsync`` / ``cudaMemAdvise`` modes
-  at 0.25x (``uvmlab.sim.uvm_bench`` module docstring says how each mode is modelled). Band 1.5 for the modes whose
+  at 0.25x (``uvmlab.sim.uvm.bench`` module docstring says how each mode is modelled). Band 1.5 for the modes whose
   steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU); no band for read-mostly and the
-  two remote-mapping modes, whose costs are the hint model's (``uvmlab.sim.uvm_hints``), not fitted and not
+  two remote-mapping modes, whose costs are the hint model's (``uvmlab.sim.uvm.hints``), not fitted and not
   validated before: they are tabulated with what they miss. pointer_chase is not scored (its native time is
   latency-bound and L2-resident, above).
 
-Points used to fit the RTX 5090 profile (``uvmlab/sim/profiles/rtx5090.json``, ``uvmlab.calibrate_uvm``) are marked
+Points used to fit the RTX 5090 profile (``uvmlab/sim/uvm/profiles/rtx5090.json``, ``uvmlab.measure.profile_fit``) are
+marked
 ``fitted=True``: native GCN 5M, UVM GCN 5M, seq_stream 1.25x, seq_stream device 0.5x, GCN 5M with user prefetch
 (and so the 5M speedups).
 The Titan V logs are checked by the i11val checks.
@@ -31,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from uvmlab.calibrate_uvm import (
+from uvmlab.measure.profile_fit import (
     BENCH_CSV,
     GCN_DIR,
     SECTOR_FIT,
@@ -40,7 +41,7 @@ from uvmlab.calibrate_uvm import (
     gcn_epoch_s,
     gcn_measured,
 )
-from uvmlab.sim.profile import load_profile
+from uvmlab.sim.uvm.profile import load_profile
 from uvmlab.validate.points import Plan, Point, Task, check, planned_check
 
 GCN_SIZES = (5_000_000, 7_000_000, 8_000_000, 10_000_000, 12_000_000, 15_000_000)
@@ -93,7 +94,7 @@ GCN_TASK_S_PER_MNODE = 1.8
 def gcn_points(data_dir: Path) -> Plan:
     """GCN epoch times, slowdowns, footprints and the user-prefetch speedup (module docstring): one task per
     simulated (size, variant), 20 replays."""
-    from uvmlab.sim.uvm_knobs import UvmKnobs
+    from uvmlab.sim.uvm.knobs import UvmKnobs
 
     uvm = data_dir / "uvm"
     costs = load_profile("RTX5090")

@@ -1,0 +1,221 @@
+"""Fit the simulator's cost parameters (``uvmlab.sim.uvm.timing.CostParams``) from a measured nsys export.
+
+Only what the export supports is fitted; every other parameter keeps its default (or the ``--base`` file's value),
+and the parameter file lists which is which (``fitted`` / ``kept``), with the data behind each fit (``details``).
+
+Fits (approximations, also in docs/nsys.md):
+
+``link_bytes_per_s``
+    From UM migrations (MEMCPY copyKind 11/12 with positive duration). The simulator's transfer model is
+    ``t = bytes / BW(bytes)`` with ``BW(s) = L * atan(k s_KiB) / atan(k 2048)`` (uvmlab.sim.uvm.timing); ``L`` is fitted
+    by least squares on the transfer *times*: ``1/L = Σ c_i t_i / Σ c_i²`` with ``c_i = bytes_i / shape(bytes_i)``.
+    Needs at least ``MIN_SAMPLES`` migrations. The per-size median bandwidths are reported next to the model's.
+``batch_turnaround_ns``
+    From GPU fault records (first ``MAX_FAULT_ROWS`` by time). Records on one device whose time intervals overlap
+    are taken as one fault batch (nsys gives no batch ids: an approximation). Per batch, the measured duration
+    minus the model's other terms (fault entries × ``fault_entry_ns`` × ``raw_entries_per_fault``, distinct 2 MiB
+    VA blocks × ``block_service_ns``, and the transfer time of the UM migrations that start inside the batch at the
+    fitted link bandwidth); the median over batches, floored at 0, is the fitted turnaround.
+``compute_efficiency`` and ``memory_efficiency`` (the kernel time scale)
+    Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
+    matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
+    (the kernels table's ``native_ns`` where present, else ``duration_ns``); both
+    efficiencies are divided by ``scale`` (the native kernel time is inversely proportional to them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.measure.nsys import schema as S
+from uvmlab.measure.nsys.read import Export, open_export
+from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams, transfer_bandwidth
+
+MIN_SAMPLES = 10  # fewest migrations / batches / kernels a fit uses
+MAX_FAULT_ROWS = 2_000_000  # fault records read for the batch fit (bounded memory)
+VA_BLOCK_BYTES = 2 << 20  # UVM VA block (2 MiB), reference/uvm.md
+SIZE_BUCKETS = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20)
+
+
+def _shape(nbytes: np.ndarray) -> np.ndarray:
+    """The simulator's bandwidth curve normalised to 1 at 2 MiB (uvmlab.sim.uvm.timing.transfer_bandwidth)."""
+    return np.asarray(transfer_bandwidth(np.asarray(nbytes, dtype=float), 1.0), dtype=float)
+
+
+def fit_link_bandwidth(
+    ex: Export, copy_kinds: tuple[int, ...] = (S.COPY_KIND_UVM_HTOD, S.COPY_KIND_UVM_DTOH)
+) -> tuple[float | None, dict[str, Any]]:
+    """Fitted 2 MiB link bandwidth (bytes/s) from UM migrations of ``copy_kinds``, or None with the reason."""
+    if not ex.has(S.MEMCPY):
+        return None, {"reason": "no copy table in the export"}
+    kinds = ", ".join(str(int(k)) for k in copy_kinds)
+    rows = ex.query(
+        f'SELECT bytes, "end" - start FROM {S.MEMCPY} WHERE copyKind IN ({kinds}) AND "end" > start AND bytes > 0'
+    )
+    if len(rows) < MIN_SAMPLES:
+        return None, {"reason": f"{len(rows)} UM migrations with a duration (< {MIN_SAMPLES})"}
+    a = np.array(rows, dtype=float)
+    b, t = a[:, 0], a[:, 1] / 1e9
+    c = b / _shape(b)
+    inv = float((c * t).sum() / (c * c).sum())
+    link = 1.0 / inv
+    buckets = []
+    edges = (0, *SIZE_BUCKETS, math.inf)
+    for lo, hi in itertools.pairwise(edges):
+        m = (b > lo) & (b <= hi)
+        if m.any():
+            buckets.append(
+                {
+                    "size_bytes_max": None if hi == math.inf else int(hi),
+                    "count": int(m.sum()),
+                    "median_measured_bytes_per_s": float(np.median(b[m] / t[m])),
+                    "model_bytes_per_s_at_median_size": float(link * _shape(np.median(b[m]))),
+                }
+            )
+    return link, {"migrations": len(rows), "by_size": buckets}
+
+
+def fit_batch_turnaround(ex: Export, base: CostParams, link: float | None) -> tuple[float | None, dict[str, Any]]:
+    """Fitted per-batch fault cost (ns) from GPU fault records, or None with the reason."""
+    if not ex.row_count(S.GPU_FAULTS):
+        status, why = ex.status(S.GPU_FAULTS)
+        return None, {"reason": f"no GPU fault records ({status}: {why})"}
+    t = S.GPU_FAULTS
+    rows = ex.query(
+        f"SELECT deviceId, start, {ex.col(t, 'end', 'start')}, {ex.col(t, 'address', '0')}, numberOfPageFaults "
+        f"FROM {t} ORDER BY deviceId, start LIMIT {MAX_FAULT_ROWS}"
+    )
+    f = pd.DataFrame(rows, columns=["dev", "s", "e", "addr", "n"]).fillna(0)
+    # batches: union of overlapping intervals per device
+    prev_end = f.groupby("dev")["e"].transform(lambda x: x.cummax().shift(1))
+    new = (f["s"] >= prev_end) | prev_end.isna()
+    f["batch"] = new.cumsum()
+    f["block"] = f["addr"].astype("int64") // VA_BLOCK_BYTES
+    g = f.groupby("batch").agg(s=("s", "min"), e=("e", "max"), n=("n", "sum"), blocks=("block", "nunique"))
+    if len(g) < MIN_SAMPLES:
+        return None, {"reason": f"{len(g)} fault batches (< {MIN_SAMPLES})"}
+    dur = (g["e"] - g["s"]).to_numpy(float)
+    other = (
+        g["n"].to_numpy(float) * base.fault_entry_ns * base.raw_entries_per_fault
+        + g["blocks"].to_numpy(float) * base.block_service_ns
+    )
+    transfer = np.zeros(len(g))
+    if link and ex.has(S.MEMCPY):
+        mig = np.array(
+            ex.query(f"SELECT start, bytes FROM {S.MEMCPY} WHERE copyKind = {S.COPY_KIND_UVM_HTOD} ORDER BY start")
+            or [(0, 0)],
+            dtype=float,
+        )
+        sec = mig[:, 1] / (link * np.maximum(_shape(mig[:, 1]), 1e-12))
+        csum = np.concatenate([[0.0], np.cumsum(sec)])
+        lo = np.searchsorted(mig[:, 0], g["s"].to_numpy(float), side="left")
+        hi = np.searchsorted(mig[:, 0], g["e"].to_numpy(float), side="right")
+        transfer = (csum[hi] - csum[lo]) * 1e9
+    residual = dur - other - transfer
+    value = max(0.0, float(np.median(residual)))
+    return value, {
+        "fault_records_used": len(f),
+        "batches": len(g),
+        "median_batch_duration_ns": float(np.median(dur)),
+        "median_modelled_other_terms_ns": float(np.median(other + transfer)),
+        "floored_at_zero": bool(np.median(residual) < 0),
+    }
+
+
+def fit_kernel_scale(ex: Export, sim_run: str | os.PathLike[str]) -> tuple[float | None, dict[str, Any]]:
+    """median(measured / simulated kernel time) over matched fault-free kernels, or None with the reason."""
+    from uvmlab.measure.compare import load_run, match_kernels
+    from uvmlab.measure.nsys.measured import to_run_tables
+
+    sim = load_run(sim_run)
+    if "kernels" not in sim.tables:
+        return None, {"reason": f"{sim_run} has no kernels table"}
+    sk = sim.tables["kernels"]
+    if "native_ns" in sk.columns:  # the simulator's all-resident time, without its fault stalls
+        sk = sk.assign(duration_ns=sk["native_ns"])
+    meas = to_run_tables(ex)["kernels"]
+    m, how = match_kernels(sk, meas)
+    if m is None:
+        return None, {"reason": how}
+    ok = m["duration_ns_a"].notna() & m["duration_ns_b"].notna() & (m["duration_ns_a"] > 0)
+    for side in ("a", "b"):
+        col = f"fault_count_{side}"
+        if col in m:
+            ok &= m[col].fillna(0) == 0
+    if ok.sum() < MIN_SAMPLES:
+        return None, {"reason": f"{int(ok.sum())} matched fault-free kernels (< {MIN_SAMPLES}); {how}"}
+    ratio = m.loc[ok, "duration_ns_b"].astype(float) / m.loc[ok, "duration_ns_a"].astype(float)
+    return float(ratio.median()), {
+        "matched_kernels": int(ok.sum()),
+        "match": how,
+        "ratio_p10": float(ratio.quantile(0.1)),
+        "ratio_p90": float(ratio.quantile(0.9)),
+    }
+
+
+def calibrate(
+    report: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    sim_run: str | os.PathLike[str] | None = None,
+    base: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Fit what the export supports, write the parameter file ``out``, return its content."""
+    params = CostParams.from_file(base) if base is not None else CostParams()
+    fitted: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+    notes: list[str] = []
+    with open_export(report) as ex:
+        link, details["link_bytes_per_s"] = fit_link_bandwidth(ex)
+        if link is not None and math.isfinite(link) and link > 0:
+            fitted["link_bytes_per_s"] = link
+        turnaround, details["batch_turnaround_ns"] = fit_batch_turnaround(ex, params, fitted.get("link_bytes_per_s"))
+        if turnaround is not None:
+            fitted["batch_turnaround_ns"] = turnaround
+            if details["batch_turnaround_ns"].get("floored_at_zero"):
+                notes.append(
+                    "batch_turnaround_ns: the other modelled terms exceed the measured batch time; floored at 0"
+                )
+        if sim_run is not None:
+            scale, details["kernel_time_scale"] = fit_kernel_scale(ex, sim_run)
+            if scale is not None and scale > 0:
+                fitted["compute_efficiency"] = params.compute_efficiency / scale
+                fitted["memory_efficiency"] = params.memory_efficiency / scale
+        else:
+            details["kernel_time_scale"] = {"reason": "no --sim-run given"}
+        source = f"uvmlab calibrate from nsys export {Path(report).resolve()} (nsys {ex.version.nsys_version})"
+    params = replace(params, **fitted)
+    kept = [f.name for f in fields(CostParams) if f.name not in fitted]
+    for name, d in details.items():
+        if "reason" in d:
+            notes.append(f"{name}: kept ({d['reason']})")
+    doc = {
+        "schema_version": PARAMS_SCHEMA_VERSION,
+        "source": source,
+        "params": asdict(params),
+        "fitted": sorted(fitted),
+        "kept": kept,
+        "details": details,
+        "notes": notes,
+    }
+    atomic_write_json(Path(out), doc)
+    CostParams.from_file(out)  # the file must read back
+    return doc
+
+
+def calibrate_microbench(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Measure the parameters on this machine's GPU and write them
+    (``uvmlab.measure.gpu.microbench.calibrate_microbench``;
+    refuses with UnavailableError without a GPU or CuPy)."""
+    from uvmlab.measure.gpu.microbench import calibrate_microbench as measure
+
+    return measure(Path(out))

@@ -1,0 +1,299 @@
+"""The child process of a GPU run: ``python -m uvmlab.measure.gpu.worker RUNDIR --role run|baseline|calibrate``.
+
+It reads ``RUNDIR/config.json`` (the RunConfig the parent wrote), builds the workload on the device, and runs
+``workloads.train.train_step`` (the same loop trace capture uses) with NVTX ranges ``iteration N`` around each
+iteration and one range per phase (data, forward, backward, optimizer, zero_grad), so an nsys export lines up
+with the trace. Each iteration ends with a device synchronisation; its wall time is measured with
+``time.monotonic_ns`` (the clock of the shim's allocation log). At every phase boundary it samples
+``torch.cuda.memory_allocated`` / ``memory_reserved`` and NVML's used memory.
+
+With the caching allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING`` set, any value: c10 ``forceUncachedAllocator``
+tests ``getenv(...) != nullptr``), PyTorch's uncached path bypasses the allocator statistics, so
+``memory_allocated/reserved`` and their peaks would read 0: they are recorded as null (unknown) and the collector
+takes them from the shim's allocation log.
+
+The capacity UVM really has (``capacity_probe``, one probe): after the last timed iteration the worker frees the
+job's memory (model, optimizer, the caching allocator's cache, cuBLAS workspaces), so that no managed page
+occupies the GPU, and records cudaMemGetInfo and the shim's live managed and balloon bytes: ``free + live
+managed`` is then what UVM can use plus the reserve the balloon left on purpose
+(uvmlab.measure.gpu.collect.effective_factor). Measuring at the end keeps the timed iterations undisturbed (no
+synchronize between them).
+
+Outputs (under RUNDIR/logs/): ``<role>.worker.json`` (outcome, iteration times, peaks, capacity probe, versions)
+and ``<role>.samples.parquet``. Exit code 0 also for an out-of-memory outcome (it is a result), 2 for a bad setup.
+``--device cpu`` runs the same code on the CPU (tests; no NVTX tool attached, no NVML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from uvmlab.config import RunConfig
+from uvmlab.errors import UvmlabError
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.measure.gpu.plan import EMPTY_CACHE_ENV
+
+
+class _Nvtx:
+    """NVTX push/pop through the ``nvtx`` package (a dependency; a no-op when no profiler is attached), with the
+    open depth counted."""
+
+    def __init__(self) -> None:
+        import nvtx
+
+        self._push, self._pop = nvtx.push_range, nvtx.pop_range
+        self.depth = 0
+
+    def push(self, name: str) -> None:
+        self._push(name)
+        self.depth += 1
+
+    def pop(self) -> None:
+        if self.depth > 0:
+            self._pop()
+            self.depth -= 1
+
+
+class _Nvml:
+    """NVML used-memory sampler of the run's GPU (None values where NVML is absent).
+
+    The GPU is found by the UUID CUDA reports for the device in use (exact whatever CUDA_DEVICE_ORDER and
+    CUDA_VISIBLE_DEVICES say), else by uvmlab.measure.gpu.detect.nvml_handle's mapping."""
+
+    def __init__(self, enabled: bool, uuid: str | None = None) -> None:
+        self.handle = None
+        self.mod: Any = None
+        if not enabled:
+            return
+        try:
+            import pynvml
+        except ImportError:
+            return
+        from uvmlab.measure.gpu.detect import nvml_handle
+
+        try:
+            pynvml.nvmlInit()
+            handle, _why = nvml_handle(pynvml, dict(os.environ), uuid=uuid)
+            if handle is not None:
+                self.handle, self.mod = handle, pynvml
+        except (pynvml.NVMLError, ValueError):
+            return
+
+    def used(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self.mod.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+
+def _flush_shim_log() -> None:
+    """Ask a preloaded shim to write its buffered allocation records now (it also does at exit)."""
+    try:
+        fn = ctypes.CDLL(None).uvmlab_flush_log
+    except (AttributeError, OSError):
+        return
+    fn()
+
+
+def shim_counter(name: str) -> int | None:
+    """A size_t counter of the preloaded shim (``uvmlab_live_managed_bytes``, ``uvmlab_balloon_bytes``); None
+    without the shim."""
+    try:
+        fn = ctypes.CDLL(None)[name]
+    except (AttributeError, OSError):
+        return None
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = []
+    return int(fn())
+
+
+def caching_disabled(env: Any = None) -> bool:
+    """PyTorch's caching allocator is off: PYTORCH_NO_CUDA_MEMORY_CACHING is set, whatever its value."""
+    return "PYTORCH_NO_CUDA_MEMORY_CACHING" in (os.environ if env is None else env)
+
+
+def memory_probe(torch: Any, when: str) -> dict[str, Any]:
+    """cudaMemGetInfo (through torch, i.e. the real runtime: the shim does not intercept it) and the shim's live
+    managed and balloon bytes, now."""
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "when": when,
+        "free_bytes": int(free),
+        "total_bytes": int(total),
+        "live_managed_bytes": shim_counter("uvmlab_live_managed_bytes"),
+        "balloon_bytes": shim_counter("uvmlab_balloon_bytes"),
+    }
+
+
+def release_job_memory(torch: Any) -> None:
+    """Give back every managed byte the job holds: the caller dropped its references; collect, empty the cache and
+    the cuBLAS workspaces (held by PyTorch outside the cache: torch._C._cuda_clearCublasWorkspaces)."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+
+
+def run_worker(rundir: Path, role: str, iterations: int | None = None, device: str = "cuda") -> dict[str, Any]:
+    """Run the configured job in this process; write ``logs/<role>.worker.json`` and return its content."""
+    import pandas as pd
+    import torch
+
+    from workloads.registry import load_workload
+    from workloads.train import PHASE_END, make_optimizer, train_step
+
+    doc = json.loads((rundir / "config.json").read_text())
+    doc.pop("gpu_options", None)
+    cfg = RunConfig.from_dict(doc)
+    wcfg = cfg.workload
+    n_iter = iterations or wcfg.iterations
+    is_cuda = device.startswith("cuda")
+    if is_cuda and not torch.cuda.is_available():
+        raise UvmlabError("the worker found no CUDA device (torch.cuda.is_available() is False)")
+    sync = torch.cuda.synchronize if is_cuda else (lambda: None)
+    nvtx = _Nvtx()
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")) if is_cuda else ""
+    nvml = _Nvml(is_cuda, uuid or None)
+    uncached = is_cuda and caching_disabled()
+    release_each_iteration = is_cuda and os.environ.get(EMPTY_CACHE_ENV) == "1"
+    probes: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    its: list[dict[str, Any]] = []
+    outcome, error = "ok", None
+
+    def sample(phase: str, iteration: int) -> None:
+        samples.append(
+            {
+                "time_ns": time.monotonic_ns(),
+                "iteration": iteration,
+                "phase": phase,
+                "allocated_bytes": torch.cuda.memory_allocated() if is_cuda and not uncached else None,
+                "reserved_bytes": torch.cuda.memory_reserved() if is_cuda and not uncached else None,
+                "nvml_used_bytes": nvml.used(),
+            }
+        )
+
+    def hook(phase: str, iteration: int) -> None:
+        if nvtx.depth > 1:  # close the previous phase (depth 1 is the iteration range)
+            nvtx.pop()
+        sample(phase, iteration)
+        if phase != PHASE_END:
+            nvtx.push(phase)
+
+    t_build = time.monotonic_ns()
+    try:
+        workload = load_workload(wcfg.workload).build(wcfg, device)
+        if wcfg.checkpoint:  # policy checkpoint-activations (workloads.checkpointing)
+            from workloads.checkpointing import apply_checkpointing
+
+            apply_checkpointing(workload, wcfg.checkpoint)
+        optimizer = make_optimizer(workload.model, wcfg)
+        hints = _hints(is_cuda, torch)
+        if hints is not None:  # per-tensor UVM hint policies (uvmlab.measure.gpu.hints)
+            hints.on_built(workload.model)
+            hints.on_optimizer(optimizer)
+        sync()
+        sample("built", -1)
+        for it in range(n_iter):
+            start = time.monotonic_ns()
+            nvtx.push(f"iteration {it}")
+            train_step(workload, optimizer, wcfg, hook, it)
+            if hints is not None:
+                hints.after_step(optimizer, it)
+            if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
+                torch.cuda.empty_cache()
+            sync()
+            while nvtx.depth:
+                nvtx.pop()
+            end = time.monotonic_ns()
+            its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
+    except torch.OutOfMemoryError as exc:
+        outcome, error = "oom", str(exc).splitlines()[0]
+    while nvtx.depth:
+        nvtx.pop()
+    peaks = {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if is_cuda and not uncached else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if is_cuda and not uncached else None,
+    }
+    if is_cuda:
+        workload = optimizer = None  # drop the job's tensors before measuring
+        release_job_memory(torch)
+        probes.append(memory_probe(torch, "after the job's memory was released"))
+    _flush_shim_log()
+    logs = rundir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(samples).to_parquet(logs / f"{role}.samples.parquet", index=False)
+    result = {
+        "role": role,
+        "device": device,
+        "outcome": outcome,
+        "error": error,
+        "iterations": its,
+        "build_ns": (its[0]["start_ns"] if its else time.monotonic_ns()) - t_build,
+        **peaks,
+        "caching_allocator": None if not is_cuda else not uncached,
+        "capacity_probe": probes,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "device_name": torch.cuda.get_device_name() if is_cuda else None,
+        "env": {k: os.environ.get(k) for k in _RECORDED_ENV},
+    }
+    atomic_write_json(logs / f"{role}.worker.json", result)
+    return result
+
+
+_RECORDED_ENV = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "LD_PRELOAD",
+    "UVMLAB_SHIM_MODE",
+    "UVMLAB_ADVISE",
+    "UVMLAB_PREFETCH",
+    "UVMLAB_HINTS",
+    "UVMLAB_BALLOON_BYTES",
+    "UVMLAB_BALLOON_LEAVE_BYTES",
+    "UVMLAB_ALLOC_LOG",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_MODULE_LOADING",
+)
+
+
+def _hints(is_cuda: bool, torch: Any) -> Any:
+    """The per-tensor UVM hints ``UVMLAB_HINTS`` names (uvmlab.measure.gpu.hints), or None."""
+    from uvmlab.measure.gpu.hints import CudaRuntime, Hints, hints_from_env
+
+    names = hints_from_env(os.environ)
+    if not names or not is_cuda:
+        return None
+    device = torch.cuda.current_device()
+    return Hints(names, CudaRuntime(), device, lambda: int(torch.cuda.current_stream().cuda_stream))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uvmlab.measure.gpu.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("rundir", type=Path)
+    parser.add_argument("--role", choices=("run", "baseline", "calibrate"), default="run")
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    try:
+        run_worker(args.rundir, args.role, args.iterations, args.device)
+    except UvmlabError as exc:
+        print(f"uvmlab worker: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""uvmlab.measure.nsys."""

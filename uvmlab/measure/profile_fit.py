@@ -1,0 +1,222 @@
+"""Fit a UVM cost profile from end-to-end timings of real workloads (``uvmlab calibrate --uvm-profile``).
+
+Protocol (docs/uvm-sim.md "Cost profiles"): fit on a declared subset, validate on all the rest; the seed study is
+never fitted. For the RTX 5090 (driver 575) profile:
+
+0. The kernel time scale (``compute_efficiency`` and ``memory_efficiency`` divided by one factor) on the
+   **native GCN 5M epoch** (no UVM).
+1. ``fault_scale`` s multiplies every fault-path constant of ``CostParams`` (batch turnaround, per-entry cost,
+   per-block service, fresh-block cost, eviction fixed cost; their Titan V / literature defaults keep their
+   ratios). Fitted on **GCN 5M without user prefetch** (no oversubscription: the epoch is native time plus the
+   faults and zero-fill of ~233k freshly allocated 2 MiB blocks). The epoch time is linear in s, so two
+   simulations give it exactly.
+2. ``sector_memory_efficiency`` (DRAM efficiency of lone 32 B sectors, one per 4 KiB page: uvmbench's
+   page-strided kernels) fitted on **uvmbench seq_stream in device mode at 0.5x** (no UVM: the time is the
+   native kernel's, inversely proportional to the efficiency).
+3. ``link_bytes_per_s`` (2 MiB host<->device bandwidth, HtoD and DtoH serialised) fitted on **uvmbench
+   seq_stream at 1.25x** with s fixed: the transfer part of the time is proportional to 1 / bandwidth.
+4. ``prefetch_first_block_ns`` (the API path's cost for a never-populated block: ``cudaMemPrefetchAsync`` ->
+   ``uvm_migrate.c`` populate, CE zeroing, mapping) fitted on **GCN 5M with user prefetch** (every tensor
+   prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
+   per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
+
+Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
+other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed study) is validation
+(uvmlab/validate/uvm_checks.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from uvmlab.errors import InputError
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.gpus import GPUS
+from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
+from uvmlab.stats.schema import steady_mean
+
+FAULT_PATH = ("batch_turnaround_ns", "fault_entry_ns", "block_service_ns", "block_first_gpu_ns", "evict_fixed_ns")
+GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
+BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
+PREFETCH_PROBE_NS = 10_000.0
+"""Probe value of ``prefetch_first_block_ns`` for the two-point linear fit (any positive value gives the same fit)."""
+SECTOR_FIT = ("device", 0.5)
+"""The uvmbench point ``sector_memory_efficiency`` is fitted on: seq_stream, this mode and size factor (t0rq3)."""
+BENCH_SCALE = 16
+"""Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm.bench)."""
+
+
+def scaled(base: CostParams, s: float) -> CostParams:
+    """``base`` with every fault-path constant multiplied by ``s``."""
+    return replace(base, **{f: getattr(base, f) * s for f in FAULT_PATH})
+
+
+def gcn_measured(uvm_dir: Path, nodes: int, prefetch: bool = False, uvm: bool = True) -> float:
+    """Measured mean epoch time (s) of the GCN at ``nodes`` (real-data JSON)."""
+    sub = "with-user-prefetch" if prefetch else "without-user-prefetch"
+    kind = ("result_uvm_baseline" if uvm else "result_no_uvm") + ("" if prefetch else "1")
+    p = uvm_dir / GCN_DIR / sub / kind / f"{nodes}.json"
+    try:
+        return float(json.loads(p.read_text())["avg_epoch_time_s"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise InputError(f"cannot read GCN timing {p}: {exc}") from None
+
+
+def bench_measured(uvm_dir: Path, kernel: str, factor: float, mode: str = "uvm", csv: str = BENCH_CSV) -> float:
+    """Measured median time (ms) of uvmbench ``kernel`` in ``mode`` at ``factor`` (default: the t0rq3 CSV)."""
+    import pandas as pd
+
+    df = pd.read_csv(uvm_dir / csv)
+    row = df[(df["kernel"] == kernel) & (df["mode"] == mode) & ((df["size_factor"] - factor).abs() < 1e-6)]
+    if row.empty:
+        raise InputError(f"{csv} has no {mode} row for {kernel} at {factor}")
+    return float(row["median_ms"].iloc[0])
+
+
+def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False, knobs: Any = None) -> tuple[float, float, int]:
+    """Simulated (UVM epoch s, native epoch s, peak allocated bytes) of the GCN on the RTX 5090.
+
+    ``prefetch``: the script's own user-prefetch variant (prefetches in the trace); ``knobs``: UvmKnobs (e.g.
+    ``prefetch_on_alloc``, the advisor's policy of the same name)."""
+    from uvmlab.sim.allocator.placement import place
+    from uvmlab.sim.uvm.bench import RTX5090_TOTAL_BYTES
+    from uvmlab.sim.uvm.gcn import gcn_trace
+    from uvmlab.sim.uvm.replay import replay
+
+    gpu = GPUS["RTX5090"]
+    tr = gcn_trace(nodes, with_prefetch=prefetch)
+    pl = place(tr, "nocache")
+    r = replay(tr, pl, RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, knobs, costs)
+    return steady_mean(r.iterations["duration_ns"]) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
+
+
+def bench_ms(kernel: str, factor: float, costs: CostParams, mode: str = "uvm") -> float:
+    """Simulated uvmbench median (ms)."""
+    from uvmlab.sim.uvm.bench import simulate_uvmbench
+
+    return simulate_uvmbench(kernel, factor, mode=mode, costs=costs, scale=BENCH_SCALE).median_ms
+
+
+def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostParams, dict[str, Any]]:
+    """The RTX 5090 profile by the protocol of the module docstring; returns (costs, details)."""
+    base = base or CostParams()
+    gpu = GPUS["RTX5090"]
+    native_meas = gcn_measured(uvm_dir, 5_000_000, uvm=False)
+    _, native_sim, _ = gcn_epoch_s(5_000_000, scaled(base, 0.0))
+    k = native_meas / native_sim  # simulated native time is inversely proportional to both efficiencies
+    base = replace(base, compute_efficiency=base.compute_efficiency / k, memory_efficiency=base.memory_efficiency / k)
+    t_gcn = gcn_measured(uvm_dir, 5_000_000)
+    t0, _, _ = gcn_epoch_s(5_000_000, scaled(base, 0.0))
+    t1, _, _ = gcn_epoch_s(5_000_000, scaled(base, 1.0))
+    s = max(0.0, (t_gcn - t0) / (t1 - t0))
+    fitted = scaled(base, s)
+    t_dev = bench_measured(uvm_dir, "seq_stream", SECTOR_FIT[1], mode=SECTOR_FIT[0])
+    probe = replace(fitted, sector_memory_efficiency=fitted.memory_efficiency)
+    t_dev_sim = bench_ms("seq_stream", SECTOR_FIT[1], probe, mode=SECTOR_FIT[0])
+    sector_eff = fitted.memory_efficiency * t_dev_sim / t_dev  # native time is inversely proportional to it
+    fitted = replace(fitted, sector_memory_efficiency=sector_eff)
+    t_seq = bench_measured(uvm_dir, "seq_stream", 1.25)
+    link0 = base.link_bytes_per_s or gpu.link_bytes_per_s
+    a = bench_ms("seq_stream", 1.25, replace(fitted, link_bytes_per_s=link0))
+    b = bench_ms("seq_stream", 1.25, replace(fitted, link_bytes_per_s=link0 / 2))
+    per_inv = b - a  # ms added by doubling 1 / bandwidth
+    rest = a - per_inv
+    if t_seq <= rest:
+        raise InputError(f"seq_stream 1.25x measured {t_seq} ms is below the fault-path time alone ({rest:.0f} ms)")
+    link = link0 * per_inv / (t_seq - rest)
+    costs = replace(fitted, link_bytes_per_s=link)
+    t_pre = gcn_measured(uvm_dir, 5_000_000, prefetch=True)
+    p0, _, _ = gcn_epoch_s(5_000_000, replace(costs, prefetch_first_block_ns=0.0), prefetch=True)
+    p1, _, _ = gcn_epoch_s(5_000_000, replace(costs, prefetch_first_block_ns=PREFETCH_PROBE_NS), prefetch=True)
+    first = max(0.0, (t_pre - p0) / (p1 - p0) * PREFETCH_PROBE_NS)
+    costs = replace(costs, prefetch_first_block_ns=first)
+    details = {
+        "fault_scale": s,
+        "kernel_time_scale": {"measured_native_s": native_meas, "sim_native_s": native_sim, "scale": k},
+        "gcn_5M": {"measured_s": t_gcn, "sim_s_at_scale0": t0, "sim_s_at_scale1": t1},
+        "seq_stream_device_0.5": {
+            "measured_ms": t_dev,
+            "sim_ms_at_memory_efficiency": t_dev_sim,
+            "sector_memory_efficiency": sector_eff,
+        },
+        "seq_stream_1.25": {"measured_ms": t_seq, "fault_path_ms": rest, "transfer_ms_at_gpu_link": per_inv},
+        "gcn_5M_with_user_prefetch": {
+            "measured_s": t_pre,
+            "sim_s_at_0": p0,
+            f"sim_s_at_{PREFETCH_PROBE_NS:.0f}ns": p1,
+            "prefetch_first_block_ns": first,
+        },
+    }
+    return costs, details
+
+
+def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Path:
+    """Write the RTX 5090 profile JSON (a CostParams parameter file with provenance)."""
+    doc = {
+        "schema_version": PARAMS_SCHEMA_VERSION,
+        "gpu": "RTX5090",
+        "driver": "575.57.08 (open modules), CUDA 12.9",
+        "link": GPUS["RTX5090"].link,
+        "source": "uvmlab.measure.profile_fit.fit_rtx5090 on real-data/uvm",
+        "fitted_on": [
+            f"{GCN_DIR}/without-user-prefetch/result_no_uvm1/5000000.json avg_epoch_time_s -> kernel efficiencies",
+            f"{GCN_DIR}/without-user-prefetch/result_uvm_baseline1/5000000.json avg_epoch_time_s -> fault_scale",
+            f"{BENCH_CSV} seq_stream device 0.5 median_ms -> sector_memory_efficiency",
+            f"{BENCH_CSV} seq_stream uvm 1.25 median_ms -> link_bytes_per_s",
+            f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
+            " -> prefetch_first_block_ns",
+        ],
+        "validated_on": [
+            "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); "
+            "GCN with user prefetch 7M, 8M, 10M, 12M, 15M and its speedup over plain UVM",
+            "uvmbench seq_stream 1.0x, 1.5x; rand_stream 1.0x, 1.25x, 1.5x; pointer_chase 1.25x, 1.5x",
+            "uvmbench native (t0rq3 device 0.75x, uvm 0.5x/0.75x, rand_stream device and uvm 0.5x/0.75x) and the "
+            "rq4 modes at 0.25x",
+        ],
+        "fit": details,
+        "params": costs.to_dict(),
+    }
+    atomic_write_json(path, doc)
+    return path
+
+
+def derive_profile(
+    path: Path, gpu_name: str, base_doc: dict[str, Any], nsys_export: Path, base_gpu_defaults: CostParams
+) -> Path:
+    """A profile for a GPU with only an nsys export: the fault-path constants of ``base_doc`` (the newest driver
+    we have timings for), its own link bandwidth fitted on the export's UM migrations (``uvmlab.measure.calibrate``),
+    and
+    the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
+    from uvmlab.measure.calibrate import fit_link_bandwidth
+    from uvmlab.measure.nsys.read import open_export
+
+    link, info = fit_link_bandwidth(open_export(nsys_export))
+    if link is None:
+        raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
+    params = dict(base_doc["params"])
+    params.update(
+        link_bytes_per_s=link,
+        compute_efficiency=base_gpu_defaults.compute_efficiency,
+        memory_efficiency=base_gpu_defaults.memory_efficiency,
+        sector_memory_efficiency=base_gpu_defaults.sector_memory_efficiency,
+        zero_fill_bytes_per_s=None,
+    )
+    doc = {
+        "schema_version": PARAMS_SCHEMA_VERSION,
+        "gpu": gpu_name,
+        "driver": f"fault path from the {base_doc['gpu']} profile ({base_doc['driver']})",
+        "link": GPUS[gpu_name].link,
+        "source": "uvmlab.measure.profile_fit.derive_profile",
+        "fitted_on": [
+            f"{nsys_export.name}: {info['migrations']} UM migrations -> link_bytes_per_s",
+            *[f"(from {base_doc['gpu']}) {x}" for x in base_doc["fitted_on"] if "fault_scale" in x or "prefetch" in x],
+        ],
+        "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
+        "fit": {"link": info},
+        "params": params,
+    }
+    atomic_write_json(path, doc)
+    return path

@@ -1,1 +1,0 @@
-"""Calibrated UVM cost profiles (JSON data files, one per GPU / driver generation); see uvmlab.sim.profile."""

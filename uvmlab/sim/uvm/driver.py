@@ -1,0 +1,466 @@
+"""The NVIDIA UVM driver as a CPU simulator (reference/uvm.md sections 0, 1 and 6). Torch-free.
+
+State lives in one :class:`UvmSim`. Managed ranges (one per ``cudaMallocManaged``) are cut into 2 MiB VA blocks;
+each block keeps 512-page bitmaps (numpy) of GPU and CPU residency. GPU capacity is counted in chunks: a full
+2 MiB block takes one 2 MiB root chunk the first time any page becomes GPU-resident.
+
+Rules (each from uvm.md):
+
+* Faults (1.4): a kernel's missing pages are cut into batches of at most ``knobs.pages_per_batch`` unique pages
+  (a model of fault concurrency; the driver's cap is ``fault_batch_count`` = 256 entries), taken in the kernel's
+  access order: read accesses first, then write accesses (a warp writes after its loads return). A page both read
+  and written faults once, as a read (read faults map read-write, 1.4 "Read faults are upgraded").
+* Per VA block of a batch (1.5): the tree prefetcher (:mod:`uvmlab.sim.uvm.prefetch`) adds pages; the block gets a
+  chunk if it has none, evicting first if the GPU is full; pages resident on the CPU move HtoD (cause ``fault``
+  for faulted pages, ``prefetch`` for the prefetcher's), pages resident nowhere are zero-filled with no transfer
+  (1.2, 1.10); the block's chunk moves to the tail of the LRM list (1.6).
+* Eviction (1.6): the victim is the chunk *least recently migrated into* (GPU accesses never update the order);
+  every GPU-resident page of its block is copied DtoH (no dirty tracking); pages become CPU-resident.
+* ``unmap_range`` (``cudaFree``, 1.10, 4.4): the range is destroyed; its chunks are freed with no DtoH.
+* ``memcpy_htod`` (the study's retained ``cudaMemcpyAsync`` of inputs and parameters): the copy engine writes
+  the pages, which become GPU-resident without replayable faults; counted apart from UM migrations.
+
+Approximations (also in docs/uvm-sim.md):
+
+* Each managed range starts 2 MiB-aligned (so small ranges do not share VA blocks; uvm.md 7.5 is open). A block
+  shorter than 2 MiB takes its size rounded up to 64 KiB of capacity and is evicted on its own (the driver carves
+  such chunks from split root chunks and evicts whole root chunks).
+* Single touch: a page a kernel has already faulted in is not faulted again by the same kernel even if it is
+  evicted before the kernel ends (uvm.md 6 step 3); pages are checked in access order when the kernel reaches them.
+* Within a batch, blocks are serviced in the kernel's access order (the driver sorts by address; the order only
+  changes which block is most recently migrated).
+* Thrashing mitigation and access counters are off (uvm.md 1.7, 1.8: they do not act in single-GPU eviction).
+* The UNUSED/DISCARDED lists are not modelled: a chunk exists only while its block has GPU-resident pages.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from uvmlab.errors import InputError, InvariantError
+from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec
+from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
+from uvmlab.sim.uvm.hints import HintService
+from uvmlab.sim.uvm.knobs import BIG_PAGE_BYTES, PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.streams import StreamService
+from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
+
+RUNS_CACHED = 8
+"""Up to this many transfers, ``_runs_ns`` sums cached per-size times instead of evaluating the link curve."""
+
+Access = tuple[int, int, int, bool]
+"""(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
+
+
+class UvmSim(FaultService, StreamService, HintService):
+    """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        knobs: UvmKnobs | None = None,
+        costs: CostParams | None = None,
+        gpu: GpuSpec | None = None,
+        record_events: bool = False,
+    ) -> None:
+        if capacity_bytes < VA_BLOCK_BYTES:
+            raise InputError(
+                f"GPU memory available to UVM ({capacity_bytes} B) is smaller than one 2 MiB root chunk; "
+                "use a smaller oversubscription factor or a larger footprint"
+            )
+        self.capacity_bytes = int(capacity_bytes)
+        self.knobs = knobs or UvmKnobs()
+        self.costs = (costs or CostParams()).for_gpu(gpu or GPUS[DEFAULT_GPU])
+        self.used_bytes = 0
+        n = 64
+        self._gpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
+        self._cpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
+        self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm.hints)
+        self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
+        self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
+        self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
+        # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
+        self._npages: list[int] = []
+        self._chunk_bytes: list[int] = []
+        self._res_count: list[int] = []
+        self._cpu_count: list[int] = []
+        self._has_chunk: list[bool] = []
+        self._had_gpu: list[bool] = []
+        self._fault_migrations: list[int] = []
+        self._slot_range: list[int] = []
+        self._slot_bidx: list[int] = []
+        self._n_slots = 0
+        self._free_slots: list[int] = []
+        self._ranges: dict[int, np.ndarray] = {}
+        self._range_size: dict[int, int] = {}
+        self.mapped_bytes = 0
+        """Bytes of live managed ranges (kept as a running sum: the replay reads it after every kernel)."""
+        self._lrm: OrderedDict[int, None] = OrderedDict()
+        self._plans: dict[tuple[int, int, int, int], FaultPlan] = {}
+        self._open_faults = 0
+        self._open_blocks = 0
+        self._kind = "read"
+        self._tcache: dict[int, float] = {}
+        # per-run constants of the hot path
+        self._per_batch = self.knobs.pages_per_batch
+        self._full_raw = min(float(self.knobs.fault_batch_count), self._per_batch * self.costs.raw_entries_per_fault)
+        self._full_batch_ns = self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * self._full_raw
+        self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
+        self.totals = UvmCounters()
+        self._k = UvmCounters()
+        self.events: list[tuple] | None = [] if record_events else None
+        # conservation ledger (bytes): what has been made GPU-resident vs what left by DtoH
+        self.populated_gpu_bytes = 0
+        self.peak_used_bytes = 0
+
+    # -- slots ---------------------------------------------------------------------------------
+    _SLOT_DEFAULTS = (
+        ("_npages", 0),
+        ("_chunk_bytes", 0),
+        ("_res_count", 0),
+        ("_cpu_count", 0),
+        ("_has_chunk", False),
+        ("_had_gpu", False),
+        ("_fault_migrations", 0),
+        ("_slot_range", -1),
+        ("_slot_bidx", 0),
+    )
+
+    def _grow(self, need: int) -> None:
+        n = self._gpu.shape[0]
+        if need > n:
+            new = max(need, 2 * n)
+            for name in ("_gpu", "_cpu", "_dup", "_disc"):
+                old = getattr(self, name)
+                arr = np.zeros((new, PAGES_PER_BLOCK), dtype=bool)
+                arr[:n] = old
+                setattr(self, name, arr)
+        grow = need - len(self._npages)
+        if grow > 0:
+            for name, default in self._SLOT_DEFAULTS:
+                getattr(self, name).extend([default] * grow)
+
+    def _new_slots(self, k: int) -> np.ndarray:
+        reuse = self._free_slots[-k:] if k <= len(self._free_slots) else list(self._free_slots)
+        del self._free_slots[len(self._free_slots) - len(reuse) :]
+        extra = k - len(reuse)
+        if extra:
+            self._grow(self._n_slots + extra)
+            reuse = reuse + list(range(self._n_slots, self._n_slots + extra))
+            self._n_slots += extra
+        return np.array(reuse, dtype=np.int64)
+
+    # -- allocator events ----------------------------------------------------------------------
+    def map_range(self, range_id: int, size_bytes: int) -> None:
+        """``cudaMallocManaged``: a new managed range (2 MiB-aligned), populated nowhere."""
+        if range_id in self._ranges:
+            raise InvariantError(f"managed range {range_id} is mapped twice")
+        if size_bytes <= 0:
+            raise InvariantError(f"managed range {range_id} has size {size_bytes}")
+        nblocks = -(-int(size_bytes) // VA_BLOCK_BYTES)
+        slots = self._new_slots(nblocks)
+        tail = int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES
+        tail_pages = -(-tail // PAGE_BYTES)
+        tail_chunk = VA_BLOCK_BYTES if tail_pages == PAGES_PER_BLOCK else -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
+        self._gpu[slots] = False
+        self._cpu[slots] = False
+        self._dup[slots] = False
+        self._disc[slots] = False
+        for b, slot in enumerate(slots.tolist()):
+            last = b == nblocks - 1
+            self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
+            self._chunk_bytes[slot] = tail_chunk if last else VA_BLOCK_BYTES
+            self._res_count[slot] = 0
+            self._cpu_count[slot] = 0
+            self._has_chunk[slot] = False
+            self._had_gpu[slot] = False
+            self._fault_migrations[slot] = 0
+            self._slot_range[slot] = range_id
+            self._slot_bidx[slot] = b
+        self._ranges[range_id] = slots
+        self._range_size[range_id] = int(size_bytes)
+        self.mapped_bytes += int(size_bytes)
+
+    def unmap_range(self, range_id: int) -> int:
+        """``cudaFree`` of a managed range: destroy it, free its chunks without DtoH. Returns its block count."""
+        slots = self._ranges.pop(range_id, None)
+        if slots is None:
+            raise InvariantError(f"managed range {range_id} is freed but not mapped")
+        self.mapped_bytes -= self._range_size.pop(range_id)
+        freed = 0
+        slot_list = slots.tolist()
+        for s in slot_list:
+            if self._has_chunk[s]:
+                freed += self._chunk_bytes[s]
+                del self._lrm[s]
+                self._has_chunk[s] = False
+            self._res_count[s] = 0
+            self._cpu_count[s] = 0
+            self._slot_range[s] = -1
+        self.used_bytes -= freed
+        self._gpu[slots] = False
+        self._cpu[slots] = False
+        self._dup[slots] = False
+        self._disc[slots] = False
+        self._free_slots.extend(slot_list)
+        if self.events is not None:
+            self.events.append(("destroy", range_id, len(slots), freed))
+        return len(slots)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
+        """(slot, first_page, end_page) per VA block of a byte range, in address order."""
+        slots = self._ranges.get(range_id)
+        if slots is None:
+            raise InvariantError(f"access to managed range {range_id}, which is not mapped")
+        if size <= 0:
+            return []
+        end = min(offset + size, self._range_size[range_id])
+        if offset < 0:
+            raise InvariantError(f"access at negative offset {offset} of range {range_id}")
+        if offset >= end:
+            return []  # past the range's end (e.g. a block running into the next expandable-segment mapping)
+        p0 = offset // PAGE_BYTES
+        p1 = -(-end // PAGE_BYTES)
+        b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
+        if b0 == b1:
+            return [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
+        out = [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, PAGES_PER_BLOCK)]
+        out += [(s, 0, PAGES_PER_BLOCK) for s in slots[b0 + 1 : b1].tolist()]  # tolist(): Python ints
+        out.append((int(slots[b1]), 0, p1 - b1 * PAGES_PER_BLOCK))
+        return out
+
+    def _evict_one(self) -> None:
+        """Evict the least recently migrated chunk: DtoH every GPU-resident page of its block."""
+        if not self._lrm:
+            raise InvariantError("eviction needed but no chunk is evictable")
+        v = self._pick_discarded() if self._hinted else None  # the PMM's DISCARDED list goes first (uvm_hints)
+        if v is None:
+            v, _ = self._lrm.popitem(last=False)
+        else:
+            del self._lrm[v]
+        row = self._gpu[v]
+        n = self._res_count[v]
+        k = self._k
+        if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
+            n, n_runs, t_ns = self._evict_hinted(v, row)
+        elif n == self._npages[v]:  # fully resident: one transfer
+            self._cpu_count[v] += n
+            n_runs, t_ns = 1, self._transfer_ns(n)
+            self._cpu[v] = row
+        else:
+            self._cpu_count[v] += n
+            runs = run_lengths(row)
+            n_runs = len(runs)
+            t_ns = self._runs_ns(runs)
+            self._cpu[v] |= row
+        self._gpu[v] = False
+        self._res_count[v] = 0
+        self._has_chunk[v] = False
+        self.used_bytes -= self._chunk_bytes[v]
+        k.eviction_count += 1
+        k.dtoh_bytes += n * PAGE_BYTES
+        k.dtoh_count += n_runs
+        k.stall_ns += self.costs.evict_fixed_ns + t_ns
+        if self.events is not None:
+            self.events.append(("evict", self._slot_range[v], self._slot_bidx[v], n))
+
+    def _runs_ns(self, runs: np.ndarray) -> float:
+        """Time (ns) of serial transfers of ``runs`` pages each; few runs are summed from the per-size cache."""
+        if runs.size > RUNS_CACHED:
+            return transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
+        return sum(self._transfer_ns(r) for r in runs.tolist())
+
+    def _transfer_ns(self, pages: int) -> float:
+        t = self._tcache.get(pages)
+        if t is None:
+            t = self._tcache[pages] = transfer_time_ns(np.array([pages * PAGE_BYTES]), self.costs.link_bytes_per_s)
+        return t
+
+    def _ensure_chunk(self, s: int, fault_path: bool = True) -> None:
+        if self._has_chunk[s]:
+            return
+        need = self._chunk_bytes[s]
+        while self.capacity_bytes - self.used_bytes < need:
+            self._evict_one()
+        self.used_bytes += need
+        self.peak_used_bytes = max(self.peak_used_bytes, self.used_bytes)
+        self._has_chunk[s] = True
+        self._lrm[s] = None
+        if not self._had_gpu[s]:
+            self._had_gpu[s] = True
+            # the fault path pays the invalid-PDE round trips on top of the populate; an API migration
+            # (cudaMemPrefetchAsync) pays its own first-chunk cost (CostParams.prefetch_first_block_ns)
+            self._k.stall_ns += self.costs.block_first_gpu_ns if fault_path else self.costs.prefetch_first_block_ns
+
+    def _populate(self, s: int, mask: np.ndarray, fault_path: bool = True) -> tuple[int, np.ndarray]:
+        """Make ``mask`` pages of slot ``s`` GPU-resident; return (zero-filled pages, HtoD run lengths)."""
+        self._ensure_chunk(s, fault_path)
+        cpu_row = self._cpu[s]
+        h = mask & cpu_row
+        n_all = int(mask.sum())
+        n_h = int(h.sum())
+        runs = run_lengths(h) if n_h else np.empty(0, dtype=np.int64)
+        self._gpu[s] |= mask
+        cpu_row &= ~mask
+        self._cpu_count[s] -= n_h
+        self._res_count[s] += n_all
+        self._lrm.move_to_end(s)
+        self.populated_gpu_bytes += n_all * PAGE_BYTES
+        return n_all - n_h, runs
+
+    # -- host side -----------------------------------------------------------------------------
+    def host_write(self, range_id: int, offset: int, size: int) -> None:
+        """The CPU writes a byte range (e.g. initialises an array): pages become CPU-resident.
+
+        GPU-resident pages are first migrated back (a CPU fault, DtoH, uvm.md 1.10).
+        """
+        for s, lo, hi in self._segments(range_id, offset, size):
+            back = self._gpu[s, lo:hi]
+            n = int(back.sum())
+            if n:
+                runs = run_lengths(back)
+                self._k.dtoh_bytes += n * PAGE_BYTES
+                self._k.dtoh_count += len(runs)
+                self._gpu[s, lo:hi] = False
+                self._dup[s, lo:hi] = False
+                self._res_count[s] -= n
+                if self._res_count[s] == 0 and self._has_chunk[s]:
+                    self._has_chunk[s] = False
+                    self.used_bytes -= self._chunk_bytes[s]
+                    del self._lrm[s]
+            self._cpu[s, lo:hi] = True
+            self._cpu_count[s] = int(self._cpu[s].sum())
+        self._flush_kernel_counters()
+
+    def memcpy_htod(self, range_id: int, offset: int, size: int) -> UvmCounters:
+        """A retained ``cudaMemcpy`` HtoD into managed memory: pages become GPU-resident, no replayable faults.
+
+        The copied bytes travel as one explicit transfer (counted as ``memcpy_htod_*``, not as UM migrations);
+        old CPU copies of the pages are overwritten, not migrated [approximation: uvm.md 1.10 leaves the driver's
+        path for copy-engine writes to non-resident managed pages unverified].
+        """
+        for s, lo, hi in self._segments(range_id, offset, size):
+            mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+            mask[lo:hi] = ~self._gpu[s, lo:hi]
+            self._cpu[s, lo:hi] = False
+            self._dup[s, lo:hi] = False  # the copy overwrites the page: no other copy stays valid
+            self._cpu_count[s] = int(self._cpu[s].sum())
+            if mask.any():
+                self._populate(s, mask)
+        self._k.memcpy_htod_count += 1
+        self._k.memcpy_htod_bytes += int(size)
+        self._k.stall_ns += transfer_time_ns(np.array([size]), self.costs.link_bytes_per_s)
+        return self._flush_kernel_counters()
+
+    def prefetch(self, range_id: int, offset: int, size: int) -> UvmCounters:
+        """``cudaMemPrefetchAsync`` of a byte range to the GPU (uvm.md 1.9, ``uvm_migrate.c``, cause API_MIGRATE).
+
+        Every block of the range gets its chunk (evicting other managed data if needed) and all its pages become
+        GPU-resident: CPU-resident pages move HtoD in one transfer per contiguous run (counted as prefetch
+        migrations), never-populated pages are zero-filled. No replayable faults and no fault batches; each block
+        pays ``block_service_ns``, and a block's first chunk since its range was created pays
+        ``prefetch_first_block_ns`` instead of the fault path's ``block_first_gpu_ns`` (which includes the
+        invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
+        ``prefetch_first_block_ns`` on the GCN 5M with-user-prefetch epoch (docs/uvm-sim.md).
+        """
+        k = self._k
+        for s, lo, hi in self._segments(range_id, offset, size):
+            mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+            mask[lo:hi] = True
+            mask &= ~self._gpu[s]
+            if not mask.any():
+                continue
+            zero, runs = self._populate(s, mask, fault_path=False)
+            if runs.size:
+                self._add_htod_runs(runs)
+                k.htod_records += runs.size
+                k.prefetch_htod_bytes += int(runs.sum()) * PAGE_BYTES
+            k.zero_fill_bytes += zero * PAGE_BYTES
+            k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
+        return self._flush_kernel_counters()
+
+    # -- kernels -------------------------------------------------------------------------------
+    def access(self, accesses: Iterable[Access]) -> UvmCounters:
+        """Run one kernel touching ``accesses``; return its counters (faults, batches, migrations, stall time).
+
+        Pages are grouped per VA block (the driver groups a batch's faults by block and sorts them by address);
+        blocks are taken in the order the kernel first touches them, reads before writes.
+        """
+        stages: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
+        for range_id, offset, size, is_write in accesses:
+            d = stages[1 if is_write else 0]
+            segs = self._segments(int(range_id), int(offset), int(size))
+            if not d:  # the stage's first access: its blocks are distinct slots, nothing to merge
+                for s, lo, hi in segs:
+                    d[s] = (lo, hi)
+                continue
+            for s, lo, hi in segs:
+                cur = d.get(s)
+                if cur is None:
+                    d[s] = (lo, hi)
+                elif type(cur) is tuple:
+                    if lo <= cur[1] and hi >= cur[0]:
+                        d[s] = (min(lo, cur[0]), max(hi, cur[1]))
+                    else:
+                        m = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                        m[cur[0] : cur[1]] = True
+                        m[lo:hi] = True
+                        d[s] = m
+                else:
+                    cur[lo:hi] = True
+        for d, is_write in ((stages[0], False), (stages[1], True)):
+            if d:
+                self._run_stage(d, is_write)
+        return self._flush_kernel_counters()
+
+    def _flush_kernel_counters(self) -> UvmCounters:
+        k = self._k
+        self.totals.add(k)
+        self._k = UvmCounters()
+        return k
+
+    # -- checks --------------------------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        """Bytes of GPU chunks in use (capacity consumed)."""
+        return self.used_bytes
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the state breaks a documented invariant."""
+        n = self._n_slots
+        live = np.array(self._slot_range[:n], dtype=np.int64) >= 0
+        res_count = np.array(self._res_count[:n], dtype=np.int64)
+        has_chunk = np.array(self._has_chunk[:n], dtype=bool)
+        npages = np.array(self._npages[:n], dtype=np.int64)
+        gpu, cpu = self._gpu[:n], self._cpu[:n]
+        if (gpu & cpu).any():
+            raise InvariantError("a page is resident on both the GPU and the CPU (migrations move, not copy)")
+        if not np.array_equal(gpu.sum(axis=1), res_count):
+            raise InvariantError("per-block resident page counts disagree with the bitmaps")
+        if not np.array_equal(cpu.sum(axis=1), np.array(self._cpu_count[:n], dtype=np.int64)):
+            raise InvariantError("per-block CPU page counts disagree with the bitmaps")
+        if ((res_count > 0) & ~has_chunk).any():
+            raise InvariantError("a block has GPU-resident pages but no GPU chunk")
+        if (has_chunk & ~live).any():
+            raise InvariantError("a destroyed range still holds a GPU chunk")
+        used = int(np.array(self._chunk_bytes[:n], dtype=np.int64)[has_chunk].sum())
+        if used != self.used_bytes:
+            raise InvariantError(f"chunk accounting: {used} B in chunks, {self.used_bytes} B counted")
+        if self.mapped_bytes != sum(self._range_size.values()):
+            raise InvariantError(f"mapped bytes {self.mapped_bytes} B disagree with the live ranges' sizes")
+        if self.used_bytes > self.capacity_bytes:
+            raise InvariantError(f"resident chunks {self.used_bytes} B exceed capacity {self.capacity_bytes} B")
+        if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):
+            raise InvariantError("the LRM list and the set of allocated chunks differ")
+        valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
+        if ((gpu | cpu) & ~valid).any():
+            raise InvariantError("a page past the end of its block is resident")
+        hint_error = self.check_hint_invariants()
+        if hint_error:
+            raise InvariantError(hint_error)
+        if self.totals.dtoh_bytes > self.populated_gpu_bytes:
+            raise InvariantError("more bytes left the GPU than were ever made resident there")

@@ -1,0 +1,335 @@
+"""Fault-batch servicing of the UVM simulator (mixed into :class:`uvmlab.sim.uvm.driver.UvmSim`).
+
+Split from uvm.py to keep modules small. A kernel's missing pages are cut into batches of
+``knobs.pages_per_batch`` unique pages (reads before writes); each VA block's share of a batch is serviced by
+the tree prefetcher, chunk allocation (eviction) and migration / zero-fill. Blocks with no GPU-resident page
+touched over one page interval use a memoized plan (the same rules, computed once per (interval, budget)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.timing import transfer_time_ns
+
+
+@dataclass
+class UvmCounters:
+    """Event counts of a kernel (or of a whole run). Field names follow uvmlab.stats.schema.FAULT_COLUMNS."""
+
+    fault_count: int = 0
+    read_fault_count: int = 0
+    write_fault_count: int = 0
+    fault_batch_count: int = 0
+    htod_count: int = 0
+    htod_bytes: int = 0
+    dtoh_count: int = 0
+    dtoh_bytes: int = 0
+    eviction_count: int = 0
+    fault_htod_bytes: int = 0
+    prefetch_htod_bytes: int = 0
+    zero_fill_bytes: int = 0
+    htod_records: int = 0
+    """UM HtoD migrations as Nsight Systems records them: one per contiguous run *per cause* (the faulted pages and
+    the prefetcher's pages of a block are separate copies), e.g. 12 records per sequentially swept 2 MiB block in
+    csc746_a100_um_migrations (4 KiB + 60 KiB, 4 KiB + 60 KiB, 4 KiB + 124 KiB, ... 4 KiB + 1020 KiB). ``htod_count``
+    counts one per contiguous run."""
+    memcpy_htod_count: int = 0
+    memcpy_htod_bytes: int = 0
+    raw_fault_entries: float = 0.0
+    stall_ns: float = 0.0
+    """Time the faulting kernel waits for the bottom half (batches, evictions, transfers)."""
+    remote_bytes: int = 0
+    """Bytes the GPU read or wrote over the link in place (preferred location CPU + accessed-by, uvm_hints)."""
+    writeback_saved_bytes: int = 0
+    """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
+
+    def add(self, other: UvmCounters) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class FaultPlan:
+    """How a block with no GPU-resident page gets the pages [lo, hi) (see ``UvmSim._plan``)."""
+
+    n_closes: int  # batches this plan closes
+    first_close_faults: int  # the plan's faults up to the first close (joined to the open batch)
+    tail_faults: int  # faults after the last close (left in the open batch)
+    subs: list[tuple[int, bool, np.ndarray, np.ndarray, np.ndarray]]  # n_faults, closes, migrated, faulted, runs
+    steps: list[tuple[int, bool, int]]  # n_faults, closes batch, migrated pages
+    union: np.ndarray
+    rest: np.ndarray  # valid pages not in union (the CPU bitmap after the plan, for a block fully on the CPU)
+    budget_out: int
+    n_faults: int
+    n_pages: int
+    n_runs: int
+    n_records: int  # nsys-style HtoD records of the whole plan for a block entirely on the CPU (per cause)
+    sub_records: list[int]  # the same per sub (the slow path's full-CPU case)
+    htod_ns: float
+    zero_stall_ns: float = 0.0  # block services + zero-fill of the whole plan (block never populated)
+    htod_stall_ns: float = 0.0  # block services + HtoD transfers of the whole plan (block entirely on the CPU)
+
+
+def run_lengths(row: np.ndarray) -> np.ndarray:
+    """Lengths (pages) of the runs of True in a 1-D bool array: one transfer per contiguous run."""
+    d = np.diff(np.concatenate(([0], row.view(np.int8), [0])))
+    return np.flatnonzero(d == -1) - np.flatnonzero(d == 1)
+
+
+def htod_record_count(moved: np.ndarray, faulted: np.ndarray) -> int:
+    """nsys-style HtoD records of moving the pages ``moved`` (1-D bool), split by cause: one per contiguous run of
+    ``moved & faulted`` plus one per run of ``moved & ~faulted``, i.e. ``run_lengths`` of both (the test checks),
+    counted in one pass: a record starts at each moved page whose predecessor is not moved or has the other cause.
+    """
+    start = moved.copy()
+    start[1:] &= ~moved[:-1] | (faulted[1:] != faulted[:-1])
+    return int(np.count_nonzero(start))
+
+
+class FaultService:
+    """The batch-servicing half of UvmSim (uses its state: bitmaps, per-slot lists, counters, LRM)."""
+
+    def _run_stage(self, touched: dict[int, Any], is_write: bool) -> None:
+        """Fault in the missing touched pages, ``pages_per_batch`` unique pages per batch, block by block.
+
+        Prefetch decisions are per VA block, so each block's share of a batch is serviced as soon as it is
+        known (the batch's other blocks do not change it). Blocks with no GPU-resident page touched over one
+        interval use a memoized plan.
+        """
+        res_count, npages, gpu = self._res_count, self._npages, self._gpu
+        per_batch = self._per_batch
+        memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
+        self._open_faults = 0
+        self._open_blocks = 0
+        self._kind = "write" if is_write else "read"
+        budget = per_batch
+        for s, span in touched.items():
+            if res_count[s] >= npages[s]:
+                continue
+            if type(span) is tuple:
+                if memo_ok and res_count[s] == 0:
+                    budget = self._apply_plan(s, span[0], span[1], budget)
+                    continue
+                want = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                want[span[0] : span[1]] = True
+            else:
+                want = span
+            while True:
+                idx = np.flatnonzero(want & ~gpu[s])
+                if idx.size == 0:
+                    break
+                take = idx[:budget]
+                want[take] = False  # single touch
+                faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                faulted[take] = True
+                self._service_block(s, faulted)
+                budget -= take.size
+                if budget > 0:
+                    break
+                self._close_batch()
+                budget = per_batch
+        if self._open_faults:
+            self._close_batch()
+
+    def _close_batch(self) -> None:
+        k, costs = self._k, self.costs
+        n = self._open_faults
+        raw = min(float(self.knobs.fault_batch_count), n * costs.raw_entries_per_fault)
+        k.fault_batch_count += 1
+        k.fault_count += n
+        if self._kind == "write":
+            k.write_fault_count += n
+        else:
+            k.read_fault_count += n
+        k.raw_fault_entries += raw
+        k.stall_ns += costs.batch_turnaround_ns + costs.fault_entry_ns * raw
+        if self.events is not None:
+            self.events.append(("batch", self._kind, n, self._open_blocks))
+        self._open_faults = 0
+        self._open_blocks = 0
+
+    def _close_full_batches(self, n: int) -> None:
+        """Close ``n`` batches of exactly ``pages_per_batch`` faults each (no events: fast path only)."""
+        k = self._k
+        nf = n * self._per_batch
+        k.fault_batch_count += n
+        k.fault_count += nf
+        if self._kind == "write":
+            k.write_fault_count += nf
+        else:
+            k.read_fault_count += nf
+        k.raw_fault_entries += n * self._full_raw
+        k.stall_ns += n * self._full_batch_ns
+
+    def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
+        k = self._k
+        self._open_faults += n_faults
+        self._open_blocks += 1
+        k.fault_htod_bytes += fault_h * PAGE_BYTES
+        k.prefetch_htod_bytes += pre_h * PAGE_BYTES
+        k.zero_fill_bytes += zero * PAGE_BYTES
+        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
+        if self.events is not None:
+            rid, bidx = self._slot_range[s], self._slot_bidx[s]
+            self.events.append(("service", rid, bidx, n_faults, n_mig, fault_h + pre_h, zero))
+
+    def _add_htod_runs(self, runs: np.ndarray, time_ns: float | None = None) -> None:
+        k = self._k
+        k.htod_count += int(runs.size)
+        k.htod_bytes += int(runs.sum()) * PAGE_BYTES
+        if time_ns is None:
+            time_ns = self._runs_ns(runs)
+        k.stall_ns += time_ns
+
+    def _service_block(self, s: int, faulted: np.ndarray) -> None:
+        """Service one VA block's faults of a batch: prefetch, chunk (evict), migrate / zero-fill, LRM."""
+        knobs = self.knobs
+        n_f = int(faulted.sum())
+        self._fault_migrations[s] += n_f
+        self._ensure_chunk(s)  # may evict (never this block: it is being serviced)
+        row = self._gpu[s]
+        if knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
+            npg = np.array([self._npages[s]])
+            extra = prefetch_pages(row[None, :], faulted[None, :], npg, knobs.prefetch_threshold)[0]
+            mask = faulted | extra
+        else:
+            mask = faulted & ~row
+        cpu_m = self._cpu[s] & mask
+        fault_h = int((cpu_m & faulted).sum())
+        n_h = int(cpu_m.sum())
+        if n_h:
+            self._k.htod_records += htod_record_count(cpu_m, faulted)
+        zero, runs = self._populate(s, mask)
+        if runs.size:
+            self._add_htod_runs(runs)
+        self._account_service(s, n_f, int(mask.sum()), fault_h, n_h - fault_h, zero)
+
+    def _plan(self, lo: int, hi: int, budget: int, npages: int) -> FaultPlan:
+        """The batches that fault in pages [lo, hi) of a block with no GPU-resident page (memoized)."""
+        key = (lo, hi, budget, npages)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        knobs, per_batch = self.knobs, self.knobs.pages_per_batch
+        res = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
+        npg = np.array([npages])
+        subs = []
+        p = lo
+        while p < hi:
+            idx = np.flatnonzero(~res[0, p:hi])
+            if idx.size == 0:
+                break
+            take = p + idx[:budget]
+            f = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
+            f[0, take] = True
+            if knobs.prefetch_enable:
+                m = f | prefetch_pages(res, f, npg, knobs.prefetch_threshold)
+            else:
+                m = f
+            res |= m
+            budget -= take.size
+            closes = budget == 0
+            if closes:
+                budget = per_batch
+            subs.append((int(take.size), closes, m[0], f[0], run_lengths(m[0])))
+            p = int(take[-1]) + 1
+            if not closes:
+                break
+        recs = [int(run_lengths(x[3]).size + run_lengths(x[2] & ~x[3]).size) for x in subs]
+        all_runs = np.concatenate([x[4] for x in subs]) if subs else np.empty(0, dtype=np.int64)
+        closes_at = [i for i, x in enumerate(subs) if x[1]]
+        first = closes_at[0] if closes_at else -1
+        last = closes_at[-1] if closes_at else -1
+        plan = FaultPlan(
+            n_closes=len(closes_at),
+            first_close_faults=sum(x[0] for x in subs[: first + 1]) if closes_at else 0,
+            tail_faults=sum(x[0] for x in subs[last + 1 :]),
+            subs=subs,
+            steps=[(x[0], x[1], int(x[2].sum())) for x in subs],
+            union=res[0],
+            rest=(np.arange(PAGES_PER_BLOCK) < npages) & ~res[0],
+            budget_out=budget,
+            n_faults=sum(x[0] for x in subs),
+            n_pages=int(res.sum()),
+            n_runs=int(all_runs.size),
+            n_records=sum(recs),
+            sub_records=recs,
+            htod_ns=transfer_time_ns(all_runs * PAGE_BYTES, self.costs.link_bytes_per_s),
+        )
+        services = self.costs.block_service_ns * len(plan.steps)
+        plan.zero_stall_ns = services + plan.n_pages * self._zero_ns_per_page
+        plan.htod_stall_ns = services + plan.htod_ns
+        self._plans[key] = plan
+        return plan
+
+    def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
+        npages = self._npages[s]
+        plan = self._plan(lo, hi, budget, npages)
+        if not plan.subs:
+            return budget
+        n_cpu = self._cpu_count[s]
+        full_cpu = n_cpu == npages
+        self._ensure_chunk(s)
+        if self.events is None and (n_cpu == 0 or full_cpu):
+            # fast cases: never populated (all zero-fill) or entirely on the CPU (all HtoD)
+            k = self._k
+            if plan.n_closes == 0:
+                self._open_faults += plan.n_faults
+            else:
+                self._open_faults += plan.first_close_faults
+                self._close_batch()
+                if plan.n_closes > 1:
+                    self._close_full_batches(plan.n_closes - 1)
+                self._open_faults = plan.tail_faults
+            self._open_blocks += 1
+            if n_cpu == 0:
+                k.zero_fill_bytes += plan.n_pages * PAGE_BYTES
+                k.stall_ns += plan.zero_stall_ns
+            else:
+                k.htod_count += plan.n_runs
+                k.htod_records += plan.n_records
+                k.htod_bytes += plan.n_pages * PAGE_BYTES
+                k.fault_htod_bytes += plan.n_faults * PAGE_BYTES
+                k.prefetch_htod_bytes += (plan.n_pages - plan.n_faults) * PAGE_BYTES
+                k.stall_ns += plan.htod_stall_ns
+        else:
+            for (n_f, closes, mask, faulted, runs), n_rec in zip(plan.subs, plan.sub_records, strict=True):
+                n_m = int(runs.sum())
+                if n_cpu == 0:
+                    self._account_service(s, n_f, n_m, 0, 0, n_m)
+                elif full_cpu:
+                    self._add_htod_runs(runs)
+                    self._k.htod_records += n_rec
+                    self._account_service(s, n_f, n_m, n_f, n_m - n_f, 0)
+                else:
+                    h = self._cpu[s] & mask
+                    fh = int((h & faulted).sum())
+                    nh = int(h.sum())
+                    if nh:
+                        self._add_htod_runs(run_lengths(h))
+                        self._k.htod_records += htod_record_count(h, faulted)
+                    self._account_service(s, n_f, n_m, fh, nh - fh, n_m - nh)
+                if closes:
+                    self._close_batch()
+        self._gpu[s] = plan.union
+        if n_cpu:
+            if full_cpu:
+                self._cpu[s] = plan.rest
+                self._cpu_count[s] = npages - plan.n_pages
+            else:
+                cpu_row = self._cpu[s]
+                cpu_row &= ~plan.union
+                self._cpu_count[s] = int(cpu_row.sum())
+        self._res_count[s] = plan.n_pages
+        self._lrm.move_to_end(s)
+        self.populated_gpu_bytes += plan.n_pages * PAGE_BYTES
+        return plan.budget_out

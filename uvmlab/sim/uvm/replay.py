@@ -1,0 +1,541 @@
+"""Replay a placed Trace through :class:`~uvmlab.sim.uvm.driver.UvmSim` and produce the run tables. Torch-free.
+
+Input: a Trace (allocations, kernels, accesses; uvmlab.trace.schema) and its Placement by the allocator model
+(``uvmlab.sim.allocator.placement.place``): ``ranges`` are the managed ranges (PCA on: the segments; PCA off: one per
+tensor), ``blocks`` say where each allocation lives. Events are replayed in ``seq`` order:
+
+* a range's ``alloc_seq``: ``cudaMallocManaged`` (``map_range``, cost ``managed_alloc_ns``);
+* its ``free_seq``: ``cudaFree`` (``unmap_range``, no DtoH; cost ``cudafree_sync_ns`` + per block);
+* a kernel: its accesses, translated to (range, offset) through the placement, go to ``UvmSim.access``;
+  a *retained copy* kernel (below) goes to ``UvmSim.memcpy_htod`` instead.
+
+Retained ``cudaMemcpyAsync`` (the seed study kept them, section 3.1): a kernel in phase ``setup`` or ``data``
+whose every written allocation is of category ``input`` or ``parameter`` is the host-to-device copy that fills
+that tensor on a real run (the capture creates batches and weights directly on the device instead). Its reads are
+ignored (the source is host memory).
+
+Time: one serial stream. A kernel lasts its native roofline time (uvmlab.sim.uvm.timing) plus ``(1 - fault_overlap)``
+times its fault stall; a retained copy lasts its transfer time; allocator API costs sit between kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from uvmlab.errors import InputError
+from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
+from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
+from uvmlab.sim.uvm.knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes
+from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
+from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
+from uvmlab.trace.orchestrate import op_base
+from uvmlab.trace.schema import NEVER_FREED, Trace
+
+COPY_PHASES = ("setup", "data")
+COPY_CATEGORIES = ("input", "parameter")
+
+
+class PlacementLike(Protocol):
+    """What the replay needs from ``uvmlab.sim.allocator.placement.Placement``."""
+
+    blocks: pd.DataFrame  # alloc_id, address, block_bytes, range_id
+    ranges: pd.DataFrame  # range_id, address, size_bytes, alloc_seq, free_seq
+
+
+def managed_chunk_bytes(size_bytes: np.ndarray | int) -> np.ndarray:
+    """GPU capacity a managed range of ``size_bytes`` takes when fully resident (uvmlab.sim.uvm.driver's chunk rule)."""
+    size = np.asarray(size_bytes, dtype=np.int64)
+    full = size // VA_BLOCK_BYTES
+    tail = size - full * VA_BLOCK_BYTES
+    return full * VA_BLOCK_BYTES + -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
+
+
+def peak_managed_bytes(ranges: pd.DataFrame) -> int:
+    """Peak over time of the chunk-rounded bytes of live managed ranges: the footprint UVM must hold."""
+    if ranges.empty:
+        return 0
+    chunk = managed_chunk_bytes(ranges["size_bytes"].to_numpy())
+    seqs = np.concatenate([ranges["alloc_seq"].to_numpy(), ranges["free_seq"].to_numpy()])
+    delta = np.concatenate([chunk, -chunk])
+    keep = seqs != NEVER_FREED
+    keep[: len(chunk)] = True
+    seqs, delta = seqs[keep], delta[keep]
+    order = np.lexsort((delta, seqs))  # at equal seq, frees (negative) first
+    return int(np.cumsum(delta[order]).max(initial=0))
+
+
+@dataclass
+class ReplayResult:
+    """Tables and totals of one simulated run."""
+
+    kernels: pd.DataFrame
+    iterations: pd.DataFrame
+    memory: pd.DataFrame
+    totals: UvmCounters
+    baseline_iteration_ns: float
+    total_time_ns: float
+    peak_resident_bytes: int
+    skipped_accesses: int = 0
+    api_calls: dict[str, int] = field(default_factory=dict)
+
+
+def copy_kernels(trace: Trace) -> np.ndarray:
+    """kernel_ids (int64, ascending) of the trace's retained host-to-device copy kernels.
+
+    A kernel in phase ``setup`` or ``data`` (COPY_PHASES) whose every written allocation is of category ``input``
+    or ``parameter`` (COPY_CATEGORIES) stands for the ``cudaMemcpyAsync`` that fills that tensor on a real run
+    (see the module docstring). The replay (and ``uvmlab.memory.colocate``) simulate these as copies, not kernels.
+    """
+    k, acc, al = trace.kernels, trace.accesses, trace.allocations
+    cand = k.loc[k["phase"].isin(COPY_PHASES), "kernel_id"]
+    if cand.empty:
+        return np.empty(0, dtype=np.int64)
+    w = acc[acc["is_write"] & acc["kernel_id"].isin(cand)].merge(al[["alloc_id", "category"]], on="alloc_id")
+    if w.empty:
+        return np.empty(0, dtype=np.int64)
+    ok = w.assign(c=w["category"].isin(COPY_CATEGORIES)).groupby("kernel_id")["c"].all()
+    return ok[ok].index.to_numpy(dtype=np.int64)
+
+
+@dataclass
+class _Accesses:
+    """Step 1: every kernel's accesses as (range, offset in range, size, is_write), grouped by kernel."""
+
+    rows: list[tuple[int, int, int, bool]]
+    lo: list[int]  # rows[lo[i]:hi[i]] belong to kernel i (in seq order)
+    hi: list[int]
+    skipped: int  # accesses to tensors the placement did not place
+    alloc_ids: list[int] = field(default_factory=list)  # the allocation of each row (per-tensor hints)
+
+
+def translate_accesses(trace: Trace, placement: PlacementLike, kid: np.ndarray) -> _Accesses:
+    """Step 1: map each access (alloc, offset) to (managed range, offset in range) through the placement."""
+    ranges = placement.ranges
+    missing_cols = {"range_id", "address", "size_bytes", "alloc_seq", "free_seq"} - set(ranges.columns)
+    if missing_cols:
+        raise InputError(f"placement ranges lack columns {sorted(missing_cols)}")
+    blocks = placement.blocks[["alloc_id", "range_id", "address"]]
+    acc = trace.accesses[trace.accesses["size_bytes"] > 0]
+    acc = acc.merge(blocks, on="alloc_id", how="left")
+    skipped = int(acc["range_id"].isna().sum())
+    acc = acc.dropna(subset=["range_id"])
+    acc = acc.merge(ranges[["range_id", "address"]].rename(columns={"address": "range_address"}), on="range_id")
+    acc = acc.assign(
+        range_id=acc["range_id"].astype(np.int64),
+        roff=(acc["address"] - acc["range_address"] + acc["offset_bytes"]).astype(np.int64),
+    ).sort_values(["kernel_id"], kind="stable")
+    acc_kid = acc["kernel_id"].to_numpy()
+    rows = list(
+        zip(
+            acc["range_id"].tolist(),
+            acc["roff"].tolist(),
+            acc["size_bytes"].tolist(),
+            acc["is_write"].tolist(),
+            strict=True,
+        )
+    )
+    lo = np.searchsorted(acc_kid, kid, side="left").tolist()
+    hi = np.searchsorted(acc_kid, kid, side="right").tolist()
+    return _Accesses(rows, lo, hi, skipped, acc["alloc_id"].astype(np.int64).tolist())
+
+
+@dataclass
+class _KernelStatics:
+    """Step 2: per-kernel columns that do not depend on the UVM state."""
+
+    kernel_bytes: np.ndarray  # distinct allocation bytes each kernel touches
+    native_ns: np.ndarray  # all-resident roofline time (replaced by the transfer time for retained copies)
+    allocated_bytes: np.ndarray  # live requested bytes when the kernel runs
+    is_copy: np.ndarray  # retained cudaMemcpyAsync (copy_kernels)
+    api: list[str]  # "" | "prefetch" | "host_write" (optional trace column ``api``)
+    names: list[str] = field(default_factory=list)  # op names (uvm_reread picks the GEMM-like ones)
+    flops: np.ndarray = field(default_factory=lambda: np.empty(0))
+    is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
+
+    def __post_init__(self) -> None:
+        self.is_gemm = [op_base(n) in GEMM_OPS for n in self.names]
+
+
+def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
+    """Step 2: native times, touched bytes, live bytes, copy and API flags of the kernels (in seq order).
+
+    Optional kernels columns: ``touched_bytes`` (DRAM bytes a gather/scatter really moves, for the roofline;
+    uvmlab.sim.uvm.gcn) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed ranges to the GPU) or
+    "host_write" (the CPU writes them) - what a workload can say besides kernels (issue 11 item 4).
+    """
+    kid = kern["kernel_id"].to_numpy()
+    sizes = trace.allocations.set_index("alloc_id")["size_bytes"]
+    distinct = trace.accesses.drop_duplicates(["kernel_id", "alloc_id"])
+    kbytes = (
+        distinct.assign(b=distinct["alloc_id"].map(sizes).fillna(0).astype(np.int64)).groupby("kernel_id")["b"].sum()
+    )
+    touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
+    touched_b = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+    if "touched_bytes" in kern.columns:
+        given = kern["touched_bytes"].to_numpy(dtype=float)
+        touched_b = np.where(np.isfinite(given), given, touched_b)
+    native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
+    live = trace.live_bytes()
+    live_seq, live_val = live.index.to_numpy(), live.to_numpy()
+    pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
+    allocated = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
+    api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    _transfer_and_host_times(trace, kern, api, native_ns, costs)
+    return _KernelStatics(
+        kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
+        native_ns=native_ns,
+        allocated_bytes=allocated,
+        is_copy=np.isin(kid, copy_kernels(trace)),
+        api=api,
+        names=kern["name"].astype(str).tolist(),
+        flops=kern["flops"].to_numpy(dtype=float),
+    )
+
+
+def _transfer_and_host_times(
+    trace: Trace, kern: pd.DataFrame, api: list[str], native_ns: np.ndarray, costs: CostParams
+) -> None:
+    """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
+    ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
+    ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
+    for i, a in enumerate(api):
+        if a in ("prefetch", "host_write"):
+            native_ns[i] = 0.0
+    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
+    if not idx:
+        return
+    kid = kern["kernel_id"].to_numpy()
+    host = kern["host_ns"].to_numpy(dtype=float) if "host_ns" in kern.columns else np.full(len(kern), np.nan)
+    acc = trace.accesses
+    acc = acc[acc["kernel_id"].isin(kid[idx])]
+    sizes = {k: g.to_numpy() for k, g in acc.groupby("kernel_id")["size_bytes"]}
+    for i in idx:
+        if api[i] == "host":
+            native_ns[i] = host[i] if np.isfinite(host[i]) else 0.0
+        else:
+            native_ns[i] = transfer_time_ns(sizes.get(kid[i], np.zeros(0)), costs.link_bytes_per_s)
+
+
+def range_events(ranges: pd.DataFrame) -> list[tuple[int, bool, int, int]]:
+    """Step 3: (seq, is_map, range_id, size_bytes) of every cudaMallocManaged / cudaFree, frees first at a seq."""
+    r_id = ranges["range_id"].to_numpy(dtype=np.int64)
+    r_size = ranges["size_bytes"].to_numpy(dtype=np.int64)
+    ev_seq = np.concatenate([ranges["alloc_seq"].to_numpy(), ranges["free_seq"].to_numpy()])
+    ev_kind = np.concatenate([np.ones(len(ranges), dtype=np.int8), np.zeros(len(ranges), dtype=np.int8)])
+    ev_idx = np.concatenate([np.arange(len(ranges)), np.arange(len(ranges))])
+    keep = ev_seq != NEVER_FREED
+    ev_seq, ev_kind, ev_idx = ev_seq[keep], ev_kind[keep], ev_idx[keep]
+    order = np.lexsort((ev_kind, ev_seq))
+    return [
+        (int(q), bool(k), int(r_id[j]), int(r_size[j]))
+        for q, k, j in zip(ev_seq[order].tolist(), ev_kind[order].tolist(), ev_idx[order].tolist(), strict=True)
+    ]
+
+
+_EXTRA = (
+    "zero_fill_bytes",
+    "fault_htod_bytes",
+    "prefetch_htod_bytes",
+    "memcpy_htod_bytes",
+    "raw_fault_entries",
+    "htod_records",
+)
+
+
+class _Replayer:
+    """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
+
+    def __init__(self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str = "") -> None:
+        self.sim, self.costs = sim, costs
+        self.dtype, self.gpu_name = dtype, gpu_name
+        self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
+        self.t = 0.0
+        self.mapped: set[int] = set()
+        self.api = {"cudaMallocManaged": 0, "cudaFree": 0}
+        self.starts, self.ends = np.zeros(n), np.zeros(n)
+        self.cols = {c: np.zeros(n, dtype=np.int64) for c in FAULT_COLUMNS}
+        self.extra = {c: np.zeros(n, dtype=np.float64) for c in (*_EXTRA, "stall_ns")}
+        self.reserved = np.zeros(n, dtype=np.int64)
+        self.resident = np.zeros(n, dtype=np.int64)
+        self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
+        self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm.hints), None when off
+        self.hint_pos = 0  # next of ``hints.events``
+
+    def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
+        """A compute kernel's faults: one pass, or the passes of a tiled GEMM whose operands may not stay resident.
+
+        The passes (``uvmlab.sim.uvm.reread``) are used only when the kernel's chunk-rounded bytes exceed the GPU
+        memory available to UVM; otherwise none of its pages can be evicted during it and one pass is the same.
+        """
+        sim = self.sim
+        if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
+            passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
+            if passes is not None:
+                self.reread_kernels += 1
+                c = UvmCounters()
+                for p in passes:
+                    c.add(sim.access(p))
+                return c
+        return sim.access(rows)
+
+    def range_event(self, is_map: bool, range_id: int, size: int) -> None:
+        """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
+        if is_map:
+            self.sim.map_range(range_id, size)
+            self.mapped.add(range_id)
+            self.t += self.costs.managed_alloc_ns
+            self.api["cudaMallocManaged"] += 1
+            if self.sim.knobs.prefetch_on_alloc:
+                c = self.sim.prefetch(range_id, 0, size)
+                self.t += c.stall_ns  # the prefetch is synchronous to the stream before the next kernel
+                c.stall_ns = 0.0
+                self.pending.add(c)
+        else:
+            nb = self.sim.unmap_range(range_id)
+            self.mapped.discard(range_id)
+            self.t += self.costs.cudafree_sync_ns + nb * self.costs.range_destroy_block_ns
+            self.api["cudaFree"] += 1
+
+    def kernel(
+        self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics, ids: list[int] | None = None
+    ) -> float:
+        """Run kernel ``i`` (or its API call / retained copy), record its columns; return its duration.
+
+        ``ids``: the allocation of each row (needed when per-tensor hints are on, ``self.hints``).
+        """
+        sim = self.sim
+        kind = st.api[i]
+        if kind == "prefetch":
+            c = UvmCounters()
+            for r in rows:
+                c.add(sim.prefetch(r[0], r[1], r[2]))
+            dur = c.stall_ns
+        elif kind == "host_write":
+            for r in rows:
+                sim.host_write(r[0], r[1], r[2])
+            c, dur = UvmCounters(), 0.0
+        elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
+            c, dur = UvmCounters(), float(st.native_ns[i])
+        elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
+            c = UvmCounters()
+            for r in rows:
+                c.add(sim.memcpy_htod(r[0], r[1], r[2]))
+            dur = c.stall_ns  # the transfer time of each copy (UvmSim.memcpy_htod)
+        elif kind == "memcpy_dtoh":  # explicit DtoH copies: non-resident pages fault in first (approximation)
+            c = sim.access(rows)
+            dur = float(st.native_ns[i]) + c.stall_ns
+        elif st.is_copy[i]:
+            c = UvmCounters()
+            for r in rows:
+                if r[3]:
+                    c.add(sim.memcpy_htod(r[0], r[1], r[2]))
+            if c.memcpy_htod_count:
+                st.native_ns[i] = transfer_time_ns(np.array([r[2] for r in rows if r[3]]), self.costs.link_bytes_per_s)
+                dur = c.stall_ns
+            else:
+                dur = float(st.native_ns[i])
+        elif self.hints is not None:
+            c, dur = self._hinted_kernel(i, st, rows, ids or [])
+        else:
+            c = self._access(i, rows, st)
+            dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+        if sim.knobs.prefetch_on_alloc or self.hints is not None:
+            c.add(self.pending)  # counts only: the prefetch's time is already on the clock
+            self.pending = UvmCounters()
+        self.starts[i] = self.t
+        self.t += dur
+        self.ends[i] = self.t
+        for col in FAULT_COLUMNS:
+            self.cols[col][i] = getattr(c, col)
+        for col in self.extra:
+            self.extra[col][i] = getattr(c, col)
+        self.reserved[i] = sim.mapped_bytes
+        self.resident[i] = sim.used_bytes
+        return dur
+
+    def _hinted_kernel(
+        self, i: int, st: _KernelStatics, rows: list[tuple[int, int, int, bool]], ids: list[int]
+    ) -> tuple[UvmCounters, float]:
+        """A kernel under per-tensor hints: remote tensors over the link, read-mostly duplicates (uvm_hints); the
+        other rows fault as in an unhinted kernel (``_access``: GEMM re-reads included)."""
+        native = float(st.native_ns[i])
+        sim, h = self.sim, self.hints
+        assert h is not None
+        rows, ids, remote = split_rows(rows, ids, h.remote_ids)
+        link_ns = 0.0
+        rc = None
+        if remote:
+            rc, link_ns = sim.remote_access(remote)
+        rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
+        snap = sim.read_snapshot(rm_rows) if rm_rows else None
+        c = self._access(i, rows, st)
+        if snap is not None:
+            c.add(sim.read_mostly_after(snap, rows))
+        if rc is not None:
+            c.add(rc)
+        return c, max(native, link_ns) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+
+    def hint_events(self, upto_seq: int) -> None:
+        """Apply the discard / undiscard events of the allocator's blocks before ``upto_seq`` (uvm_hints)."""
+        h = self.hints
+        assert h is not None
+        ev = h.events
+        while self.hint_pos < len(ev) and ev[self.hint_pos][0] < upto_seq:
+            _, kind, rid, off, size = ev[self.hint_pos]
+            self.hint_pos += 1
+            if rid not in self.mapped:
+                continue
+            if kind == 1:
+                if self.sim.discard(rid, off, size):
+                    self.t += DISCARD_CALL_NS
+                    self.api["cudaMemDiscardBatchAsync"] = self.api.get("cudaMemDiscardBatchAsync", 0) + 1
+            else:  # the new tensor's first touch of still-resident discarded pages: remap faults
+                c = self.sim.undiscard(rid, off, size)
+                if c.fault_count:
+                    self.t += c.stall_ns
+                    c.stall_ns = 0.0
+                    self.pending.add(c)
+
+    def prefetch_ahead(self, rows: list[tuple[int, int, int, bool]], native: float) -> None:
+        """cudaMemPrefetchAsync of a later kernel's rows, issued while the current kernel ran: only the part of
+        its time beyond the kernel's native time delays the stream."""
+        c = UvmCounters()
+        for r in rows:
+            c.add(self.sim.prefetch(r[0], r[1], r[2]))
+        self.t += max(0.0, c.stall_ns - native)
+        c.stall_ns = 0.0
+        self.pending.add(c)
+        self.api["cudaMemPrefetchAsync"] = self.api.get("cudaMemPrefetchAsync", 0) + len(rows)
+
+
+def replay(
+    trace: Trace,
+    placement: PlacementLike,
+    capacity_bytes: int,
+    gpu: GpuSpec,
+    knobs: UvmKnobs | None = None,
+    costs: CostParams | None = None,
+    dtype: str = "fp32",
+    progress: Callable[[int, int], None] | None = None,
+    check_every: int = 0,
+) -> ReplayResult:
+    """Simulate the trace under UVM with ``capacity_bytes`` of GPU memory; return the run tables.
+
+    Steps: translate accesses (1), per-kernel statics (2), range events (3), the serial replay (4), tables (5).
+    """
+    costs = (costs or CostParams()).for_gpu(gpu)
+    sim = UvmSim(capacity_bytes, knobs, costs, gpu)
+    kern = trace.kernels.sort_values("seq", kind="stable").reset_index(drop=True)
+    kid = kern["kernel_id"].to_numpy()
+    acc = translate_accesses(trace, placement, kid)
+    st = kernel_statics(trace, kern, gpu, costs, dtype)
+    events = range_events(placement.ranges)
+    n = len(kern)
+    rp = _Replayer(sim, costs, n, dtype, gpu.name)
+    skipped = acc.skipped
+    kseq = kern["seq"].to_numpy().tolist()
+    hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None
+    e = 0
+    for i in range(n):
+        while e < len(events) and events[e][0] < kseq[i]:
+            rp.range_event(*events[e][1:])
+            e += 1
+        if hints is None:
+            rows = [r for r in acc.rows[acc.lo[i] : acc.hi[i]] if r[0] in rp.mapped]
+            skipped += (acc.hi[i] - acc.lo[i]) - len(rows)
+            rp.kernel(i, rows, st)
+        else:
+            rp.hint_events(kseq[i])
+            seg = range(acc.lo[i], acc.hi[i])
+            keep = [j for j in seg if acc.rows[j][0] in rp.mapped]
+            skipped += len(seg) - len(keep)
+            rp.kernel(i, [acc.rows[j] for j in keep], st, [acc.alloc_ids[j] for j in keep])
+            j = i + hints.lookahead
+            if hints.lookahead and j < n and not st.is_copy[j] and not st.api[j]:
+                sl = slice(acc.lo[j], acc.hi[j])
+                ahead = prefetch_rows(hints, acc.rows[sl], acc.alloc_ids[sl], kseq[i], rp.mapped)
+                if ahead:
+                    rp.prefetch_ahead(ahead, float(st.native_ns[i]))
+        if check_every and i % check_every == 0:
+            sim.check_invariants()
+        if progress is not None and (i % 256 == 0 or i == n - 1):
+            progress(i + 1, n)
+    sim.check_invariants()
+    return _result(kern, st, rp, skipped)
+
+
+def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int) -> ReplayResult:
+    """Step 5: the kernels, memory and iterations tables."""
+    kid = kern["kernel_id"].to_numpy()
+    kernels = pd.DataFrame(
+        {
+            "kernel_id": kid,
+            "name": kern["name"].to_numpy(),
+            "iteration": kern["iteration"].to_numpy(),
+            "phase": kern["phase"].to_numpy(),
+            "start_ns": rp.starts,
+            "end_ns": rp.ends,
+            "duration_ns": rp.ends - rp.starts,
+            "kernel_bytes": st.kernel_bytes,
+            "allocated_bytes": st.allocated_bytes,
+            **rp.cols,
+            **rp.extra,
+            "native_ns": st.native_ns,
+            "is_copy": st.is_copy,
+            "resident_bytes": rp.resident,
+        }
+    )[[*KERNEL_COLUMNS, *rp.extra, "native_ns", "is_copy", "resident_bytes"]]
+    memory = pd.DataFrame(
+        {
+            "time_ns": rp.starts,
+            "allocated_bytes": st.allocated_bytes,
+            "reserved_bytes": rp.reserved,
+            "resident_bytes": rp.resident,
+            "kernel_id": kid,
+            "iteration": kern["iteration"].to_numpy(),
+        }
+    )[[*MEMORY_COLUMNS, "kernel_id", "iteration"]]
+    iterations, baseline = _iterations(kernels, st.native_ns)
+    return ReplayResult(
+        kernels=kernels,
+        iterations=iterations,
+        memory=memory,
+        totals=rp.sim.totals,
+        baseline_iteration_ns=baseline,
+        total_time_ns=rp.t,
+        peak_resident_bytes=rp.sim.peak_used_bytes,
+        skipped_accesses=skipped,
+        api_calls=rp.api,
+    )
+
+
+def _iterations(kernels: pd.DataFrame, native_ns: np.ndarray) -> tuple[pd.DataFrame, float]:
+    """Per-iteration rows; iteration i ends with its last kernel and starts where iteration i-1 (or setup) ended."""
+    k = kernels
+    its = sorted(int(x) for x in k["iteration"].unique() if x >= 0)
+    rows: list[dict[str, Any]] = []
+    base: list[float] = []
+    prev_end = float(k.loc[k["iteration"] < 0, "end_ns"].max()) if (k["iteration"] < 0).any() else 0.0
+    base_ns = native_ns  # copies: their transfer time; kernels: their roofline time
+    for it in its:
+        sel = (k["iteration"] == it).to_numpy()
+        end = float(k.loc[sel, "end_ns"].max())
+        row: dict[str, Any] = {"iteration": it, "start_ns": prev_end, "end_ns": end, "duration_ns": end - prev_end}
+        for col in FAULT_COLUMNS:
+            row[col] = int(k.loc[sel, col].sum())
+        for col in ("zero_fill_bytes", "memcpy_htod_bytes", "stall_ns"):
+            row[col] = float(k.loc[sel, col].sum())
+        row["baseline_ns"] = float(base_ns[sel].sum())
+        base.append(row["baseline_ns"])
+        rows.append(row)
+        prev_end = end
+    cols = [*ITERATION_COLUMNS, "zero_fill_bytes", "memcpy_htod_bytes", "stall_ns", "baseline_ns"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df, steady_mean(base)

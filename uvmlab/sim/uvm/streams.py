@@ -1,0 +1,309 @@
+"""Kernels whose threads each walk their own share of memory: interleaved fault arrival (mixed into UvmSim).
+
+A CUDA kernel's warps run together. When every thread scans its own contiguous chunk (uvmbench's
+``seq_chunk_kernel`` / ``rand_chunk_kernel``, eunomia-bpf/gpu_ext ``microbench/memory/kernels/synthetic.cuh``),
+the faults that reach the driver at any moment come from *all* the chunks at once, one page per stalled thread,
+not from one block after the other in address order. This module models that:
+
+* A :class:`StreamKernel` cuts each of its byte ranges into ``n_streams`` page-aligned chunks; stream ``i`` visits
+  chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
+  (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
+  the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
+  (uvmbench's ``rand_chunk_kernel``, below) or ``visits`` (pages of the range the caller lists per thread and
+  step, e.g. a pointer chase; no chunking). A thread uses the same page order in every range it walks (the
+  kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
+* ``lcg`` reproduces ``rand_chunk_kernel`` of gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (3f4cc2d): thread
+  ``tid`` draws ``seed = lcg(base_seed ^ tid)``, ``step = seed | 1``, ``offset = lcg(seed ^ 0xDEADBEEF) % P`` and
+  visits page ``(offset + p * step) % P`` for ``p < P`` (``P`` its chunk's pages, ``lcg(x) = 1664525 x +
+  1013904223`` mod 2^32). The code comment calls it a permutation, but ``step`` is only guaranteed odd: when
+  ``g = gcd(step, P) > 1`` the thread visits ``P / g`` distinct pages ``g`` times each and never touches the rest.
+  With uvmbench's chunk sizes (P = 63 pages at 1.0x, 79 at 1.25x, 95 at 1.5x) that leaves 66 %, 99 % and 80 % of
+  the pages touched: this, not the order itself, is why rand_stream beats seq_stream at 1.0x and 1.5x. Stream
+  ``i`` of a scaled-down run stands for thread ``i * tid_stride`` (``uvmlab.sim.uvm.bench``); ``seed`` is
+  ``base_seed``.
+* Threads run in warps of ``warp_size`` lanes (SIMT: the lanes execute each load and store together; uvmbench's
+  lanes have equal loop trip counts, ``pages_in_chunk``). A warp whose lanes' pages at its current step are all
+  resident runs on at no cost (its time is the kernel's native time); a warp with a lane whose page is missing
+  stalls on that step and raises one fault per missing lane (uvm.md 1.3: the warp stalls, the uTLB writes an
+  entry per missing page); it moves to its next step when every lane has completed that step. ``warp_size`` 1
+  is the independent-thread model.
+* Replays complete lanes one by one (forward progress): the replay that ends a batch retries every faulting
+  access, each "correctly translated or faulted again" (``UVM_FAULT_REPLAY_TYPE_START``, ``uvm_hal_types.h``), so a
+  lane whose page is resident at the replay completes its access and does not need that page again at that step.
+  The pages of the block a batch services last are resident at its replay, so every batch completes a lane, even
+  when one warp step spans more 2 MiB blocks than the GPU holds (then the real GPU crawls too: thrashing
+  mitigation ignores eviction-caused migrations, ``uvm_perf_thrashing.c`` ``thrashing_event_cb``).
+* The driver fetches up to ``fault_batch_count`` (256) entries per batch (uvm.md 1.4,
+  ``uvm_gpu_replayable_faults.c`` ``fetch_fault_buffer_entries``): the stalled warps' pages, distinct because
+  the chunks are disjoint, so a batch fills with distinct pages (no duplicates, one raw entry per fault); the
+  entries past the batch size wait (BATCH_FLUSH discards them and the warps refault after the replay). Which
+  stalled warps make it into a batch is the model knob ``stream_priority`` (``lowest``: the oldest warps first;
+  ``rotate``: round-robin; ``random``: a seeded random order each batch). A scaled-down run (``tid_stride`` > 1)
+  fetches ``fault_batch_count / tid_stride`` entries per batch, so that a batch serves the same share of the
+  threads as in the real launch (before, 256 entries of 4,096 sampled threads stood for 256 of 65,536 real ones:
+  16x the real share, which made the simulated service order depend on the scale). The batch's pages are
+  serviced per VA block as in :mod:`uvmlab.sim.uvm.faults` (prefetcher, chunk allocation with LRM eviction,
+  migration / zero-fill), then the warps resume.
+
+The consequence the address-order model missed: at an oversubscription factor near 1, the warps of resident
+blocks finish their chunks while the faulting ones wait, so the least-recently-migrated chunks evicted for the
+faulting blocks belong to threads that are already done; only the overflow migrates each pass, and the jump from
+1.0x to 1.25x appears (tests/test_uvm_streams.py, uvmlab/validate/uvm_checks.py).
+
+Approximations: no arrival times (all stalled warps are candidates for every batch); a thread's read and the
+dependent write are separate steps; a sampled warp is 32 adjacent sampled chunks (as a real warp's are); thrashing
+mitigation is not triggered (its detector ignores eviction-caused migrations, ``uvm_perf_thrashing.c``
+``thrashing_event_cb``, uvm.md 1.7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from uvmlab.errors import InputError, SimulationStalledError
+from uvmlab.sim.uvm.faults import UvmCounters
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+
+ORDERS = ("sequential", "random", "lcg", "visits")
+LCG_A, LCG_C = 1664525, 1013904223
+"""``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
+SCAN_WINDOW = 16
+"""Steps a warp's first look-ahead covers (``first_pending``; it doubles each round): a cost knob, not a model
+parameter (the result does not depend on it)."""
+STALL_BATCH_LIMIT = 64
+"""Fault batches in a row that complete no lane before :meth:`StreamService.access_streams` gives up. The
+replay rule completes at least one lane per batch, so reaching it means a bug, not a slow workload."""
+LCG_OFFSET_XOR = 0xDEADBEEF
+"""``lcg_random(seed ^ 0xDEADBEEF)`` picks a thread's first page (same file)."""
+
+
+@dataclass(frozen=True)
+class StreamKernel:
+    """A kernel of ``n_streams`` threads, each scanning its own chunk of every range in ``accesses``."""
+
+    accesses: tuple[tuple[int, int, int, bool], ...]
+    """(range_id, offset_bytes, size_bytes, is_write) per range the kernel walks, in the order a thread touches
+    them within one step (e.g. read input, then write output)."""
+    n_streams: int
+    order: str = "sequential"
+    stride_bytes: int = PAGE_BYTES
+    seed: int = 0
+    """``random``: the generator's seed; ``lcg``: the kernel's ``base_seed``."""
+    tid_stride: int = 1
+    """A scaled-down run: stream ``i`` stands for ``tid_stride`` threads of the real launch (``lcg``: it is thread
+    ``i * tid_stride``). A driver batch of ``fault_batch_count`` entries then holds ``fault_batch_count /
+    tid_stride`` of the sampled threads' faults and its turnaround is charged ``1 / tid_stride`` (the caller
+    multiplies the stall by the scale), so a batch serves the same share of the threads as in the real run."""
+    warp_size: int = 1
+    """Threads per SIMT warp: a warp's threads execute each load/store together (module docstring)."""
+    visits: np.ndarray | None = field(default=None, compare=False)
+    """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
+    (-1: nothing), e.g. a pointer chase whose addresses the caller computed (``uvmlab.sim.uvm.bench``); the ranges
+    are not cut into chunks."""
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise InputError(f"access order must be one of {ORDERS}, not {self.order!r}")
+        if (self.order == "visits") != (self.visits is not None):
+            raise InputError("order 'visits' needs a visits array, and only it takes one")
+        if self.visits is not None and (self.visits.ndim != 2 or self.visits.shape[0] != self.n_streams):
+            raise InputError(f"visits must be (n_streams, steps), not {self.visits.shape}")
+        if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
+            raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
+
+
+def _chunk_pages(n_pages: int, n_streams: int) -> int:
+    """Pages per thread chunk (the chunk rounded up to whole pages, as synthetic.cuh does)."""
+    return max(1, -(-n_pages // n_streams))
+
+
+def lcg(x: np.ndarray) -> np.ndarray:
+    """``lcg_random`` of synthetic.cuh on uint64 holding uint32 values."""
+    return (np.uint64(LCG_A) * x + np.uint64(LCG_C)) & np.uint64(0xFFFFFFFF)
+
+
+def lcg_page_order(n_valid: np.ndarray, width: int, base_seed: int, tid_stride: int = 1) -> np.ndarray:
+    """(S, width) chunk-page indices in ``rand_chunk_kernel``'s visiting order, -1 past a thread's ``P`` pages.
+
+    ``n_valid[i]`` is thread i's ``pages_in_chunk``; see the module docstring for the formula and its repeats."""
+    tid = np.arange(len(n_valid), dtype=np.uint64) * np.uint64(tid_stride)
+    seed = lcg(np.uint64(base_seed & 0xFFFFFFFF) ^ tid)
+    step = (seed | np.uint64(1)).astype(np.int64)
+    p_chunk = np.maximum(n_valid.astype(np.int64), 1)
+    offset = (lcg(seed ^ np.uint64(LCG_OFFSET_XOR)) % p_chunk.astype(np.uint64)).astype(np.int64)
+    p = np.arange(width, dtype=np.int64)[None, :]
+    order = (offset[:, None] + (p * (step % p_chunk)[:, None])) % p_chunk[:, None]
+    return np.where(p < n_valid[:, None], order, -1)
+
+
+class StreamService:
+    """The interleaved-arrival path of UvmSim (uses its bitmaps, ``_segments``, ``_service_block``, counters)."""
+
+    def _stream_pages(self, kern: StreamKernel) -> tuple[np.ndarray, np.ndarray]:
+        """(S, L) global page ids (slot * 512 + page, -1 = none) and is-write flags, in each thread's order."""
+        rng = np.random.default_rng(kern.seed)
+        stride_pages = max(1, kern.stride_bytes // PAGE_BYTES)
+        per_range = []
+        orders: dict[tuple[int, bytes], np.ndarray] = {}  # one page order per thread, shared by its ranges
+        for range_id, offset, size, is_write in kern.accesses:
+            segs = self._segments(int(range_id), int(offset), int(size))
+            if not segs:
+                continue
+            gids = np.concatenate([s * PAGES_PER_BLOCK + np.arange(lo, hi) for s, lo, hi in segs])
+            if kern.order == "visits":  # the caller placed every visit: no chunking
+                if kern.visits.max(initial=-1) >= len(gids):
+                    raise InputError(f"visits index a page past the range's {len(gids)} pages")
+                per_range.append((np.where(kern.visits >= 0, gids[np.maximum(kern.visits, 0)], -1), bool(is_write)))
+                continue
+            chunk = _chunk_pages(len(gids), kern.n_streams)
+            pad = kern.n_streams * chunk - len(gids)
+            grid = np.concatenate([gids, np.full(pad, -1, dtype=np.int64)]).reshape(kern.n_streams, chunk)
+            grid = grid[:, ::stride_pages]
+            if kern.order != "sequential":
+                n_valid = (grid >= 0).sum(axis=1)
+                key = (grid.shape[1], n_valid.tobytes())
+                idx = orders.get(key)
+                if idx is None:
+                    if kern.order == "random":
+                        idx = rng.permuted(np.tile(np.arange(grid.shape[1]), (len(grid), 1)), axis=1)
+                    else:
+                        idx = lcg_page_order(n_valid, grid.shape[1], kern.seed, kern.tid_stride)
+                    orders[key] = idx
+                grid = np.where(idx >= 0, np.take_along_axis(grid, np.maximum(idx, 0), 1), -1)
+            per_range.append((grid, bool(is_write)))
+        if not per_range:
+            return np.empty((0, 0), dtype=np.int64), np.empty((0, 0), dtype=bool)
+        width = max(g.shape[1] for g, _ in per_range)
+        cols, wcols = [], []
+        for g, w in per_range:
+            g = np.pad(g, ((0, 0), (0, width - g.shape[1])), constant_values=-1)
+            cols.append(g)
+            wcols.append(np.full(g.shape, w))
+        pages = np.stack(cols, axis=2).reshape(kern.n_streams, -1)  # step-major: range 0, range 1, ... per step
+        writes = np.stack(wcols, axis=2).reshape(kern.n_streams, -1)
+        return pages, writes
+
+    def access_streams(self, kern: StreamKernel) -> UvmCounters:
+        """Run one stream kernel (module docstring); return its counters.
+
+        Forward progress (module docstring, "Replays complete lanes one by one"): a lane whose page is resident
+        when the driver replays completes its access at the warp's current step and does not need that page
+        again, so every batch completes at least the lanes of the block it serviced last. The loop raises
+        :class:`~uvmlab.errors.SimulationStalledError` if ``STALL_BATCH_LIMIT`` batches in a row complete nothing.
+        """
+        pages, writes = self._stream_pages(kern)
+        if pages.size == 0:
+            return self._flush_kernel_counters()
+        w_size = int(kern.warp_size)
+        n_w = -(-pages.shape[0] // w_size)
+        pad = n_w * w_size - pages.shape[0]
+        if pad:  # a last, partial warp: its missing lanes never fault
+            pages = np.pad(pages, ((0, pad), (0, 0)), constant_values=-1)
+            writes = np.pad(writes, ((0, pad), (0, 0)))
+        length = pages.shape[1]
+        valid = pages >= 0
+        safe = np.where(valid, pages, 0)
+        invalid = ~valid
+        flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
+        prio = self.knobs.stream_priority
+        order_rng = np.random.default_rng(kern.seed)  # stream_priority "random": seeded, so runs repeat
+        pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
+        done = np.zeros((n_w, w_size), dtype=bool)  # lanes whose access at their warp's current step completed
+        lane_ids = np.arange(w_size)
+        per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
+        turnaround = self.costs.batch_turnaround_ns / int(kern.tid_stride)
+        rotate = 0
+        idle_batches = 0
+        k = self._k
+
+        def pending(warps: np.ndarray, steps: np.ndarray) -> np.ndarray:
+            """(warps, lanes, steps) accesses still to do: page missing and, at a warp's current step, not done."""
+            rows = (warps[:, None] * w_size + lane_ids[None, :])[:, :, None]
+            cols = np.minimum(steps, length - 1)[:, None, :]
+            miss = ~(flat_gpu[safe[rows, cols]] | invalid[rows, cols]) & (steps < length)[:, None, :]
+            miss[:, :, 0] &= ~(done[warps] & (steps[:, :1] == pos[warps][:, None]))
+            return miss
+
+        def first_pending(warps: np.ndarray) -> np.ndarray:
+            """Each warp's first step with a pending access at or after its current step (``length``: none).
+
+            Steps whose pages are all resident run on at no cost, so the scan looks ahead in windows that double
+            while a warp finds nothing to wait for (no batch is serviced during the scan: residency is fixed)."""
+            out = np.full(len(warps), length, dtype=np.int64)
+            todo = np.arange(len(warps))
+            start = pos[warps].copy()
+            width = SCAN_WINDOW
+            while todo.size:
+                steps = start[todo][:, None] + np.arange(width)[None, :]
+                blocked = pending(warps[todo], steps).any(axis=1)
+                hit = blocked.any(axis=1)
+                out[todo[hit]] = start[todo[hit]] + blocked[hit].argmax(axis=1)
+                more = ~hit & (start[todo] + width < length)
+                start[todo[more]] += width
+                todo = todo[more]
+                width *= 2
+            return out
+
+        active = np.arange(n_w)
+        while True:
+            first = np.full(n_w, length, dtype=np.int64)
+            first[active] = first_pending(active)
+            moved = first != pos
+            done[moved] = False  # a warp that moved on starts its new step with no lane done
+            progressed = bool(moved.any())
+            pos = first
+            active = np.flatnonzero(pos < length)
+            if not active.size:
+                break
+            stalled = active
+            if prio == "rotate":
+                stalled = np.roll(stalled, -(rotate % len(stalled)))
+            elif prio == "random":
+                stalled = order_rng.permutation(stalled)
+            lanes = pending(stalled, first[stalled][:, None])[:, :, 0]  # (stalled warps, lanes): their faults
+            per_warp = np.cumsum(lanes.sum(axis=1))
+            take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
+            rotate += len(take)
+            tw, lane = np.nonzero(lanes[: len(take)])
+            tw, lane = tw[:per_batch], lane[:per_batch]  # the fetch stops at the batch size (the rest refault)
+            rows, steps = take[tw] * w_size + lane, first[take][tw]
+            gid = pages[rows, steps]
+            is_w = writes[rows, steps]
+            slots = gid // PAGES_PER_BLOCK
+            order = np.argsort(slots, kind="stable")  # the driver sorts a batch by address (uvm.md 1.4)
+            slots, gid, is_w = slots[order], gid[order], is_w[order]
+            bounds = np.flatnonzero(np.diff(slots)) + 1
+            for grp in np.split(np.arange(len(slots)), bounds):
+                s = int(slots[grp[0]])
+                faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                faulted[gid[grp] - s * PAGES_PER_BLOCK] = True
+                self._service_block(s, faulted)
+            n_wr = int(is_w.sum())
+            n = len(gid)
+            k.fault_batch_count += 1
+            k.fault_count += n
+            k.write_fault_count += n_wr
+            k.read_fault_count += n - n_wr
+            k.raw_fault_entries += n
+            k.stall_ns += turnaround + self.costs.fault_entry_ns * n
+            self._open_faults = 0
+            self._open_blocks = 0
+            # The replay: every stalled lane whose page is resident now completes its access.
+            lane_rows = stalled[:, None] * w_size + lane_ids[None, :]
+            at = first[stalled][:, None]
+            now = flat_gpu[safe[lane_rows, at]] | invalid[lane_rows, at]
+            newly = now & ~done[stalled]
+            done[stalled] |= now
+            if progressed or newly.any():
+                idle_batches = 0
+            else:
+                idle_batches += 1
+                if idle_batches >= STALL_BATCH_LIMIT:
+                    raise SimulationStalledError(
+                        f"the UVM simulation made no progress in {STALL_BATCH_LIMIT} fault batches of one stream "
+                        f"kernel ({active.size} warps stalled, GPU capacity {self.capacity_bytes} bytes): "
+                        "this is a bug in uvmlab's forward-progress rule, please report it"
+                    )
+        return self._flush_kernel_counters()

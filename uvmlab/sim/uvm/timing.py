@@ -1,0 +1,179 @@
+"""The simulator's cost model: native kernel time, fault-batch service time, transfers, allocator API costs.
+
+It follows the proposal of reference/uvm.md section 2.5 (per kernel: native time plus the serial bottom half's
+batches)::
+
+    T_kernel_uvm = T_native + (1 - fault_overlap) * sum over batches of t_batch
+    t_batch = batch_turnaround + fault_entry * raw_entries
+            + sum over VA blocks (block_service + block_first_gpu [first GPU chunk of the block since its range was
+              created] + evictions (evict_fixed + DtoH bytes / BW(size)) + HtoD bytes / BW(size) + zero-fill / HBM)
+
+``T_native`` is a roofline: max(FLOPs / (peak * compute_efficiency), bytes / (HBM * memory_efficiency)), at least
+``kernel_min``. Link bandwidth per transfer follows UVMSmart's fitted curve (uvm.md 2.3):
+``BW(s) = (2a/pi) * atan(0.07292 * s_KiB)`` GiB/s, with ``a`` scaled so that BW(2 MiB) equals the GPU's sustained
+link bandwidth (``GpuSpec.link_bytes_per_s``): small transfers are slower (4 KiB ~18 %, 64 KiB ~87 % of 2 MiB).
+
+Every parameter below names its source; [U] marks unverified guesses that ``uvmlab calibrate`` should replace.
+The parameter file is JSON ``{"schema_version": 1, "source": "...", "params": {field: value}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uvmlab.errors import InputError
+from uvmlab.files.atomic import atomic_write_json
+from uvmlab.gpus import GpuSpec
+
+PARAMS_SCHEMA_VERSION = 1
+_ATAN_K_PER_KIB = 0.07292
+"""UVMSmart ``gpu-sim.cc:636-651`` transfer curve constant (per KiB)."""
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Cost parameters of the UVM simulator (all times in ns). Defaults are literature / real-log figures."""
+
+    batch_turnaround_ns: float = 25_000.0
+    """Replay + refault + interrupt + fetch + preprocess per batch: 20-30 µs between batches, Titan V abc log
+    (uvm.md 2.2, 'b -> next s' 18-29 µs typical)."""
+    fault_entry_ns: float = 300.0
+    """Per raw fault-buffer entry fetched, sorted, deduplicated: 0.1-0.5 µs [U] (uvm.md 2.5 c_entry)."""
+    raw_entries_per_fault: float = 5.9
+    """Raw HW entries per unique faulted page: 256 / (256 - 212.7) from the cuBLAS log (uvm.md 1.4, 2.2)."""
+    block_service_ns: float = 30_000.0
+    """Servicing one VA block in a batch: 25-40 µs (uvm.md 2.2, abc batches 2 and 3, 'last f -> b')."""
+    block_first_gpu_ns: float = 300_000.0
+    """Extra when a block gets its first GPU chunk since its range was created (chunk from PMA, page-table
+    creation, invalid-PDE faults): +0.25-0.45 ms per block (uvm.md 2.2, abc batch 1: 507-887 µs for 2 blocks)."""
+    prefetch_first_block_ns: float = 0.0
+    """The same first-chunk cost on the API path: ``cudaMemPrefetchAsync`` of a never-populated block
+    (``uvm_migrate.c`` ``uvm_va_block_migrate_locked`` -> ``uvm_va_block_make_resident``: chunk from PMM/PMA, CE
+    memset push ``block_zero_new_gpu_chunk`` and tracker wait, then ``block_migrate_add_mappings``: PTE writes);
+    no fault-buffer round trips. Default 0 [U] (the API path pays only ``block_service_ns`` and the zero-fill);
+    the RTX 5090 profile fits it on the GCN 5M with-user-prefetch epoch (``uvmlab.measure.profile_fit``)."""
+    evict_fixed_ns: float = 20_000.0
+    """Fixed cost of evicting one root chunk besides its DtoH copy (unmap, PMM bookkeeping) [U]."""
+    link_bytes_per_s: float | None = None
+    """Sustained 2 MiB host<->device bandwidth; None: the GPU's ``link_bytes_per_s`` (gpus.py, uvm.md 2.3/2.4)."""
+    zero_fill_bytes_per_s: float | None = None
+    """Copy-engine memset of newly populated pages; None: the GPU's HBM bandwidth (uvm.md 1.2: a CE memset) [I]."""
+    managed_alloc_ns: float = 10_000.0
+    """One ``cudaMallocManaged`` call (range creation) [U]."""
+    cudafree_sync_ns: float = 10_000.0
+    """One ``cudaFree`` of a managed range: device synchronization (pytorch#106200 [S]) + range destroy [U]."""
+    range_destroy_block_ns: float = 1_000.0
+    """Per VA block of a destroyed range (freeing GPU chunks, no DtoH) [U]."""
+    compute_efficiency: float = 0.5
+    """Achieved share of peak FLOP/s for a training kernel [U: typical 30-70 % for fp32 GEMM/conv mixes]."""
+    memory_efficiency: float = 0.7
+    """Achieved share of peak HBM bandwidth for a memory-bound kernel [U: STREAM-like kernels reach 70-90 %]."""
+    sector_memory_efficiency: float | None = None
+    """Achieved share of peak DRAM bandwidth when every access is a lone 32 B sector in its own 4 KiB page (a
+    page-strided stream: uvmbench ``--stride_bytes=4096``, one DRAM row and one TLB entry per access); None:
+    ``memory_efficiency``. The RTX 5090 profile fits it on uvmbench seq_stream in ``device`` mode at 0.5x (t0rq3:
+    0.568 ms for 4.11 M sectors: 13 % of peak, against ~49-70 % for dense streams) [F: uvmlab.measure.profile_fit]."""
+    kernel_min_ns: float = 4_000.0
+    """Floor of any kernel's time: launch + tail (~3-5 µs for back-to-back launches on A100) [U]."""
+    fault_overlap: float = 0.0
+    """Share of fault-batch time hidden behind non-faulting warps; 0 = the warps stall for every batch (uvm.md 2.5
+    optional knob (a)) [U]."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise InputError(f"cost parameter {f.name} must be a finite number >= 0, not {v!r}")
+        if not 0 <= self.fault_overlap <= 1:
+            raise InputError(f"cost parameter fault_overlap must be in [0, 1], not {self.fault_overlap}")
+        if self.compute_efficiency <= 0 or self.memory_efficiency <= 0 or self.sector_memory_efficiency == 0:
+            raise InputError(
+                "cost parameters compute_efficiency, memory_efficiency and sector_memory_efficiency must be > 0"
+            )
+
+    def for_scattered_sectors(self) -> CostParams:
+        """These costs with ``memory_efficiency`` set to the lone-sector one (for page-strided streams)."""
+        return replace(self, memory_efficiency=self.sector_memory_efficiency or self.memory_efficiency)
+
+    def for_gpu(self, gpu: GpuSpec) -> CostParams:
+        """Fill the GPU-dependent parameters left as None from ``gpu``."""
+        return replace(
+            self,
+            link_bytes_per_s=self.link_bytes_per_s or gpu.link_bytes_per_s,
+            zero_fill_bytes_per_s=self.zero_fill_bytes_per_s or gpu.hbm_bytes_per_s,
+        )
+
+    # -- parameter files ---------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path) -> CostParams:
+        """Read a parameter file; unknown fields or a wrong schema version are an InputError."""
+        p = Path(path)
+        try:
+            doc = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read cost parameter file {p}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"cost parameter file {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(doc, dict) or doc.get("schema_version") != PARAMS_SCHEMA_VERSION:
+            got = doc.get("schema_version") if isinstance(doc, dict) else None
+            raise InputError(
+                f"cost parameter file {p} has schema_version {got!r}; this uvmlab reads {PARAMS_SCHEMA_VERSION} "
+                '(format: {"schema_version": 1, "source": "...", "params": {field: value}})'
+            )
+        params = doc.get("params")
+        if not isinstance(params, dict):
+            raise InputError(f"cost parameter file {p} needs a 'params' mapping of field to number")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise InputError(f"cost parameter file {p} has unknown fields {unknown}; known fields: {sorted(known)}")
+        return cls(**params)
+
+    def to_file(self, path: str | Path, source: str) -> Path:
+        """Write the parameter file atomically (``source`` says where the numbers come from)."""
+        doc = {"schema_version": PARAMS_SCHEMA_VERSION, "source": source, "params": asdict(self)}
+        atomic_write_json(Path(path), doc)
+        return Path(path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def transfer_bandwidth(nbytes: np.ndarray | float, link_bytes_per_s: float) -> np.ndarray:
+    """Achieved link bandwidth (bytes/s) of transfers of ``nbytes`` each (UVMSmart atan curve, uvm.md 2.3)."""
+    kib = np.asarray(nbytes, dtype=float) / 1024.0
+    norm = math.atan(_ATAN_K_PER_KIB * 2048.0)  # the curve at 2 MiB maps to link_bytes_per_s
+    return link_bytes_per_s * np.arctan(_ATAN_K_PER_KIB * kib) / norm
+
+
+def transfer_time_ns(nbytes: np.ndarray, link_bytes_per_s: float) -> float:
+    """Total time (ns) of serial transfers of the given sizes (bytes)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    nbytes = nbytes[nbytes > 0]
+    if nbytes.size == 0:
+        return 0.0
+    return float((nbytes / transfer_bandwidth(nbytes, link_bytes_per_s)).sum() * 1e9)
+
+
+def kernel_time_ns(
+    flops: np.ndarray, nbytes: np.ndarray, gpu: GpuSpec, costs: CostParams, dtype: str = "fp32"
+) -> np.ndarray:
+    """Native (all-resident) kernel time: roofline of FLOPs and touched bytes, floored at ``kernel_min_ns``.
+
+    Approximation: fp32 runs at ``gpu.fp32_flops`` (PyTorch's default keeps TF32 matmul off), bf16 at
+    ``gpu.tensor_flops``; touched bytes are the bytes the kernel reads and writes, each once.
+    """
+    peak = gpu.tensor_flops if dtype == "bf16" else gpu.fp32_flops
+    t_compute = np.asarray(flops, dtype=float) / (peak * costs.compute_efficiency)
+    t_memory = np.asarray(nbytes, dtype=float) / (gpu.hbm_bytes_per_s * costs.memory_efficiency)
+    return np.maximum(np.maximum(t_compute, t_memory) * 1e9, costs.kernel_min_ns)

@@ -1,0 +1,320 @@
+"""Simulation mode of ``uvmlab run``: the workload's trace, placed by the allocator model, replayed under UVM.
+
+Pipeline (each step another module's public function):
+
+1. ``uvmlab.trace.cache.get_trace(cfg.workload)``: the captured trace (cached on disk);
+2. ``uvmlab.trace.orchestrate.to_cuda(trace, gpu)``: CUDA's allocation sequence (workspaces, lifetimes);
+3. ``uvmlab.sim.allocator.placement.place(trace, "pca" | "nocache")``: managed ranges (PCA segments, or one per tensor);
+4. footprint = peak chunk-rounded bytes of live managed ranges (PCA on: peak reserved; off: peak live tensors,
+   each rounded to the 64 KiB / 2 MiB GPU chunks UVM gives it); available = footprint / oversub (at most the GPU's
+   usable memory);
+5. ``uvmlab.sim.uvm.replay.replay``: the UVM driver model (uvmlab.sim.uvm.driver) over every kernel of every iteration.
+
+Two native (no UVM, every page resident) references, mean over the iterations after the first:
+
+- ``native_pca_time_ns``: the same kernels with the caching allocator on (no allocator API calls in steady
+  iterations: PCA serves them from its cache): the reference of the seed study. ``slowdown_vs_native_pca``.
+- ``native_time_ns``: the same job with the same PCA setting. PCA on: equal to the above. PCA off: plus one
+  ``cudaMalloc`` and one ``cudaFree`` per tensor range of the iteration, priced as the managed calls
+  (CostParams.managed_alloc_ns / cudafree_sync_ns, both unverified; cudaFree synchronizes the device either
+  way, pytorch#106200). ``slowdown_vs_native = iteration_time_ns / native_time_ns``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uvmlab import SCHEMA_VERSION
+from uvmlab.config import RunConfig
+from uvmlab.errors import InputError, InvariantError
+from uvmlab.files.env import env_info
+from uvmlab.files.rundir import RunDir
+from uvmlab.gpus import GpuSpec, get_gpu
+from uvmlab.sim.uvm.knobs import UvmKnobs
+from uvmlab.sim.uvm.replay import ReplayResult, peak_managed_bytes, replay
+from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
+from uvmlab.trace.schema import Trace
+
+
+@dataclass
+class Prepared:
+    """A run's inputs after steps 1-4 of the pipeline."""
+
+    gpu: GpuSpec
+    trace: Trace
+    placement: Any
+    footprint_bytes: int
+    available_bytes: int
+
+
+def run_gpu_spec(cfg: RunConfig) -> GpuSpec:
+    """The GpuSpec of a run (``--gpu`` plus ``--gpu-memory``)."""
+    return get_gpu(cfg.gpu, cfg.gpu_memory_bytes)
+
+
+def _pipeline() -> tuple[Any, Any, Any]:
+    """The three upstream functions, imported lazily (capture needs torch)."""
+    from uvmlab.sim.allocator.placement import place
+    from uvmlab.trace.cache import get_trace
+    from uvmlab.trace.orchestrate import to_cuda
+
+    return get_trace, to_cuda, place
+
+
+def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = None) -> Prepared:
+    """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory.
+
+    ``available_bytes`` fixes the GPU memory UVM may use (``uvmlab advise`` compares policies on one GPU);
+    by default it is footprint / ``cfg.oversub``. ``cfg.policy`` adds its allocator settings and releases.
+    """
+    get_trace, to_cuda, place = _pipeline()
+    gpu = run_gpu_spec(cfg)
+    trace = get_trace(cfg.workload, progress=progress)
+    trace = to_cuda(trace, gpu)
+    if cfg.applied is not None and cfg.applied.offload_optimizer:  # job shape: the optimizer on the host
+        from uvmlab.trace.offload import offload_optimizer_of
+
+        trace = offload_optimizer_of(trace, cfg.workload.optimizer)
+    conf, releases = _policy_allocator(cfg, trace)
+    placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
+    footprint = peak_managed_bytes(placement.ranges)
+    if footprint <= 0:
+        raise InputError(f"workload {cfg.workload.workload!r} allocates no device memory: nothing to simulate")
+    if available_bytes is None:
+        available_bytes = int(footprint / cfg.oversub)
+    available = min(available_bytes, gpu.usable_bytes)
+    return Prepared(gpu, trace, placement, footprint, available)
+
+
+def _policy_allocator(cfg: RunConfig, trace: Trace) -> tuple[str | None, list[int]]:
+    """The allocator settings and empty_cache points of the run's policy (none without a policy)."""
+    pol = cfg.applied
+    if pol is None:
+        return None, []
+    return pol.alloc_conf or None, (iteration_ends(trace) if pol.release_each_iteration else [])
+
+
+def iteration_ends(trace: Trace) -> list[int]:
+    """Seqs just after each optimizer step but the last (where ``torch.cuda.empty_cache()`` after the step runs).
+
+    For iteration i >= 1 that is the first event of iteration i: its first kernel or allocation, or, when
+    ``zero_grad(set_to_none=True)`` opens the iteration, the first gradient freed after iteration i-1's last kernel
+    (empty_cache runs before zero_grad, so those gradients are still alive then). The step's own temporaries are
+    freed before that point, as they are when ``step()`` returns.
+    """
+    k, a = trace.kernels, trace.allocations
+    last_kernel = k.groupby("iteration")["seq"].max()
+    first_kernel = k.groupby("iteration")["seq"].min()
+    first_alloc = a.groupby("iteration")["alloc_seq"].min()
+    grads = a.loc[(a["category"] == "gradient") & (a["free_seq"] >= 0), "free_seq"].sort_values().to_numpy()
+    ends: list[int] = []
+    for it in sorted(i for i in first_kernel.index if i >= 1):
+        cands = [int(first_kernel[it])]
+        if it in first_alloc.index:
+            cands.append(int(first_alloc[it]))
+        if it - 1 in last_kernel.index:
+            after = grads[grads > last_kernel[it - 1]]
+            if len(after):
+                cands.append(int(after[0]))
+        ends.append(min(cands))
+    return ends
+
+
+def footprint_bytes(cfg: RunConfig) -> int:
+    """The simulated peak managed bytes of ``cfg``'s workload in its PCA mode (``--footprint estimate``)."""
+    return prepare(cfg).footprint_bytes
+
+
+def load_costs(cfg: RunConfig) -> CostParams:
+    """Cost parameters: ``--params FILE``, else the GPU's cost profile (uvmlab.sim.uvm.profile.pick_profile)."""
+    return costs_and_source(cfg)[0]
+
+
+def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
+    """(cost parameters, where they come from) for ``cfg``."""
+    if cfg.params_file:
+        return CostParams.from_file(cfg.params_file), str(cfg.params_file)
+    from uvmlab.sim.uvm.profile import pick_profile
+
+    return pick_profile(run_gpu_spec(cfg))
+
+
+def result_dict(
+    cfg: RunConfig, prep: Prepared, res: ReplayResult, knobs: UvmKnobs, costs: CostParams, costs_source: str
+) -> dict:
+    """result.json content (docs/result-json.md documents every key); ``costs_source`` says where ``costs`` come
+    from (:func:`costs_and_source`)."""
+    its = res.iterations
+    iteration_ns = steady_mean(its["duration_ns"])
+    native = steady_mean(its["native_time_ns"]) if "native_time_ns" in its else res.baseline_iteration_ns
+    native_pca = res.baseline_iteration_ns
+    totals = res.totals
+    migrated = totals.htod_bytes + totals.dtoh_bytes
+    place = prep.placement
+    d: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "mode": "sim",
+        "outcome": "ok",
+        "error": None,
+        "workload": cfg.workload.workload,
+        "pca": cfg.pca,
+        "oversub": cfg.oversub,
+        "gpu": prep.gpu.name,
+        "footprint_bytes": prep.footprint_bytes,
+        "available_bytes": prep.available_bytes,
+        "peak_allocated_bytes": int(place.peak_allocated_bytes),
+        "peak_reserved_bytes": int(place.peak_reserved_bytes),
+        "iterations": len(its),
+        "iteration_time_ns": iteration_ns,
+        "total_time_ns": res.total_time_ns,
+        "native_time_ns": native,
+        "slowdown_vs_native": _ratio(iteration_ns, native),
+        "native_pca_time_ns": native_pca,
+        "slowdown_vs_native_pca": _ratio(iteration_ns, native_pca),
+    }
+    for col in FAULT_COLUMNS:
+        d[col] = int(its[col].sum()) if len(its) else 0
+    d.update(
+        {
+            "effective_oversub": prep.footprint_bytes / prep.available_bytes,
+            "setup_fault_count": int(res.kernels.loc[res.kernels["iteration"] < 0, "fault_count"].sum()),
+            "zero_fill_bytes": int(totals.zero_fill_bytes),
+            "fault_htod_bytes": int(totals.fault_htod_bytes),
+            "prefetch_htod_bytes": int(totals.prefetch_htod_bytes),
+            "memcpy_htod_count": int(totals.memcpy_htod_count),
+            "memcpy_htod_bytes": int(totals.memcpy_htod_bytes),
+            "raw_fault_entries": float(totals.raw_fault_entries),
+            "nsys_migration_records": int(totals.htod_records + totals.dtoh_count),
+            "read_fault_share": (d["read_fault_count"] / d["fault_count"]) if d["fault_count"] else None,
+            "migration_bytes_over_footprint": migrated / prep.footprint_bytes,
+            "peak_resident_bytes": res.peak_resident_bytes,
+            "max_kernel_bytes": int(res.kernels["kernel_bytes"].max()) if len(res.kernels) else 0,
+            "kernels": len(res.kernels),
+            "cudaMallocManaged_calls": res.api_calls.get("cudaMallocManaged", 0),
+            "cudaFree_calls": res.api_calls.get("cudaFree", 0),
+            "remote_bytes": int(totals.remote_bytes),
+            "writeback_saved_bytes": int(totals.writeback_saved_bytes),
+            "hint_api_calls": {k: v for k, v in res.api_calls.items() if k not in ("cudaMallocManaged", "cudaFree")},
+            "skipped_accesses": res.skipped_accesses,
+            "knobs": knobs.to_dict(),
+            "cost_params": costs.for_gpu(prep.gpu).to_dict(),
+            "cost_params_source": costs_source,
+        }
+    )
+    d["batch_size"] = prep.trace.header.get("batch_size")
+    missing = [k for k in RESULT_KEYS if k not in d]
+    if missing:
+        raise InvariantError(f"result.json lacks shared keys {missing}")
+    return d
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return a / b if b and b > 0 else None
+
+
+def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> Any:
+    """The iterations table with ``native_pca_time_ns`` (the replay's all-resident ``baseline_ns``) and
+    ``native_time_ns`` (plus, PCA off, the iteration's cudaMalloc/cudaFree calls; see the module docstring)."""
+    its = its.rename(columns={"baseline_ns": "native_pca_time_ns"})
+    api_ns = np.zeros(len(its))
+    if not pca and len(its):
+        k = prep.trace.kernels
+        first = k[k["iteration"] >= 0].groupby("iteration")["seq"].min()
+        bounds = np.append(first.to_numpy(), k["seq"].max() + 1)
+        rng = prep.placement.ranges
+        n_alloc = np.histogram(rng["alloc_seq"].to_numpy(), bins=bounds)[0]
+        n_free = np.histogram(rng["free_seq"].to_numpy(), bins=bounds)[0]
+        per_it = pd.Series(n_alloc * costs.managed_alloc_ns + n_free * costs.cudafree_sync_ns, index=first.index)
+        api_ns = its["iteration"].map(per_it).fillna(0.0).to_numpy()
+    its["native_time_ns"] = its["native_pca_time_ns"] + api_ns
+    return its
+
+
+def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
+    """Step 5 on prepared inputs: replay and build result.json (no files written)."""
+    knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
+    costs, costs_source = costs_and_source(cfg)  # once: a profile is a file read and a pick
+    t0 = time.perf_counter()
+    res = replay(
+        prep.trace,
+        prep.placement,
+        prep.available_bytes,
+        prep.gpu,
+        knobs,
+        costs,
+        dtype=cfg.workload.dtype,
+        progress=progress,
+    )
+    res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
+    result = result_dict(cfg, prep, res, knobs, costs, costs_source)
+    result["sim_wall_s"] = time.perf_counter() - t0
+    return res, result
+
+
+def simulate_run(
+    cfg: RunConfig,
+    rundir: RunDir,
+    progress: Any = None,
+    figures: bool = True,
+    capture_progress: Any = None,
+    snapshot: str | Path | None = None,
+    timeline: str | Path | None = None,
+    given: RunConfig | None = None,
+) -> dict:
+    """Simulate ``cfg`` and write the run directory (tables, figures, env.json; result.json last).
+
+    A run with a policy arrives resolved (``cfg.applied``, ``uvmlab.advise.advisor.resolve_policy``); ``given`` is
+    then the job as the user named it (recorded in config.json beside the applied settings).
+
+    ``progress(done, total)`` follows the simulated kernels, ``capture_progress`` a trace capture (cache miss).
+    ``snapshot``: also write a PyTorch memory snapshot (uvmlab.export.snapshot); ``timeline``: a Chrome
+    trace-event / Perfetto JSON (uvmlab.export.timeline).
+    """
+    if cfg.policy and cfg.applied is None:
+        raise InvariantError(
+            f"policy {cfg.policy!r} reached the simulator unresolved (resolve it where the user names it: "
+            "uvmlab.advise.advisor.resolve_policy, as uvmlab.run.run does)"
+        )
+    record = {"run": (given if given is not None else cfg).to_dict(), "mode": "sim"}
+    if cfg.applied is not None:
+        record["applied"] = cfg.to_dict()  # the policy's settings, on the given job's GPU memory
+        prep = prepare(cfg, progress=capture_progress, available_bytes=cfg.applied.available_bytes)
+    else:
+        prep = prepare(cfg, progress=capture_progress)
+    res, result = simulate_prepared(cfg, prep, progress)
+    result["policy"] = cfg.policy
+    record["used"] = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
+    rundir.write_json(rundir.config_json, record)
+    rundir.write_json(rundir.env_json, env_info(prep.trace.header))
+    rundir.write_table("iterations", check_table("iterations", res.iterations))
+    rundir.write_table("kernels", check_table("kernels", res.kernels))
+    rundir.write_table("memory", check_table("memory", res.memory))
+    if figures:
+        from uvmlab.stats.figures import write_run_figures
+
+        write_run_figures(rundir, res.kernels, res.iterations, res.memory, title=_title(cfg))
+    if snapshot is not None:
+        from uvmlab.export.snapshot import write_run_snapshot
+
+        conf = cfg.applied.alloc_conf if cfg.applied is not None else ""
+        write_run_snapshot(
+            snapshot, prep.trace, cfg.pca, res.kernels, int(prep.placement.peak_reserved_bytes), alloc_conf=conf
+        )
+    rundir.write_json(rundir.result_json, result)
+    if timeline is not None:
+        from uvmlab.export.timeline import run_timeline
+
+        run_timeline(rundir, timeline)
+    return result
+
+
+def _title(cfg: RunConfig) -> str:
+    name = Path(cfg.workload.workload).name
+    return f"{name}, oversubscription x{cfg.oversub:g}, PCA {'on' if cfg.pca else 'off'} (simulated)"
