@@ -238,10 +238,10 @@ def test_offload_is_paired_with_the_micro_batch_search_only_when_neither_fits_al
     rows[0]["outcome"] = "ok"
     assert shape_fit_combination(rows, available=100) is None  # a micro-batch fits without offloading
     given = RunConfig(workload=WorkloadConfig("alexnet", batch_size=2), oversub=2.0)
-    combo = get_policy("offload-optimizer+fit-batch-accumulate").apply(given)
+    combo = get_policy("offload-optimizer+fit-batch-accumulate")
     assert _fit_base(combo, given).policy == "offload-optimizer"  # the search sizes offloaded footprints
-    assert _fit_base(POLICIES["fit-batch-accumulate"].apply(given), given) is given
-    ck = _fit_base(get_policy("checkpoint-activations+fit-batch-accumulate").apply(given), given)
+    assert _fit_base(POLICIES["fit-batch-accumulate"], given) is given
+    ck = _fit_base(get_policy("checkpoint-activations+fit-batch-accumulate"), given)
     assert ck.workload.checkpoint == "auto" and ck.policy is None  # checkpointed footprints, nothing offloaded
 
 
