@@ -16,16 +16,6 @@ from uvmlab.cli.options import (
     workload_config,
     workload_options,
 )
-from uvmlab.errors import InputError
-
-
-def _on_off(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("on", "true", "1", "yes"):
-        return True
-    if v in ("off", "false", "0", "no"):
-        return False
-    raise InputError(f"--pca takes on or off, not {value!r}")
 
 
 def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -197,7 +187,7 @@ def run_command(
 
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
-    from uvmlab.config import RunConfig
+    from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note, print_csv, print_table, say
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
@@ -205,7 +195,7 @@ def run_command(
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub,  # validated by check_oversub
-        pca=_on_off(pca),
+        pca=parse_on_off("--pca", pca),
         mode=mode,
         gpu=gpu_name,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
