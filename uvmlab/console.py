@@ -6,11 +6,17 @@ read ``[gpu]`` as a style tag and drop it); colour goes through ``style=``. Tabl
 (cells wrap or fold, never cut to "…") and plain Markdown pipe tables when stdout is not a terminal (a pipe, a
 file, a CI or Slurm log), so every cell arrives complete whatever the width. ``--format csv`` goes through
 :func:`print_csv`.
+
+Machine-readable output never drops rows: the commands build complete tables, :func:`print_csv` (and every
+command's JSON) writes all of them, and only :func:`print_table` may show the first ``max_rows`` of a long table,
+saying so in its title. Numbers in tables go through one formatter (:func:`format_number`), so a column of
+counts or bytes never mixes ``9.292e+09`` with ``2,271,870,976``.
 """
 
 from __future__ import annotations
 
 import csv
+import numbers
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -38,12 +44,18 @@ def progress_bar(*columns: Any, disable: bool = False) -> Any:
 """(title, columns, rows) of one printable table."""
 
 
-def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a table to stdout: numbers right-aligned, None shown as n/a, no cell ever cut.
+def print_table(
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = None
+) -> None:
+    """Print a table to stdout: numbers right-aligned (:func:`format_number`), None shown as n/a, no cell ever cut.
 
-    On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width.
+    On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width. ``max_rows``:
+    show only the first rows of a longer table, and say so in the title (``--format csv`` / ``json`` give all).
     """
     rows = [list(r) for r in rows]
+    if max_rows is not None and len(rows) > max_rows:
+        title = f"{title} [first {max_rows:,} of {len(rows):,} rows; all of them: --format csv or --format json]"
+        rows = rows[:max_rows]
     numeric = [bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(len(columns))]
     cells = [[_cell(v) for v in r] for r in rows]
     if out.is_terminal:
@@ -123,7 +135,21 @@ def _csv(v: Any) -> Any:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """An int or float (numpy's too), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def format_number(v: float) -> str:
+    """The one way tables print a number: whole numbers, and any number from 1,000 up, with thousands separators
+    and no exponent (counts, bytes, nanoseconds: ``9,291,834,567``); smaller fractions with 4 significant digits
+    (``34.84``, ``0.5``). Beyond 10**18 (no byte count or time is that large): ``1.235e+20``."""
+    if v != v:
+        return "n/a"
+    if abs(v) >= 1e18:
+        return f"{v:.4g}"
+    if isinstance(v, int) or float(v).is_integer() or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
 
 
 def _cell(v: Any) -> str:
@@ -131,10 +157,8 @@ def _cell(v: Any) -> str:
         return "n/a"
     if isinstance(v, bool):
         return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return "n/a" if v != v else f"{v:,.4g}"
+    if _is_number(v):
+        return format_number(v)
     return str(v)
 
 

@@ -11,6 +11,8 @@ import click
 from uvmlab.cli.options import figure_format_option, format_option, out_option
 from uvmlab.console import note, print_csv, print_table
 
+KERNEL_ROWS_SHOWN = 20
+"""Rows of compare's per-kernel table shown as a table (the title says so; csv and json give every kernel)."""
 ITERATION_HELP = (
     "Regular expression for iteration NVTX ranges; its first group is the iteration number "
     "[default: 'iteration N', as uvmlab's GPU runner emits]."
@@ -162,8 +164,10 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     if fmt == "csv":
         print_csv(cmp.tables())
         return
+    from uvmlab.console import table_key
+
     for title, cols, rows in cmp.tables():
-        print_table(title, cols, rows)
+        print_table(title, cols, rows, max_rows=KERNEL_ROWS_SHOWN if table_key(title) == "per_kernel" else None)
     for n in cmp.notes:
         note(n)
 
