@@ -44,9 +44,7 @@ def progress_bar(*columns: Any, disable: bool = False) -> Any:
 """(title, columns, rows) of one printable table."""
 
 
-def print_table(
-    title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = None
-) -> None:
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = None) -> None:
     """Print a table to stdout: numbers right-aligned (:func:`format_number`), None shown as n/a, no cell ever cut.
 
     On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width. ``max_rows``:
