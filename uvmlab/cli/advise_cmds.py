@@ -49,6 +49,7 @@ def advise_command(
     from uvmlab.advise.advisor import advise
     from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note, print_table
+    from uvmlab.stats.schema import RESULT_LABELS
     from uvmlab.units import format_bytes, parse_bytes
 
     cfg = RunConfig(
@@ -101,7 +102,15 @@ def advise_command(
     )
     print_table(
         title,
-        ("#", "policy", "iteration", "vs all-resident", "peak on GPU", "faults / migrated", "how to apply"),
+        (
+            "#",
+            "policy",
+            "iteration",
+            RESULT_LABELS["slowdown_vs_native_pca"],
+            "peak on GPU",
+            "faults / migrated",
+            "how to apply",
+        ),
         rows,
     )
     for n in adv.notes:

@@ -276,6 +276,7 @@ def colocate_cmd(
     """
     from uvmlab.colocate import colocate_workloads, write_colocation
     from uvmlab.gpus import get_gpu
+    from uvmlab.stats.schema import RESULT_LABELS
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
@@ -324,7 +325,7 @@ def colocate_cmd(
                 "stall (ms)",
                 "compute (ms)",
                 "slowdown vs alone",
-                "slowdown vs native",
+                RESULT_LABELS["slowdown_vs_native"],
             ],
             [
                 [

@@ -59,9 +59,9 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
         for w in ex.warnings:
             note(f"warning: {w}")
         total = (ex.row_count(S.GPU_FAULTS) or 0) + (ex.row_count(S.MEMCPY) or 0)
-        columns = (TextColumn("reading fault and copy rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with progress_bar(*columns, disable=total < 1_000_000) as bar:
-            task = bar.add_task("rows", total=total)
+            task = bar.add_task("reading fault and copy rows", total=total)
             s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN, progress=lambda n: bar.advance(task, n))
     if fmt == "json":
         click.echo(json.dumps(s.to_dict(), indent=2, default=str))

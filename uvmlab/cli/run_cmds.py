@@ -18,7 +18,9 @@ from uvmlab.cli.options import (
 )
 
 
-def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[str, Any]]:
+    """The run's summary table; ``policy``: the --policy it ran with (named on its own row)."""
+    from uvmlab.stats.schema import RESULT_LABELS
     from uvmlab.units import format_bytes
 
     def b(key: str) -> str:
@@ -33,8 +35,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         v = r.get(key)
         return "n/a" if v is None or v != v else f"{v:,.2f}x"
 
+    applied = [("policy", f"{policy} (uvmlab advise; its settings as applied: config.json)")] if policy else []
     return [
         ("workload", r.get("workload")),
+        *applied,
         ("mode", r.get("mode")),
         ("PCA", "on" if r.get("pca") else "off"),
         ("oversubscription", f"x{r.get('oversub'):g}"),
@@ -43,10 +47,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("available to UVM", b("available_bytes")),
         ("iterations", r.get("iterations")),
         ("iteration time", ms("iteration_time_ns")),
-        ("native iteration (no UVM, same PCA setting)", ms("native_time_ns")),
-        ("slowdown vs native", x("slowdown_vs_native")),
-        ("native iteration (no UVM, PCA on)", ms("native_pca_time_ns")),
-        ("slowdown vs native PCA on", x("slowdown_vs_native_pca")),
+        (RESULT_LABELS["native_time_ns"], ms("native_time_ns")),
+        (RESULT_LABELS["slowdown_vs_native"], x("slowdown_vs_native")),
+        (RESULT_LABELS["native_pca_time_ns"], ms("native_pca_time_ns")),
+        (RESULT_LABELS["slowdown_vs_native_pca"], x("slowdown_vs_native_pca")),
         (
             "page faults (read / write)",
             f"{r.get('fault_count', 0):,} ({r.get('read_fault_count', 0):,} / {r.get('write_fault_count', 0):,})",
@@ -245,7 +249,7 @@ def run_command(
         print_csv(("result", ("key", "value"), scalars))
         note(RunDir(res.path).summary_line())
         return
-    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
+    print_table("uvmlab run", ("", "value"), _summary_rows(res.result, policy))
     say(RunDir(res.path).summary_line())
 
 
@@ -261,7 +265,7 @@ def _progress(label: str) -> Any:
         if "p" not in state:
             p = progress_bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             p.start()
-            state["p"], state["t"] = p, p.add_task("sim", total=total)
+            state["p"], state["t"] = p, p.add_task(label, total=total)
         state["p"].update(state["t"], completed=done, total=total)
         if done >= total:
             state["p"].stop()

@@ -156,6 +156,15 @@ RESULT_KEYS: tuple[str, ...] = (
 )
 
 
+RESULT_LABELS: dict[str, str] = {
+    "native_time_ns": "native iteration (no UVM, same PCA setting)",
+    "slowdown_vs_native": "slowdown vs native (no UVM, same PCA setting)",
+    "native_pca_time_ns": "native iteration (no UVM, PCA on)",
+    "slowdown_vs_native_pca": "slowdown vs native PCA on (no UVM)",
+}
+"""What every command and figure calls these result.json keys (run, advise, colocate, report): one name each."""
+
+
 def steady_mean(values: Any) -> float:
     """The steady-state mean of per-iteration values: the mean over the iterations after the first (warm-up),
     or the one value when there is only one; NaN when there is none. ``iteration_time_ns`` and the native
