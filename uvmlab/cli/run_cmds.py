@@ -113,12 +113,15 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
 )
 @out_option(
     "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
-    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder].",
+    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
+    "run again, the stored result of the same simulation is shown, or the run goes to <dir>-2, -3, ...].",
     default=None,
     metavar="DIR",
 )
 @click.option(
-    "--force", is_flag=True, help="Overwrite a complete run directory, and an existing --snapshot or --timeline file."
+    "--force",
+    is_flag=True,
+    help="Overwrite a complete run directory (-o, or the default one), and an existing --snapshot or --timeline file.",
 )
 @format_option("json: print result.json on stdout only; csv: its scalar keys as key,value rows.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
@@ -234,23 +237,24 @@ def run_command(
     for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
         if file is not None and not res.result.get("dry_run") and Path(file).is_file():
             note(f"Wrote {what} {file}")
+    from uvmlab.rundir import RunDir
+
+    where = f"Stored in {res.path} (shown again)" if res.reused else RunDir(res.path).summary_line()
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         if not res.result.get("dry_run"):
-            note(f"Wrote {res.path}")
+            note(where)
         return
     if res.result.get("dry_run"):
         click.echo(res.result["plan"], nl=False)
         return
-    from uvmlab.rundir import RunDir
-
     if fmt == "csv":
         scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
         print_csv(("result", ("key", "value"), scalars))
-        note(RunDir(res.path).summary_line())
+        note(where)
         return
     print_table("uvmlab run", ("", "value"), _summary_rows(res.result, policy))
-    say(RunDir(res.path).summary_line())
+    say(where)
 
 
 def _progress(label: str) -> Any:

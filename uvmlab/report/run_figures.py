@@ -13,6 +13,8 @@ import pandas as pd
 from uvmlab.rundir import RunDir
 from uvmlab.units import MiB
 
+RUN_FIGURES = ("memory_per_kernel", "faults_migrations")
+"""The figures every run directory has (file names without the format's suffix)."""
 MAX_ITERATIONS_SHOWN = 5
 """Figure 5 of the study shows the first five iterations."""
 
