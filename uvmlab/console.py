@@ -32,6 +32,7 @@ out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 TableSpec = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
+"""(title, columns, rows) of one printable table."""
 
 
 def progress_bar(*columns: Any, disable: bool = False, transient: bool = True) -> Any:
@@ -143,9 +144,6 @@ class LogProgress:
         task.update(logged=True, logged_done=task["completed"], last_time=self._clock())
 
 
-"""(title, columns, rows) of one printable table."""
-
-
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = None) -> None:
     """Print a table to stdout: numbers right-aligned (:func:`format_number`), None shown as n/a, no cell ever cut.
 
@@ -242,12 +240,15 @@ def _is_number(v: Any) -> bool:
 def format_number(v: float) -> str:
     """The one way tables print a number: whole numbers, and any number from 1,000 up, with thousands separators
     and no exponent (counts, bytes, nanoseconds: ``9,291,834,567``); smaller fractions with 4 significant digits
-    (``34.84``, ``0.5``). Beyond 10**18 (no byte count or time is that large): ``1.235e+20``."""
+    (``34.84``, ``0.5``). A float beyond 10**18 (no byte count or time is that large): ``1.235e+20``."""
+    if isinstance(v, numbers.Integral):
+        return f"{int(v):,}"  # exact, however large
+    v = float(v)
     if v != v:
         return "n/a"
-    if abs(v) >= 1e18:
+    if abs(v) >= 1e18:  # and infinities
         return f"{v:.4g}"
-    if isinstance(v, int) or float(v).is_integer() or abs(v) >= 1000:
+    if v.is_integer() or abs(v) >= 1000:
         return f"{v:,.0f}"
     return f"{v:.4g}"
 

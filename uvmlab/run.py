@@ -108,6 +108,26 @@ def default_output(cfg: RunConfig, mode: str, reusable: bool = True, figure_form
     return candidate, False
 
 
+def _default_target(cfg: RunConfig, mode: str, reusable: bool, figure_format: str, quiet: bool) -> tuple[Path, bool]:
+    """:func:`default_output`, saying on stderr what it chose when the default folder was taken."""
+    path, reused = default_output(cfg, mode, reusable, figure_format)
+    base = default_run_dir(cfg)
+    if quiet or (path == base and not reused):
+        return path, reused
+    if reused:
+        note(f"{path} already holds this run (same configuration and uvmlab version): its stored result, not run "
+             "again (--force runs it again)")  # fmt: skip
+    else:
+        if mode != "sim":
+            why = "a measurement is never shown again"
+        elif not reusable:
+            why = "--snapshot and --timeline need the simulation"
+        else:
+            why = stored_run_differs(base, cfg, figure_format)
+        note(f"{base} holds an earlier complete run ({why}): writing {path}")
+    return path, reused
+
+
 def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> str:
     """Resolve ``cfg.mode`` to "sim" or "gpu" (auto: gpu only where available); say which on stderr.
 
@@ -182,15 +202,9 @@ def run(
     if out is not None or dry_run or force:  # -o: the folder named (a complete run there needs force)
         path = Path(out) if out is not None else default_run_dir(cfg)
     else:
-        reusable = snapshot is None and timeline is None
-        path, reused = default_output(cfg, mode, reusable, figure_format)
+        path, reused = _default_target(cfg, mode, snapshot is None and timeline is None, figure_format, quiet)
         if reused:
-            if not quiet:
-                note(f"{path} already holds this run (same configuration and uvmlab version): its stored result, "
-                     "not run again (--force runs it again)")  # fmt: skip
             return RunResult(mode, path, RunDir(path).read_result(), reused=True)
-        if path != default_run_dir(cfg) and not quiet:
-            note(f"{default_run_dir(cfg)} holds an earlier complete run: writing {path}")
     if not dry_run:  # before anything runs or is removed: an existing file needs --force (uvmlab.outputs)
         _check_output_files(cfg, force, {"--snapshot": snapshot if mode == "sim" else None, "--timeline": timeline})
     rundir = RunDir(path, figure_format=figure_format)
