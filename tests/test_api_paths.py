@@ -58,6 +58,23 @@ def test_run_errors_speak_python(tiny: tuple) -> None:
     assert "--" not in str(exc.value).split("`")[0]
 
 
+def test_run_takes_a_workload_name_and_the_cli_settings(tiny: tuple, tmp_path: Path) -> None:
+    """Issue 29: ``api.run("gpt2", oversub=4)`` was a TypeError, and ``pca="off"`` ran with PCA on."""
+    cfg, res = tiny
+    by_name = api.run(
+        TINY, oversub=2, pca="off", batch_size=64, iterations=2, options={"hidden": 512}, mode="sim",
+        out=tmp_path / "by-name", quiet=True,
+    )  # fmt: skip
+    assert by_name.result["pca"] is False
+    assert by_name.result["iteration_time_ns"] == res.result["iteration_time_ns"]  # the same job as the RunConfig
+    config = api.RunDir(by_name.path).read_json(api.RunDir(by_name.path).config_json)
+    assert config["run"] == cfg.to_dict()
+    replaced = api.run(cfg, oversub=4, out=tmp_path / "x4", quiet=True)  # keywords replace a RunConfig's fields
+    assert replaced.result["oversub"] == 4 and replaced.result["pca"] is False
+    with pytest.raises(InputError, match=r"unknown parameters \['oversubscription'\].*RunConfig fields"):
+        api.run(TINY, oversubscription=2)
+
+
 def test_compare_runs_takes_paths_run_results_and_rundirs(tiny: tuple) -> None:
     _, res = tiny
     by_path = api.compare_runs(str(res.path), res.path)

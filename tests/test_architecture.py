@@ -24,7 +24,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "uvmlab"
 LAYERS = (
     ("uvmlab", "errors"),
     ("units",),
-    ("config", "gpus", "console"),
+    ("gpus", "console"),
+    ("config",),
     ("files",),
     ("stats",),
     ("trace",),

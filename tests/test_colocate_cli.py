@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 
 from uvmlab.cli import main
+from uvmlab.memory.devicemem import context_model
+from uvmlab.units import MiB
 
 GPT2 = "gpt2:2,n_layer=1,seq_len=64,n_embd=128,n_head=2,vocab_size=2000,n_positions=64"
 RESNET = "resnet50:2,image_size=32,num_classes=10"
+CONTEXT = {  # uvmlab estimate's rule: the modelled context, and a CNN's lazily loaded cuDNN modules on top
+    GPT2: context_model("A100-80GB").total_bytes,
+    RESNET: context_model("A100-80GB", convolutions=True).total_bytes,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -24,18 +30,30 @@ def test_two_jobs_fit_on_an_a100(capsys: pytest.CaptureFixture[str]) -> None:
     assert res["fits"] is True and res["uvm"] is None
     peaks = {j["job"]: j["peak_reserved_bytes"] for j in res["jobs"]}
     assert peaks[RESNET] > peaks[GPT2] > 0  # ResNet-50's 25 M parameters + Adam state outweigh the tiny GPT-2
-    assert res["need_bytes"] == sum(peaks.values()) + 2 * 512 * 2**20 + 2 * 2**30
+    assert {j["job"]: j["context_bytes"] for j in res["jobs"]} == CONTEXT
+    assert res["need_bytes"] == sum(peaks.values()) + sum(CONTEXT.values()) + 2 * 2**30
+
+
+def test_colocate_and_estimate_give_one_context_per_job(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: estimate said 522 MiB of CUDA context and colocate 512 MiB for the same ResNet job."""
+    assert main(["colocate", RESNET, "-n", "2", "--format", "json"]) == 0
+    colocated = json.loads(capsys.readouterr().out)["jobs"][0]["context_bytes"]
+    args = ["resnet50", "-b", "2", "--option", "image_size=32", "--option", "num_classes=10", "-n", "2"]
+    assert main(["estimate", *args, "--format", "json"]) == 0
+    estimated = json.loads(capsys.readouterr().out)["context_bytes"]
+    assert colocated == estimated == 522 * MiB
 
 
 def test_two_jobs_do_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # a 1030 MiB GPU: two 512 MiB CUDA contexts leave 6 MiB for UVM. Alone (1030 - 512 MiB) each job's working
-    # set fits; together they evict each other.
+    # a GPU of the two CUDA contexts (429 + 522 MiB) + 6 MiB: 6 MiB for UVM. Alone (GPU memory - its own context)
+    # each job's working set fits; together they evict each other.
+    memory = sum(CONTEXT.values()) + 6 * MiB
     out = tmp_path / "colo"
-    args = ["colocate", GPT2, RESNET, "--gpu-memory", "1030MiB", "--margin", "0", "-n", "2", "-o", str(out)]
+    args = ["colocate", GPT2, RESNET, "--gpu-memory", str(memory), "--margin", "0", "-n", "2", "-o", str(out)]
     assert main([*args, "--format", "json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["fits"] is False
-    assert res["need_bytes"] > 1030 * 2**20 and res["uvm_capacity_bytes"] == 6 * 2**20
+    assert res["need_bytes"] > memory and res["uvm_capacity_bytes"] == 6 * MiB
     uvm = {r["job"]: r for r in res["uvm"]}
     assert set(uvm) == {GPT2, RESNET}
     for r in uvm.values():

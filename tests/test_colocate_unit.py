@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from eval_helpers import synthetic_job
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
 from uvmlab.memory.colocate import DEFAULT_MARGIN_BYTES, colocate, parse_job, simulate_together
+from uvmlab.memory.devicemem import context_model
 from uvmlab.units import GiB, MiB
 
 
@@ -25,21 +28,27 @@ def test_parse_job() -> None:
         parse_job(":8")
 
 
+CONTEXT = context_model("A100-80GB").total_bytes
+"""The CUDA context of a job without convolutions on an A100 (the rule uvmlab estimate uses): 429 MiB."""
+
+
 def test_verdict_arithmetic() -> None:
     gpu = get_gpu("A100-80GB")
     a = synthetic_job("a", 4, 64 * MiB, 2)
     b = synthetic_job("b", 4, 64 * MiB, 2)
     res = colocate([a, b], gpu, simulate="no")
-    assert res.need_bytes == 2 * (256 * MiB + gpu.context_bytes) + DEFAULT_MARGIN_BYTES
+    assert res.need_bytes == 2 * (256 * MiB + CONTEXT) + DEFAULT_MARGIN_BYTES
     assert res.fits and res.uvm is None
-    small = gpu.with_memory(2 * gpu.context_bytes + 300 * MiB)  # room for one job, not two
+    small = gpu.with_memory(2 * CONTEXT + 300 * MiB)  # room for one job, not two
     res = colocate([a, b], small, margin_bytes=0, simulate="no")
-    assert not res.fits and res.need_bytes == 2 * (256 * MiB + gpu.context_bytes)
+    assert not res.fits and res.need_bytes == 2 * (256 * MiB + CONTEXT)
+    given = replace(gpu, context_bytes=600 * MiB)  # a GpuSpec's explicit context is kept, as in estimate
+    assert set(colocate([a, b], given, simulate="no").verdict["context_bytes"]) == {600 * MiB}
 
 
 def test_oversubscribed_jobs_fault_more_than_alone() -> None:
     gpu = get_gpu("A100-80GB")
-    small = gpu.with_memory(2 * gpu.context_bytes + 300 * MiB)
+    small = gpu.with_memory(2 * CONTEXT + 300 * MiB)
     a = synthetic_job("a", 4, 64 * MiB, 6)
     b = synthetic_job("b", 4, 64 * MiB, 6)
     res = colocate([a, b], small, margin_bytes=0)

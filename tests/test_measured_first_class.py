@@ -84,3 +84,60 @@ def test_mismatch_warnings_and_percent() -> None:
     assert len(w) == 2 and "different workloads" in w[0] and "different GPUs" in w[1]
     assert mismatch_warnings(_run(workload=None, gpu=None), _run(workload="bert", gpu="H100")) == []
     assert percent(-0.5) == "-50.0 %" and percent(0.123) == "+12.3 %" and percent(None) is None
+
+
+# -- issue 29: both real exports without NVTX iterations or memory events draw what they have --------------------
+A100 = "csc746_a100_um_migrations_nsys2022.2.1.sqlite"
+
+
+def _ink(png: Path) -> float:
+    """Share of the figure's pixels that are not (near) white: a figure of text alone stays under 5 %."""
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)[..., :3]
+    return float((pixels.min(axis=2) < 0.9).mean())
+
+
+def _bar_total(ax: object) -> float:
+    from matplotlib.patches import Rectangle
+
+    return sum(p.get_height() for p in ax.patches if isinstance(p, Rectangle))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("export", "faults", "migrations"), [(EXPORT, 4195, 100), (A100, None, 18432)], ids=["gh200", "a100"]
+)
+def test_a_measured_run_without_iterations_draws_faults_and_migrations_over_time(
+    real_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], export: str, faults: int | None,
+    migrations: int,
+) -> None:  # fmt: skip
+    import matplotlib.pyplot as plt
+
+    from uvmlab.stats.figures import faults_migrations_figure, memory_per_kernel_figure
+
+    out = tmp_path / "measured"
+    assert main(["nsys", "import", str(real_data / "nsys" / export), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    tables = {n: pd.read_parquet(out / "tables" / f"{n}.parquet") for n in ("iterations", "kernels", "migrations")}
+    fault_rows = pd.read_parquet(out / "tables" / "faults.parquet")
+    assert tables["iterations"].empty and len(tables["migrations"]) == migrations
+    assert (int(fault_rows["fault_count"].sum()) if faults else result["fault_count"]) == faults
+    fig = faults_migrations_figure(tables["iterations"], "", fault_rows, tables["migrations"])
+    a_faults, a_migrations = fig.axes
+    assert _bar_total(a_migrations) == pytest.approx(tables["migrations"]["bytes"].sum() / 2**20)
+    assert "(MiB)" in a_migrations.get_ylabel() and "(s)" in a_migrations.get_xlabel()
+    assert "(count)" in a_faults.get_ylabel()
+    assert _bar_total(a_faults) == (faults or 0)  # no fault table in the A100 export: the panel says why
+    plt.close(fig)
+    fig = memory_per_kernel_figure(tables["kernels"], None)
+    assert _bar_total(fig.axes[1]) == pytest.approx(tables["kernels"]["htod_bytes"].sum() / 2**20)
+    plt.close(fig)
+    for png in ("faults_migrations.png", "memory_per_kernel.png"):
+        assert _ink(out / "figures" / png) > 0.08  # the old figures were a sentence on white: under 0.05
+    # the summary in words and units, not result.json's keys and nanoseconds
+    assert "total_time_ns" not in printed and "htod_bytes" not in printed
+    span = f"{result['total_time_ns'] / 1e9:,.3f} s"
+    assert f"| time span (first to last GPU activity) | {span}" in " ".join(printed.split())
+    htod = next(line for line in printed.splitlines() if line.startswith("| HtoD migrations"))
+    assert f"{result['htod_count']:,} (" in htod and "iB)" in htod

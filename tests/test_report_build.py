@@ -211,3 +211,32 @@ def test_sweep_collect_rebuilds_results(sweep_dir: Path, tmp_path: Path, capsys:
     data = json.loads(capsys.readouterr().out)
     assert data["rows"] == 11 and data["outcomes"] == {"ok": 11}
     assert len(pd.read_parquet(copy / "results.parquet")) == 11
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_report_page_beside_the_sweep_is_written(
+    sweep_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: `uvmlab report SWEEP -o report.html` in the sweep's parent was refused ("-o . holds the input")
+    though it touches nothing of the sweep. Refused still: an output that is an input, and our own figure files
+    without --force; a user's other files in figures/ are no reason to refuse."""
+    parent = tmp_path / "project"
+    shutil.copytree(sweep_dir.parent, parent)
+    sweep = parent / sweep_dir.name
+    before = _tree(sweep)
+    monkeypatch.chdir(parent)
+    (parent / "figures").mkdir()
+    (parent / "figures" / "mine.png").write_bytes(b"user's")
+    assert main(["report", sweep.name, "-o", "report.html", "--format", "json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert (parent / "report.html").is_file() and len(written["figures"]) == 7
+    assert all((parent / "figures" / Path(f["path"]).name).is_file() for f in written["figures"])
+    assert _tree(sweep) == before and (parent / "figures" / "mine.png").read_bytes() == b"user's"
+    assert main(["report", sweep.name, "-o", "other.html"]) == 2  # figures/fig3_slowdown.png is there now
+    assert "already holds fig3_slowdown.png" in capsys.readouterr().err
+    assert main(["report", sweep.name, "-o", "other.html", "--force"]) == 0
+    assert main(["report", sweep.name, "-o", f"{sweep.name}/results.parquet", "--force"]) == 2
+    assert _tree(sweep) == before

@@ -7,12 +7,15 @@ functions that capture traces or run on a GPU. Example::
     from uvmlab.config import RunConfig, WorkloadConfig
 
     result = api.run(RunConfig(WorkloadConfig("gpt2"), oversub=4, pca=False, mode="sim"), out="runs/gpt2-x4")
+    result = api.run("gpt2", oversub=4, pca="off", batch_size=8)  # the CLI's form: a name and its settings
     result.table("iterations")                     # a pandas DataFrame; result.tables: all of them
     est = api.estimate("resnet50", "A100-80GB")    # a workload name or WorkloadConfig, a GPU name or GpuSpec
     api.summarize("report.sqlite")                 # a path, or an export opened with api.open_export
 
 Conventions every function here follows (the functions of the modules themselves stay strict):
 
+- ``run`` takes a ``RunConfig``, or a workload (name, file or ``WorkloadConfig``) with the fields of
+  ``RunConfig`` and ``WorkloadConfig`` as keywords (``oversub=4, pca="off", batch_size=8``), as ``uvmlab run`` does.
 - Files and folders: a path (str or os.PathLike) or the opened object alike: an nsys export (``open_export``),
   a snapshot (``read_snapshot``), a trace (``read_trace``), a run (``RunResult`` / ``RunDir``), a sweep spec
   (``load_spec``); a GPU as its name or a ``GpuSpec``; a workload as its name or a ``WorkloadConfig``.
@@ -172,7 +175,41 @@ def _characterize_source(source: Any, *args: Any, **kwargs: Any) -> Any:
     return characterize_source(_path_of(source), *args, **kwargs)
 
 
-_REPLACED: dict[str, Callable[..., Any]] = {"summarize": _summarize, "characterize_source": _characterize_source}
+def _run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+    """``run`` of a RunConfig, or of a workload name / file / WorkloadConfig with config fields as keywords
+    (``run("gpt2", oversub=4, pca="off")``); config keywords given with a RunConfig replace its fields."""
+    import inspect
+    from dataclasses import fields, replace
+
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.errors import InputError
+    from uvmlab.run import run
+
+    run_fields = {f.name for f in fields(RunConfig)} - {"workload"}
+    workload_fields = {f.name for f in fields(WorkloadConfig)} - {"workload"}
+    run_params = set(inspect.signature(run).parameters) - {"cfg"}
+    unknown = sorted(set(kwargs) - run_fields - workload_fields - run_params)
+    if unknown:
+        raise InputError(
+            f"run() got unknown parameters {unknown}; it takes {', '.join(sorted(run_params))}, the RunConfig fields "
+            f"{', '.join(sorted(run_fields))} and the WorkloadConfig fields {', '.join(sorted(workload_fields))}"
+        )
+    rkw = {k: kwargs.pop(k) for k in list(kwargs) if k in run_fields}
+    wkw = {k: kwargs.pop(k) for k in list(kwargs) if k in workload_fields}
+    if isinstance(cfg, RunConfig):
+        workload = replace(cfg.workload, **wkw) if wkw else cfg.workload
+        cfg = replace(cfg, workload=workload, **rkw)
+    else:
+        workload = cfg if isinstance(cfg, WorkloadConfig) else WorkloadConfig(cfg)
+        cfg = RunConfig(workload=replace(workload, **wkw) if wkw else workload, **rkw)
+    return run(cfg, *args, **kwargs)
+
+
+_REPLACED: dict[str, Callable[..., Any]] = {
+    "summarize": _summarize,
+    "characterize_source": _characterize_source,
+    "run": _run,
+}
 
 
 # -- errors: Python names, not CLI flags ------------------------------------------------------------------------

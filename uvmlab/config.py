@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from uvmlab.errors import InputError
+from uvmlab.gpus import get_gpu
+from uvmlab.units import parse_bytes
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ZERO_GRAD_POSITIONS = ("iteration_start", "before_backward")
@@ -24,9 +27,46 @@ MODES = ("sim", "gpu", "auto")
 ALLOCATORS = ("pca", "nocache")
 
 
+ON_WORDS = ("on", "true", "yes", "1")
+OFF_WORDS = ("off", "false", "no", "0")
+"""Spellings of a switch (``--pca on|off``, ``RunConfig(pca="off")``), any case; True and False themselves too."""
+
+
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise InputError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def parse_on_off(name: str, value: Any) -> bool:
+    """A switch as a bool: True/False, or on/off (also true/false, yes/no, 1/0 as text, any case).
+
+    Anything else is an InputError naming ``name`` and the spellings: ``bool("off")`` is True, so a string is never
+    taken by its truth value.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ON_WORDS:
+            return True
+        if word in OFF_WORDS:
+            return False
+    raise InputError(f"{name} takes on or off (or True / False), not {value!r}")
+
+
+def _text(name: str, value: Any, what: str) -> str:
+    """``value`` as text: a str, or an os.PathLike for paths; anything else is an InputError."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{name} must be {what}, not {value!r}")
+    return value
+
+
+def _mapping(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InputError(f"{name} must be a mapping of names to values (a dict), not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -53,8 +93,8 @@ class WorkloadConfig:
     (every outermost module of that class). Left out of :meth:`to_dict` when off, so existing hashes stay."""
 
     def __post_init__(self) -> None:
-        if not self.workload:
-            raise InputError("a workload name or file is required")
+        object.__setattr__(self, "workload", _text("workload", self.workload, "a workload name or a file path"))
+        object.__setattr__(self, "options", _mapping("options", self.options))
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
         ):
@@ -161,10 +201,30 @@ class RunConfig:
     from ``policy``)."""
 
     def __post_init__(self) -> None:
+        """Check and normalise every field as the CLI does (``pca="off"`` is False, never truthy text)."""
+        if not isinstance(self.workload, WorkloadConfig):
+            raise InputError(
+                f"workload must be a WorkloadConfig, not {self.workload!r} (api.run also takes a workload name)"
+            )
+        if isinstance(self.oversub, bool):
+            raise InputError(f"oversubscription factor must be a number > 0, not {self.oversub!r}")
         object.__setattr__(self, "oversub", check_oversub(self.oversub))
+        object.__setattr__(self, "pca", parse_on_off("pca", self.pca))
+        object.__setattr__(self, "prefetch", parse_on_off("prefetch", self.prefetch))
         _choice("mode", self.mode, MODES)
-        if self.gpu_memory_bytes is not None and self.gpu_memory_bytes <= 0:
-            raise InputError(f"GPU memory must be > 0 bytes, not {self.gpu_memory_bytes}")
+        get_gpu(_text("gpu", self.gpu, "a GPU name (uvmlab gpus)"))  # an unknown name lists the known ones
+        memory = self.gpu_memory_bytes
+        if memory is not None:
+            if isinstance(memory, str):
+                memory = parse_bytes(memory)
+            if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
+                raise InputError(f"gpu_memory_bytes must be a whole number of bytes > 0 (or '40GiB'), not {memory!r}")
+            object.__setattr__(self, "gpu_memory_bytes", memory)
+        if self.params_file is not None:
+            object.__setattr__(self, "params_file", _text("params_file", self.params_file, "a file path"))
+        object.__setattr__(self, "sim_options", _mapping("sim_options", self.sim_options))
+        if self.policy is not None:  # the name is looked up where the policy is resolved (uvmlab.run.run)
+            object.__setattr__(self, "policy", _text("policy", self.policy, "a policy name (uvmlab advise)"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (config.json, hashing)."""

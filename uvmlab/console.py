@@ -6,14 +6,21 @@ read ``[gpu]`` as a style tag and drop it); colour goes through ``style=``. Tabl
 (cells wrap or fold, never cut to "…") and plain Markdown pipe tables when stdout is not a terminal (a pipe, a
 file, a CI or Slurm log), so every cell arrives complete whatever the width. ``--format csv`` goes through
 :func:`print_csv`.
+
+Machine-readable output never drops rows: the commands build complete tables, :func:`print_csv` (and every
+command's JSON) writes all of them, and only :func:`print_table` may show the first ``max_rows`` of a long table,
+saying so in its title. Numbers in tables go through one formatter (:func:`format_number`), so a column of
+counts or bytes never mixes ``9.292e+09`` with ``2,271,870,976``.
 """
 
 from __future__ import annotations
 
 import csv
+import numbers
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Any
 
 from rich.console import Console
@@ -25,25 +32,128 @@ out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 TableSpec = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
-
-
-def progress_bar(*columns: Any, disable: bool = False) -> Any:
-    """A transient rich progress bar on stderr, off when stderr is not a terminal (a pipe, a file, a CI log): rich
-    would only leave a stray blank line there."""
-    from rich.progress import Progress
-
-    return Progress(*columns, console=err, transient=True, disable=disable or not err.is_terminal)
-
-
 """(title, columns, rows) of one printable table."""
 
 
-def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a table to stdout: numbers right-aligned, None shown as n/a, no cell ever cut.
+def progress_bar(*columns: Any, disable: bool = False, transient: bool = True) -> Any:
+    """Progress on stderr: a rich bar on a terminal (``transient``: erased when done); when stderr is not a
+    terminal (a pipe, a file, a CI or Slurm log), a :class:`LogProgress` printing a plain line now and then;
+    nothing with ``disable``."""
+    from rich.progress import Progress
 
-    On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width.
+    if disable:
+        return Progress(*columns, console=err, disable=True)
+    if not err.is_terminal:
+        return LogProgress()
+    return Progress(*columns, console=err, transient=transient)
+
+
+LOG_EVERY_S = 30.0
+"""A log gets a progress line at least this often (seconds) while the work goes on ..."""
+LOG_EVERY_FRACTION = 0.1
+"""... and one each time another tenth of the work is done."""
+LOG_QUIET_S = 5.0
+"""Work that ends sooner prints no progress line at all (a short command's log stays one line long)."""
+
+
+class LogProgress:
+    """The part of rich's ``Progress`` uvmlab uses (``add_task``, ``update``, ``advance``, ``start``, ``stop``,
+    a context manager), for a stderr that is not a terminal: rich draws nothing there until the end, so a
+    13-minute sweep logged nothing until its last line. This prints one plain line per task, ``sweep: 12/120
+    (10 %), ok 12  oom 0  error 0, 0:01:23 elapsed``, each :data:`LOG_EVERY_FRACTION` of the work and at least
+    every :data:`LOG_EVERY_S` seconds, none in the first :data:`LOG_QUIET_S` seconds, and a last one at
+    ``stop`` when it printed any."""
+
+    def __init__(self, clock: Any = None) -> None:
+        self._clock = clock or monotonic
+        self._tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> LogProgress:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Nothing to draw until the first interval has passed."""
+
+    def stop(self) -> None:
+        """A last line for each task that printed any (its final count)."""
+        for task in self._tasks.values():
+            if task["logged"] and task["logged_done"] != task["completed"]:
+                self._write(task)
+
+    def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
+        now = self._clock()
+        tid = len(self._tasks)
+        self._tasks[tid] = {
+            **{"description": description, "total": total, "completed": completed, "fields": fields},
+            **{"start": now, "last_time": now, "last_step": 0, "logged": False, "logged_done": None},
+        }
+        return tid
+
+    def update(
+        self,
+        task_id: int,
+        *,
+        total: float | None = None,
+        completed: float | None = None,
+        advance: float | None = None,
+        description: str | None = None,
+        **fields: Any,
+    ) -> None:
+        task = self._tasks[task_id]
+        if total is not None:
+            task["total"] = total
+        if completed is not None:
+            task["completed"] = completed
+        if advance is not None:
+            task["completed"] += advance
+        if description is not None:
+            task["description"] = description
+        fields.pop("visible", None)
+        fields.pop("refresh", None)
+        task["fields"].update(fields)
+        self._maybe_log(task)
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        self.update(task_id, advance=advance)
+
+    def _maybe_log(self, task: dict[str, Any]) -> None:
+        now = self._clock()
+        if now - task["start"] < LOG_QUIET_S:
+            return
+        total = task["total"]
+        step = int(task["completed"] / total / LOG_EVERY_FRACTION) if total else 0
+        if step > task["last_step"] or now - task["last_time"] >= LOG_EVERY_S:
+            task["last_step"] = max(step, task["last_step"])
+            self._write(task)
+
+    def _line(self, task: dict[str, Any]) -> str:
+        done, total = task["completed"], task["total"]
+        text = Text.from_markup(str(task["description"])).plain  # descriptions are escaped for rich: undo it
+        count = f"{done:,.0f}/{total:,.0f} ({100 * done / total:.0f} %)" if total else f"{done:,.0f}"
+        extra = [str(v) for v in task["fields"].values() if v not in (None, "")]
+        seconds = int(self._clock() - task["start"])
+        elapsed = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return ", ".join([f"{text}: {count}", *extra, f"{elapsed} elapsed"])
+
+    def _write(self, task: dict[str, Any]) -> None:
+        err.print(self._line(task))
+        task.update(logged=True, logged_done=task["completed"], last_time=self._clock())
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = None) -> None:
+    """Print a table to stdout: numbers right-aligned (:func:`format_number`), None shown as n/a, no cell ever cut.
+
+    On a terminal: a rich table (long cells wrap). Otherwise: a Markdown pipe table at full width. ``max_rows``:
+    show only the first rows of a longer table, and say so in the title (``--format csv`` / ``json`` give all).
     """
     rows = [list(r) for r in rows]
+    if max_rows is not None and len(rows) > max_rows:
+        title = f"{title} [first {max_rows:,} of {len(rows):,} rows; all of them: --format csv or --format json]"
+        rows = rows[:max_rows]
     numeric = [bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(len(columns))]
     cells = [[_cell(v) for v in r] for r in rows]
     if out.is_terminal:
@@ -123,7 +233,24 @@ def _csv(v: Any) -> Any:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """An int or float (numpy's too), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def format_number(v: float) -> str:
+    """The one way tables print a number: whole numbers, and any number from 1,000 up, with thousands separators
+    and no exponent (counts, bytes, nanoseconds: ``9,291,834,567``); smaller fractions with 4 significant digits
+    (``34.84``, ``0.5``). A float beyond 10**18 (no byte count or time is that large): ``1.235e+20``."""
+    if isinstance(v, numbers.Integral):
+        return f"{int(v):,}"  # exact, however large
+    v = float(v)
+    if v != v:
+        return "n/a"
+    if abs(v) >= 1e18:  # and infinities
+        return f"{v:.4g}"
+    if v.is_integer() or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
 
 
 def _cell(v: Any) -> str:
@@ -131,10 +258,8 @@ def _cell(v: Any) -> str:
         return "n/a"
     if isinstance(v, bool):
         return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return "n/a" if v != v else f"{v:,.4g}"
+    if _is_number(v):
+        return format_number(v)
     return str(v)
 
 

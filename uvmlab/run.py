@@ -7,6 +7,7 @@ UnavailableError naming what is missing. Both modes write the same run directory
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from uvmlab.config import RunConfig
 from uvmlab.console import note
 from uvmlab.errors import InputError, UnavailableError
 from uvmlab.files.rundir import RunDir
+from uvmlab.stats.figures import RUN_FIGURES
 from uvmlab.units import parse_bytes
 
 
@@ -30,6 +32,8 @@ class RunResult:
     mode: str
     path: Path
     result: dict[str, Any]
+    reused: bool = False
+    """True when nothing ran: ``path`` already held this run's complete result (:func:`default_output`)."""
 
     def table(self, name: str) -> Any:
         """Table ``name`` of the run directory as a pandas DataFrame (InputError if the run has none)."""
@@ -55,6 +59,73 @@ def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:
     name = Path(cfg.workload.workload).stem if "/" in cfg.workload.workload else cfg.workload.workload
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "workload"
     return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}-{cfg.config_hash()[:8]}"
+
+
+def stored_run_differs(path: Path, cfg: RunConfig, figure_format: str = "png") -> str | None:
+    """Why the complete simulated run in ``path`` is not ``cfg``'s result as this uvmlab would write it, or None
+    when it is: same configuration (config.json), simulated by the same uvmlab version (env.json), figures in
+    ``figure_format``, in a folder uvmlab owns. A workload file or a ``params_file`` may have changed since (their
+    contents are not in the configuration), so such runs never count as the same; an upgraded torch or
+    workload package is not detected either (``force`` runs it again)."""
+    from uvmlab import __version__
+
+    rd = RunDir(path, figure_format=figure_format)
+    if not (rd.is_complete() and rd.is_owned()):
+        return "it is not a complete run uvmlab wrote"
+    workload = cfg.workload.workload
+    if workload.endswith(".py") or Path(workload).is_file() or cfg.params_file:
+        return "a workload file or parameter file may have changed since"
+    try:
+        record, env = rd.read_json(rd.config_json), rd.read_json(rd.env_json)
+    except InputError as exc:
+        return str(exc)
+    if not isinstance(record, dict) or not isinstance(env, dict) or record.get("mode") != "sim":
+        return "it is not a simulated run"
+    if record.get("run") != json.loads(json.dumps(cfg.to_dict(), default=str)):
+        return "its configuration differs"
+    if env.get("uvmlab") != __version__:
+        return f"uvmlab {env.get('uvmlab')} wrote it (this is {__version__})"
+    if not all(rd.figure(name).is_file() for name in RUN_FIGURES):
+        return f"it has no {figure_format} figures"
+    return None
+
+
+def default_output(cfg: RunConfig, mode: str, reusable: bool = True, figure_format: str = "png") -> tuple[Path, bool]:
+    """Where a run without ``out`` goes, and whether that folder already holds its result (nothing to run).
+
+    Running the same command twice works: the first of :func:`default_run_dir`, ``<dir>-2``, ``<dir>-3``, ... that
+    holds no complete run is written; but a simulated run (``mode`` "sim", ``reusable``: no extra outputs asked
+    for) whose identical result is already there (:func:`stored_run_differs`) is shown instead of simulated
+    again. A measurement (``mode`` "gpu") always gets a new folder.
+    """
+    base = default_run_dir(cfg)
+    candidate, n = base, 1
+    while RunDir(candidate).is_complete():
+        if reusable and mode == "sim" and stored_run_differs(candidate, cfg, figure_format) is None:
+            return candidate, True
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate, False
+
+
+def _default_target(cfg: RunConfig, mode: str, reusable: bool, figure_format: str, quiet: bool) -> tuple[Path, bool]:
+    """:func:`default_output`, saying on stderr what it chose when the default folder was taken."""
+    path, reused = default_output(cfg, mode, reusable, figure_format)
+    base = default_run_dir(cfg)
+    if quiet or (path == base and not reused):
+        return path, reused
+    if reused:
+        note(f"{path} already holds this run (same configuration and uvmlab version): its stored result, not run "
+             "again (--force runs it again)")  # fmt: skip
+    else:
+        if mode != "sim":
+            why = "a measurement is never shown again"
+        elif not reusable:
+            why = "--snapshot and --timeline need the simulation"
+        else:
+            why = stored_run_differs(base, cfg, figure_format)
+        note(f"{base} holds an earlier complete run ({why}): writing {path}")
+    return path, reused
 
 
 def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> str:
@@ -122,16 +193,21 @@ def run(
     from workloads.registry import load_workload
 
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    dry_run = bool(
+        gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
+    )
     given = cfg
+    mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
+    if out is not None or dry_run or force:  # -o: the folder named (a complete run there needs force)
+        path = Path(out) if out is not None else default_run_dir(given)
+    else:
+        path, reused = _default_target(given, mode, snapshot is None and timeline is None, figure_format, quiet)
+        if reused:
+            return RunResult(mode, path, RunDir(path).read_result(), reused=True)
     if cfg.policy and cfg.applied is None:  # the one place a run's policy is resolved (an unknown name: one sentence)
         cfg = resolve_policy(cfg, progress=capture_progress)
     if cfg.applied is not None and snapshot is not None and cfg.applied.release_each_iteration:  # before any removal
         raise InputError(f"--snapshot does not model policy {cfg.policy}'s empty_cache calls yet; drop one")
-    dry_run = bool(
-        gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
-    )
-    mode = choose_mode(cfg, quiet=quiet, dry_run=dry_run)
-    path = Path(out) if out is not None else default_run_dir(given)
     if not dry_run:  # before anything runs or is removed: an existing file needs --force (uvmlab.files.outputs)
         _check_output_files(cfg, force, {"--snapshot": snapshot if mode == "sim" else None, "--timeline": timeline})
     rundir = RunDir(path, figure_format=figure_format)

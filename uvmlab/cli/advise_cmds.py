@@ -47,15 +47,15 @@ def advise_command(
     Example: uvmlab advise gpt2 --oversub 4
     """
     from uvmlab.advise.advisor import advise
-    from uvmlab.cli.run_cmds import on_off
-    from uvmlab.config import RunConfig
+    from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note, print_table
+    from uvmlab.stats.schema import RESULT_LABELS
     from uvmlab.units import format_bytes, parse_bytes
 
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub if oversub is not None else 1.0,
-        pca=on_off(pca),
+        pca=parse_on_off("--pca", pca),
         mode="sim",
         gpu=gpu_name,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
@@ -102,7 +102,15 @@ def advise_command(
     )
     print_table(
         title,
-        ("#", "policy", "iteration", "vs all-resident", "peak on GPU", "faults / migrated", "how to apply"),
+        (
+            "#",
+            "policy",
+            "iteration",
+            RESULT_LABELS["slowdown_vs_native_pca"],
+            "peak on GPU",
+            "faults / migrated",
+            "how to apply",
+        ),
         rows,
     )
     for n in adv.notes:

@@ -143,8 +143,8 @@ def estimate_cmd(
 
     Captures the workload on the meta device (cached), adds what only CUDA allocates (cuBLAS/cuDNN workspaces),
     simulates the caching allocator (or none) and reports peak reserved/allocated memory, whether it fits
-    the GPU (capacity minus the CUDA context), and required_mb for a scheduler. --format carma prints only
-    the required MB line CARMA's task files take. Example:
+    the GPU (capacity minus the CUDA context), and required_mb (MiB) for a scheduler. --format carma prints
+    only the required_mb line CARMA's task files take (CARMA calls these MiB "MB"). Example:
 
         uvmlab estimate gpt2 --gpu A100-80GB --format json
     """
@@ -242,7 +242,7 @@ def estimate_cmd(
             ["CUDA context + modules", f"{format_bytes(est.context_bytes)} ({module_loading} module loading)"],
             [
                 "device peak (nvidia-smi)",
-                f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']} MB)",
+                f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']:,} MiB)",
             ],
             *_range_rows(est),
             ["usable on GPU", format_bytes(est.usable_bytes)],

@@ -30,6 +30,12 @@ def _output_rundir(output: str | None, inputs: list[Any], force: bool) -> Any:
     return RunDir.for_writing(output, force)
 
 
+def _frame_table(title: str, df: Any) -> tuple[str, list[str], list[list[Any]]]:
+    """(title, columns, rows) of a whole DataFrame, for print_csv."""
+    cols = [str(c) for c in df.columns]
+    return title, cols, df.astype(object).to_numpy().tolist()
+
+
 def _pct(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
@@ -107,9 +113,8 @@ def evaluate_cmd(
         }
         click.echo(to_json(payload), nl=False)
         return
-    if fmt == "csv":  # one row per (run, estimator), raw numbers
-        cols = list(ev.per_run.columns)
-        print_csv(("per_run", cols, ev.per_run[cols].astype(object).to_numpy().tolist()))
+    if fmt == "csv":  # the summary (one row per estimator) and every (run, estimator) row, raw numbers
+        print_csv([_frame_table("summary", ev.summary), _frame_table("per_run", ev.per_run)])
         return
     if not ev.summary.empty:
         print_table(
@@ -142,11 +147,10 @@ def evaluate_cmd(
                     _pct(r["error_mre"]),
                     "pass" if r["c2"] else "FAIL",
                 ]
-                for r in ev.per_run.head(MAX_PER_RUN_ROWS).to_dict("records")
+                for r in ev.per_run.to_dict("records")
             ],
+            max_rows=MAX_PER_RUN_ROWS,
         )
-        if len(ev.per_run) > MAX_PER_RUN_ROWS:
-            note(f"per-run table cut at {MAX_PER_RUN_ROWS} of {len(ev.per_run)} rows (all in -o DIR/tables/per_run)")
     for c, e, r in ev.failures:
         note(f"{e} on {c}: not estimated ({r})")
     if skipped:
@@ -272,6 +276,7 @@ def colocate_cmd(
     """
     from uvmlab.gpus import get_gpu
     from uvmlab.memory.colocate import colocate_workloads, write_colocation
+    from uvmlab.stats.schema import RESULT_LABELS
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
@@ -320,7 +325,7 @@ def colocate_cmd(
                 "stall (ms)",
                 "compute (ms)",
                 "slowdown vs alone",
-                "slowdown vs native",
+                RESULT_LABELS["slowdown_vs_native"],
             ],
             [
                 [

@@ -11,6 +11,8 @@ import click
 from uvmlab.cli.options import figure_format_option, format_option, out_option
 from uvmlab.console import note, print_csv, print_table
 
+KERNEL_ROWS_SHOWN = 20
+"""Rows of compare's per-kernel table shown as a table (the title says so; csv and json give every kernel)."""
 ITERATION_HELP = (
     "Regular expression for iteration NVTX ranges; its first group is the iteration number "
     "[default: 'iteration N', as uvmlab's GPU runner emits]."
@@ -57,9 +59,9 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
         for w in ex.warnings:
             note(f"warning: {w}")
         total = (ex.row_count(S.GPU_FAULTS) or 0) + (ex.row_count(S.MEMCPY) or 0)
-        columns = (TextColumn("reading fault and copy rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with progress_bar(*columns, disable=total < 1_000_000) as bar:
-            task = bar.add_task("rows", total=total)
+            task = bar.add_task("reading fault and copy rows", total=total)
             s = summarize(ex, iteration_pattern or DEFAULT_ITERATION_PATTERN, progress=lambda n: bar.advance(task, n))
     if fmt == "json":
         click.echo(json.dumps(s.to_dict(), indent=2, default=str))
@@ -120,12 +122,63 @@ def import_cmd(
         return
     for w in result["nsys"]["warnings"]:
         note(f"warning: {w}")
-    rows = [[k, v] for k, v in result.items() if not isinstance(v, dict | list)]
-    if fmt == "csv":
+    if fmt == "csv":  # result.json's keys and raw values (bytes, nanoseconds), as the other machine formats
+        rows = [[k, v] for k, v in result.items() if not isinstance(v, dict | list)]
         print_csv(("result", ["key", "value"], rows))
         return
-    print_table("Measured run", ["key", "value"], rows)
+    print_table(f"Measured run: {report.name}", ["", "value"], _measured_rows(result))
     note(rd.summary_line())
+
+
+def _measured_rows(r: dict) -> list[tuple[str, str]]:
+    """The ``nsys import`` summary in words and units (the raw keys and nanoseconds are in result.json and
+    --format json/csv); a figure the export does not have says why it is missing."""
+    from uvmlab.units import format_bytes
+
+    nsys = r.get("nsys") or {}
+    collection = nsys.get("collection") or {}
+
+    def absent(source: str) -> str:
+        c = collection.get(source) or {}
+        return f"n/a ({c.get('status', 'not collected').replace('_', ' ')}: {c.get('reason', 'not in this export')})"
+
+    def count(n: object, source: str) -> str:
+        return absent(source) if n is None else f"{n:,}"
+
+    def moved(key: str) -> str:
+        n, b = r.get(f"{key}_count"), r.get(f"{key}_bytes")
+        return absent("migrations") if n is None else f"{n:,} ({format_bytes(b or 0)})"
+
+    def size(key: str, source: str) -> str:
+        return absent(source) if r.get(key) is None else format_bytes(r[key])
+
+    causes = nsys.get("migrations_by_cause") or {}
+    by_cause = ", ".join(f"{k} {v['count']:,} ({format_bytes(v['bytes'])})" for k, v in causes.items() if v["count"])
+    its = r.get("iterations")
+    total = r.get("total_time_ns")
+    faults = r.get("fault_count")
+    return [
+        ("source", f"{nsys.get('source')} (nsys {nsys.get('nsys_version')}, schema {nsys.get('schema_version')})"),
+        ("GPU", r.get("gpu") or "n/a (not in this export)"),
+        ("iterations (NVTX ranges)", f"{its:,}" if its else "none (no NVTX ranges match the iteration pattern)"),
+        ("iteration time", "n/a" if r.get("iteration_time_ns") is None else f"{r['iteration_time_ns'] / 1e6:,.2f} ms"),
+        (
+            "time span" + (" (the iterations)" if its else " (first to last GPU activity)"),
+            "n/a" if total is None else f"{total / 1e9:,.3f} s",
+        ),
+        (
+            "GPU page faults (read / write)",
+            count(faults, "gpu_faults")
+            if faults is None
+            else f"{faults:,} ({r.get('read_fault_count') or 0:,} / {r.get('write_fault_count') or 0:,})",
+        ),
+        ("CPU page faults", count(nsys.get("cpu_fault_count"), "cpu_faults")),
+        ("HtoD migrations", moved("htod")),
+        ("DtoH migrations", moved("dtoh")),
+        ("migrations by cause", by_cause or ("none" if causes else absent("migrations"))),
+        ("footprint (peak managed)", size("footprint_bytes", "memory_usage")),
+        ("peak device-side memory (live allocations)", size("peak_reserved_bytes", "memory_usage")),
+    ]
 
 
 @click.command("compare")
@@ -163,8 +216,10 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     if fmt == "csv":
         print_csv(cmp.tables())
         return
+    from uvmlab.console import table_key
+
     for title, cols, rows in cmp.tables():
-        print_table(title, cols, rows)
+        print_table(title, cols, rows, max_rows=KERNEL_ROWS_SHOWN if table_key(title) == "per_kernel" else None)
     for n in cmp.notes:
         note(n)
 

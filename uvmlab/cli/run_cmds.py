@@ -16,19 +16,11 @@ from uvmlab.cli.options import (
     workload_options,
 )
 from uvmlab.config import parse_options
-from uvmlab.errors import InputError
 
 
-def on_off(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("on", "true", "1", "yes"):
-        return True
-    if v in ("off", "false", "0", "no"):
-        return False
-    raise InputError(f"--pca takes on or off, not {value!r}")
-
-
-def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[str, Any]]:
+    """The run's summary table; ``policy``: the --policy it ran with (named on its own row)."""
+    from uvmlab.stats.schema import RESULT_LABELS
     from uvmlab.units import format_bytes
 
     def b(key: str) -> str:
@@ -43,8 +35,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         v = r.get(key)
         return "n/a" if v is None or v != v else f"{v:,.2f}x"
 
+    applied = [("policy", f"{policy} (uvmlab advise; its settings as applied: config.json)")] if policy else []
     return [
         ("workload", r.get("workload")),
+        *applied,
         ("mode", r.get("mode")),
         ("PCA", "on" if r.get("pca") else "off"),
         ("oversubscription", f"x{r.get('oversub'):g}"),
@@ -53,10 +47,10 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("available to UVM", b("available_bytes")),
         ("iterations", r.get("iterations")),
         ("iteration time", ms("iteration_time_ns")),
-        ("native iteration (no UVM, same PCA setting)", ms("native_time_ns")),
-        ("slowdown vs native", x("slowdown_vs_native")),
-        ("native iteration (no UVM, PCA on)", ms("native_pca_time_ns")),
-        ("slowdown vs native PCA on", x("slowdown_vs_native_pca")),
+        (RESULT_LABELS["native_time_ns"], ms("native_time_ns")),
+        (RESULT_LABELS["slowdown_vs_native"], x("slowdown_vs_native")),
+        (RESULT_LABELS["native_pca_time_ns"], ms("native_pca_time_ns")),
+        (RESULT_LABELS["slowdown_vs_native_pca"], x("slowdown_vs_native_pca")),
         (
             "page faults (read / write)",
             f"{r.get('fault_count', 0):,} ({r.get('read_fault_count', 0):,} / {r.get('write_fault_count', 0):,})",
@@ -119,12 +113,15 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 )
 @out_option(
     "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
-    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder].",
+    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
+    "run again, the stored result of the same simulation is shown, or the run goes to <dir>-2, -3, ...].",
     default=None,
     metavar="DIR",
 )
 @click.option(
-    "--force", is_flag=True, help="Overwrite a complete run directory, and an existing --snapshot or --timeline file."
+    "--force",
+    is_flag=True,
+    help="Overwrite a complete run directory (-o, or the default one), and an existing --snapshot or --timeline file.",
 )
 @format_option("json: print result.json on stdout only; csv: its scalar keys as key,value rows.")
 @click.option("--dry-run", is_flag=True, help="GPU mode: print the plan, run nothing.")
@@ -197,7 +194,7 @@ def run_command(
 
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
-    from uvmlab.config import RunConfig
+    from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note, print_csv, print_table, say
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
@@ -205,7 +202,7 @@ def run_command(
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub,  # validated by check_oversub
-        pca=on_off(pca),
+        pca=parse_on_off("--pca", pca),
         mode=mode,
         gpu=gpu_name,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
@@ -236,23 +233,24 @@ def run_command(
     for what, file in (("snapshot", snapshot_out), ("timeline", timeline_out)):
         if file is not None and not res.result.get("dry_run") and Path(file).is_file():
             note(f"Wrote {what} {file}")
+    from uvmlab.files.rundir import RunDir
+
+    where = f"Stored in {res.path} (shown again)" if res.reused else RunDir(res.path).summary_line()
     if fmt == "json":
         click.echo(json.dumps(res.result, default=str))
         if not res.result.get("dry_run"):
-            note(f"Wrote {res.path}")
+            note(where)
         return
     if res.result.get("dry_run"):
         click.echo(res.result["plan"], nl=False)
         return
-    from uvmlab.files.rundir import RunDir
-
     if fmt == "csv":
         scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
         print_csv(("result", ("key", "value"), scalars))
-        note(RunDir(res.path).summary_line())
+        note(where)
         return
-    print_table("uvmlab run", ("", "value"), _summary_rows(res.result))
-    say(RunDir(res.path).summary_line())
+    print_table("uvmlab run", ("", "value"), _summary_rows(res.result, policy))
+    say(where)
 
 
 def _progress(label: str) -> Any:
@@ -267,7 +265,7 @@ def _progress(label: str) -> Any:
         if "p" not in state:
             p = progress_bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             p.start()
-            state["p"], state["t"] = p, p.add_task("sim", total=total)
+            state["p"], state["t"] = p, p.add_task(label, total=total)
         state["p"].update(state["t"], completed=done, total=total)
         if done >= total:
             state["p"].stop()

@@ -220,7 +220,11 @@ def sweep_collect(out: Path, fmt: str) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
 )
-@click.option("--force", is_flag=True, help="Replace an existing -o page and the figures/ folder beside it.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing -o page and the report's own figures in the figures/ folder beside it.",
+)
 @format_option()
 @figure_format_option()
 def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure_format: str) -> None:
@@ -228,11 +232,14 @@ def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure
     from uvmlab.console import note, print_csv, print_table
     from uvmlab.files.outputs import check_output_file, check_output_folder
     from uvmlab.report import build_report
+    from uvmlab.report.build import figure_files
 
     if out_html is not None:  # the default page inside SWEEP_DIR/report is uvmlab's own and is rebuilt freely
-        inputs = [sweep_dir / n for n in ("results.parquet", "sweep.json", "spec.yaml")]
+        # what the report reads, and what it writes: the page and its figures (not the page's whole folder, which
+        # may be the sweep's parent: `uvmlab report SWEEP -o report.html` touches nothing of SWEEP)
+        inputs = [sweep_dir / n for n in ("results.parquet", "sweep.json", "spec.yaml", "runs")]
         check_output_file(out_html, inputs, force)
-        check_output_folder(out_html.parent, ["figures"], inputs, force)
+        check_output_folder(out_html.parent / "figures", figure_files(figure_format), inputs, force)
 
     built = build_report(sweep_dir, out_html, figure_format=figure_format)
     if fmt == "json":

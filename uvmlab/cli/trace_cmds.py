@@ -177,7 +177,11 @@ def workloads_cmd(parameters: bool, show_all: bool, fmt: str) -> None:
     if fmt == "csv":
         keys = ["name", "default_batch_size", "parameters", "options", "description"]
         body = [[r[k] if k != "options" else " ".join(r[k]) for k in keys] for r in rows]
-        print_csv(("workloads", keys, body))
+        tables = [("workloads", keys, body)]
+        if show_all:  # every named model, one row each (the table lists them as one line per family)
+            named_rows = [[f"{f['prefix']}:{n}", f["package"], f["note"]] for f in named for n in f["names"]]
+            tables.append(("named models", ["name", "package", "note"], named_rows))
+        print_csv(tables)
         return
     print_table(
         "Built-in workloads (or give a Python workload file: docs/workloads.md)",

@@ -210,11 +210,10 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        def recs(df: pd.DataFrame | None, limit: int | None = None) -> list[dict[str, Any]] | None:
+        def recs(df: pd.DataFrame | None) -> list[dict[str, Any]] | None:
             if df is None:
                 return None
-            d = df if limit is None else df.head(limit)
-            return [{k: cell_value(v) for k, v in r.items()} for r in d.to_dict("records")]
+            return [{k: cell_value(v) for k, v in r.items()} for r in df.to_dict("records")]
 
         return {
             "run_a": str(self.a.path),
@@ -230,7 +229,7 @@ class Comparison:
         }
 
     def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
-        """Printable tables: totals, footprint, per iteration, per kernel (first 20); relative errors in %."""
+        """Printable tables, complete: totals, footprint, per iteration, per kernel; relative errors in %."""
         out = []
         cols = ["figure", "A", "B", "error (B - A) / |A|"]
         rows = [[r.figure, cell_value(r.a), cell_value(r.b), percent(r.rel_error)] for r in self.totals.itertuples()]
@@ -248,8 +247,8 @@ class Comparison:
             key = [x for x in ("name", "occurrence", "position", "name_a", "name_b") if x in self.kernels.columns]
             c = key + [f"{k}{s}" for k in ("duration_ns", "fault_count") for s in ("_a", "_b", "_rel_error")]
             c = [x for x in c if x in self.kernels.columns]
-            body = [_row(c, r) for r in self.kernels[c].head(20).itertuples(index=False)]
-            out.append((f"Per kernel ({self.kernel_match}; first 20 of {len(self.kernels)}; errors in %)", c, body))
+            body = [_row(c, r) for r in self.kernels[c].itertuples(index=False)]
+            out.append((f"Per kernel ({self.kernel_match}; errors in %)", c, body))
         return out
 
 

@@ -5,8 +5,12 @@ Verdict (CARMA section 2.4 / 3.1): the jobs fit when
 
     sum over jobs of (simulated peak reserved bytes + one CUDA context) + margin <= GPU memory
 
-with CARMA's 2 GiB safety margin against fragmentation-induced OOMs (``DEFAULT_MARGIN_BYTES``) and the CUDA
-context of ``GpuSpec.context_bytes`` per job (reference/uvm.md section 3.3; each process has its own context).
+with CARMA's 2 GiB safety margin against fragmentation-induced OOMs (``DEFAULT_MARGIN_BYTES``) and one CUDA
+context per job (each process has its own), by the rule ``uvmlab estimate`` uses
+(``uvmlab.memory.estimate.job_context``:
+the modelled context and modules of uvmlab.memory.devicemem, by GPU and whether the job runs convolutions; a GpuSpec
+with
+an explicit ``context_bytes`` keeps it).
 
 UVM cost (when they do not fit): every job's allocator segments become managed ranges (``cudaMallocManaged``
 instead of ``cudaMalloc``, the seed study's setup) on ONE simulated GPU (``uvmlab.sim.uvm.driver.UvmSim``) whose
@@ -252,16 +256,21 @@ def colocate(
         raise InputError(f"simulate must be auto, yes or no, not {simulate!r}")
     if margin_bytes < 0:
         raise InputError("the safety margin cannot be negative")
-    ctx = gpu.context_bytes
+    from uvmlab.memory.estimate import job_context
+
+    ctx = []  # per job: the context rule of uvmlab estimate
+    for j in jobs:
+        model = job_context(gpu, j.trace)
+        ctx.append(gpu.context_bytes if model is None else model.total_bytes)
     verdict = pd.DataFrame(
         [
             {
                 "job": j.name,
                 "peak_reserved_bytes": j.peak_reserved_bytes,
-                "context_bytes": ctx,
-                "need_bytes": j.peak_reserved_bytes + ctx,
+                "context_bytes": c,
+                "need_bytes": j.peak_reserved_bytes + c,
             }
-            for j in jobs
+            for j, c in zip(jobs, ctx, strict=True)
         ]
     )
     need = int(verdict["need_bytes"].sum()) + int(margin_bytes)
@@ -271,16 +280,14 @@ def colocate(
         result.notes.extend(f"{j.name}: {n}" for n in j.notes)
     if simulate == "no" or (simulate == "auto" and fits):
         return result
-    capacity = gpu.memory_bytes - len(jobs) * ctx
+    capacity = gpu.memory_bytes - sum(ctx)
     if capacity <= 0:
-        raise InputError(
-            f"{len(jobs)} CUDA contexts ({len(jobs) * ctx} B) leave no memory on {gpu.name}; use fewer jobs"
-        )
+        raise InputError(f"{len(jobs)} CUDA contexts ({sum(ctx)} B) leave no memory on {gpu.name}; use fewer jobs")
     together = simulate_together(jobs, capacity, gpu, knobs, costs, progress)
     alone = pd.concat(
         [
-            simulate_together([j], gpu.memory_bytes - ctx, gpu, knobs, costs).assign(job_index=i)
-            for i, j in enumerate(jobs)
+            simulate_together([j], gpu.memory_bytes - c, gpu, knobs, costs).assign(job_index=i)
+            for i, (j, c) in enumerate(zip(jobs, ctx, strict=True))
         ],
         ignore_index=True,
     )

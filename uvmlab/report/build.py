@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from uvmlab.errors import InvariantError
 from uvmlab.files.atomic import atomic_write_text, atomic_write_with
 from uvmlab.report import captions, figures
 from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
@@ -44,6 +45,24 @@ class Report:
             ],
             "skipped": list(self.skipped),
         }
+
+
+FIGURE_KEYS = (
+    "fig3_slowdown",
+    "fig4_pca_ratio",
+    "fig5_kernel_memory",
+    "fig6_faults",
+    "fig7_read_write",
+    "fig8_migration_count",
+    "fig9_migration_bytes",
+    "fig_sim_vs_measured",
+)
+"""Every figure a report may write, as ``figures/<key>.<format>`` beside the page."""
+
+
+def figure_files(figure_format: str = "png") -> list[str]:
+    """The file names a report may write into ``figures/`` beside its page."""
+    return [f"{key}.{figure_format}" for key in FIGURE_KEYS]
 
 
 def _save(fig: Any, path: Path, fmt: str = "png") -> None:
@@ -156,6 +175,8 @@ def build_report(
     ]
     sections: list[Section] = []
     for key, title, draw, nruns in plan:
+        if key not in FIGURE_KEYS:
+            raise InvariantError(f"report figure {key} is missing from FIGURE_KEYS (the -o checks name its file)")
         fig = draw()
         if fig is None:
             report.skipped.append(f"{title}: the sweep has no runs with the needed values")

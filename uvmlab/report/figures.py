@@ -16,6 +16,7 @@ from matplotlib.ticker import StrMethodFormatter
 
 from uvmlab.report.data import ok_runs, paired_sim_measured, read_kernels, workload_order
 from uvmlab.report.ticks import log_axis
+from uvmlab.stats.schema import RESULT_LABELS
 from uvmlab.units import GiB, MiB
 
 PCA_PANELS = ((True, "(a) with PCA"), (False, "(b) without PCA"))
@@ -282,7 +283,7 @@ def fig9_migration_bytes(df: pd.DataFrame) -> Figure | None:
 
 
 SIM_VS_MEASURED_METRICS = (
-    ("slowdown_vs_native", "slowdown vs native (x, no UVM, same PCA)"),
+    ("slowdown_vs_native", f"{RESULT_LABELS['slowdown_vs_native']} (x)"),
     ("iteration_time_ns", "iteration time (ms)"),
     ("fault_count", "page faults"),
     ("migration_bytes", "migrated bytes (GiB)"),

@@ -9,7 +9,7 @@ Tables of a run directory (``RunDir.table(name)``):
 ``iterations``  one row per training iteration
 ``kernels``     one row per kernel (simulated: one per aten op, see uvmlab.trace.capture; measured: nsys kernels)
 ``migrations``  optional, one row per migration (measured: nsys; simulated: when requested)
-``faults``      optional, one row per fault batch / fault group
+``faults``      optional, one row per fault record (measured: nsys GPU fault records and CPU page faults)
 ``memory``      optional, memory over time (allocated / reserved / resident bytes at each event)
 """
 
@@ -67,6 +67,17 @@ MIGRATION_COLUMNS: tuple[str, ...] = (
     "iteration",
 )
 
+FAULT_RECORD_COLUMNS: tuple[str, ...] = (
+    "start_ns",
+    "end_ns",
+    "processor",  # "gpu" | "cpu" (the processor that faulted)
+    "access",  # GPU: "read" | "write" | "atomic" | "prefetch" | "unknown"; CPU: "unknown" (nsys records none)
+    "fault_count",  # faults in the record (nsys numberOfPageFaults; a CPU fault row is one)
+    "address",
+    "kernel_id",  # the kernel it is attributed to, or -1
+    "iteration",
+)
+
 MEMORY_COLUMNS: tuple[str, ...] = (
     "time_ns",
     "allocated_bytes",  # live tensor bytes (program view)
@@ -78,6 +89,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "iterations": ITERATION_COLUMNS,
     "kernels": KERNEL_COLUMNS,
     "migrations": MIGRATION_COLUMNS,
+    "faults": FAULT_RECORD_COLUMNS,
     "memory": MEMORY_COLUMNS,
 }
 
@@ -155,6 +167,15 @@ RESULT_KEYS: tuple[str, ...] = (
     "slowdown_vs_native_pca",  # iteration_time_ns / native_pca_time_ns
     *FAULT_COLUMNS,  # totals over all iterations
 )
+
+
+RESULT_LABELS: dict[str, str] = {
+    "native_time_ns": "native iteration (no UVM, same PCA setting)",
+    "slowdown_vs_native": "slowdown vs native (no UVM, same PCA setting)",
+    "native_pca_time_ns": "native iteration (no UVM, PCA on)",
+    "slowdown_vs_native_pca": "slowdown vs native PCA on (no UVM)",
+}
+"""What every command and figure calls these result.json keys (run, advise, colocate, report): one name each."""
 
 
 def steady_mean(values: Any) -> float:

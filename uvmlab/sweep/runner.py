@@ -268,7 +268,8 @@ ProgressFn = Callable[[str, str], None]
 
 
 class _Progress:
-    """Rich progress on stderr: bar, done / total, ok / oom / error counts, elapsed and estimated time remaining."""
+    """Progress on stderr: bar, done / total, ok / oom / error counts, elapsed and estimated time remaining (on a
+    terminal; in a log, a line every tenth of the configurations or 30 s: uvmlab.console.LogProgress)."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total = total
@@ -279,15 +280,14 @@ class _Progress:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
-                Progress,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
             )
 
-            from uvmlab.console import err
+            from uvmlab.console import progress_bar
 
-            self._progress = Progress(
+            self._progress = progress_bar(  # a bar on a terminal, a line now and then in a log
                 TextColumn("sweep"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -295,7 +295,6 @@ class _Progress:
                 TimeElapsedColumn(),
                 TextColumn("remaining"),
                 TimeRemainingColumn(),
-                console=err,
                 transient=False,
             )
             self._task = self._progress.add_task("sweep", total=total, status=self.status())

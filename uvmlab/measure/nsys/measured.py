@@ -1,7 +1,8 @@
 """An nsys export as a measured run directory: the tables of ``uvmlab.stats.schema`` and a result.json.
 
 ``to_run_tables(export)`` gives ``iterations``, ``kernels``, ``migrations`` and ``memory`` with the columns the
-simulator writes, so ``uvmlab compare`` can line them up. What an export cannot give is null, never 0:
+simulator writes, so ``uvmlab compare`` can line them up, and ``faults`` (one row per fault record: GPU records
+by access type, CPU page faults; measured runs only). What an export cannot give is null, never 0:
 
 * ``fault_batch_count`` and ``eviction_count`` (driver batches, 2 MiB root chunks): sim only.
 * ``kernel_bytes`` and ``allocated_bytes`` (tensor-level): not in an export. ``reserved_bytes`` is added to the
@@ -37,28 +38,20 @@ RESULT_SCHEMA_VERSION = 1
 MANAGED_KINDS = ("managed", "managed_static")
 
 
-def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
-    mig = ex.migrations()
+def _attribute(
+    s: np.ndarray, e: np.ndarray, pid: np.ndarray | None, dev: np.ndarray | None, summary: Summary
+) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel_id, iteration) of each event [s, e]: the kernel it overlaps on its process and device (events
+    without a device, CPU faults, go to no kernel), else the iteration window it falls in; -1 where none."""
     k = summary.kernels
-    if mig.empty:
-        out = pd.DataFrame({c: pd.Series([], dtype="int64") for c in ("start_ns", "end_ns", "bytes", "address")})
-        out["direction"] = pd.Series([], dtype=object)
-        out["cause"] = pd.Series([], dtype=object)
-        out["kernel_id"] = pd.Series([], dtype="int64")
-        out["iteration"] = pd.Series([], dtype="int64")
-        return check_table("migrations", out)
-    m_pid = pid_array(mig["pid"])
-    m_dev = mig["device_id"].to_numpy(np.int64)
-    s = mig["start_ns"].to_numpy(np.int64)
-    e = mig["end_ns"].to_numpy(np.int64)
-    kid = np.full(len(mig), -1, dtype=np.int64)
-    it = np.full(len(mig), -1, dtype=np.int64)
-    if len(k):
+    kid = np.full(len(s), -1, dtype=np.int64)
+    it = np.full(len(s), -1, dtype=np.int64)
+    if len(k) and pid is not None and dev is not None:
         kp = pid_array(k["pid"])
         idx = assign(
             s,
             e,
-            group_key(m_pid, m_dev),
+            group_key(pid, dev),
             k["start_ns"].to_numpy(np.int64),
             k["end_ns"].to_numpy(np.int64),
             group_key(kp, k["device_id"].to_numpy(np.int64)),
@@ -66,20 +59,33 @@ def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
         kid = np.where(idx >= 0, k["kernel_id"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
         it = np.where(idx >= 0, k["iteration"].to_numpy(np.int64)[np.maximum(idx, 0)], -1)
     its = summary.iterations
-    if len(its):
-        out_mask = kid < 0
-        o = np.flatnonzero(out_mask)
-        if len(o):
-            # iteration windows are per process; an export of one training job has one process
-            widx = assign(
-                s[o],
-                e[o],
-                np.zeros(len(o), np.int64),
-                its["start_ns"].to_numpy(np.int64),
-                its["end_ns"].to_numpy(np.int64),
-                np.zeros(len(its), np.int64),
-            )
-            it[o] = np.where(widx >= 0, its["iteration"].to_numpy(np.int64)[np.maximum(widx, 0)], -1)
+    o = np.flatnonzero(kid < 0)
+    if len(its) and len(o):
+        # iteration windows are per process; an export of one training job has one process
+        widx = assign(
+            s[o],
+            e[o],
+            np.zeros(len(o), np.int64),
+            its["start_ns"].to_numpy(np.int64),
+            its["end_ns"].to_numpy(np.int64),
+            np.zeros(len(its), np.int64),
+        )
+        it[o] = np.where(widx >= 0, its["iteration"].to_numpy(np.int64)[np.maximum(widx, 0)], -1)
+    return kid, it
+
+
+def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
+    mig = ex.migrations()
+    if mig.empty:
+        out = pd.DataFrame({c: pd.Series([], dtype="int64") for c in ("start_ns", "end_ns", "bytes", "address")})
+        out["direction"] = pd.Series([], dtype=object)
+        out["cause"] = pd.Series([], dtype=object)
+        out["kernel_id"] = pd.Series([], dtype="int64")
+        out["iteration"] = pd.Series([], dtype="int64")
+        return check_table("migrations", out)
+    s = mig["start_ns"].to_numpy(np.int64)
+    e = mig["end_ns"].to_numpy(np.int64)
+    kid, it = _attribute(s, e, pid_array(mig["pid"]), mig["device_id"].to_numpy(np.int64), summary)
     out = pd.DataFrame(
         {
             "start_ns": s,
@@ -93,6 +99,58 @@ def _migrations_table(ex: Export, summary: Summary) -> pd.DataFrame:
         }
     )
     return check_table("migrations", out)
+
+
+def _faults_table(ex: Export, summary: Summary) -> pd.DataFrame:
+    """One row per fault record of the export: GPU fault records (``fault_count`` faults each, by access type)
+    and CPU page faults (one each; nsys records no access type for them)."""
+    gpu = ex.gpu_faults()
+    cpu = ex.cpu_faults()
+    parts = []
+    if len(gpu):
+        s = gpu["start_ns"].to_numpy(np.int64)
+        e = gpu["end_ns"].to_numpy(np.int64)
+        kid, it = _attribute(s, e, pid_array(gpu["pid"]), gpu["device_id"].to_numpy(np.int64), summary)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "start_ns": s,
+                    "end_ns": e,
+                    "processor": "gpu",
+                    "access": gpu["access"].to_numpy(object),
+                    "fault_count": gpu["fault_count"].to_numpy(np.int64),
+                    "address": pd.array(gpu["address"], dtype="Int64"),
+                    "kernel_id": kid,
+                    "iteration": it,
+                }
+            )
+        )
+    if len(cpu):
+        s = cpu["start_ns"].to_numpy(np.int64)
+        kid, it = _attribute(s, s, None, None, summary)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "start_ns": s,
+                    "end_ns": s,
+                    "processor": "cpu",
+                    "access": "unknown",
+                    "fault_count": np.ones(len(cpu), np.int64),
+                    "address": pd.array(cpu["address"], dtype="Int64"),
+                    "kernel_id": kid,
+                    "iteration": it,
+                }
+            )
+        )
+    if not parts:
+        empty = {c: pd.Series([], dtype="int64") for c in ("start_ns", "end_ns", "fault_count", "kernel_id")}
+        out = pd.DataFrame({**empty, "iteration": pd.Series([], dtype="int64")})
+        out["processor"] = pd.Series([], dtype=object)
+        out["access"] = pd.Series([], dtype=object)
+        out["address"] = pd.array([], dtype="Int64")
+        return check_table("faults", out)
+    out = pd.concat(parts, ignore_index=True).sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return check_table("faults", out)
 
 
 def _memory_table(ex: Export) -> pd.DataFrame:
@@ -124,6 +182,7 @@ def to_run_tables(
         "iterations": check_table("iterations", summary.iterations.copy()),
         "kernels": check_table("kernels", kernels),
         "migrations": _migrations_table(ex, summary),
+        "faults": _faults_table(ex, summary),
         "memory": memory,
     }
 
@@ -237,7 +296,17 @@ def import_export(
         from uvmlab.stats.figures import write_run_figures
 
         title = f"{Path(path).name} (measured, nsys)"
-        write_run_figures(rd, tables["kernels"], tables["iterations"], tables["memory"], title=title)
+        missing = {k: v["reason"] for k, v in summary.collection.items() if v["status"] not in ("collected", "zero")}
+        write_run_figures(
+            rd,
+            tables["kernels"],
+            tables["iterations"],
+            tables["memory"],
+            title=title,
+            faults=tables["faults"],
+            migrations=tables["migrations"],
+            missing=missing,
+        )
         rd.write_json(rd.result_json, result)
         if timeline is not None:
             from uvmlab.export.timeline import run_timeline

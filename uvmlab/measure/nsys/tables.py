@@ -60,7 +60,8 @@ def summary_tables(s: Summary) -> list[Table]:
     )
     if s.um_sum:
         cols = list(s.um_sum[0])
-        out.append(("um_sum top addresses (nsys stats -r um_sum)", cols, [[r[c] for c in cols] for r in s.um_sum]))
+        rows = [[address_text(r[c]) if c == "address" else r[c] for c in cols] for r in s.um_sum]
+        out.append(("um_sum top addresses (nsys stats -r um_sum)", cols, rows))
     a = s.attribution
     rows = [
         [
@@ -104,6 +105,11 @@ def summary_tables(s: Summary) -> list[Table]:
     mem = s.memory
     out.append(("GPU memory usage events", ["figure", "value"], [[k, v] for k, v in mem.items()]))
     return out
+
+
+def address_text(a: Any) -> str | None:
+    """A virtual address as hex (``0x7f3a00000000``), as nsys and the CUDA tools print them; JSON keeps the int."""
+    return None if a is None else f"0x{int(a):x}"
 
 
 def _fmt(n: Any) -> str | None:
