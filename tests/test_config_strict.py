@@ -44,7 +44,7 @@ def test_pca_refuses_anything_else_naming_the_parameter(bad: Any) -> None:
         ({"gpu_memory_bytes": 1.5}, "gpu_memory_bytes must be a whole number of bytes"),
         ({"gpu_memory_bytes": -1}, "gpu_memory_bytes must be a whole number of bytes"),
         ({"sim_options": ["prefetch_threshold=51"]}, "sim_options must be a mapping"),
-        ({"policy": "no-such-policy"}, "unknown policy 'no-such-policy'"),
+        ({"policy": 7}, "policy must be a policy name"),
         ({"params_file": 3}, "params_file must be a file path"),
         ({"workload": "gpt2"}, "workload must be a WorkloadConfig"),
     ],
@@ -72,3 +72,13 @@ def test_workload_config_refuses_wrong_types(kw: dict[str, Any], message: str) -
     with pytest.raises(InputError, match=message):
         WorkloadConfig(**{"workload": "gpt2", **kw})
     assert WorkloadConfig(Path("docs/examples/tiny_mlp.py")).workload == "docs/examples/tiny_mlp.py"
+
+
+def test_an_unknown_policy_is_one_sentence_where_it_is_resolved(tmp_path: Path) -> None:
+    """The config keeps the name (the catalogue lives above it, uvmlab.advise); the run refuses it before it runs."""
+    from uvmlab import api
+
+    cfg = RunConfig(WL, policy="no-such-policy", mode="sim")
+    with pytest.raises(InputError, match="unknown policy 'no-such-policy'"):
+        api.run(cfg, out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
