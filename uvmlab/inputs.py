@@ -42,6 +42,25 @@ def short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def check_input_file(path: str | os.PathLike[str], max_bytes: int, what: str) -> int:
+    """Refuse (InputError) a ``path`` that is missing, not a regular file, or larger than ``max_bytes``, for readers
+    that stream the file themselves (CSV); return its size."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{p} does not exist; give {what}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc.strerror or type(exc).__name__}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{p} is a folder; give {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{p} is not a regular file (a device, pipe or socket); give {what}")
+    if st.st_size > max_bytes:
+        raise InputError(f"{p} is {st.st_size:,} bytes, more than the {max_bytes:,} accepted for {what}")
+    return st.st_size
+
+
 def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) -> bytes:
     """The bytes of the regular file ``path`` (links followed), refused (InputError) if it is anything else or
     larger than ``max_bytes``. ``what`` names the expected file in the sentences ("a snapshot pickle")."""

@@ -11,6 +11,7 @@ import click
 
 from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
 from uvmlab.errors import InputError
+from uvmlab.inputs import loads_json, short
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,15 +110,16 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
     return decorate
 
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be)."""
+def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
+    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be;
+    a value nested deeper than ``uvmlab.inputs.MAX_JSON_DEPTH`` is refused)."""
     result: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise InputError(f"--option takes KEY=VALUE, not {pair!r}")
+            raise InputError(f"{flag} takes KEY=VALUE, not {short(pair)}")
         try:
-            result[key] = json.loads(raw)
+            result[key] = loads_json(raw, f"{flag} {short(key)}")
         except json.JSONDecodeError:
             result[key] = raw
     return result

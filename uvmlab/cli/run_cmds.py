@@ -211,7 +211,7 @@ def run_command(
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
         prefetch=prefetch,
         params_file=params_file,
-        sim_options=parse_options(sim_options),
+        sim_options=parse_options(sim_options, "--sim-option"),
         policy=policy,
     )
     if policy:
