@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from uvmlab.cli import main
+from uvmlab.owned import BOOKKEEPING
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "docs" / "examples" / "tiny_mlp.py"
@@ -66,9 +67,7 @@ def test_eight_runs_into_one_out_leave_one_consistent_run(tmp_path: Path) -> Non
     codes = _race([[*base, "--oversub", str(f), "--force"] for f in factors])
     assert codes.count(0) >= 1 and set(codes) <= {0, 2}, codes
     _assert_one_consistent_run(out)
-    leftovers = [
-        p.name for p in out.iterdir() if p.name.startswith(".") and p.name not in (".uvmlab-run", ".uvmlab.lock")
-    ]
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name not in BOOKKEEPING]
     assert not leftovers, leftovers
 
 

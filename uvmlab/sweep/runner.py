@@ -157,7 +157,7 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
         if not rundir.config_json.is_file():
             rundir.path.mkdir(parents=True, exist_ok=True)
             rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
-            atomic_write_json(rundir.config_json, e.config.to_dict())
+            rundir.write_json(rundir.config_json, e.config.to_dict())  # recorded in its manifest
     _write_sweep_json(out, spec, entries, None)
     return entries
 
