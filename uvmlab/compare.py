@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uvmlab.atomic import atomic_write_json
 from uvmlab.errors import InputError
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
@@ -337,10 +336,27 @@ def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -
     return Comparison(a, b, totals, iterations, kernels, how, fp, notes)
 
 
-def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format: str = "png") -> list[Path]:
-    """Write comparison.json, tables/*.parquet and figures/*.png into ``out``; return the paths."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+class ComparisonDir(RunDir):
+    """The folder ``compare -o`` writes (uvmlab.owned rules): tables/, figures/, comparison.json last."""
+
+    kind = "comparison"
+    complete_name = "comparison.json"
+    names = ("comparison.json", "tables", "figures")
+    keep_incomplete = ()
+    link_folders = ("tables", "figures")
+
+
+def write_comparison(
+    cmp: Comparison, out: str | os.PathLike[str] | ComparisonDir, figure_format: str = "png", force: bool = False
+) -> list[Path]:
+    """Write comparison.json (last), tables/*.parquet and figures/*.png into ``out`` (a prepared ComparisonDir, or
+    a folder taken with its writer's lock: an earlier comparison there is replaced only with ``force``)."""
+    folder = out if isinstance(out, ComparisonDir) else ComparisonDir(out, figure_format=figure_format)
+    with ComparisonDir.for_writing(folder, force) as folder:
+        return _write_comparison(cmp, folder)
+
+
+def _write_comparison(cmp: Comparison, folder: ComparisonDir) -> list[Path]:
     written = []
     for name, df in (
         ("totals", cmp.totals),
@@ -358,10 +374,9 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format
                     frame[c] = num.astype(float)
                 else:
                     frame[c] = frame[c].map(lambda v: None if v is None else str(v))
-        written.append(RunDir(out).write_table(name, frame))
+        written.append(folder.write_table(name, frame))
     from uvmlab.report.compare_figures import plot_comparison
 
-    written += plot_comparison(cmp, out, figure_format)
-    atomic_write_json(out / "comparison.json", cmp.to_dict())
-    written.append(out / "comparison.json")
+    written += plot_comparison(cmp, folder, folder.figure_format)
+    written.append(folder.write_json_file(folder.path / "comparison.json", cmp.to_dict()))
     return written

@@ -25,8 +25,9 @@ def _num(v: Any) -> float:
     return f
 
 
-def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -> list[Path]:
-    """Write the comparison figures into ``folder/figures`` (as a run directory names them); return their paths.
+def plot_comparison(cmp: Comparison, folder: Path | RunDir, figure_format: str = "png") -> list[Path]:
+    """Write the comparison figures into ``folder/figures`` (as a run directory names them; ``folder`` may be the
+    prepared output folder itself, whose manifest then lists them); return their paths.
 
     The per-kernel scatter is log-log (kernel times and fault counts span decades).
     """
@@ -36,7 +37,7 @@ def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rd = RunDir(folder, figure_format=figure_format)
+    rd = folder if isinstance(folder, RunDir) else RunDir(folder, figure_format=figure_format)
     out: list[Path] = []
     la, lb = cmp.a.label, cmp.b.label
 

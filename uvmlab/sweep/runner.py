@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from uvmlab.atomic import atomic_write_json
+from uvmlab.atomic import atomic_write_bytes, atomic_write_json
 from uvmlab.errors import InputError, UnavailableError
 from uvmlab.outputs import same_path
 from uvmlab.rundir import RunDir
@@ -151,7 +151,7 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
         raise InputError(f"{out} holds a spec.yaml that uvmlab did not write; choose another -o for the sweep")
     out.mkdir(parents=True, exist_ok=True)
     if source is not None and not same_path(source, copy):  # `sweep spec.yaml -o .` keeps the user's file
-        shutil.copyfile(source, copy)
+        atomic_write_bytes(copy, source.read_bytes())  # a full disk: one sentence, no half copy
     for e in entries:
         rundir = RunDir(e.path)
         if not rundir.config_json.is_file():

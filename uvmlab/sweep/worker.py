@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.atomic import atomic_write_json
+from uvmlab.atomic import atomic_write_json, write_failure
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
 from uvmlab.rundir import RunDir
 from uvmlab.stats.schema import RESULT_KEYS
@@ -102,10 +102,18 @@ def _run_fn() -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to the log ``path``; a full disk is one sentence naming it (uvmlab.atomic.write_failure)."""
+    try:
+        with open(path, "a") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
+
+
 def _log_attempt(rundir: RunDir, event: str) -> None:
     rundir.logs.mkdir(parents=True, exist_ok=True)
-    with open(rundir.record(rundir.logs / "attempts.log"), "a") as fh:
-        fh.write(f"{time.time():.6f} {os.getpid()} {event}\n")
+    _append(rundir.record(rundir.logs / "attempts.log"), f"{time.time():.6f} {os.getpid()} {event}\n")
 
 
 def completed_outcome(rundir: RunDir) -> str | None:
@@ -196,11 +204,9 @@ def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: 
         return done
     header = f"--- attempt at {time.strftime('%Y-%m-%dT%H:%M:%S')} ---\n"
     argv = [python or sys.executable, "-m", "uvmlab.sweep.worker", str(path)]
+    _append(out_log, header)
+    _append(err_log, header)
     with open(out_log, "a") as out, open(err_log, "a") as err:
-        out.write(header)
-        err.write(header)
-        out.flush()
-        err.flush()
         offset = err.tell()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         try:
