@@ -184,7 +184,8 @@ def sweep_run(
 
 
 def _raise_if_failed(summary: Any, out: Path) -> None:
-    """Exit non-zero (1) when any configuration this sweep ran did not succeed; say how many."""
+    """Exit non-zero (1) when any configuration of the sweep did not succeed, in this run or, not retried, in an
+    earlier one; say how many."""
     from uvmlab.errors import UvmlabError
 
     bad = {k: v for k, v in summary.outcomes.items() if k not in ("ok", "oom") and v}
@@ -194,6 +195,11 @@ def _raise_if_failed(summary: Any, out: Path) -> None:
         raise UvmlabError(
             f"{n} of {summary.ran} configurations did not finish ({kinds or 'array task errors'}); "
             f"see {out}/runs/*/result.json and logs/, and rerun with --retry-failed"
+        )
+    if summary.failed_earlier:
+        raise UvmlabError(
+            f"{summary.failed_earlier} of {summary.total} configurations failed in an earlier run of this sweep "
+            f"(outcome error) and were not run again; see {out}/runs/*/result.json, and rerun with --retry-failed"
         )
 
 

@@ -68,6 +68,9 @@ class SweepSummary:
     wall_time_s: float = 0.0
     results_path: Path | None = None
     errors: list[str] = field(default_factory=list)
+    failed_earlier: int = 0
+    """Configurations skipped because an earlier run of the sweep finished them with outcome "error" (not retried
+    without ``--retry-failed``): the sweep still has failures, so the command exits 1."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``--format json`` and sweep.json)."""
@@ -75,6 +78,7 @@ class SweepSummary:
             "out": str(self.out),
             "total": self.total,
             "skipped": self.skipped,
+            "failed_earlier": self.failed_earlier,
             "ran": self.ran,
             "outcomes": dict(self.outcomes),
             "wall_time_s": round(self.wall_time_s, 3),
@@ -429,6 +433,7 @@ def run_sweep(
         entries = [replace(e, status="pending") if e.status == "failed" else e for e in entries]
     pending = [e for e in entries if e.status == "pending"]
     summary = SweepSummary(out=out, total=len(entries), skipped=len(entries) - len(pending), ran=len(pending))
+    summary.failed_earlier = sum(e.status == "failed" for e in entries)
     with _Progress(len(pending), progress) as bar:
         if executor == "local":
             _run_local(pending, jobs, bar, summary.outcomes)
