@@ -79,13 +79,20 @@ def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) ->
             raise InputError(f"{p} is not a regular file (a device, pipe or socket); give {what}")
         if st.st_size > max_bytes:
             raise InputError(f"{p} is {st.st_size:,} bytes, more than the {max_bytes:,} accepted for {what}")
+        chunks: list[bytes] = []
+        total, want = 0, st.st_size + 1  # a /proc file reports size 0: read on in 1 MiB steps up to the limit
         try:
-            data = fh.read(max_bytes + 1)
+            while total <= max_bytes:
+                chunk = fh.read(min(max(want, 1 << 20), max_bytes + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
         except OSError as exc:
             raise InputError(f"cannot read {p}: {exc.strerror or type(exc).__name__}") from None
-    if len(data) > max_bytes:
+    if total > max_bytes:
         raise InputError(f"{p} holds more than the {max_bytes:,} bytes accepted for {what}")
-    return data
+    return b"".join(chunks)
 
 
 def read_input_text(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
