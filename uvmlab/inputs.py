@@ -71,14 +71,15 @@ def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) ->
         raise InputError(f"{p} does not exist; give {what}") from None
     except OSError as exc:
         raise InputError(f"cannot read {p}: {exc.strerror or type(exc).__name__}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{p} is a folder; give {what}")
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{p} is not a regular file (a device, pipe or socket); give {what}")
-        if st.st_size > max_bytes:
-            raise InputError(f"{p} is {st.st_size:,} bytes, more than the {max_bytes:,} accepted for {what}")
+        raise InputError(f"{p} is {st.st_size:,} bytes, more than the {max_bytes:,} accepted for {what}")
+    with os.fdopen(fd, "rb") as fh:
         chunks: list[bytes] = []
         total, want = 0, st.st_size + 1  # a /proc file reports size 0: read on in 1 MiB steps up to the limit
         try:
