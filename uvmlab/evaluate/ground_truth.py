@@ -417,6 +417,8 @@ def load_ground_truth(
     from uvmlab.evaluate import carma_runs, gpumemnet, xmem_sample
 
     src = Path(path)
+    if src.exists() and not src.is_dir():  # every file format here is a CSV: regular and bounded, before reading
+        check_input_file(src, MAX_CSV_BYTES, "a ground-truth CSV file")
     if gpumemnet.is_mlp_set(src):
         rows, bad = gpumemnet.read_mlp_set(src)
         return gpumemnet.mlp_cases(rows), [(f"row {i}", why) for i, why in bad]
