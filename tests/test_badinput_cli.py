@@ -309,7 +309,7 @@ CASES = [
     ),
     Case(
         "validate-o-is-the-data",
-        lambda d, o: ["validate", (v := _titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],
+        lambda d, o: ["validate", (v := titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],
     ),
     Case("run-timeline-existing", lambda d, o: [*RUN, "-o", str(o), "--timeline", workload_file(d, "{}\n", "t.json")]),
     Case("run-snapshot-existing", lambda d, o: [*RUN, "-o", str(o), "--snapshot", _pickle(d / "s.pickle", {})]),
@@ -335,7 +335,7 @@ CASES = [
     # -- issue 29: outputs inside inputs, through links, over a user's figure ---------------------------------------
     Case(
         "validate-o-inside-the-data",
-        lambda d, o: ["validate", (v := _titanv_folder(d)), "--check", "titanv-abc", "-o", f"{v}/uvm/out"],
+        lambda d, o: ["validate", (v := titanv_folder(d)), "--check", "titanv-abc", "-o", f"{v}/uvm/out"],
     ),
     Case(
         "compare-o-inside-an-input-run",
@@ -349,7 +349,7 @@ CASES = [
 ]
 
 
-def _titanv_folder(d: Path) -> str:
+def titanv_folder(d: Path) -> str:
     """A data folder with the (empty) folder of the titanv-abc check: validate gets past its data check."""
     (d / "data" / "uvm" / "uvm-eval_titanv_460.27.04").mkdir(parents=True)
     return str(d / "data")

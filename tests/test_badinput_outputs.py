@@ -72,7 +72,7 @@ def fill(mnt: Path, free: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The writers' inputs, outside the tmpfs: two runs, a sweep, an export, a trace, a ground truth, data."""
-    from test_badinput_cli import _titanv_folder, export, fake_sweep
+    from test_badinput_cli import export, fake_sweep, titanv_folder
 
     d = tmp_path_factory.mktemp("inputs")
     from uvmlab.config import RunConfig, WorkloadConfig
@@ -91,7 +91,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "trace": str(trace),
         "gt": str(d / "gt.csv"),
         "spec": str(spec),
-        "data": _titanv_folder(d),
+        "data": titanv_folder(d),
         "scratch": str(d / "scratch"),
     }
 

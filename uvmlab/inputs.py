@@ -5,8 +5,8 @@
   (``fstat``) and again while reading, so a file that reports size 0 (``/proc``) cannot grow past the limit.
 - :func:`loads_json`: JSON text from the command line or a CSV cell, nested at most :data:`MAX_JSON_DEPTH` levels
   (checked on the text before decoding: Python's decoder recurses, and deep input would be a RecursionError).
-- :func:`nesting_depth` and :func:`short`: depth of a decoded value; a bounded ``repr`` for error sentences (a value
-  may be huge, and a sentence quoting it must stay one short line).
+- :func:`short`: a bounded ``repr`` for error sentences (a value may be huge, and a sentence quoting it must stay
+  one short line).
 
 The one mechanism for the OUTPUT side is :mod:`uvmlab.outputs` and :mod:`uvmlab.owned`.
 """
@@ -135,23 +135,3 @@ def loads_json(raw: str, what: str) -> Any:
     if text_depth(raw) > MAX_JSON_DEPTH:
         raise InputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return json.loads(raw)
-
-
-def nesting_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
-    """Nesting depth of lists/tuples/dicts in ``value`` (iterative; stops counting past ``limit`` + 1)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        depth += 1
-        deepest = max(deepest, depth)
-        if depth > limit:
-            return deepest
-        stack.extend((c, depth) for c in children)
-    return deepest

@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from uvmlab.atomic import atomic_write_json, atomic_write_with
 from uvmlab.errors import InputError
@@ -268,7 +268,7 @@ class OwnedFolder:
 
     # -- the lock ----------------------------------------------------------------------------------------------
     @classmethod
-    def for_writing(cls, out: Any, force: bool = False) -> Any:
+    def for_writing(cls, out: Any, force: bool = False) -> Self:
         """A prepared folder holding its lock: ``out`` itself if it is one already prepared, else a new one."""
         folder = out if isinstance(out, cls) else cls(out)
         if not folder.locked:
@@ -303,7 +303,7 @@ class OwnedFolder:
             self._lock.release(force=True)
             self._lock = None
 
-    def __enter__(self) -> OwnedFolder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
