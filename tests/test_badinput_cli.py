@@ -27,6 +27,10 @@ TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")
 RUN = ["run", "alexnet", "-b", "2", "-n", "1", "--mode", "sim"]
 PY_TAG = "grid: {{workload: [alexnet]}}\n{where}: !!python/object/apply:os.system ['touch {d}/pwned']{end}\n"
 """A spec with a code-running YAML tag in field ``where`` (SafeLoader constructs nothing from it)."""
+EST = ["estimate", "alexnet", "-b", "2", "-n", "1"]
+BIG = "1e308GiB"
+DEEP_JSON = "[" * 5000 + "]" * 5000
+"""JSON nested 5,000 deep: Python's decoder recursed into a RecursionError traceback (issue 29)."""
 READ_ONLY = Path("/sys/uvmlab-badinput")  # sysfs refuses mkdir even for root (EPERM); skipped where absent
 
 
@@ -305,7 +309,7 @@ CASES = [
     ),
     Case(
         "validate-o-is-the-data",
-        lambda d, o: ["validate", (v := _titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],
+        lambda d, o: ["validate", (v := titanv_folder(d)), "--check", "titanv-abc", "-o", v, "--force"],
     ),
     Case("run-timeline-existing", lambda d, o: [*RUN, "-o", str(o), "--timeline", workload_file(d, "{}\n", "t.json")]),
     Case("run-snapshot-existing", lambda d, o: [*RUN, "-o", str(o), "--snapshot", _pickle(d / "s.pickle", {})]),
@@ -313,10 +317,39 @@ CASES = [
         "nsys-import-timeline-existing",
         lambda d, o: ["nsys", "import", export(d), "-o", str(o), "--timeline", workload_file(d, "{}\n", "t.json")],
     ),
+    # -- issue 29: numbers that overflow, deep JSON, damaged exports and trace folders -------------------------------
+    Case("run-gpu-memory-1e308", lambda d, o: [*RUN, "--gpu-memory", "1e308GiB", "-o", str(o)]),
+    Case("estimate-gpu-memory-1e308", lambda d, o: ["estimate", "alexnet", "-b", "2", "-n", "1", "--gpu-memory", BIG]),
+    Case("colocate-gpu-memory-1e308", lambda d, o: ["colocate", "alexnet:2", "-n", "1", "--gpu-memory", BIG]),
+    Case("evaluate-gpu-memory-1e308", lambda d, o: ["evaluate", gt_csv(d, "alexnet"), "--gpu-memory", BIG]),
+    Case("run-gpu-memory-beyond-the-device-range", lambda d, o: [*RUN, "--gpu-memory", "100TiB", "-o", str(o)]),
+    Case("estimate-alloc-conf-nan", lambda d, o: [*EST, "--alloc-conf", "max_split_size_mb:nan"]),
+    Case("estimate-alloc-conf-1e308", lambda d, o: [*EST, "--alloc-conf", "max_split_size_mb:1e308"]),
+    Case("run-sim-option-deep-json", lambda d, o: [*RUN, "--sim-option", f"knob={DEEP_JSON}", "-o", str(o)]),
+    Case("estimate-proc-self-mem", lambda d, o: ["estimate", "/proc/self/mem"], needs=Path("/proc/self")),
+    Case("nsys-import-text-in-a-number-column", lambda d, o: ["nsys", "import", text_in_numbers(d), "-o", str(o)]),
+    Case("trace-show-missing-values", lambda d, o: ["trace", "show", damaged_trace(d, "nan")]),
+    Case("trace-show-duplicated-kernels", lambda d, o: ["trace", "show", damaged_trace(d, "dup-kernels")]),
+    Case("trace-show-emptied-tables", lambda d, o: ["trace", "show", damaged_trace(d, "empty")]),
+    Case("trace-show-mixed-writes", lambda d, o: ["trace", "show", damaged_trace(d, "mixed")]),
+    # -- issue 29: outputs inside inputs, through links, over a user's figure ---------------------------------------
+    Case(
+        "validate-o-inside-the-data",
+        lambda d, o: ["validate", (v := titanv_folder(d)), "--check", "titanv-abc", "-o", f"{v}/uvm/out"],
+    ),
+    Case(
+        "compare-o-inside-an-input-run",
+        lambda d, o: ["compare", (a := fake_run(d, "A")), fake_run(d, "B"), "-o", f"{a}/tables", "--force"],
+    ),
+    Case("report-through-a-symlink", lambda d, o: ["report", linked_report(d)]),
+    Case(
+        "report-force-keeps-a-users-figure",
+        lambda d, o: ["report", fake_sweep(d), "-o", users_paper(d) + "/report.html", "--force"],
+    ),
 ]
 
 
-def _titanv_folder(d: Path) -> str:
+def titanv_folder(d: Path) -> str:
     """A data folder with the (empty) folder of the titanv-abc check: validate gets past its data check."""
     (d / "data" / "uvm" / "uvm-eval_titanv_460.27.04").mkdir(parents=True)
     return str(d / "data")
@@ -363,6 +396,82 @@ def _comparison(d: Path) -> str:
     return str(d / "cmp")
 
 
+def text_in_numbers(d: Path) -> str:
+    """A valid export with text in the INTEGER column start of one fault row (SQLite keeps what it is given)."""
+    import sqlite3
+
+    from uvmlab.measure.nsys import schema as S
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
+
+    path = d / "text.sqlite"
+    write_synthetic_export(path, faults=20, migrations=10, iterations=2, kernels_per_iteration=5)
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE {S.GPU_FAULTS} SET start = 'abc' WHERE rowid = (SELECT min(rowid) FROM {S.GPU_FAULTS})")
+    con.commit()
+    con.close()
+    return str(path)
+
+
+def damaged_trace(d: Path, how: str) -> str:
+    """A trace folder written by uvmlab, then damaged: a missing value, a duplicated kernel row, every table
+    emptied, or the allocations table of another write (a mixed folder)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from uvm_synth import make_trace
+
+    from uvmlab.trace.schema import write_trace
+
+    path = write_trace(make_trace(n_iter=1), d / "tr")
+    if how == "mixed":
+        other = write_trace(make_trace(n_iter=2), d / "other")
+        (path / "allocations.parquet").write_bytes((other / "allocations.parquet").read_bytes())
+        return str(path)
+    for name in ("allocations", "kernels", "accesses") if how == "empty" else ("allocations", "kernels"):
+        table = pq.read_table(path / f"{name}.parquet")
+        if how == "empty":
+            table = table.slice(0, 0)
+        elif how == "nan" and name == "allocations":
+            sizes = pa.array([None, *table["size_bytes"].to_pylist()[1:]], pa.int64())
+            table = table.set_column(table.schema.get_field_index("size_bytes"), "size_bytes", sizes)
+        elif how == "dup-kernels" and name == "kernels":
+            table = pa.concat_tables([table, table.slice(0, 1)])
+        pq.write_table(table, path / f"{name}.parquet")
+    return str(path)
+
+
+def fake_sweep(d: Path) -> str:
+    """A complete two-run sweep folder, written in-process by the sweep tests' stand-in for uvmlab.run."""
+    import sweep_fake_run
+
+    from uvmlab.sweep.aggregate import write_results
+    from uvmlab.sweep.runner import prepare
+    from uvmlab.sweep.spec import parse_spec
+
+    out = d / "sw"
+    for entry in prepare(
+        parse_spec("defaults: {mode: sim, iterations: 1}\ngrid: {workload: [gpt2], oversub: [1.0, 2]}\n"), out
+    ):
+        sweep_fake_run.run(entry.config, out=entry.path, force=True)
+    write_results(out)
+    return str(out)
+
+
+def linked_report(d: Path) -> str:
+    """A sweep whose report/ folder is a symbolic link to the user's own folder (issue 29: written through)."""
+    sweep = Path(fake_sweep(d))
+    (d / "my_report").mkdir()
+    (d / "my_report" / "report.html").write_text("<p>my own report</p>\n")
+    (sweep / "report").symlink_to(d / "my_report", target_is_directory=True)
+    return str(sweep)
+
+
+def users_paper(d: Path) -> str:
+    """The user's paper folder, with their own figures/fig3_slowdown.png (issue 29: replaced by --force)."""
+    (d / "paper" / "figures").mkdir(parents=True)
+    (d / "paper" / "figures" / "fig3_slowdown.png").write_bytes(b"\x89PNG my own figure")
+    return str(d / "paper")
+
+
 def tree_hashes(root: Path) -> dict[str, str]:
     """Every entry under ``root`` (links not followed): files by SHA-256, folders and links by kind/target."""
     out: dict[str, str] = {}
@@ -385,9 +494,140 @@ def _run_sub(argv: list[str], cache: str) -> tuple[int, str]:
     return proc.returncode, proc.stderr
 
 
+MEMO_PICKLE = b"\x80\x04]r\x00\x46\xc3\x23."
+"""Issue 29: 9 bytes; LONG_BINPUT names memo slot 600,000,000, and the C unpickler grows its memo to twice that."""
+LAUGHS = "".join(
+    f"{k}: &{k} [{', '.join(['lol'] * 9) if k == 'a' else ', '.join(['*' + chr(ord(k) - 1)] * 9)}]\n"
+    for k in "abcdefghi"
+)
+"""A YAML "billion laughs": nine levels of nine aliases (9**9 strings once expanded) in a few hundred bytes."""
+
+
+def laughs_in(d: Path, where: str) -> str:
+    """A sweep spec whose ``where`` holds the laughs (under defaults' options, or as a grid axis)."""
+    body = "\n".join("  " + line for line in LAUGHS.splitlines())
+    if where == "options":
+        text = f"defaults:\n  options:\n{body}\ngrid: {{workload: [alexnet]}}\n"
+    else:
+        text = f"grid:\n  workload: [alexnet]\n  option.x: &top\n    - 1\n  option.y:\n{body}\n  option.z: *i\n"
+    return yaml_file(d, text)
+
+
+def many_configs(d: Path) -> str:
+    """A few hundred bytes that expand to 2.88 million configurations (issue 29)."""
+    axes = "".join(f"  sim.k{i}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" for i in range(3))
+    head = "grid:\n  workload: [alexnet, gpt2, bert]\n  oversub: [1, 2, 3, 4, 5, 6, 7, 8]\n  pca: [on, off]\n"
+    return yaml_file(
+        d, head + "  batch_size: [1, 2, 4, 8, 16, 32]\n  iterations: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + axes
+    )
+
+
+def huge_spec(d: Path) -> str:
+    """A 16 MB spec (issue 29: still parsing after 300 s)."""
+    entry = "  - {workload: alexnet, oversub: 2, batch_size: 4}\n"
+    (d / "big.yaml").write_text("include:\n" + entry * (16_000_000 // len(entry)))
+    return str(d / "big.yaml")
+
+
+def memo_pickle(d: Path, name: str = "m.pickle") -> str:
+    (d / name).write_bytes(MEMO_PICKLE)
+    return str(d / name)
+
+
+def memo_folder(d: Path) -> str:
+    (d / "snaps").mkdir()
+    memo_pickle(d / "snaps")
+    return str(d / "snaps")
+
+
+def urandom_link(d: Path) -> str:
+    (d / "u.pickle").symlink_to("/dev/urandom")
+    return str(d / "u.pickle")
+
+
+def deep_csv(d: Path) -> str:
+    import csv
+
+    with open(d / "gt.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "source", "config", "gpu_memory", "measured_peak_bytes", "oom"])
+        w.writerow(["r1", "alexnet", '{"x": ' + "[" * 20000 + "]" * 20000 + "}", "80GiB", "1000000", "0"])
+    return str(d / "gt.csv")
+
+
+MEMORY_CASES = [  # (case, the words that prove the limit refused it, not a MemoryError caught by chance)
+    (Case("snapshot-show-memo-index-9-bytes", lambda d, o: ["snapshot", "show", memo_pickle(d)]), "memo slot"),
+    (Case("replay-memo-index-9-bytes", lambda d, o: ["replay", memo_pickle(d)]), "memo slot"),
+    (Case("fragmentation-memo-index-9-bytes", lambda d, o: ["fragmentation", memo_pickle(d)]), "memo slot"),
+    (Case("evaluate-memo-index-9-bytes", lambda d, o: ["evaluate", memo_folder(d)]), "memo slot"),
+    (Case("snapshot-show-link-to-dev-urandom", lambda d, o: ["snapshot", "show", urandom_link(d)]), "regular file"),
+    (Case("sweep-yaml-laughs-in-options", lambda d, o: ["sweep", laughs_in(d, "options"), "-o", str(o)]), "nodes"),
+    (Case("sweep-yaml-laughs-in-the-grid", lambda d, o: ["sweep", laughs_in(d, "grid"), "-o", str(o)]), "nodes"),
+    (
+        Case("sweep-yaml-nested-deep", lambda d, o: ["sweep", yaml_file(d, "grid: " + "[" * 5000), "-o", str(o)]),
+        "nests",
+    ),
+    (
+        Case("sweep-yaml-alias-in-itself", lambda d, o: ["sweep", yaml_file(d, "grid: &a [*a]\n"), "-o", str(o)]),
+        "alias",
+    ),
+    (
+        Case("sweep-2.88M-configurations", lambda d, o: ["sweep", many_configs(d), "-o", str(o), "--dry-run"]),
+        "2,880,000 configurations",
+    ),
+    (Case("sweep-16MB-spec", lambda d, o: ["sweep", huge_spec(d), "-o", str(o), "--dry-run"]), "bytes"),
+    (Case("nsys-summarize-text-in-a-number-column", lambda d, o: ["nsys", "summarize", text_in_numbers(d)]), "damaged"),
+    (Case("evaluate-csv-config-deep-json", lambda d, o: ["evaluate", deep_csv(d)]), "nests deeper"),
+    (Case("run-option-deep-json", lambda d, o: [*RUN, "--option", f"x={DEEP_JSON}", "-o", str(o)]), "nests deeper"),
+    (Case("trace-show-duplicated-rows", lambda d, o: ["trace", "show", damaged_trace(d, "dup-kernels")]), "duplicated"),
+]
+MEMORY_LIMIT = 1 << 30
+"""1 GiB of address space for every probe of an untrusted format (pickle, YAML, SQLite, CSV, JSON, trace folder)."""
+
+
+@pytest.fixture(scope="module")
+def memory_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, object], bool]]:
+    """Every MEMORY_CASES probe, run in ONE process under the memory limit: {name: (result, inputs unchanged)}."""
+    root = tmp_path_factory.mktemp("memory")
+    runs, before = [], {}
+    for case, _ in MEMORY_CASES:
+        inputs = root / case.name / "in"
+        inputs.mkdir(parents=True)
+        argv = case.argv(inputs, root / case.name / "out")
+        before[case.name] = tree_hashes(inputs)
+        runs.append([case.name, argv, str(inputs)])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "badinput_memory.py"), str(MEMORY_LIMIT)],
+        input=json.dumps(runs),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    return {n: (results[n], tree_hashes(root / n / "in") == before[n]) for n in results}
+
+
+@pytest.mark.parametrize("case,words", MEMORY_CASES, ids=[c.name for c, _ in MEMORY_CASES])
+def test_untrusted_formats_stay_below_the_memory_limit(
+    case: Case, words: str, memory_results: dict[str, tuple[dict[str, object], bool]]
+) -> None:
+    """Issue 29: each probe is refused by its limit (one sentence, exit 2) inside 1 GiB, and loses nothing."""
+    result, unchanged = memory_results[case.name]
+    err = str(result["stderr"])
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert result["code"] == 2, (result["code"], err[-500:])
+    assert len(lines) == 1 and lines[0].startswith("uvmlab: error: ") and len(lines[0]) < 400, err[-500:]
+    assert words in lines[0], lines[0]
+    assert unchanged, "an input was changed"
+
+
 def test_corpus_is_large_enough() -> None:
-    assert len(CASES) >= 40
-    assert len({c.name for c in CASES}) == len(CASES)
+    assert len(CASES) + len(MEMORY_CASES) >= 97  # 64 before issue 29
+    names = [c.name for c in CASES] + [c.name for c, _ in MEMORY_CASES]
+    assert len(set(names)) == len(names)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -275,3 +275,145 @@ def test_nsys_import_force_keeps_unrelated_files(tmp_path: Path) -> None:
     assert main(["nsys", "import", str(db), "-o", str(out), "--format", "json"]) == 2  # complete: needs --force
     assert main(["nsys", "import", str(db), "-o", str(out), "--force", "--format", "json"]) == 0
     assert (out / "src" / "main.py").read_text() == "print(1)\n" and (out / "result.json").is_file()
+
+
+# -- issue 29: limits that hold before anything is built -------------------------------------------------------
+
+
+def test_the_opcode_scan_refuses_before_the_unpickler_allocates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvmlab.trace import safe_pickle
+
+    with pytest.raises(InputError, match="memo slot 600,000,000"):
+        safe_loads(b"\x80\x04]r\x00\x46\xc3\x23.", "m.pickle")  # LONG_BINPUT 600,000,000: ~9.6 GB of memo
+    with pytest.raises(InputError, match="memo slot"):
+        safe_loads(b"(lp99999999999\n.", "p0.pickle")  # protocol 0 PUT with a huge index
+    with pytest.raises(InputError, match="integer of"):
+        safe_loads(b"\x80\x04\x8b\x00\x00\x00\x10" + b"\x01" * 64, "wide.pickle")  # LONG4 of 2**28 bytes
+    with pytest.raises(InputError, match="not a pickle opcode"):
+        safe_loads(b"\x80\x04\xff.", "bad.pickle")
+    monkeypatch.setattr(safe_pickle, "MAX_OPCODES", 50)
+    monkeypatch.setattr(safe_pickle.scan_opcodes, "__defaults__", (50,))
+    with pytest.raises(InputError, match="more than 50 opcodes"):
+        safe_loads(pickle.dumps(list(range(100)), protocol=4), "many.pickle")
+    assert safe_loads(pickle.dumps([1, 2, 3], protocol=0), "ok.pickle") == [1, 2, 3]
+
+
+def test_untrusted_files_must_be_regular_and_small(tmp_path: Path) -> None:
+    from uvmlab.files.inputs import read_input_bytes
+
+    fifo = tmp_path / "f.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):  # a FIFO would block a plain open()
+        read_input_bytes(fifo, 100, "a pickle")
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="101 bytes, more than the 100"):
+        read_input_bytes(tmp_path / "big", 100, "a file")
+    assert b"Name:" in read_input_bytes("/proc/self/status", 1 << 20, "a file")  # size 0 on stat: read in steps
+    with pytest.raises(InputError, match="a folder"):
+        read_input_bytes(tmp_path, 100, "a file")
+
+
+def test_yaml_aliases_count_at_every_use_and_configurations_before_expansion(tmp_path: Path) -> None:
+    from uvmlab.sweep.spec import parse_spec
+
+    text = "grid:\n  workload: [gpt2]\n  option.a: &a [1, 2, 3]\n  option.b: *a\n  option.c: *a\n"
+    assert len(parse_spec(text).configs) == 27
+    with pytest.raises(InputError, match="27 configurations, more than the 10 allowed"):
+        parse_spec(text, max_configs=10)
+    laughs = "defaults:\n  options:\n" + "".join(
+        f"    {k}: &{k} [{', '.join(['*' + chr(ord(k) - 1)] * 9) if k > 'a' else '1, 2'}]\n" for k in "abcdefg"
+    )
+    with pytest.raises(InputError, match="YAML nodes"):
+        parse_spec(laughs + "grid: {workload: [gpt2]}\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("grid:\n  workload: [gpt2]\n  oversub: [1, 2, 3]\n")
+    assert main(["sweep", str(spec), "-o", str(tmp_path / "o"), "--dry-run", "--max-configs", "2"]) == 2
+    assert main(["sweep", str(spec), "-o", str(tmp_path / "o"), "--dry-run", "--max-configs", "3"]) == 0
+
+
+def test_numbers_that_overflow_are_one_sentence() -> None:
+    from uvmlab.gpus import get_gpu
+    from uvmlab.sim.allocator.allocconf import AllocatorSettings
+    from uvmlab.units import parse_bytes
+
+    for text in ("1e308GiB", "1e19", "inf"):
+        with pytest.raises(InputError):
+            parse_bytes(text)
+    assert parse_bytes("64TiB") == 64 * 2**40
+    with pytest.raises(InputError, match="64 TiB"):
+        get_gpu("A100-80GB", "65TiB")
+    for conf in ("max_split_size_mb:nan", "max_split_size_mb:1e308", "garbage_collection_threshold:inf"):
+        with pytest.raises(InputError, match="PYTORCH_CUDA_ALLOC_CONF"):
+            AllocatorSettings.parse(conf)
+
+
+SPARSE_SCRIPT = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from uvmlab.measure.nsys.kernel_stats import attribute
+from uvmlab.measure.nsys.read import open_export
+out = {}
+for name in sys.argv[1:]:
+    with open_export(name) as ex:
+        kernels, its, buckets = attribute(ex, chunk_rows=100)
+    outside = buckets["outside"].values()
+    out[name] = int(kernels["fault_count"].sum()) + sum(int(v.get("fault_count", 0)) for v in outside)
+print(json.dumps(out))
+"""
+
+
+def test_sparse_rowids_do_not_plan_work_by_rowid_range(tmp_path: Path) -> None:
+    """Issue 29: a fault table whose last rowid is 2**62 made the chunk planner list 2**62 / chunk_rows bounds
+    (memory exhaustion, then a MemoryError traceback); chunks are planned by row number now."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from uvmlab.measure.nsys import schema as S
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
+
+    dense, sparse = tmp_path / "dense.sqlite", tmp_path / "sparse.sqlite"
+    write_synthetic_export(dense, faults=450, migrations=20, iterations=2, kernels_per_iteration=5)
+    sparse.write_bytes(dense.read_bytes())
+    con = sqlite3.connect(sparse)
+    con.execute(f"UPDATE {S.GPU_FAULTS} SET rowid = {2**62} WHERE rowid = (SELECT max(rowid) FROM {S.GPU_FAULTS})")
+    con.commit()
+    con.close()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "UVMLAB_NSYS_WORKERS": "2"}  # worker processes: the planned path
+    proc = subprocess.run(
+        [sys.executable, "-c", SPARSE_SCRIPT, str(dense), str(sparse)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    totals = json.loads(proc.stdout.splitlines()[-1])
+    assert totals[str(sparse)] == totals[str(dense)] > 0
+
+
+def test_rerunning_a_finished_sweep_with_failures_still_exits_1(
+    tmp_path: Path, fake_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: the second run of a sweep whose configurations failed ran nothing and exited 0."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC + "include:\n  - {workload: bert, oversub: 2, sim.fail: [error]}\n")
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "-o", str(out)]) == 1
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 3 configurations failed in an earlier run" in err and "--retry-failed" in err
+
+
+def test_a_python_warning_is_one_line_without_its_source(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    import workloads.info
+
+    def warn(*a: object, **k: object) -> list[object]:
+        warnings.warn("something odd\nsecond line", RuntimeWarning, stacklevel=1)
+        return []
+
+    monkeypatch.setattr(workloads.info, "describe_workloads", warn)
+    assert main(["workloads", "--format", "json"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == ["uvmlab: warning: something odd second line (RuntimeWarning)"], lines

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from uvmlab.cli import main
+from uvmlab.files.owned import BOOKKEEPING
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "docs" / "examples" / "tiny_mlp.py"
@@ -66,9 +67,7 @@ def test_eight_runs_into_one_out_leave_one_consistent_run(tmp_path: Path) -> Non
     codes = _race([[*base, "--oversub", str(f), "--force"] for f in factors])
     assert codes.count(0) >= 1 and set(codes) <= {0, 2}, codes
     _assert_one_consistent_run(out)
-    leftovers = [
-        p.name for p in out.iterdir() if p.name.startswith(".") and p.name not in (".uvmlab-run", ".uvmlab.lock")
-    ]
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name not in BOOKKEEPING]
     assert not leftovers, leftovers
 
 
@@ -91,3 +90,26 @@ def test_eight_estimates_of_one_uncached_config_capture_once(tmp_path: Path, mon
     assert builds.read_text().count("build") == 1, "the trace was captured more than once"
     entries = [p for p in (tmp_path / "cache" / "traces").iterdir() if p.is_dir()]
     assert len(entries) == 1 and (entries[0] / "trace.json").is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_four_traces_into_one_out_leave_one_consistent_trace(tmp_path: Path) -> None:
+    """Issue 29: ``trace -o`` had no lock; four writers all exited 0 and one folder mixed batch 4's tables with
+    batch 2's header, which ``trace show`` accepted."""
+    pytest.importorskip("torch")  # imported here once, so the forked writers do not each import it
+    import uvmlab.trace.capture  # noqa: F401
+    from uvmlab.trace.schema import read_trace
+
+    out = tmp_path / "T"
+    base = ["trace", str(TINY), "-n", "1", "--format", "json", "-o", str(out)]
+    batches = [2, 3, 4, 5]
+    codes = _race([[*base, "-b", str(b)] for b in batches])
+    assert sorted(codes) == [0, 2, 2, 2], codes  # one writes, the others refuse at once with one sentence
+    first = read_trace(out)  # the write id ties every table to the header: a mixed folder is refused
+    assert first.header["config"]["batch_size"] in batches
+
+    codes = _race([[*base, "-b", str(b), "--force"] for b in batches])
+    assert codes.count(0) >= 1 and set(codes) <= {0, 2}, codes
+    again = read_trace(out)
+    assert again.header["config"]["batch_size"] in batches
+    assert main(["trace", "show", str(out), "--format", "json"]) == 0

@@ -545,6 +545,8 @@ def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) 
     assert by_role["baseline"] == ["malloc_device", "malloc_device", "free", "free"]  # passthrough: no UVM
     assert by_role["run"] == ["balloon_alloc", "malloc", "malloc", "free", "free", "balloon_free"]
     assert rd.is_complete() and json.loads(rd.config_json.read_text())["gpu_options"]["footprint"] == "measure"
+    logs = [p for p in rd.logs.iterdir() if p.is_file()]  # what the steps wrote is uvmlab's: --force removes it
+    assert logs and all(rd.owns(p) for p in logs), [p.name for p in logs if not rd.owns(p)]
 
 
 _PARENT_AND_CHILD = """

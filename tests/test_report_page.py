@@ -84,7 +84,7 @@ def test_figure_formats(sweep_dir: Path, tmp_path: Path) -> None:
     for fmt, magic in (("svg", b"<?xml"), ("pdf", b"%PDF")):
         html = tmp_path / fmt / "report.html"
         assert main(["report", str(sweep_dir), "-o", str(html), "--figure-format", fmt, "--format", "json"]) == 0
-        figs = sorted((html.parent / "figures").iterdir())
+        figs = sorted(p for p in (html.parent / "figures").iterdir() if not p.name.startswith("."))  # not bookkeeping
         assert figs and all(f.suffix == f".{fmt}" and f.read_bytes().startswith(magic) for f in figs)
         assert f"figures/fig3_slowdown.{fmt}" in html.read_text()
     assert main(["report", str(sweep_dir), "--figure-format", "gif"]) == 2

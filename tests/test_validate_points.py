@@ -132,9 +132,12 @@ def test_missing_or_empty_data_dir_is_input_error(tmp_path: Path) -> None:
 
 
 def test_write_is_a_complete_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "a").mkdir()
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
     _fake(monkeypatch, "fake-w", "a", [pt(10, 12), pt(3, 3, fitted=True)])
-    card = validate(tmp_path, only=["fake-w"], out=tmp_path / "run")
+    with pytest.raises(InputError, match="inside the input folder"):  # never written among the data (issue 29)
+        validate(data, only=["fake-w"], out=data / "a" / "run")
+    card = validate(data, only=["fake-w"], out=tmp_path / "run")
     assert isinstance(card, Scorecard)
     assert (tmp_path / "run" / "tables" / "scorecard.parquet").is_file()
     assert (tmp_path / "run" / "figures" / "scorecard.png").stat().st_size > 1000

@@ -253,17 +253,3 @@ class RunConfig:
         """A stable 12-hex-digit hash of the configuration (names sweep run directories)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """Turn ('seq_len=512', 'name=x') into {'seq_len': 512, 'name': 'x'} (values parsed as JSON where they can be)."""
-    result: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise InputError(f"--option takes KEY=VALUE, not {pair!r}")
-        try:
-            result[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            result[key] = raw
-    return result

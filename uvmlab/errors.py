@@ -19,6 +19,14 @@ class InputError(UvmlabError):
     exit_code = 2
 
 
+class OutputError(UvmlabError):
+    """An output that could not be written: a full disk, a read-only file system, an I/O error (exit code 2).
+
+    Raised by the atomic writer (uvmlab.files.atomic) with one sentence naming the file; nothing partial is left."""
+
+    exit_code = 2
+
+
 class UnavailableError(UvmlabError):
     """A mode or tool this machine does not have, e.g. ``--mode gpu`` without a GPU (exit code 2)."""
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from uvmlab.errors import InputError
-from uvmlab.units import GiB, MiB, parse_bytes
+from uvmlab.units import GiB, MiB, TiB, parse_bytes
 
 DEFAULT_CONTEXT_BYTES = 512 * MiB
+MAX_MEMORY_BYTES = 64 * TiB
+"""Largest ``--gpu-memory``: the simulators place device memory in a made-up 64 TiB address range
+(``uvmlab.sim.allocator.constants.DEFAULT_VA_SIZE_BYTES``); the largest GPU listed has 141 GiB."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,11 @@ class GpuSpec:
 
     def with_memory(self, memory_bytes: int) -> GpuSpec:
         """The same GPU with a different capacity (``--gpu-memory``)."""
+        if memory_bytes > MAX_MEMORY_BYTES:
+            raise InputError(
+                f"GPU memory {memory_bytes:,} B is more than the {MAX_MEMORY_BYTES // TiB} TiB the simulators' device "
+                "address range holds; give a smaller --gpu-memory"
+            )
         if memory_bytes <= self.context_bytes:
             raise InputError(
                 f"GPU memory {memory_bytes} B is not larger than the CUDA context reservation "

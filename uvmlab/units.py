@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from uvmlab.errors import InputError
@@ -10,6 +11,8 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
+MAX_BYTES = 2**63 - 1
+"""Largest byte count parsed: tables store sizes as int64 (and PyTorch as int64/size_t)."""
 
 _UNITS = {
     "": 1,
@@ -49,6 +52,8 @@ def parse_bytes(text: str | int | float) -> int:
     result = value * _UNITS[unit]
     if result < 0:
         raise InputError(f"a byte size cannot be negative: {text!r}")
+    if not math.isfinite(result) or result > MAX_BYTES:
+        raise InputError(f"byte size {text!r} is larger than {MAX_BYTES:,} bytes (2**63 - 1, the int64 limit)")
     return round(result)
 
 

@@ -28,10 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError, UvmlabError
+from uvmlab.files.inputs import read_input_bytes
 from workloads.base import Workload, WorkloadSpec
 
 MAX_MESSAGE = 300
 """Longest exception message quoted in a failure sentence (characters)."""
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""Largest workload file read (16 MiB; the examples are a few KB): a file is read only if it is a regular file."""
 
 
 def _existing(path: str | Path) -> Path:
@@ -44,7 +47,11 @@ def _existing(path: str | Path) -> Path:
 def file_identity(path: str | Path) -> dict[str, str]:
     """The resolved path and SHA-256 of the file at ``path`` (reads it; imports nothing)."""
     file = _existing(path)
-    return {"path": str(file.resolve()), "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+    return {"path": str(file.resolve()), "sha256": hashlib.sha256(_read(file)).hexdigest()}
+
+
+def _read(file: Path) -> bytes:
+    return read_input_bytes(file, MAX_FILE_BYTES, "a Python workload file")
 
 
 def failure(what: str, phase: str, exc: BaseException) -> InputError:
@@ -59,7 +66,7 @@ def failure(what: str, phase: str, exc: BaseException) -> InputError:
 def load_user_workload(path: str | Path) -> WorkloadSpec:
     """Import the workload file at ``path`` and describe it as a WorkloadSpec."""
     file = _existing(path)
-    data = file.read_bytes()
+    data = _read(file)
     digest = hashlib.sha256(data).hexdigest()
     mod_name = f"uvmlab_user_workload_{digest[:16]}"
     module = sys.modules.get(mod_name)

@@ -8,8 +8,11 @@ prints their one sentence to stderr and exits with the code they carry (2 for ba
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
+import warnings
+from typing import Any
 
 import click
 
@@ -51,8 +54,30 @@ def _register() -> None:
 _register()
 
 
+MAX_MESSAGE_CHARS = 1000
+"""Longest error sentence printed (a message quoting a huge value is cut, never a screenful)."""
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT, errno.EFBIG})
+"""OSErrors that are about the disk (full, read-only, failing), never a bug: one sentence even without a path."""
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
+    """``warnings.showwarning`` for the CLI: one line on stderr, no file name or source line."""
+    click.echo(_one_line(f"uvmlab: warning: {message} ({category.__name__})"), err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and with sys.exit, exit with) the command's exit code."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         cli.main(args=argv, prog_name="uvmlab", standalone_mode=False)
     except click.exceptions.Abort:
@@ -68,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except UvmlabError as exc:
-        click.echo(f"uvmlab: error: {exc}", err=True)
+        click.echo(_one_line(f"uvmlab: error: {exc}"), err=True)
         return exc.exit_code
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
@@ -76,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        if exc.filename is None:
-            raise  # not about a path the user named: a bug, keep the traceback
-        from uvmlab.files.rundir import os_error_sentence
+        if exc.filename is None and exc.errno not in OUTPUT_ERRNOS:
+            raise  # not about a path the user named nor the disk: a bug, keep the traceback
+        from uvmlab.files.owned import os_error_sentence
 
-        click.echo(f"uvmlab: error: {os_error_sentence(exc, 'use')}", err=True)
+        click.echo(_one_line(f"uvmlab: error: {os_error_sentence(exc, 'use')}"), err=True)
         return 2
     return 0
 

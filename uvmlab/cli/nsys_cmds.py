@@ -197,19 +197,23 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
     (B - A) / |A|; n/a where either side lacks the figure. With -o, writes comparison.json, tables and figures.
     """
-    from uvmlab.errors import InputError
-    from uvmlab.files.outputs import check_output_folder
+    from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.measure.compare import compare_runs
-    from uvmlab.report.compare_figures import write_comparison
+    from uvmlab.report.compare_figures import ComparisonDir, write_comparison
 
-    if out is not None:
-        check_output_folder(out, ["comparison.json", "tables", "figures"], [run_a, run_b], force)
-        if (out / "result.json").is_file():  # --force would replace that run's tables/iterations.parquet etc.
-            raise InputError(f"-o {out} is a run directory; choose another folder for the comparison")
-    cmp = compare_runs(run_a, run_b)
-    if out is not None:
-        written = write_comparison(cmp, out, figure_format)
-        note(f"Wrote {out} ({len(written)} files)")
+    folder = None
+    if out is not None:  # before anything is computed: an input, a run directory, a second writer are refused
+        refuse_input_as_output(out, [run_a, run_b])
+        folder = ComparisonDir(out, figure_format=figure_format)
+        folder.prepare(force=force)
+    try:
+        cmp = compare_runs(run_a, run_b)
+        if folder is not None:
+            written = write_comparison(cmp, folder)
+            note(f"Wrote {out} ({len(written)} files)")
+    finally:
+        if folder is not None:
+            folder.release()
     if fmt == "json":
         click.echo(json.dumps(cmp.to_dict(), indent=2, default=str))
         return

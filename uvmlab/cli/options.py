@@ -8,8 +8,9 @@ from typing import Any, TypeVar
 
 import click
 
-from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig, parse_options
+from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import parse_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 

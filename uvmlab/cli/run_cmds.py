@@ -15,7 +15,7 @@ from uvmlab.cli.options import (
     workload_config,
     workload_options,
 )
-from uvmlab.config import parse_options
+from uvmlab.files.inputs import parse_options
 
 
 def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[str, Any]]:
@@ -208,7 +208,7 @@ def run_command(
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
         prefetch=prefetch,
         params_file=params_file,
-        sim_options=parse_options(sim_options),
+        sim_options=parse_options(sim_options, "--sim-option"),
         policy=policy,
     )
     gpu_flags = {

@@ -58,6 +58,13 @@ def sweep() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; run nothing.")
 @click.option("--retry-failed", is_flag=True, help="Run again the configurations whose outcome was 'error'.")
+@click.option(
+    "--max-configs",
+    type=click.IntRange(min=1, max=1_000_000),
+    default=None,
+    help="Most configurations the spec may expand to, checked before they are built [default: 10,000; at most "
+    "1,000,000].",
+)
 @click.option("--configs-per-task", type=int, default=None, help="Configurations per Slurm array task.")
 @click.option("--time-min", type=int, default=None, help="Slurm time limit per configuration, minutes.")
 @click.option("--gpus", type=int, default=None, help="GPUs per Slurm array task.")
@@ -72,6 +79,7 @@ def sweep_run(
     jobs: int,
     dry_run: bool,
     retry_failed: bool,
+    max_configs: int | None,
     configs_per_task: int | None,
     time_min: int | None,
     gpus: int | None,
@@ -88,9 +96,9 @@ def sweep_run(
     from uvmlab.errors import InputError
     from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
     from uvmlab.sweep.slurm import check_slurm_field
-    from uvmlab.sweep.spec import load_spec
+    from uvmlab.sweep.spec import DEFAULT_MAX_CONFIGS, load_spec
 
-    loaded = load_spec(spec, overrides)
+    loaded = load_spec(spec, overrides, max_configs=max_configs or DEFAULT_MAX_CONFIGS)
     overrides: dict[str, tuple[str, Any]] = {
         "configs_per_task": ("--configs-per-task", configs_per_task),
         "time_min": ("--time-min", time_min),
@@ -176,7 +184,8 @@ def sweep_run(
 
 
 def _raise_if_failed(summary: Any, out: Path) -> None:
-    """Exit non-zero (1) when any configuration this sweep ran did not succeed; say how many."""
+    """Exit non-zero (1) when any configuration of the sweep did not succeed, in this run or, not retried, in an
+    earlier one; say how many."""
     from uvmlab.errors import UvmlabError
 
     bad = {k: v for k, v in summary.outcomes.items() if k not in ("ok", "oom") and v}
@@ -186,6 +195,11 @@ def _raise_if_failed(summary: Any, out: Path) -> None:
         raise UvmlabError(
             f"{n} of {summary.ran} configurations did not finish ({kinds or 'array task errors'}); "
             f"see {out}/runs/*/result.json and logs/, and rerun with --retry-failed"
+        )
+    if summary.failed_earlier:
+        raise UvmlabError(
+            f"{summary.failed_earlier} of {summary.total} configurations failed in an earlier run of this sweep "
+            f"(outcome error) and were not run again; see {out}/runs/*/result.json, and rerun with --retry-failed"
         )
 
 

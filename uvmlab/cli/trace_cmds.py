@@ -110,22 +110,22 @@ def trace_capture(
     from pathlib import Path
 
     from uvmlab.console import progress_bar
-    from uvmlab.files.outputs import check_output_folder
+    from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.trace.capture import capture_trace
-    from uvmlab.trace.schema import SCHEMAS, write_trace
+    from uvmlab.trace.schema import TraceFolder, write_trace
     from uvmlab.trace.summary import summarize
 
     cfg = workload_config(workload, **kw)
-    names = ["trace.json", *(f"{n}.parquet" for n in SCHEMAS)]
-    check_output_folder(out_dir, names, [workload] if Path(workload).exists() else [], force)
-    with progress_bar(disable=fmt != "table") as bar:
-        task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
+    refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
+    with TraceFolder.for_writing(out_dir, force) as folder:  # the writer's lock, held until the header is written
+        with progress_bar(disable=fmt != "table") as bar:
+            task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done)
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done)
 
-        trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=not no_emulate_cuda)
-    write_trace(trace, out_dir)
+            trace = capture_trace(cfg, device=device, progress=progress, emulate_cuda=not no_emulate_cuda)
+        write_trace(trace, folder)
     summary = summarize(trace)
     if fmt == "json":
         click.echo(to_json({"trace": str(out_dir), **summary}), nl=False)

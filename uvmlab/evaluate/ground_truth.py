@@ -46,6 +46,7 @@ import pandas as pd
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
+from uvmlab.files.inputs import check_input_file, loads_json, short
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import GiB, parse_bytes
 
@@ -56,6 +57,8 @@ DEFAULT_SNAPSHOT_GPU_BYTES = 80 * GiB
 biggest ones 80 GB-class. Overridable with the ``gpu_memory`` column."""
 MAX_WARM_FRACTION = 0.05
 """A snapshot whose trace starts with more reserved bytes than this fraction of its peak is not ground truth."""
+MAX_CSV_BYTES = 64 * 1024 * 1024
+"""Largest ground-truth CSV read (64 MiB; a row is ~100 bytes, the real-data sets have at most a few thousand)."""
 _TRUE = {"1", "true", "yes", "y", "t"}
 _FALSE = {"0", "false", "no", "n", "f", ""}
 
@@ -66,7 +69,7 @@ def _parse_bool(value: str, where: str) -> bool:
         return True
     if v in _FALSE:
         return False
-    raise InputError(f"{where}: {value!r} is not a yes/no value; write 1 or 0")
+    raise InputError(f"{where}: {short(value)} is not a yes/no value; write 1 or 0")
 
 
 def _parse_number(value: str, where: str) -> float:
@@ -76,7 +79,7 @@ def _parse_number(value: str, where: str) -> float:
     try:
         return float(parse_bytes(v))
     except InputError:
-        raise InputError(f"{where}: {value!r} is not a byte count; write e.g. 8589934592 or 8GiB") from None
+        raise InputError(f"{where}: {short(value)} is not a byte count; write e.g. 8589934592 or 8GiB") from None
 
 
 # -- snapshots ------------------------------------------------------------------------------------------------------
@@ -292,8 +295,9 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
     A ``source`` that is a workload file (Python) is refused unless ``allow_code`` (the CSV may come from anyone).
     """
     src = Path(path)
-    if not src.is_file():
+    if not src.exists():
         raise InputError(f"ground truth {src} not found; give a CSV file (columns: {', '.join(REQUIRED_COLUMNS)})")
+    check_input_file(src, MAX_CSV_BYTES, "a ground-truth CSV file")
     try:
         with src.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -316,18 +320,18 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
         if not cid:
             raise InputError(f"{where}: empty id")
         if cid in seen:
-            raise InputError(f"{where}: duplicate id {cid!r}")
+            raise InputError(f"{where}: duplicate id {short(cid)}")
         seen.add(cid)
         source = (row["source"] or "").strip()
         if not source:
             raise InputError(f"{where}: empty source (a workload name, workload file, snapshot or trace directory)")
         raw = (row["config"] or "").strip()
         try:
-            config = json.loads(raw) if raw else {}
+            config = loads_json(raw, f"{where}: config") if raw else {}
         except json.JSONDecodeError as exc:
             raise InputError(f'{where}: config is not JSON ({exc.msg}); write e.g. {{"batch_size": 8}}') from None
         if not isinstance(config, dict):
-            raise InputError(f"{where}: config must be a JSON object, not {raw!r}")
+            raise InputError(f"{where}: config must be a JSON object, not {short(raw)}")
         gpu_raw = (row["gpu_memory"] or "").strip()
         if not gpu_raw:
             raise InputError(f"{where}: gpu_memory is empty; write the device memory, e.g. 80GiB")
@@ -367,7 +371,7 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
 
             if source not in WORKLOADS and is_path(source) and not allow_code:
                 raise InputError(
-                    f"{where}: source {source!r} is a Python workload file, and running code named by a CSV needs "
+                    f"{where}: source {short(source)} is a Python workload file, and running code named by a CSV needs "
                     "--allow-code (pass it only if you trust this CSV)"
                 )
             cfg = _workload_config(source, config, where)
@@ -413,6 +417,8 @@ def load_ground_truth(
     from uvmlab.evaluate import carma_runs, gpumemnet, xmem_sample
 
     src = Path(path)
+    if src.exists() and not src.is_dir():  # every file format here is a CSV: regular and bounded, before reading
+        check_input_file(src, MAX_CSV_BYTES, "a ground-truth CSV file")
     if gpumemnet.is_mlp_set(src):
         rows, bad = gpumemnet.read_mlp_set(src)
         return gpumemnet.mlp_cases(rows), [(f"row {i}", why) for i, why in bad]

@@ -1,6 +1,9 @@
 """Atomic file writes: write to a temporary file in the same folder, fsync, then ``os.replace``.
 
-A process killed at any moment leaves either the old file or the new one, never half of one.
+A process killed at any moment leaves either the old file or the new one, never half of one. A write that fails
+(a full disk, a read-only file system, an I/O error: any OSError while the temporary is created, written, synced
+or renamed) removes the temporary and raises :class:`~uvmlab.errors.OutputError`, one sentence naming the file
+(``cannot write PATH: No space left on device``), so every writer of uvmlab fails the same way (exit 2).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from uvmlab.errors import OutputError
+
 
 def _default_file_mode() -> int:
     mask = os.umask(0)
@@ -23,22 +28,34 @@ def _default_file_mode() -> int:
 _FILE_MODE = _default_file_mode()
 
 
+def write_failure(target: Path, exc: OSError) -> OutputError:
+    """The one sentence for an OSError while writing ``target``."""
+    reason = os.strerror(exc.errno) if exc.errno else (str(exc).splitlines() or [type(exc).__name__])[0]
+    return OutputError(f"cannot write {target}: {reason}")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``."""
+    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``.
+
+    Any OSError (in the caller's writer too) becomes an OutputError naming ``path``; the temporary is removed.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, _FILE_MODE)  # mkstemp makes 0600; results are shared like any other file
         os.replace(tmp_path, target)
+    except OSError as exc:
+        raise write_failure(target, exc) from None
     finally:
-        if tmp_path.exists():
+        if tmp_path is not None and (tmp_path.exists() or tmp_path.is_symlink()):
             tmp_path.unlink()
 
 

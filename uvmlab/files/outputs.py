@@ -1,8 +1,10 @@
 """Checks on output paths the user names (``-o``), made before anything is computed or written.
 
-Rules (docs/safety.md): an output that is one of the command's inputs is refused even with ``--force``; an
-existing output file is replaced only with ``--force``; a folder is never taken for a file (or a file for a
-folder). Run-directory outputs use :meth:`uvmlab.files.rundir.RunDir.prepare` instead, which adds ownership and a lock.
+Rules (docs/safety.md): an output that is one of the command's inputs, lies inside an input folder (however deep:
+``validate -o DATA/uvm/out``, ``compare A B -o A/tables``), or is a folder holding an input file, is refused even
+with ``--force``; an existing output file is replaced only with ``--force``; a folder is never taken for a file (or
+a file for a folder). Folder outputs use :class:`uvmlab.files.owned.OwnedFolder` (run directories, trace, comparison and
+report figure folders), which adds ownership, a manifest and a lock.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def refuse_input_as_output(out: PathLike, inputs: Iterable[PathLike | None], option: str = "-o") -> None:
-    """Refuse an output equal to one of ``inputs``, or a folder holding an input file, whatever ``--force`` says."""
+    """Refuse an output equal to one of ``inputs``, inside an input folder, or a folder holding an input file,
+    whatever ``--force`` says (links resolved)."""
     for src in inputs:
         if src is None:
             continue
         if same_path(out, src):
             raise InputError(f"{option} {out} is also an input of this command; choose another output path")
+        if Path(src).is_dir() and _inside(Path(out), Path(src)):
+            raise InputError(f"{option} {out} is inside the input folder {src}; choose an output outside it")
         if Path(src).is_file() and _inside(Path(src), Path(out)) and Path(out).is_dir():
             raise InputError(f"{option} {out} holds the input {src}; choose another output folder")
 

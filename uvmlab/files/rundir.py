@@ -8,40 +8,49 @@ Layout (every write atomic; ``result.json`` is written last and marks the run co
     RUN/tables/NAME.parquet  tables (schemas in uvmlab.stats.schema)
     RUN/figures/NAME.png   figures (or .svg / .pdf: ``RunDir(path, figure_format=...)``, ``--figure-format``)
     RUN/logs/              anything a run wants to keep that is not a result (stdout, shim logs, nsys files)
-    RUN/.uvmlab-run        ownership marker: uvmlab created this folder (JSON: uvmlab version, pid, time)
+    RUN/.uvmlab-run        ownership marker: uvmlab created this folder (JSON: uvmlab version, kind, pid, time)
     RUN/.uvmlab.lock       the writer's lock (filelock): one process writes a run directory at a time
+    RUN/.uvmlab-files.json the manifest: every file uvmlab wrote here, recorded before it is written
 
-Safety rules (docs/safety.md): :meth:`RunDir.prepare` refuses a path that is a symbolic link or not a folder,
-refuses a folder holding run files (config.json, result.json, tables/, ...) that uvmlab did not write (no
-marker), and takes the writer's lock without waiting (a second writer is refused with one sentence). ``--force``
-removes only the names in :data:`OWNED_NAMES` of a folder uvmlab owns, never anything else, and removes a
-symbolic link itself rather than what it points to. Writes refuse to go through a symbolic link inside the run
-directory (e.g. a ``tables`` link pointing elsewhere).
+Safety rules (docs/safety.md, :mod:`uvmlab.files.owned`): :meth:`RunDir.prepare` refuses a path that is a symbolic link
+or not a folder, refuses a folder holding run files (config.json, result.json, tables/, ...) that uvmlab did not
+write (no marker), and takes the writer's lock without waiting (a second writer is refused with one sentence).
+``--force`` removes only the files the manifest lists, by name, in every subfolder; taking over an incomplete
+run (a killed writer) removes its listed results and their temporaries but keeps ``config.json`` and ``logs/``.
+Writes refuse to go through a symbolic link inside the run directory (e.g. a ``tables`` link pointing elsewhere).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.files.atomic import atomic_write_json, atomic_write_with
+from uvmlab.files.inputs import read_input_text
+from uvmlab.files.owned import LOCK_NAME, MANIFEST_NAME, MARKER_NAME, OwnedFolder, os_error_sentence
+
+__all__ = [
+    "FIGURE_FORMATS",
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "MARKER_NAME",
+    "OWNED_NAMES",
+    "RunDir",
+    "check_figure_format",
+    "os_error_sentence",
+]
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 """Figure file formats (matplotlib backends on the Agg canvas; ``--figure-format``)."""
-MARKER_NAME = ".uvmlab-run"
-"""Ownership marker: its presence says uvmlab created the folder, so ``--force`` may replace uvmlab's files."""
-LOCK_NAME = ".uvmlab.lock"
-"""The writer's lock file (never removed: removing a held lock file would let a second writer in)."""
+MAX_JSON_BYTES = 256 * 1024 * 1024
+"""Largest JSON file of a run directory read (256 MiB; result.json and config.json are a few KB, a validate
+run's result.json a few MB)."""
 OWNED_NAMES = ("result.json", "config.json", "env.json", "tables", "figures", "logs")
-"""What ``--force`` removes from a folder uvmlab owns (result.json first, so a half-cleared folder is never
-"complete"); anything else in the folder is left alone."""
+"""uvmlab's names in a run directory: a folder holding one of them without the marker is the user's."""
 
 
 def check_figure_format(fmt: str) -> str:
@@ -51,32 +60,18 @@ def check_figure_format(fmt: str) -> str:
     return fmt
 
 
-def os_error_sentence(exc: OSError, what: str = "write") -> str:
-    """One sentence for an OSError on a user-given path (read-only file system, name too long, not a folder)."""
-    name = exc.filename if exc.filename is not None else "the path"
-    reason = exc.strerror or type(exc).__name__
-    return f"cannot {what} {name}: {reason}"
-
-
-def remove_owned(path: Path) -> None:
-    """Remove a file, a folder tree, or a symbolic link itself (never what the link points to)."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path)
-
-
-class RunDir:
+class RunDir(OwnedFolder):
     """Names and writes the files of one run directory."""
 
-    def __init__(self, path: str | os.PathLike[str], figure_format: str = "png") -> None:
-        self.path = Path(path)
-        self.figure_format = check_figure_format(figure_format)
-        self._lock: Any = None
+    kind = "run"
+    complete_name = "result.json"
+    names = OWNED_NAMES
+    keep_incomplete = ("config.json", "logs/")
+    link_folders = ("tables", "figures", "logs")
 
-    @property
-    def marker(self) -> Path:
-        return self.path / MARKER_NAME
+    def __init__(self, path: str | os.PathLike[str], figure_format: str = "png") -> None:
+        super().__init__(path)
+        self.figure_format = check_figure_format(figure_format)
 
     # -- names -------------------------------------------------------------------------------
     @property
@@ -103,152 +98,34 @@ class RunDir:
         """Path of figure ``name`` (in ``self.figure_format``)."""
         return self.path / "figures" / f"{name}.{self.figure_format}"
 
-    # -- state -------------------------------------------------------------------------------
-    def is_complete(self) -> bool:
-        """A run is complete when its ``result.json`` exists (it is written last, atomically)."""
-        return self.result_json.is_file()
-
-    def is_owned(self) -> bool:
-        """True if uvmlab created this folder (its ownership marker is a regular file)."""
-        return self.marker.is_file() and not self.marker.is_symlink()
-
-    def prepare(self, force: bool = False) -> None:
-        """Create (or take over) the folder for writing; hold its writer's lock until :meth:`release`.
-
-        Refuses (InputError, one sentence): a symbolic link, a path that is not a folder, a folder another
-        process is writing, a folder with run files uvmlab did not write, and a complete run without ``force``.
-        With ``force``, only :data:`OWNED_NAMES` are removed.
-        """
-        p = self.path
-        if p.is_symlink():
-            raise InputError(f"{p} is a symbolic link; give the folder itself (uvmlab does not write through links)")
-        if p.exists() and not p.is_dir():
-            raise InputError(f"{p} exists and is not a folder; choose another output folder")
-        if p.is_dir():
-            self._check_foreign()  # before the lock file is created: refuse a user's folder without touching it
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(os_error_sentence(exc, "create")) from None
-        self.acquire()
-        try:
-            self._take_over(force)
-        except BaseException:
-            self.release()
-            raise
-
-    def _check_foreign(self) -> None:
-        present = [n for n in OWNED_NAMES if (self.path / n).exists() or (self.path / n).is_symlink()]
-        if present and not self.is_owned():
-            raise InputError(
-                f"{self.path} holds {', '.join(present)} that uvmlab did not write (no {MARKER_NAME} marker); "
-                "choose an empty or new folder (even --force never replaces files uvmlab did not write)"
-            )
-
-    def _take_over(self, force: bool) -> None:
-        self._check_foreign()  # again, under the lock
-        if self.result_json.is_symlink() or (self.result_json.exists() and not self.result_json.is_file()):
-            raise InputError(f"{self.result_json} exists but is not a file")
-        if self.is_complete():
-            if not force:
-                raise InputError(f"will not overwrite the complete run in {self.path} without --force")
-            for name in OWNED_NAMES:  # result.json first: a half-cleared folder never looks complete
-                remove_owned(self.path / name)
-        else:
-            for name in ("tables", "figures", "logs"):  # a link left here would send writes elsewhere
-                if (self.path / name).is_symlink():
-                    (self.path / name).unlink()
-        self.mark_owned()
-
-    @classmethod
-    def for_writing(cls, out: str | os.PathLike[str] | RunDir, force: bool = False) -> RunDir:
-        """A prepared RunDir holding its lock: ``out`` itself if it is one already prepared, else a new one."""
-        rd = out if isinstance(out, RunDir) else cls(out)
-        if not rd.locked:
-            rd.prepare(force=force)
-        return rd
-
-    @property
-    def locked(self) -> bool:
-        """True while this object holds the writer's lock."""
-        return self._lock is not None and bool(self._lock.is_locked)
-
-    def mark_owned(self) -> None:
-        """Write the ownership marker (uvmlab created this folder and may replace its own files with --force)."""
-        if self.marker.is_symlink():
-            self.marker.unlink()
-        from uvmlab import __version__
-
-        atomic_write_json(self.marker, {"uvmlab": __version__, "pid": os.getpid(), "created": time.time()})
-
-    def acquire(self) -> None:
-        """Take the writer's lock without waiting; a second writer gets one sentence (InputError)."""
-        if self._lock is not None and self._lock.is_locked:
-            return
-        from filelock import FileLock, Timeout
-
-        lock = FileLock(str(self.path / LOCK_NAME), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise InputError(
-                f"another uvmlab process is writing {self.path}; wait for it to finish or choose another folder"
-            ) from None
-        except OSError as exc:
-            raise InputError(os_error_sentence(exc, "lock")) from None
-        self._lock = lock
-
-    def release(self) -> None:
-        """Release the writer's lock (also released when the process exits, even on kill -9)."""
-        if self._lock is not None:
-            self._lock.release(force=True)
-            self._lock = None
-
-    def __enter__(self) -> RunDir:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
     # -- writes ------------------------------------------------------------------------------
-    def check_inside(self, path: Path) -> Path:
-        """Refuse (InputError) a write to ``path`` if a folder between the run directory and it is a symbolic link."""
-        rel = Path(os.path.relpath(path, self.path))
-        if rel.parts and rel.parts[0] == "..":
-            raise InputError(f"{path} is outside the run directory {self.path}")
-        here = self.path
-        for part in rel.parts[:-1]:
-            here = here / part
-            if here.is_symlink():
-                raise InputError(f"{here} is a symbolic link; uvmlab writes only inside {self.path}")
-        return path
-
     def write_json(self, which: Path, obj: Any) -> None:
-        """Write one of the JSON files atomically."""
-        atomic_write_json(self.check_inside(which), obj)
+        """Write one of the JSON files atomically (recorded in the manifest first)."""
+        self.write_json_file(which, obj)
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Write ``df`` as ``tables/NAME.parquet`` atomically."""
-        path = self.check_inside(self.table(name))
-        atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
-        return path
+        return self.write_file_with(self.table(name), lambda tmp: df.to_parquet(tmp, index=False))
 
     def write_figure(self, name: str, fig: Any, dpi: int = 120) -> Path:
         """Save a matplotlib figure as ``figures/NAME.<figure_format>`` atomically."""
-        path = self.check_inside(self.figure(name))
         fmt = self.figure_format
-        atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight"))
-        return path
+        return self.write_file_with(
+            self.figure(name), lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        )
 
     # -- reads -------------------------------------------------------------------------------
     def read_json(self, which: Path) -> Any:
         """Read one of the JSON files; a missing or corrupt file is an InputError."""
+        if not which.exists():
+            raise InputError(f"{which} not found: is {self.path} a uvmlab run directory?")
+        text = read_input_text(which, MAX_JSON_BYTES, "a JSON file written by uvmlab")
         try:
-            return json.loads(which.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{which} not found: is {self.path} a uvmlab run directory?") from None
+            return json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{which} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except RecursionError:
+            raise InputError(f"{which} nests too deeply to be a JSON file written by uvmlab") from None
 
     def read_result(self) -> dict[str, Any]:
         """The run's result.json as a dict."""
@@ -262,8 +139,11 @@ class RunDir:
         return pd.read_parquet(path)
 
     def summary_line(self) -> str:
-        """'Wrote DIR (result.json, N tables, M figures)'."""
-        tables = sorted((self.path / "tables").glob("*.parquet")) if (self.path / "tables").is_dir() else []
-        fig_dir = self.path / "figures"
-        figures = [p for p in fig_dir.iterdir() if p.suffix[1:] in FIGURE_FORMATS] if fig_dir.is_dir() else []
+        """'Wrote DIR (result.json, N tables, M figures)': the files of this run (in the manifest) that exist."""
+        listed = self.written()
+        if listed is None:
+            listed = [p.relative_to(self.path).as_posix() for p in self.path.glob("*/*")]
+        here = [n for n in listed if (self.path / n).is_file()]
+        tables = [n for n in here if n.startswith("tables/") and n.endswith(".parquet")]
+        figures = [n for n in here if n.startswith("figures/") and n.rsplit(".", 1)[-1] in FIGURE_FORMATS]
         return f"Wrote {self.path} (result.json, {len(tables)} tables, {len(figures)} figures)"

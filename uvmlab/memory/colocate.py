@@ -52,7 +52,7 @@ def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
     Examples: ``gpt2:8``, ``resnet50:32``, ``my_model.py:4``, ``resnet50:8,image_size=64`` (per-job workload
     options, JSON values, merged over the shared ``--option`` ones).
     """
-    from uvmlab.config import parse_options
+    from uvmlab.files.inputs import parse_options
 
     head, *pairs = text.split(",")
     name, sep, batch = head.rpartition(":")

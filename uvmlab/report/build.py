@@ -1,4 +1,12 @@
-"""``build_report(sweep_dir, out_html)``: every figure of the study the sweep can support, captions, HTML."""
+"""``build_report(sweep_dir, out_html)``: every figure of the study the sweep can support, captions, HTML.
+
+Outputs (docs/safety.md): the figures go to ``figures/`` beside the page, a :class:`ReportFigures` folder
+(uvmlab.files.owned: marker, writer's lock, manifest), so a figure file of the user's with one of the report's names is
+never replaced (the folder is refused, even with ``--force``) and a rebuild removes only the figures uvmlab wrote.
+The page is written last; an old page is removed before the figures are rebuilt, so a report that fails halfway
+(a full disk) leaves no page that looks complete. Nothing is written through a symbolic link: the default folder
+``SWEEP/report`` (uvmlab's own), ``figures/`` and the page may not be links.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from uvmlab.errors import InvariantError
-from uvmlab.files.atomic import atomic_write_text, atomic_write_with
+from uvmlab.errors import InputError, InvariantError
+from uvmlab.files.atomic import atomic_write_text
+from uvmlab.files.owned import OwnedFolder
 from uvmlab.report import captions, figures
 from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
@@ -47,17 +56,9 @@ class Report:
         }
 
 
-FIGURE_KEYS = (
-    "fig3_slowdown",
-    "fig4_pca_ratio",
-    "fig5_kernel_memory",
-    "fig6_faults",
-    "fig7_read_write",
-    "fig8_migration_count",
-    "fig9_migration_bytes",
-    "fig_sim_vs_measured",
-)
-"""Every figure a report may write, as ``figures/<key>.<format>`` beside the page."""
+FIGURE_KEYS = ("fig3_slowdown", "fig4_pca_ratio", "fig5_kernel_memory", "fig6_faults", "fig7_read_write",
+               "fig8_migration_count", "fig9_migration_bytes", "fig_sim_vs_measured")  # fmt: skip
+"""The figures a report may write (``figures/KEY.<format>``)."""
 
 
 def figure_files(figure_format: str = "png") -> list[str]:
@@ -65,8 +66,39 @@ def figure_files(figure_format: str = "png") -> list[str]:
     return [f"{key}.{figure_format}" for key in FIGURE_KEYS]
 
 
-def _save(fig: Any, path: Path, fmt: str = "png") -> None:
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=110))
+class ReportFigures(OwnedFolder):
+    """The ``figures/`` folder beside a report page (module docstring)."""
+
+    kind = "report figures"
+    complete_name = None
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from uvmlab.files.rundir import FIGURE_FORMATS
+
+        super().__init__(path)
+        self.names = tuple(f"{key}.{fmt}" for key in FIGURE_KEYS for fmt in FIGURE_FORMATS)
+
+
+def _save(folder: ReportFigures, fig: Any, path: Path, fmt: str = "png") -> None:
+    folder.write_file_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=110))
+
+
+def _report_outputs(sweep_dir: Path, out_html: str | os.PathLike[str] | None) -> tuple[Path, ReportFigures]:
+    """The page's path and its figures folder, prepared (locked); refuses links; the old page is removed."""
+    default = out_html is None
+    html_path = sweep_dir / "report" / "report.html" if default else Path(out_html)
+    for path in ([html_path.parent] if default else []) + [html_path]:
+        if path.is_symlink():
+            raise InputError(f"{path} is a symbolic link; uvmlab does not write a report through links")
+    if html_path.exists() and not html_path.is_file():
+        raise InputError(f"{html_path} exists and is not a file; choose another page name")
+    folder = ReportFigures(html_path.parent / "figures")
+    if default and folder.path.is_dir() and not folder.path.is_symlink() and not folder.is_owned():
+        folder.mark_owned()  # SWEEP/report is uvmlab's own: figures an older uvmlab wrote there are adopted by name
+    folder.prepare(force=True)  # removes the figures uvmlab wrote there before, nothing else
+    if html_path.is_file():  # replaced (the caller checked --force for a page the user named)
+        html_path.unlink()
+    return html_path, folder
 
 
 RUN_COLUMNS = {
@@ -118,8 +150,13 @@ def build_report(
     check_figure_format(figure_format)
     sweep_dir = Path(sweep_dir)
     df = load_results(sweep_dir)
-    html_path = Path(out_html) if out_html else sweep_dir / "report" / "report.html"
-    fig_dir = html_path.parent / "figures"
+    html_path, folder = _report_outputs(sweep_dir, out_html)
+    with folder:
+        return _build(sweep_dir, df, html_path, folder, figure_format)
+
+
+def _build(sweep_dir: Path, df: pd.DataFrame, html_path: Path, folder: ReportFigures, figure_format: str) -> Report:
+    fig_dir = folder.path
     report = Report(html=html_path)
     ok = ok_runs(df)
     runs_text = captions.describe_runs(df)
@@ -182,7 +219,7 @@ def build_report(
             report.skipped.append(f"{title}: the sweep has no runs with the needed values")
             continue
         path = fig_dir / f"{key}.{figure_format}"
-        _save(fig, path, figure_format)
+        _save(folder, fig, path, figure_format)
         caption = captions.FIGURE_TEXT[key]  # what was run is said once, above the runs table
         if key == "fig5_kernel_memory":
             caption += f" Runs shown: {_kernel_caption(kernel_runs)}"

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uvmlab.files.atomic import atomic_write_json
 from uvmlab.files.rundir import RunDir
 from uvmlab.measure.compare import Comparison
 from uvmlab.report.ticks import log_axis
@@ -27,8 +26,9 @@ def _num(v: Any) -> float:
     return f
 
 
-def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -> list[Path]:
-    """Write the comparison figures into ``folder/figures`` (as a run directory names them); return their paths.
+def plot_comparison(cmp: Comparison, folder: Path | RunDir, figure_format: str = "png") -> list[Path]:
+    """Write the comparison figures into ``folder/figures`` (as a run directory names them; ``folder`` may be the
+    prepared output folder itself, whose manifest then lists them); return their paths.
 
     The per-kernel scatter is log-log (kernel times and fault counts span decades).
     """
@@ -38,7 +38,7 @@ def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rd = RunDir(folder, figure_format=figure_format)
+    rd = folder if isinstance(folder, RunDir) else RunDir(folder, figure_format=figure_format)
     out: list[Path] = []
     la, lb = cmp.a.label, cmp.b.label
 
@@ -134,10 +134,27 @@ def plot_comparison(cmp: Comparison, folder: Path, figure_format: str = "png") -
     return out
 
 
-def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format: str = "png") -> list[Path]:
-    """Write comparison.json, tables/*.parquet and figures/*.png into ``out``; return the paths."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+class ComparisonDir(RunDir):
+    """The folder ``compare -o`` writes (uvmlab.files.owned rules): tables/, figures/, comparison.json last."""
+
+    kind = "comparison"
+    complete_name = "comparison.json"
+    names = ("comparison.json", "tables", "figures")
+    keep_incomplete = ()
+    link_folders = ("tables", "figures")
+
+
+def write_comparison(
+    cmp: Comparison, out: str | os.PathLike[str] | ComparisonDir, figure_format: str = "png", force: bool = False
+) -> list[Path]:
+    """Write comparison.json (last), tables/*.parquet and figures/*.png into ``out`` (a prepared ComparisonDir, or
+    a folder taken with its writer's lock: an earlier comparison there is replaced only with ``force``)."""
+    folder = out if isinstance(out, ComparisonDir) else ComparisonDir(out, figure_format=figure_format)
+    with ComparisonDir.for_writing(folder, force) as folder:
+        return _write_comparison(cmp, folder)
+
+
+def _write_comparison(cmp: Comparison, folder: ComparisonDir) -> list[Path]:
     written = []
     for name, df in (
         ("totals", cmp.totals),
@@ -155,8 +172,7 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike[str], figure_format
                     frame[c] = num.astype(float)
                 else:
                     frame[c] = frame[c].map(lambda v: None if v is None else str(v))
-        written.append(RunDir(out).write_table(name, frame))
-    written += plot_comparison(cmp, out, figure_format)
-    atomic_write_json(out / "comparison.json", cmp.to_dict())
-    written.append(out / "comparison.json")
+        written.append(folder.write_table(name, frame))
+    written += plot_comparison(cmp, folder, folder.figure_format)
+    written.append(folder.write_json_file(folder.path / "comparison.json", cmp.to_dict()))
     return written

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError, UnavailableError
-from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.atomic import atomic_write_bytes, atomic_write_json
 from uvmlab.files.outputs import same_path
 from uvmlab.files.rundir import RunDir
 from uvmlab.sweep.slurm import SlurmOptions
@@ -68,6 +68,9 @@ class SweepSummary:
     wall_time_s: float = 0.0
     results_path: Path | None = None
     errors: list[str] = field(default_factory=list)
+    failed_earlier: int = 0
+    """Configurations skipped because an earlier run of the sweep finished them with outcome "error" (not retried
+    without ``--retry-failed``): the sweep still has failures, so the command exits 1."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``--format json`` and sweep.json)."""
@@ -75,6 +78,7 @@ class SweepSummary:
             "out": str(self.out),
             "total": self.total,
             "skipped": self.skipped,
+            "failed_earlier": self.failed_earlier,
             "ran": self.ran,
             "outcomes": dict(self.outcomes),
             "wall_time_s": round(self.wall_time_s, 3),
@@ -151,13 +155,13 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
         raise InputError(f"{out} holds a spec.yaml that uvmlab did not write; choose another -o for the sweep")
     out.mkdir(parents=True, exist_ok=True)
     if source is not None and not same_path(source, copy):  # `sweep spec.yaml -o .` keeps the user's file
-        shutil.copyfile(source, copy)
+        atomic_write_bytes(copy, source.read_bytes())  # a full disk: one sentence, no half copy
     for e in entries:
         rundir = RunDir(e.path)
         if not rundir.config_json.is_file():
             rundir.path.mkdir(parents=True, exist_ok=True)
             rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
-            atomic_write_json(rundir.config_json, e.config.to_dict())
+            rundir.write_json(rundir.config_json, e.config.to_dict())  # recorded in its manifest
     _write_sweep_json(out, spec, entries, None)
     return entries
 
@@ -428,6 +432,7 @@ def run_sweep(
         entries = [replace(e, status="pending") if e.status == "failed" else e for e in entries]
     pending = [e for e in entries if e.status == "pending"]
     summary = SweepSummary(out=out, total=len(entries), skipped=len(entries) - len(pending), ran=len(pending))
+    summary.failed_earlier = sum(e.status == "failed" for e in entries)
     with _Progress(len(pending), progress) as bar:
         if executor == "local":
             _run_local(pending, jobs, bar, summary.outcomes)

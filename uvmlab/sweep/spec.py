@@ -18,6 +18,13 @@ The YAML is *composed* (not just loaded) so every error names the file, the line
 (``lin.yaml line 7, grid.oversubb: unknown field; known fields: ...``). Configurations become
 :class:`uvmlab.config.RunConfig` objects; duplicates (same ``config_hash()``) are kept once.
 
+Limits, checked before anything is built (docs/safety.md): the file is a regular file of at most
+:data:`MAX_SPEC_BYTES`; the composed YAML has at most :data:`MAX_SPEC_NODES` nodes with every alias counted at
+every use (a "billion laughs" of nested aliases is refused before it is expanded) and nests at most
+:data:`MAX_SPEC_DEPTH` levels; the number of configurations (the product of the axis lengths, per grid and
+include entry) is checked against ``max_configs`` (:data:`DEFAULT_MAX_CONFIGS`, ``--max-configs``) before the
+product is expanded. Values quoted in error sentences are shortened (:func:`uvmlab.files.inputs.short`).
+
 Command-line overrides (Hydra's multirun syntax, ``uvmlab sweep spec.yaml workload=gpt2,bert oversub=1,2,4``):
 ``KEY=V1,V2,...`` (:func:`parse_overrides`) replaces the grid axis KEY by these values, or adds it as an axis
 when the grid has none (a value in ``defaults`` is overridden), and sets KEY to each value in every ``include``
@@ -28,6 +35,7 @@ bundle. ``exclude`` rules still apply.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,10 +46,20 @@ import yaml
 from uvmlab.config import ATTENTION_IMPLS, DTYPES, MODES, OPTIMIZERS, ZERO_GRAD_POSITIONS, RunConfig, WorkloadConfig
 from uvmlab.config import check_oversub as _check_oversub
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import read_input_text, short
 from uvmlab.sweep.slurm import SLURM_FIELDS, SlurmOptions, check_slurm_field
 from uvmlab.units import parse_bytes
 
 SPEC_VERSION = 1
+MAX_SPEC_BYTES = 1 << 20
+"""Largest spec file read (1 MiB; the bundled specs in experiments/ are under 1.2 KB)."""
+MAX_SPEC_NODES = 100_000
+"""YAML nodes a spec may expand to, every alias counted at each use (lin_jeon_2025.yaml has about 60)."""
+MAX_SPEC_DEPTH = 20
+"""Nesting of a spec (sections > fields > lists > bundles > options: 6 levels at most in a real spec)."""
+DEFAULT_MAX_CONFIGS = 10_000
+"""Configurations a spec may expand to unless ``--max-configs`` says otherwise (lin_jeon_2025.yaml: 120; at a
+minute a run, 10,000 are a week of one GPU)."""
 TOP_KEYS = ("version", "name", "description", "defaults", "grid", "include", "exclude", "slurm")
 
 WORKLOAD_FIELDS = ("workload", "batch_size", "optimizer", "zero_grad", "attention", "dtype", "iterations", "options")
@@ -103,7 +121,7 @@ def _mapping_items(node: yaml.Node, where: _Where, path: str) -> list[tuple[str,
     for key_node, value_node in node.value:
         key = _construct(key_node)
         if not isinstance(key, str):
-            raise where.error(key_node, path, f"keys must be text, not {key!r}")
+            raise where.error(key_node, path, f"keys must be text, not {short(key)}")
         if key in seen:
             raise where.error(key_node, _join(path, key), "appears twice")
         seen.add(key)
@@ -116,7 +134,7 @@ def _kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return f"{_construct(node)!r}"
+    return short(_construct(node))
 
 
 def _join(path: str, key: str) -> str:
@@ -141,7 +159,7 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
         if not name[4:]:
             raise InputError("a simulator knob needs a name after 'sim.'")
         if not isinstance(value, str | int | float | bool) and value is not None:
-            raise InputError(f"simulator knobs take a number, text or true/false, not {value!r}")
+            raise InputError(f"simulator knobs take a number, text or true/false, not {short(value)}")
         return value
     if name.startswith("option."):
         if not name[7:]:
@@ -149,18 +167,18 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
         return value
     if name == "workload":
         if not isinstance(value, str) or not value:
-            raise InputError(f"must be a workload name or a .py file, not {value!r}")
+            raise InputError(f"must be a workload name or a .py file, not {short(value)}")
         if value.endswith(".py"):
             path = Path(value) if Path(value).is_absolute() else base_dir / value
             if not path.is_file():
-                raise InputError(f"workload file {str(path)!r} does not exist")
+                raise InputError(f"workload file {short(str(path))} does not exist")
             return str(path.resolve())
         from workloads.registry import family
 
         known = known_workloads()
         if value not in known and family(value) is None:
             raise InputError(
-                f"unknown workload {value!r}; known workloads: {', '.join(known)}, a named model "
+                f"unknown workload {short(value)}; known workloads: {', '.join(known)}, a named model "
                 "(torchvision:NAME, timm:NAME, hf:ARCH) or a .py file"
             )
         return value
@@ -168,29 +186,29 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
         if value is None and name == "batch_size":
             return None
         if not _is_int(value) or value < 1:
-            raise InputError(f"must be a whole number >= 1, not {value!r}")
+            raise InputError(f"must be a whole number >= 1, not {short(value)}")
         return value
     choices = {"optimizer": OPTIMIZERS, "zero_grad": ZERO_GRAD_POSITIONS, "attention": ATTENTION_IMPLS}
     choices |= {"dtype": DTYPES, "mode": MODES}
     if name in choices:
         if value not in choices[name]:
-            raise InputError(f"must be one of {', '.join(choices[name])}, not {value!r}")
+            raise InputError(f"must be one of {', '.join(choices[name])}, not {short(value)}")
         return value
     if name == "oversub":
         if isinstance(value, bool):
-            raise InputError(f"must be a number > 0, not {value!r}")
+            raise InputError(f"must be a number > 0, not {short(value)}")
         return _check_oversub(value)
     if name in ("pca", "prefetch"):
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("on", "off"):
             return value.lower() == "on"
-        raise InputError(f"must be on/off or true/false, not {value!r}")
+        raise InputError(f"must be on/off or true/false, not {short(value)}")
     if name == "gpu":
         from uvmlab.gpus import get_gpu
 
         if not isinstance(value, str):
-            raise InputError(f"must be a GPU name, not {value!r}")
+            raise InputError(f"must be a GPU name, not {short(value)}")
         get_gpu(value)
         return value
     if name == "gpu_memory":
@@ -202,11 +220,11 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
             return None
         path = Path(str(value)) if Path(str(value)).is_absolute() else base_dir / str(value)
         if not path.is_file():
-            raise InputError(f"parameter file {str(path)!r} does not exist")
+            raise InputError(f"parameter file {short(str(path))} does not exist")
         return str(path.resolve())
     if name in ("options", "sim_options"):
         if not isinstance(value, dict):
-            raise InputError(f"must be a mapping, not {value!r}")
+            raise InputError(f"must be a mapping, not {short(value)}")
         return value
     raise InputError(f"unknown field; known fields: {', '.join(CONFIG_FIELDS)}, sim.<knob>, option.<key>")
 
@@ -230,8 +248,21 @@ def _field_value(where: _Where, key: str, key_node: yaml.Node, value_node: yaml.
         raise where.error(value_node, path, str(exc)) from None
 
 
-def _config_mapping(where: _Where, node: yaml.Node, path: str, base: Path, expand: bool) -> list[dict[str, Any]]:
-    """A mapping of fields -> list of flat dicts (lists of values expand as a product when ``expand``)."""
+def _check_count(n: int, limit: int, where: _Where, node: yaml.Node | None, path: str) -> None:
+    """Refuse ``n`` configurations above ``limit`` (called before a product is expanded)."""
+    if n > limit:
+        raise where.error(
+            node,
+            path,
+            f"expands to {n:,} configurations, more than the {limit:,} allowed; split the spec or pass --max-configs",
+        )
+
+
+def _config_mapping(
+    where: _Where, node: yaml.Node, path: str, base: Path, expand: bool, limit: int = DEFAULT_MAX_CONFIGS
+) -> list[dict[str, Any]]:
+    """A mapping of fields -> list of flat dicts (lists of values expand as a product when ``expand``; at most
+    ``limit`` of them)."""
     axes: list[list[Any]] = []
     names: list[str] = []
     for key, key_node, value_node in _mapping_items(node, where, path):
@@ -246,6 +277,7 @@ def _config_mapping(where: _Where, node: yaml.Node, path: str, base: Path, expan
             values = [_field_value(where, key, key_node, value_node, p, base)]
         names.append(key)
         axes.append(values)
+    _check_count(math.prod(len(a) for a in axes), limit, where, node, path)
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
 
 
@@ -290,17 +322,18 @@ def _parse_slurm(where: _Where, node: yaml.Node) -> SlurmOptions:
     return SlurmOptions(**values)
 
 
-def load_spec(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+def load_spec(
+    path: str | os.PathLike[str],
+    overrides: list[str] | tuple[str, ...] = (),
+    max_configs: int = DEFAULT_MAX_CONFIGS,
+) -> SweepSpec:
     """Read and validate a sweep spec and its ``KEY=V1,V2`` overrides; every error names the file, line and field
-    (InputError, exit 2)."""
+    (InputError, exit 2). More than ``max_configs`` configurations is an error, found before they are built."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"sweep spec {str(path)!r} not found") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise InputError(f"sweep spec {str(path)!r} is not a readable YAML text file ({exc})") from None
-    spec = parse_spec(text, source=str(path), base_dir=path.parent, overrides=parse_overrides(overrides))
+    text = read_input_text(path, MAX_SPEC_BYTES, "a sweep spec (a YAML file)")
+    spec = parse_spec(
+        text, source=str(path), base_dir=path.parent, overrides=parse_overrides(overrides), max_configs=max_configs
+    )
     return replace(spec, overrides=tuple(overrides))
 
 
@@ -329,7 +362,7 @@ def parse_overrides(items: list[str] | tuple[str, ...], base_dir: Path | None = 
         for part in parts:
             try:
                 value = yaml.safe_load(part)
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):
                 value = part
             try:
                 values.append(_check_field(key, value, base))
@@ -339,8 +372,13 @@ def parse_overrides(items: list[str] | tuple[str, ...], base_dir: Path | None = 
     return out
 
 
-def _apply_overrides(rows: list[dict[str, Any]], overrides: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def _apply_overrides(
+    rows: list[dict[str, Any]], overrides: dict[str, list[Any]], limit: int = DEFAULT_MAX_CONFIGS
+) -> list[dict[str, Any]]:
     """Every row once per combination of override values (include entries)."""
+    n = len(rows) * math.prod(len(v) for v in overrides.values())
+    if n > limit:
+        raise InputError(f"the overrides expand an include entry to {n:,} configurations, more than {limit:,}")
     for key, values in overrides.items():
         rows = [{**row, key: v} for row in rows for v in values]
     return rows
@@ -351,10 +389,17 @@ def parse_spec(
     source: str = "<spec>",
     base_dir: Path | None = None,
     overrides: dict[str, list[Any]] | None = None,
+    max_configs: int = DEFAULT_MAX_CONFIGS,
 ) -> SweepSpec:
     """Validate the YAML text of a spec, with command-line ``overrides`` (see the module docstring)."""
+    if not _is_int(max_configs) or max_configs < 1:
+        raise InputError(f"--max-configs must be a whole number >= 1, not {short(max_configs)}")
     try:
-        return _parse_spec(text, source, base_dir, overrides or {})
+        return _parse_spec(text, source, base_dir, overrides or {}, max_configs)
+    except RecursionError:
+        raise InputError(
+            f"{source}: the YAML nests too deeply (a spec nests at most {MAX_SPEC_DEPTH} levels)"
+        ) from None
     except yaml.YAMLError as exc:  # e.g. a !!python/... tag: SafeLoader refuses to construct it (nothing runs)
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -362,16 +407,57 @@ def parse_spec(
         raise InputError(f"{source}{line}: {problem} (specs hold plain YAML values only)") from None
 
 
-def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[str, list[Any]]) -> SweepSpec:
+def _check_nodes(root: yaml.Node, where: _Where) -> int:
+    """Refuse a composed spec above MAX_SPEC_NODES nodes (an alias counts its node's whole size at every use) or
+    MAX_SPEC_DEPTH levels, or with an alias inside itself; return the expanded node count.
+
+    Iterative post-order walk, each distinct node visited once with its expanded size memoized (as
+    :func:`uvmlab.trace.safe_pickle._check_tree` does for pickles), so the count costs one visit per node.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [c for pair in node.value for c in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        key = id(node)
+        if done:
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            open_.discard(key)
+            if sizes[key] > MAX_SPEC_NODES:
+                raise where.error(node, "", f"expands to more than {MAX_SPEC_NODES:,} YAML nodes (aliases count at "
+                                  "every use); a spec is a small grid")  # fmt: skip
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise where.error(node, "", "an alias refers to a node that contains it (the spec would be infinite)")
+        if depth > MAX_SPEC_DEPTH:
+            raise where.error(node, "", f"nests deeper than {MAX_SPEC_DEPTH} levels")
+        open_.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _parse_spec(
+    text: str, source: str, base_dir: Path | None, overrides: dict[str, list[Any]], limit: int
+) -> SweepSpec:
     where = _Where(source)
     base = (base_dir or Path.cwd()).resolve()
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         line = f" line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
-        raise InputError(f"{source}{line}: not valid YAML ({exc.problem})") from None
+        raise InputError(f"{source}{line}: not valid YAML ({short(exc.problem)})") from None
     if root is None:
         raise InputError(f"{source}: the spec is empty; see experiments/README.md for the format")
+    _check_nodes(root, where)
     top = {k: (kn, vn) for k, kn, vn in _mapping_items(root, where, "")}
     for key, (key_node, _) in top.items():
         if key not in TOP_KEYS:
@@ -379,7 +465,7 @@ def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[s
     if "version" in top:
         version = _construct(top["version"][1])
         if version != SPEC_VERSION:
-            raise where.error(top["version"][1], "version", f"must be {SPEC_VERSION}, not {version!r}")
+            raise where.error(top["version"][1], "version", f"must be {SPEC_VERSION}, not {short(version)}")
     name = str(_construct(top["name"][1])) if "name" in top else Path(source).stem
     description = str(_construct(top["description"][1])) if "description" in top else ""
 
@@ -389,11 +475,12 @@ def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[s
 
     bases: list[tuple[dict[str, Any], yaml.Node]] = []
     if "grid" in top:
-        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base, overrides))
+        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base, overrides, limit))
     if "include" in top:
         for i, item in enumerate(_seq(top["include"][1])):
-            rows = _config_mapping(where, item, f"include[{i}]", base, expand=True)
-            bases.extend((row, item) for row in _apply_overrides(rows, overrides))
+            rows = _config_mapping(where, item, f"include[{i}]", base, expand=True, limit=limit)
+            bases.extend((row, item) for row in _apply_overrides(rows, overrides, limit))
+            _check_count(len(bases), limit, where, item, f"include[{i}] (with the grid and the entries before)")
     if not bases:
         raise InputError(f"{source}: no configurations: give a 'grid' or an 'include' section")
 
@@ -415,7 +502,7 @@ def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[s
         try:
             cfg = build_config(flat)
         except InputError as exc:
-            raise where.error(node, "", f"configuration {flat} is invalid: {exc}") from None
+            raise where.error(node, "", f"configuration {short(flat)} is invalid: {exc}") from None
         h = cfg.config_hash()
         if h in configs:
             duplicates += 1
@@ -435,7 +522,11 @@ def _parse_spec(text: str, source: str, base_dir: Path | None, overrides: dict[s
 
 
 def _grid(
-    where: _Where, node: yaml.Node, base: Path, overrides: dict[str, list[Any]] | None = None
+    where: _Where,
+    node: yaml.Node,
+    base: Path,
+    overrides: dict[str, list[Any]] | None = None,
+    limit: int = DEFAULT_MAX_CONFIGS,
 ) -> list[dict[str, Any]]:
     """Expand the grid: each axis is a list; ``workload`` items may be mappings bundling fields (batch size...).
 
@@ -464,6 +555,7 @@ def _grid(
         axes.append(choices)
     grid_keys = {k for k, _, _ in _mapping_items(node, where, "grid")}
     axes.extend([{k: v} for v in vals] for k, vals in overrides.items() if k not in grid_keys)
+    _check_count(math.prod(len(a) for a in axes), limit, where, node, "grid")
     rows = []
     for combo in itertools.product(*axes):
         row: dict[str, Any] = {}

@@ -2,9 +2,10 @@
 
 It reads ``RUNDIR/config.json``, takes an exclusive lock on ``RUNDIR/.worker.lock`` (``fcntl.flock``: released by
 the kernel when the process dies, even on ``kill -9``), and, if the run is not complete yet, clears what a killed
-earlier attempt left behind and calls ``uvmlab.run.run(cfg, out=RUNDIR, force=True)``. A run that fails with an
-uvmlab error (OOM, bad input, unavailable GPU) gets a ``result.json`` with ``outcome`` "oom" or "error" and the
-error sentence; a crash (a bug, a signal) leaves no result and the parent (:func:`run_one`) records it.
+earlier attempt left behind (the files its manifest lists, but config.json and logs/) and calls
+``uvmlab.run.run(cfg, out=RUNDIR, force=True)``. A run that fails with an uvmlab error (OOM, bad input, unavailable
+GPU) gets a ``result.json`` with ``outcome`` "oom" or "error" and the error sentence; a crash (a bug, a signal)
+leaves no result and the parent (:func:`run_one`) records it.
 
 Exactly one result per configuration: two workers of the same run directory (e.g. an orphan of a killed sweep and
 the resumed sweep) serialize on the lock, and the second one finds ``result.json`` and exits. ``result.json`` is
@@ -33,13 +34,12 @@ from typing import Any
 
 from uvmlab import SCHEMA_VERSION
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.files.atomic import atomic_write_json
-from uvmlab.files.rundir import OWNED_NAMES, RunDir, remove_owned
+from uvmlab.files.atomic import atomic_write_json, write_failure
+from uvmlab.files.rundir import RunDir
 from uvmlab.stats.schema import RESULT_KEYS
 
 LOCK_NAME = ".worker.lock"
-"""What survives the clean-up before a new attempt: the configuration, the logs of earlier attempts, the locks,
-the ownership marker."""
+"""The per-run worker lock (``fcntl.flock``)."""
 RUN_FN_ENV = "UVMLAB_SWEEP_RUN_FN"
 INTERRUPTED_CODES = (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, 130, 143)
 """Child exits that mean "the sweep was interrupted" (no result is recorded; a resumed sweep runs it again)."""
@@ -87,13 +87,9 @@ def failure_result(cfg: Any, outcome: str, error: str) -> dict[str, Any]:
 
 
 def clear_partial(path: Path) -> None:
-    """Remove what an interrupted attempt left (uvmlab's own outputs and atomic-write temp files); keep the
-    config, the logs and anything uvmlab did not write (docs/safety.md: only ``OWNED_NAMES`` are ever removed)."""
-    for name in OWNED_NAMES:
-        if name not in ("config.json", "logs"):
-            remove_owned(path / name)
-    for tmp in path.glob(".*.tmp"):  # uvmlab.files.atomic.atomic_path's temporaries
-        tmp.unlink(missing_ok=True)
+    """Remove what an interrupted attempt left: the files its manifest lists (and their atomic-write temporaries)
+    but the config and the logs; anything uvmlab did not write stays (docs/safety.md)."""
+    RunDir(path).clear_incomplete()
 
 
 def _run_fn() -> Callable[..., Any]:
@@ -106,10 +102,18 @@ def _run_fn() -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to the log ``path``; a full disk is one sentence naming it (files.atomic.write_failure)."""
+    try:
+        with open(path, "a") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
+
+
 def _log_attempt(rundir: RunDir, event: str) -> None:
     rundir.logs.mkdir(parents=True, exist_ok=True)
-    with open(rundir.logs / "attempts.log", "a") as fh:
-        fh.write(f"{time.time():.6f} {os.getpid()} {event}\n")
+    _append(rundir.record(rundir.logs / "attempts.log"), f"{time.time():.6f} {os.getpid()} {event}\n")
 
 
 def completed_outcome(rundir: RunDir) -> str | None:
@@ -128,7 +132,7 @@ def completed_outcome(rundir: RunDir) -> str | None:
     if isinstance(result, dict):
         return str(result.get("outcome", "ok"))
     rundir.logs.mkdir(parents=True, exist_ok=True)
-    aside = rundir.logs / f"result.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    aside = rundir.record(rundir.logs / f"result.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
     with suppress(FileNotFoundError):
         os.replace(rundir.result_json, aside)
     print(f"uvmlab: warning: {rundir.result_json} was unreadable; moved to {aside}; the run is redone", file=sys.stderr)
@@ -189,19 +193,20 @@ def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: 
     """
     path = Path(path)
     rundir = RunDir(path)
+    out_log, err_log = rundir.logs / "worker.stdout", rundir.logs / "worker.stderr"
     with run_lock(path):
         done = completed_outcome(rundir)
+        if done is None:
+            rundir.logs.mkdir(parents=True, exist_ok=True)
+            rundir.record(out_log)
+            rundir.record(err_log)
     if done is not None:
         return done
-    rundir.logs.mkdir(parents=True, exist_ok=True)
-    out_log, err_log = rundir.logs / "worker.stdout", rundir.logs / "worker.stderr"
     header = f"--- attempt at {time.strftime('%Y-%m-%dT%H:%M:%S')} ---\n"
     argv = [python or sys.executable, "-m", "uvmlab.sweep.worker", str(path)]
+    _append(out_log, header)
+    _append(err_log, header)
     with open(out_log, "a") as out, open(err_log, "a") as err:
-        out.write(header)
-        err.write(header)
-        out.flush()
-        err.flush()
         offset = err.tell()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         try:

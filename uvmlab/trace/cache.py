@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,16 +86,28 @@ LOCK_TIMEOUT_S = 3600.0
 
 
 def _read_valid(entry: Path) -> Trace | None:
-    """The entry's trace, or None if absent; a bad entry is removed with a one-line warning (then captured again)."""
-    if not entry.exists():
+    """The entry's trace, or None if absent; a bad entry (also a file or link where a folder belongs) is removed
+    with a one-line warning, then captured again."""
+    if not entry.exists() and not entry.is_symlink():
         return None
     try:
+        if entry.is_symlink() or not entry.is_dir():
+            raise ValueError("it is not a folder")
         return read_trace(entry)
     except Exception as exc:  # any damage (InputError, a malformed header, ...) means "rebuild"
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         _warn_line(f"uvmlab: warning: trace cache entry {entry} is unreadable ({reason}); capturing it again")
-        shutil.rmtree(entry, ignore_errors=True)
+        _remove_entry(entry)
         return None
+
+
+def _remove_entry(entry: Path) -> None:
+    """Remove a cache entry: a folder with what it holds, or a file or link in its place (the link itself)."""
+    if entry.is_symlink() or (entry.exists() and not entry.is_dir()):
+        with contextlib.suppress(OSError):
+            entry.unlink()
+    else:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _warn_line(message: str) -> None:
@@ -124,7 +135,10 @@ def get_trace(
         try:
             _store(trace, entry)
         except OSError as exc:  # caching is an optimization: an unwritable cache must not fail the run
-            warnings.warn(f"trace cache {entry.parent} is not writable ({exc}); the trace was not cached", stacklevel=2)
+            reason = exc.strerror or type(exc).__name__
+            _warn_line(
+                f"uvmlab: warning: trace cache {entry.parent} is not writable ({reason}); the trace was not cached"
+            )
     return trace
 
 
@@ -141,8 +155,8 @@ def _entry_lock(entry: Path) -> Any:
 
 def _store(trace: Trace, entry: Path) -> None:
     """Write ``trace`` into a temporary folder next to ``entry`` and rename it into place."""
-    if entry.exists():
-        shutil.rmtree(entry, ignore_errors=True)  # an incomplete entry (no trace.json)
+    if entry.exists() or entry.is_symlink():
+        _remove_entry(entry)  # an incomplete entry (no trace.json), or a file in its place
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:

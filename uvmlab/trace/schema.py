@@ -9,11 +9,17 @@ A Trace is three tables plus a JSON header, stored in a folder::
 
 Events share one global sequence number ``seq``: every allocation, free and kernel has a distinct one, so
 sorting by it gives the order in which PyTorch did them. This module needs no torch.
+
+A folder is one write: the header records a ``write_id`` (also stored in each table's Parquet metadata) and each
+table's row count, so :func:`read_trace` refuses tables from another write (a mixed folder) or emptied ones.
+``uvmlab trace -o`` writes through a :class:`TraceFolder` (uvmlab.files.owned: writer's lock, ownership marker,
+manifest, ``trace.json`` last; ``--force`` rules as for run directories).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,9 @@ import pyarrow.parquet as pq
 
 from uvmlab import SCHEMA_VERSION
 from uvmlab.errors import InputError
-from uvmlab.files.atomic import atomic_write_json, atomic_write_with, to_json
+from uvmlab.files.atomic import to_json
+from uvmlab.files.inputs import read_input_text
+from uvmlab.files.owned import OwnedFolder
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
 """Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
@@ -71,6 +79,22 @@ SCHEMAS: dict[str, pa.Schema] = {
     "kernels": KERNELS_SCHEMA,
     "accesses": ACCESSES_SCHEMA,
 }
+
+
+WRITE_ID_KEY = b"uvmlab.write_id"
+"""Parquet schema-metadata key holding the write id of the header the table was written with."""
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+"""Largest trace.json read (64 MiB; a header is a few KB)."""
+UNIQUE_COLUMNS = {"allocations": ("alloc_id", "alloc_seq"), "kernels": ("kernel_id", "seq")}
+"""Columns whose values identify a row: a repeated value is a duplicated row (or a damaged table)."""
+
+
+class TraceFolder(OwnedFolder):
+    """A trace folder uvmlab writes (``uvmlab trace -o``): one writer, ``trace.json`` last (uvmlab.files.owned)."""
+
+    kind = "trace"
+    complete_name = "trace.json"
+    names = ("trace.json", "allocations.parquet", "kernels.parquet", "accesses.parquet")
 
 
 def empty_table(name: str) -> pd.DataFrame:
@@ -150,28 +174,39 @@ def _to_arrow(df: pd.DataFrame, schema: pa.Schema, name: str) -> pa.Table:
         raise InputError(f"cannot write trace table {name}: {exc}") from None
 
 
-def write_trace(trace: Trace, directory: str | Path, durable: bool = True) -> Path:
+def write_trace(trace: Trace, directory: str | Path | TraceFolder, durable: bool = True, force: bool = False) -> Path:
     """Write ``trace`` into ``directory`` (tables first, header last: the header marks it complete).
 
-    ``durable``: each file is written atomically (temporary file, fsync, rename). Without it the files are
-    written in place, for a caller that writes into a private temporary folder and renames the folder into
-    place itself (the trace cache: ``uvmlab.trace.cache._store``); the fsyncs cost about 30 ms per trace on a
-    loaded machine, and a cache entry damaged by a crash is detected and captured again.
+    ``durable``: the folder is a :class:`TraceFolder` (taken with its writer's lock unless ``directory`` is one
+    already prepared; a complete trace there is replaced only with ``force``) and each file is written atomically
+    (temporary file, fsync, rename). Without it the files are written in place, for a caller that writes into a
+    private temporary folder and renames the folder into place itself (the trace cache:
+    ``uvmlab.trace.cache._store``); the fsyncs cost about 30 ms per trace on a loaded machine, and a cache entry
+    damaged by a crash is detected and captured again.
     """
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    write_id = uuid.uuid4().hex
+    tables = {}
     for name, schema in SCHEMAS.items():
         table = _to_arrow(getattr(trace, name), schema, name)
-        if durable:
-            atomic_write_with(out / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
-        else:
+        tables[name] = table.replace_schema_metadata({**(table.schema.metadata or {}), WRITE_ID_KEY: write_id})
+    rows = {name: t.num_rows for name, t in tables.items()}
+    header = {**trace.header, "schema_version": SCHEMA_VERSION, "write_id": write_id, "rows": rows}
+    if not durable:
+        out = Path(directory.path if isinstance(directory, TraceFolder) else directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
             pq.write_table(table, out / f"{name}.parquet")
-    header = {**trace.header, "schema_version": SCHEMA_VERSION}
-    if durable:
-        atomic_write_json(out / "trace.json", header)
-    else:
         (out / "trace.json").write_text(to_json(header), encoding="utf-8")
-    return out
+        return out
+    folder = TraceFolder.for_writing(directory, force)
+    try:
+        for name, table in tables.items():
+            folder.write_file_with(folder.path / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
+        folder.write_json_file(folder.path / "trace.json", header)
+    finally:
+        if folder is not directory:
+            folder.release()
+    return folder.path
 
 
 def read_trace(directory: str | Path) -> Trace:
@@ -181,11 +216,15 @@ def read_trace(directory: str | Path) -> Trace:
     if not head_path.is_file():
         raise InputError(f"{src} is not a uvmlab trace (no trace.json); write one with: uvmlab trace WORKLOAD -o DIR")
     try:
-        header = json.loads(head_path.read_text())
+        header = json.loads(read_input_text(head_path, MAX_HEADER_BYTES, "a uvmlab trace header"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{head_path} is not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{head_path} is not text (it is not a uvmlab trace header)") from None
+    except RecursionError:
+        raise InputError(f"{head_path} nests too deeply to be a uvmlab trace header") from None
+    except InputError as exc:
+        if "UTF-8" in str(exc):
+            raise InputError(f"{head_path} is not text (it is not a uvmlab trace header)") from None
+        raise
     if not isinstance(header, dict):
         raise InputError(f"{head_path} holds a JSON {type(header).__name__}, not a uvmlab trace header (an object)")
     version = header.get("schema_version")
@@ -203,7 +242,39 @@ def read_trace(directory: str | Path) -> Trace:
             raise InputError(
                 f"{path}: missing columns {missing} (written by another uvmlab schema; this one reads {SCHEMA_VERSION})"
             )
+        _check_same_write(header, name, table, path)
         tables[name] = table.to_pandas()
+    _check_rows(tables, src)
     trace = Trace(header=header, **tables)
     trace.validate(str(src))
     return trace
+
+
+def _check_same_write(header: dict[str, Any], name: str, table: pa.Table, path: Path) -> None:
+    """Refuse a table that is not the one the header was written with (another write's, or emptied)."""
+    write_id = header.get("write_id")
+    if write_id is None:  # written before write ids: nothing to compare
+        return
+    mine = (table.schema.metadata or {}).get(WRITE_ID_KEY, b"").decode(errors="replace")
+    if mine != write_id:
+        raise InputError(
+            f"{path} comes from another write than {path.parent / 'trace.json'} (a mixed or copied trace folder); "
+            "write the trace again"
+        )
+    rows = header.get("rows") or {}
+    if isinstance(rows, dict) and rows.get(name) != table.num_rows:
+        raise InputError(f"{path} has {table.num_rows:,} rows where its header records {rows.get(name)}")
+
+
+def _check_rows(tables: dict[str, pd.DataFrame], src: Path) -> None:
+    """Refuse empty allocations, missing values and repeated row ids: a damaged or edited trace."""
+    if tables["allocations"].empty:
+        raise InputError(f"{src}: the allocations table is empty (a training step always allocates)")
+    for name, df in tables.items():
+        for col in SCHEMAS[name].names:
+            if df[col].isna().any():
+                raise InputError(f"{src}: table {name} has missing values in column {col}")
+        for col in UNIQUE_COLUMNS.get(name, ()):
+            dup = df[col].duplicated()
+            if dup.any():
+                raise InputError(f"{src}: table {name} repeats {col} {df.loc[dup, col].iloc[0]} (a duplicated row)")

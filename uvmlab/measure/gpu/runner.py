@@ -21,6 +21,7 @@ from uvmlab.errors import UnavailableError, UvmlabError
 from uvmlab.measure.gpu.detect import gpu_status
 from uvmlab.measure.gpu.plan import (
     ALLOC_LOG,
+    BALLOON_CLAIM,
     FOOTPRINT_CHOICES,
     NSYS_PROFILE_FLAGS,
     REQUIRED_ALLOC_CONF,
@@ -96,11 +97,12 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
         raise UnavailableError(f"--nsys needs Nsight Systems: {opts.nsys_path} is not on PATH")
     rundir.logs.mkdir(parents=True, exist_ok=True)
     rundir.write_json(rundir.config_json, {**cfg.to_dict(), "gpu_options": _opts_dict(opts)})
-    for pattern in ("*.alloc.bin", "*.balloon.claim"):
+    for pattern in ("*.alloc.bin", "*.balloon.claim"):  # an earlier attempt's logs (logs/ survives a take-over)
         for old in rundir.logs.glob(pattern):
-            old.unlink()
+            if rundir.owns(old):
+                old.unlink()
     for step in plan.steps:  # with --footprint measure: only the calibrate step (standin=False)
-        _run_checked(step, rundir.logs)
+        _run_checked(step, rundir)
     if plan.needs_measurement:
         log = read_alloc_log(rundir.logs / ALLOC_LOG.format(role="calibrate"))
         measured = managed_footprint_bytes(log)
@@ -108,7 +110,7 @@ def run_gpu(cfg: RunConfig, opts: GpuRunOptions, rundir: Any) -> dict[str, Any]:
             raise UvmlabError("the calibration run allocated no managed memory: was the shim preloaded?")
         plan = plan_run(cfg, opts, path.resolve(), status=status, measured_footprint_bytes=measured)
         for step in plan.steps:
-            _run_checked(step, rundir.logs)
+            _run_checked(step, rundir)
     res = collect.collect_run(cfg, opts, plan, rundir, status)
     check_effective_factor(res, opts.strict_factor)
     return res
@@ -147,7 +149,21 @@ def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]
     }
 
 
-def _run_checked(step: Step, logs: Path) -> int:
+STEP_LOGS = ("{step}.out", "{step}.err", ALLOC_LOG, BALLOON_CLAIM, "{step}.worker.json", "{step}.samples.parquet")
+"""What a step (its name is the worker's role) writes under RUNDIR/logs (uvmlab.measure.gpu.plan,
+uvmlab.measure.gpu.worker); the
+nsys steps also write ``profile.nsys-rep`` and ``profile.sqlite``."""
+
+
+def _run_checked(step: Step, rundir: Any) -> int:
+    """Run ``step`` after recording in the run's manifest the log files it may write (so --force and a take-over
+    after a kill remove them by name)."""
+    logs = rundir.logs
+    for pattern in STEP_LOGS:
+        rundir.record(logs / pattern.format(step=step.name, role=step.name))
+    if step.name in ("run", "export"):
+        for name in ("profile.nsys-rep", "profile.sqlite"):
+            rundir.record(logs / name)
     rc = execute_step(step, logs)
     if rc != 0:
         raise UvmlabError(

@@ -44,6 +44,8 @@ def json_to_sqlite(path: Path) -> sqlite3.Connection:
                     raise InputError(
                         f"{path} line {lineno} is not valid JSON ({exc.msg}): is the JSON export complete?"
                     ) from None
+                except RecursionError:
+                    raise InputError(f"{path} line {lineno} nests too deeply to be an nsys JSON export") from None
                 if lineno == 1 and isinstance(obj, dict) and isinstance(obj.get("data"), list):
                     conn.executemany(
                         f"INSERT INTO {S.STRING_IDS} VALUES (?, ?)", [(i, str(v)) for i, v in enumerate(obj["data"])]

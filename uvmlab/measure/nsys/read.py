@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import short
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import json_to_sqlite, looks_like_json_export
 
@@ -131,6 +132,31 @@ class Export:
                     raise InputError(
                         f"{self.path}: table {table} lacks columns {missing} that every nsys version since 2021 "
                         "writes: is this an nsys export?"
+                    )
+        for table in S.KNOWN_COLUMNS:
+            if table in self.tables:
+                self._check_types(table)
+
+    def _check_types(self, table: str) -> None:
+        """Refuse a value whose type contradicts its column's declared type among the columns uvmlab reads: text
+        or a blob in a number column, a fraction or a value beyond int64 (stored as REAL) in an INTEGER column.
+        SQLite keeps what it is given (type affinity), so a damaged or hand-edited export can hold them; one scan
+        of the table, stopping at the first such row."""
+        declared = {str(r[1]): str(r[2]).upper() for r in self.query(f'PRAGMA table_info("{table}")')}
+        allowed = {"INTEGER": "('integer', 'null')", "REAL": "('integer', 'real', 'null')"}
+        checks = [(c, allowed[declared[c]]) for c in sorted(S.KNOWN_COLUMNS[table]) if declared.get(c) in allowed]
+        if not checks:
+            return
+        cond = " OR ".join(f'typeof("{c}") NOT IN {ok}' for c, ok in checks)
+        cols = ", ".join(f'"{c}"' for c, _ in checks)
+        row = self.query(f'SELECT {cols} FROM "{table}" WHERE {cond} LIMIT 1')
+        if row:
+            for (col, _), value in zip(checks, row[0], strict=True):
+                number = isinstance(value, int) or (isinstance(value, float) and declared[col] == "REAL")
+                if value is not None and not number:
+                    raise InputError(
+                        f"{self.path}: table {table} has {short(value)} ({type(value).__name__}) in its "
+                        f"{declared[col]} column {col}; the export is damaged: export the report again"
                     )
 
     # -- basics ----------------------------------------------------------------------------------------------------

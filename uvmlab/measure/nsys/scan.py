@@ -279,6 +279,18 @@ def _fault_part(path: str, lo: int, hi: int, r: Router, chunk_rows: int, has_add
     return part
 
 
+def rowid_bounds(ex: Export, table: str, chunk_rows: int) -> list[int]:
+    """Rowids cutting ``table`` into chunks of ``chunk_rows`` rows each (the last one shorter): ``[a, b)`` pairs of
+    consecutive bounds. Chunks are planned by row number, never by rowid range: rowids may be sparse (a table
+    whose last rowid is 2**40 has as many chunks as rows allow, not 2**40 / chunk_rows)."""
+    starts = ex.query(
+        f"SELECT r FROM (SELECT rowid AS r, row_number() OVER (ORDER BY rowid) - 1 AS n FROM {table}) "
+        f"WHERE n % {int(chunk_rows)} = 0"
+    )
+    last = ex.query(f"SELECT max(rowid) FROM {table}")[0][0]
+    return [int(r[0]) for r in starts] + ([int(last) + 1] if last is not None else [])
+
+
 def workers_for(rows: int, chunk_rows: int) -> int:
     """How many worker processes to use for ``rows`` fault rows (1: read in this process)."""
     env = os.environ.get("UVMLAB_NSYS_WORKERS")
@@ -305,9 +317,7 @@ def scan_faults_all(
         if meanwhile is not None:
             meanwhile()
         return
-    lo = int(ex.query(f"SELECT min(rowid) FROM {S.GPU_FAULTS}")[0][0])
-    hi = int(ex.query(f"SELECT max(rowid) FROM {S.GPU_FAULTS}")[0][0]) + 1
-    bounds = [*range(lo, hi, chunk_rows), hi]
+    bounds = rowid_bounds(ex, S.GPU_FAULTS, chunk_rows)
     ctx = multiprocessing.get_context("spawn")  # no fork: the parent may run threads (progress bars)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {

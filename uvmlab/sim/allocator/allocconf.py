@@ -9,6 +9,7 @@ behaviour of a PyTorch version (``tie_break``, ``version``) are fields too, sett
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -224,12 +225,18 @@ def _split_pairs(conf: str) -> list[tuple[str, str]]:
 
 
 def _number(key: str, val: str, conf: str) -> float:
+    """A finite, non-negative number; a size in MB must also fit size_t once multiplied by 1 MiB (PyTorch keeps
+    these settings as size_t bytes, c10/cuda/CUDAAllocatorConfig.h)."""
     try:
         x = float(val)
     except ValueError:
         raise InputError(f"PYTORCH_CUDA_ALLOC_CONF {conf!r}: {key} needs a number, got {val!r}") from None
+    if not math.isfinite(x):
+        raise InputError(f"PYTORCH_CUDA_ALLOC_CONF {conf!r}: {key} needs a finite number, got {val!r}")
     if x < 0:
         raise InputError(f"PYTORCH_CUDA_ALLOC_CONF {conf!r}: {key} cannot be negative")
+    if key.endswith("_mb") and x * MiB > SIZE_MAX:
+        raise InputError(f"PYTORCH_CUDA_ALLOC_CONF {conf!r}: {key}={val} MB is more than size_t can hold in bytes")
     return x
 
 

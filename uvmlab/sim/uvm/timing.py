@@ -29,9 +29,12 @@ import numpy as np
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.inputs import read_input_text
 from uvmlab.gpus import GpuSpec
 
 PARAMS_SCHEMA_VERSION = 1
+MAX_PARAMS_BYTES = 16 * 1024 * 1024
+"""Largest cost parameter file read (16 MiB; the shipped profiles are about 2 KB)."""
 _ATAN_K_PER_KIB = 0.07292
 """UVMSmart ``gpu-sim.cc:636-651`` transfer curve constant (per KiB)."""
 
@@ -116,14 +119,15 @@ class CostParams:
     def from_file(cls, path: str | Path) -> CostParams:
         """Read a parameter file; unknown fields or a wrong schema version are an InputError."""
         p = Path(path)
+        if not p.exists():
+            raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate")
+        text = read_input_text(p, MAX_PARAMS_BYTES, "a cost parameter file (JSON)")
         try:
-            doc = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read cost parameter file {p}: {exc}") from None
+            doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"cost parameter file {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except RecursionError:
+            raise InputError(f"cost parameter file {p} nests too deeply to be one") from None
         if not isinstance(doc, dict) or doc.get("schema_version") != PARAMS_SCHEMA_VERSION:
             got = doc.get("schema_version") if isinstance(doc, dict) else None
             raise InputError(
