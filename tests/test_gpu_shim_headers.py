@@ -69,6 +69,16 @@ def test_shim_declarations_match_the_cuda_headers(major: int) -> None:
         ),
         ("kCudaMemAttachGlobal = 0x01;", "kCudaMemAttachGlobal = 0x02;", "kCudaMemAttachGlobal differs"),
         ("kCudaMemLocationTypeHost = 2;", "kCudaMemLocationTypeHost = 3;", "kCudaMemLocationTypeHost differs"),
+        (
+            "X(cudaDeviceGetAttribute, ERR, (int*, ATTR, int))",
+            "X(cudaDeviceGetAttribute, ERR, (int*, int, int))",
+            "cudaDeviceGetAttribute: the shim's signature differs",
+        ),
+        (
+            "kCudaDevAttrConcurrentManagedAccess = 89;",
+            "kCudaDevAttrConcurrentManagedAccess = 90;",
+            "kCudaDevAttrConcurrentManagedAccess differs",
+        ),
     ],
 )
 def test_a_deliberate_mismatch_fails_the_check(tmp_path: Path, good: str, bad: str, message: str) -> None:

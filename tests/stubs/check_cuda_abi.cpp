@@ -13,6 +13,7 @@
                 #name ": the shim's signature differs from the CUDA headers");
 
 UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t)
+UVMLAB_CUDA_ATTR_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaDeviceAttr)
 #if CUDART_VERSION >= 13000
 static_assert(CUDART_VERSION >= uvmlab_abi::kCuda13Version, "the shim's CUDA 13 version switch");
 UVMLAB_CUDA13_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaMemoryAdvise, struct ::cudaMemLocation,
@@ -41,3 +42,4 @@ static_assert(offsetof(uvmlab_abi::cudaMemLocation, id) == offsetof(::cudaMemLoc
 static_assert(sizeof(uvmlab_abi::cudaError_t) == sizeof(::cudaError_t), "cudaError_t size");
 static_assert(sizeof(uvmlab_abi::cudaStream_t) == sizeof(::cudaStream_t), "cudaStream_t size");
 static_assert(sizeof(uvmlab_abi::cudaMemoryAdvise) == sizeof(enum ::cudaMemoryAdvise), "cudaMemoryAdvise size");
+static_assert(sizeof(uvmlab_abi::cudaDeviceAttr) == sizeof(enum ::cudaDeviceAttr), "cudaDeviceAttr size");
