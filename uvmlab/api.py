@@ -67,6 +67,9 @@ _EXPORTS: dict[str, str] = {
     "colocate_workloads": "uvmlab.colocate",
     # fidelity scorecard
     "validate": "uvmlab.validate.scorecard",
+    # the evidence kit (uvmlab collect): records on a GPU what validate reads
+    "CollectOptions": "uvmlab.gpu.kit.plan",
+    "collect_evidence": "uvmlab.gpu.kit.runner",
 }
 
 __all__ = sorted(_EXPORTS)

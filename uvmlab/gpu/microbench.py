@@ -312,7 +312,7 @@ def run_microbench(
             rows.append((kind, size, 1.0, median(times)))
     free, _total = rt.memGetInfo()
     # UVM uses every free byte before it evicts (block_alloc_gpu_chunk), so the balloon leaves exactly C
-    balloon_bytes = max(0, free - oversub_capacity_bytes) // BLOCK_BYTES * BLOCK_BYTES
+    balloon_bytes = max(0, free - oversub_capacity_bytes) // BLOCK_BYTES * BLOCK_BYTES if factors else 0
     balloon = rt.malloc(balloon_bytes) if balloon_bytes else 0
     try:
         capacity = int(rt.memGetInfo()[0])  # what UVM really has: the free memory the balloon left
