@@ -120,6 +120,9 @@ class ManagedMemory:
         self.device_id = 0
         self.ptr = _alloc(size)
 
+    def __del__(self) -> None:  # CuPy frees a managed allocation when its last reference goes
+        _buffers.pop(self.ptr, None)
+
     def prefetch(self, stream: Any, *, device_id: int = CUDA_INVALID_DEVICE_ID) -> None:
         if device_id == CUDA_INVALID_DEVICE_ID:
             device_id = self.device_id

@@ -46,8 +46,9 @@ MANIFEST = "MANIFEST.tsv"
 SNAPSHOT_PREFIX = f"{DATASET}_"
 RECORD = "collect.json"
 RAW = "raw"
-OWNED = (RECORD, "README.md", RAW, MEMORY_DIR, CUDNN_DIR, UVM_DIR, LINK_DIR, f"{SNAPSHOTS_DIR}/{MANIFEST}")
-"""What the kit writes in DIR (and the snapshots named ``SNAPSHOT_PREFIX*``)."""
+OWNED = (RECORD, "README.md", RAW, MEMORY_DIR, CUDNN_DIR, UVM_DIR, LINK_DIR)
+"""What the kit writes in DIR, with the snapshots named ``SNAPSHOT_PREFIX*`` and their rows of
+``snapshots/MANIFEST.tsv`` (the manifest's other rows are kept: :func:`write_manifest`)."""
 
 RUN_COLUMNS = (
     "case",

@@ -127,6 +127,8 @@ class CollectOptions:
     kernels: tuple[str, ...] = ("seq_stream", "rand_stream")
     stream_iterations: int = 5
     gcn: bool = True
+    gcn_factors: tuple[float, ...] | None = None
+    """Factors of the GCN runs (None: ``factors``)."""
     gcn_chunk_edges: int = 2_000_000
     gcn_epochs: int = 3
     link_sizes: tuple[int, ...] = ()
@@ -137,6 +139,9 @@ class CollectOptions:
     nsys_path: str = "nsys"
     nsys: bool | None = None
     """Run the streams under nsys: None = when nsys is on PATH."""
+    cudart: str | None = None
+    """CUDA runtime for the link step's host-bound prefetch (``UVMLAB_CUDART``); None: the one the
+    nvidia-cuda-runtime wheel installed (uvmlab.gpu.cudart)."""
     dry_run: bool = False
     force: bool = False
 
@@ -144,9 +149,10 @@ class CollectOptions:
         bad = [w for w in self.what if w not in WHAT]
         if bad or not self.what:
             raise InputError(f"--what takes a comma list of {', '.join(WHAT)}, not {','.join(self.what) or 'nothing'}")
-        if not self.factors or any(not f > 0 for f in self.factors):
-            raise InputError(f"factors must be > 0 (fractions of the free GPU memory), not {list(self.factors)}")
-        over = [f for f in self.factors if f > MAX_SAFE_FACTOR]
+        every = (*self.factors, *(self.gcn_factors or ()))
+        if not self.factors or any(not f > 0 for f in every):
+            raise InputError(f"factors must be > 0 (fractions of the free GPU memory), not {list(every)}")
+        over = [f for f in every if f > MAX_SAFE_FACTOR]
         if over and not self.allow_oversubscription:
             raise InputError(
                 f"factor {over[0]:g} asks for more than {MAX_SAFE_FACTOR:g} of the GPU's free memory, which can stall "
@@ -220,6 +226,7 @@ def plan_collect(
 ) -> KitPlan:
     """The kit's steps for ``opts`` into ``out`` (reads, never writes; nothing is started)."""
     from uvmlab.gpu import shim as shim_mod
+    from uvmlab.gpu.cudart import CUDART_ENV
     from uvmlab.gpu.kit.cudnn_log import DEST_ENV, LOG_ENV
 
     status = gpu_status() if status is None else status
@@ -296,7 +303,7 @@ def plan_collect(
             )
         if opts.gcn:
             library = str(shim_mod.shim_path())
-            for f in opts.factors:
+            for f in opts.factors if opts.gcn_factors is None else opts.gcn_factors:
                 nodes = gcn_nodes_for(int(f * free), opts.gcn_chunk_edges)
                 if nodes is None:
                     notes.append(f"GCN at factor {f:g}: even 1,000 nodes need more than {format_bytes(f * free)}")
@@ -323,7 +330,8 @@ def plan_collect(
             notes.append(
                 "link: the oversubscribed touch rows need --allow-oversubscription (prefetch and touch rows run)"
             )
-        add("link", "link", argv, {}, d, "prefetch bandwidth by size and page-touch costs (microbenchmarks)", "link")
+        env = {CUDART_ENV: opts.cudart} if opts.cudart else {}
+        add("link", "link", argv, env, d, "prefetch bandwidth by size and page-touch costs (microbenchmarks)", "link")
     return KitPlan(out, tuple(steps), name, source, total, free, tuple(opts.factors), use_nsys, tuple(notes))
 
 
