@@ -93,7 +93,7 @@ def test_collect_dry_run_prints_the_plan_on_this_machine(capsys: pytest.CaptureF
 def test_collect_without_a_gpu_is_one_sentence(tmp_path: Path) -> None:
     from uvmlab.gpu.kit.runner import collect_evidence
 
-    with pytest.raises(UnavailableError, match="^uvmlab collect needs an NVIDIA GPU: no NVIDIA driver"):
+    with pytest.raises(UnavailableError, match=r"^uvmlab collect needs an NVIDIA GPU: no NVIDIA driver"):
         collect_evidence(CollectOptions(what=("link",)), tmp_path / "kit", status=NO_GPU)
     assert not (tmp_path / "kit").exists()
 
