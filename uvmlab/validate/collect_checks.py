@@ -220,7 +220,7 @@ def check_uvm(data_dir: Path) -> list[Point]:
     return points
 
 
-@check("collect-link", needs=L.LINK_DIR, fast=True)
+@check("collect-link", needs=L.LINK_DIR)
 def check_link(data_dir: Path) -> list[Point]:
     """Prefetch times by size and direction against the link model (uvmlab.sim.timing.transfer_bandwidth)."""
     import numpy as np
