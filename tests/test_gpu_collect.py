@@ -361,3 +361,47 @@ def test_force_replaces_only_the_kits_files(tmp_path: Path) -> None:
         check_out(out, force=False)
     check_out(out, force=True)
     assert (out / "mine.txt").read_text() == "not the kit's"
+
+
+# ---- the steps' own code, in this process (CPU) ------------------------------------------------------------------
+def test_the_memory_step_runs_its_loop_on_the_cpu_and_leaves_cuda_values_unknown(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from uvmlab.gpu.kit.memory_step import run_case
+
+    case = json.loads(MemoryCase("gpt2", 2, "adam", False, 2, TINY_GPT2).to_json())
+    rec = run_case(tmp_path / "c", case, snapshot="python", device="cpu")
+    assert rec["outcome"] == "ok" and rec["case"] == "gpt2_b2_adam_bench-off" and rec["iterations"] == 2
+    assert rec["max_memory_reserved_bytes"] is None and rec["nvml_source"] == "none"  # not measured, never 0
+    assert set(L.RUN_COLUMNS) <= set(json.loads((tmp_path / "c" / "case.json").read_text()))
+
+
+def test_workspace_rows_are_the_allocations_under_cudnn_calls() -> None:
+    from uvmlab.gpu.kit.memory_step import workspace_rows
+
+    conv = [{"name": "at::native::run_conv_plan(...)", "filename": "Conv_v8.cpp", "line": 10}]
+    gemm = [{"name": "at::cuda::blas::gemm", "filename": "CUDABlas.cpp", "line": 5}]
+    trace = [
+        {"action": "alloc", "size": 5 * MiB, "frames": conv},
+        {"action": "alloc", "size": 7 * MiB, "frames": gemm},
+        {"action": "free_requested", "size": 5 * MiB, "frames": conv},
+    ]
+    assert workspace_rows({"device_traces": [trace]}, "c") == [
+        {"case": "c", "index": 0, "size_bytes": 5 * MiB, "frame": "at::native::run_conv_plan(...)"}
+    ]
+
+
+def test_the_gcn_step_trains_on_the_cpu() -> None:
+    pytest.importorskip("torch")
+    from uvmlab.gpu.kit.gcn import run_gcn
+
+    doc = run_gcn(2_000, epochs=2, chunk_edges=5_000, device="cpu")
+    assert doc["nodes"] == 2_000 and len(doc["epoch_times_s"]) == 2 and doc["avg_epoch_time_s"] > 0
+    assert doc["avg_epoch_time_s"] == doc["epoch_times_s"][1]  # epoch 0 is the warm-up
+
+
+def test_the_stream_chunks_are_uvmbench_s() -> None:
+    """63 / 79 / 95 pages per thread at 1.0x / 1.25x / 1.5x of the RTX 5090's 33,669,316,608 B (docs/uvm-sim.md)."""
+    from uvmlab.gpu.kit.uvm_step import PAGE_ELEMS, chunk_elems
+
+    total = 33_669_316_608
+    assert [chunk_elems(int(f * total) // 2 // 4) // PAGE_ELEMS for f in (1.0, 1.25, 1.5)] == [63, 79, 95]
