@@ -212,7 +212,7 @@ def test_inherited_variables_that_change_the_experiment_are_dropped_and_verbose_
     """Issue 26 defect 6: CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE and CUDA_LAUNCH_BLOCKING change the
     footprint or the timing and were inherited; UVMLAB_SHIM_VERBOSE (a diagnostic) was dropped with every other
     UVMLAB_* variable, so the checklist's tip could not work."""
-    from uvmlab.gpu.plan import dropped_from, step_environment
+    from uvmlab.gpu.plan import step_environment
 
     parent = {
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
@@ -226,7 +226,9 @@ def test_inherited_variables_that_change_the_experiment_are_dropped_and_verbose_
     env = step_environment(run, parent)
     assert not {"CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "CUDA_LAUNCH_BLOCKING"} & set(env)
     assert env["UVMLAB_SHIM_VERBOSE"] == "1" and "UVMLAB_BALLOON_BYTES" not in env and env["HOME"] == "/home/x"
-    assert set(dropped_from(parent)) == set(parent) - {"UVMLAB_SHIM_VERBOSE", "HOME"}
+    from uvmlab.gpu.plan import dropped_from
+
+    assert set(dropped_from(parent)) == set(parent) - {"UVMLAB_SHIM_VERBOSE", "HOME"}  # recorded in env.json
 
 
 def test_a_pasted_dry_run_command_does_not_bring_back_dropped_variables(tmp_path: Path) -> None:
@@ -236,12 +238,16 @@ def test_a_pasted_dry_run_command_does_not_bring_back_dropped_variables(tmp_path
     import json
     import subprocess
 
-    from uvmlab.gpu.plan import Step, shell_command
+    from dataclasses import replace
 
-    run = _plan("gpt2", 4.0, True).step("run")
+    from uvmlab.gpu.plan import Step
+
+    plan = _plan("gpt2", 4.0, True)
+    run = plan.step("run")
     probe = Step("probe", (sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"),
                  run.env, str(tmp_path), "")  # fmt: skip
-    line = shell_command(probe)
+    printed = format_plan(replace(plan, steps=(probe,), needs_measurement=False)).splitlines()
+    line = printed[printed.index("step 1: probe: ") + 1].removeprefix("  ")
     assert line.startswith(f"cd {tmp_path} && env -u PYTORCH_NO_CUDA_MEMORY_CACHING ")
     stray = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "UVMLAB_BALLOON_BYTES": "5", "CUDA_LAUNCH_BLOCKING": "1"}
     proc = subprocess.run(["bash", "-c", line], env={**os.environ, **stray}, capture_output=True, text=True)
@@ -249,4 +255,3 @@ def test_a_pasted_dry_run_command_does_not_bring_back_dropped_variables(tmp_path
     seen = json.loads(proc.stdout)
     assert not set(stray) & set(seen)
     assert seen["UVMLAB_BALLOON_LEAVE_BYTES"] == run.env["UVMLAB_BALLOON_LEAVE_BYTES"]
-    assert f"  {shell_command(run)}" in format_plan(_plan("gpt2", 4.0, True)).splitlines()
