@@ -237,7 +237,6 @@ def test_a_pasted_dry_run_command_does_not_bring_back_dropped_variables(tmp_path
     line now unsets them: run through bash here with a stray environment, it sees none of them."""
     import json
     import subprocess
-
     from dataclasses import replace
 
     from uvmlab.gpu.plan import Step
