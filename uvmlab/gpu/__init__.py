@@ -1,4 +1,4 @@
-"""uvmlab.gpu: the real-GPU path (torch only inside the worker).
+"""uvmlab.gpu: the real-GPU path (torch only inside the worker and the evidence kit's child steps).
 
 ``shim`` (build/locate/configure the LD_PRELOAD shim, read its allocation log), ``balloon`` (the arithmetic),
 ``detect`` (``gpu_status()``), ``plan`` (``GpuRunOptions``, ``plan_run``, ``format_plan``; re-exported by
