@@ -229,7 +229,7 @@ def test_gpus_lists_known_models_and_detection(capsys: pytest.CaptureFixture[str
 
 
 def test_detected_name_maps_to_a_known_model() -> None:
-    from uvmlab.cli.gpu_cmds import _known_match
+    from uvmlab.gpus import known_gpu as _known_match
 
     assert _known_match("NVIDIA A100 80GB PCIe") == "A100-80GB"
     assert _known_match("NVIDIA A100-SXM4-40GB") == "A100-40GB"

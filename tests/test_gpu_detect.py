@@ -178,3 +178,71 @@ def test_run_mode_gpu_without_a_gpu_exits_with_one_sentence(capsys: pytest.Captu
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("uvmlab: error: ") and st.reason in err
     assert "Traceback" not in err
+
+
+# ---- MIG (issue 26 defect 6): the fake NVML of tests/stubs/site/pynvml.py, nvidia-ml-py's names and errors ----------
+_MIG_UUID = "MIG-11111111-2222-3333-4444-555555555555"
+_MIG_HOST = {
+    "gpus": [
+        {
+            "name": "NVIDIA A100-SXM4-80GB",
+            "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+            "bus_id": "00000000:07:00.0",
+            "total": 85899345920,
+            "used": 0,
+            "mig": [
+                {"name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb", "uuid": _MIG_UUID, "total": 42949672960, "used": 5 << 20},
+                {
+                    "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                    "uuid": "MIG-66666666-7777-8888-9999-000000000000",
+                    "total": 42949672960,
+                    "used": 0,
+                },
+            ],
+        }
+    ]
+}
+
+
+@pytest.fixture
+def mig_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> types.ModuleType:
+    import importlib.util
+
+    cfg = tmp_path / "nvml.json"
+    cfg.write_text(json.dumps(_MIG_HOST))
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(cfg))
+    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parent / "stubs" / "site" / "pynvml.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    return mod
+
+
+def test_on_mig_the_worker_finds_its_nvml_device_by_the_uuid_cuda_reports(mig_nvml) -> None:
+    """CUDA reports a MIG device's own UUID and torch prints it without a prefix; the lookup took it as GPU-<uuid>
+    and always failed (NVML_ERROR_NOT_FOUND), so a run on MIG had no NVML samples. It now tries MIG-<uuid> too."""
+    from uvmlab.measure.gpu.worker import _Nvml
+
+    mig_nvml.nvmlInit()
+    handle, why = detect.nvml_handle(mig_nvml, {}, uuid=_MIG_UUID.removeprefix("MIG-"))
+    assert why == "" and mig_nvml.nvmlDeviceGetUUID(handle) == _MIG_UUID
+    assert [c[1] for c in mig_nvml.CALLS] == ["GPU-" + _MIG_UUID[4:], _MIG_UUID]  # GPU- tried first
+    with pytest.raises(mig_nvml.NVMLError_NotFound):
+        detect.nvml_handle(mig_nvml, {}, uuid="99999999-0000-0000-0000-000000000000")
+    sampler = _Nvml(True, _MIG_UUID.removeprefix("MIG-"))
+    assert sampler.used() == 5 << 20  # the MIG device's memory, not the whole GPU's
+
+
+@pytest.mark.parametrize("cvd", [_MIG_UUID, None, "0"])
+def test_gpu_status_describes_the_mig_device(mig_nvml, cvd) -> None:
+    """A MIG device named in CUDA_VISIBLE_DEVICES (or, approximated, the first MIG device of a MIG-mode GPU named by
+    index) is described with its own name and memory; NVML's index is its parent's."""
+    st = gpu_status(env={} if cvd is None else {"CUDA_VISIBLE_DEVICES": cvd})
+    assert st.available, st.reason
+    assert (st.name, st.memory_bytes, st.index) == ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 42949672960, 0)
+    assert st.free_bytes == 42949672960 - (5 << 20)
+
+
+def test_the_old_mig_name_form_is_refused_with_a_sentence(mig_nvml) -> None:
+    st = gpu_status(env={"CUDA_VISIBLE_DEVICES": "MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/1/0"})
+    assert not st.available and "old MIG-GPU-<uuid>/<gi>/<ci> form" in st.reason

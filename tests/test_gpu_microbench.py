@@ -128,22 +128,8 @@ def test_run_microbench_refuses_without_a_gpu() -> None:
 
 
 STUBS = Path(__file__).parent / "stubs"
-
-
-@pytest.fixture
-def fake_cupy(monkeypatch: pytest.MonkeyPatch):
-    """tests/stubs/fake_cupy.py as ``cupy``, and a GPU that NVML 'sees'."""
-    import importlib.util
-    import sys
-
-    from uvmlab.measure.gpu import detect
-
-    spec = importlib.util.spec_from_file_location("cupy", STUBS / "fake_cupy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setitem(sys.modules, "cupy", mod)
-    monkeypatch.setattr(detect, "gpu_status", lambda: detect.GpuStatus(True, "", "Fake GPU", 80 * GiB, "1", "13.0"))
-    return mod
+SITE = STUBS / "site"
+"""Fakes importable as ``cupy`` and ``pynvml`` (tests/stubs/site/cupy.py, tests/stubs/site/pynvml.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -156,35 +142,118 @@ def stub_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cudart") / "libcudart.so.13"
     tail = (str(STUBS / "fake_cudart.c"), "-lpthread")
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-o", str(out), *tail],
+        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-Wl,-soname,libcudart.so.13",
+         "-o", str(out), *tail],
         check=True,
         capture_output=True,
-    )
+    )  # fmt: skip
     return out
+
+
+_CHILD = """
+import json, sys
+import cupy
+from uvmlab.measure.gpu import microbench as mb
+from uvmlab.measure.gpu.cudart import loaded_cudart
+assert "torch" not in sys.modules and loaded_cudart() is None, loaded_cudart()  # CuPy's linking: no libcudart
+if sys.argv[1] == "old":
+    cupy.MANAGED_CLASS[0] = cupy.OldManagedMemory
+t = mb.run_microbench(sizes=(2 << 20,), factors=(1.5, 3.0), oversub_capacity_bytes=4 << 20, repeats=1)
+print(json.dumps({"kinds": list(t["kind"]), "times": list(t["time_ns"]), "factors": list(t["factor"]),
+                  "sizes": [int(x) for x in t["size_bytes"]], "calls": [list(c) for c in cupy.CALLS
+                  if c[0] in ("memPrefetchAsync", "malloc", "free")]}))
+"""
 
 
 @pytest.mark.parametrize("version", [13000, 12080])
 @pytest.mark.parametrize("old_cupy", [False, True])
-def test_run_microbench_drives_cupy_with_its_real_signatures(
-    fake_cupy, stub_cudart, tmp_path, monkeypatch, version: int, old_cupy: bool
+def test_run_microbench_drives_cupy_with_its_real_signatures_and_linking(
+    stub_cudart: Path, tmp_path: Path, version: int, old_cupy: bool
 ) -> None:
-    """Defect 1: microbench called ManagedMemory.prefetch(stream, dev), a TypeError with CuPy's keyword-only
-    device_id, before measuring anything. Every prefetch now goes through runtime.memPrefetchAsync (same
-    signature in all CuPy releases); to the host on CUDA 13 through the runtime itself with a host location."""
-    fake_cupy.RUNTIME_VERSION[0] = version
-    if old_cupy:
-        fake_cupy.MANAGED_CLASS[0] = fake_cupy.OldManagedMemory
-    monkeypatch.setattr(mb, "find_loaded_cudart", lambda: str(stub_cudart))
-    monkeypatch.setenv("FAKE_CUDART_LOG", str(tmp_path / "cudart.log"))
-    monkeypatch.setenv("FAKE_CUDART_VERSION", str(version))
-    t = mb.run_microbench(sizes=(2 * MiB,), factors=(1.5,), oversub_capacity_bytes=4 * MiB, repeats=1)
-    assert list(t["kind"]) == [*mb.KINDS[:5], "touch_oversub"] and (t["time_ns"] == 1e6).all()
-    pre = [c for c in fake_cupy.CALLS if c[0] == "memPrefetchAsync"]
+    """Issue 14 defect 1: ManagedMemory.prefetch(stream, dev) was a TypeError with CuPy's keyword-only device_id;
+    every prefetch now goes through runtime.memPrefetchAsync (same signature in all CuPy releases).
+    Issue 26 defect 1: CuPy links the CUDA runtime statically, so a process that never imports torch has no
+    libcudart loaded and the host-bound prefetch on CUDA 13 raised UnavailableError. The child process here has
+    CuPy's real linking (asserted: no libcudart in /proc/self/maps); the runtime is loaded by path
+    ($UVMLAB_CUDART, the stub) and gets the host location.
+    Issue 26 defect 2: the balloon left C + 256 MiB free and UVM used it all, so the rows ran at 0.8x the factor
+    they named; it now leaves exactly C, and each row's factor is its size over the free memory measured after
+    the balloon."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    free, cap = 64 << 20, 4 << 20
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UVMLAB_", "FAKE_", "LD_", "CUDA_VISIBLE"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SITE), str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]),
+        UVMLAB_CUDART=str(stub_cudart),
+        FAKE_CUDART_LOG=str(tmp_path / "cudart.log"),
+        FAKE_CUDART_VERSION=str(version),
+        FAKE_CUDART_PAGEABLE_ACCESS="1",  # CuPy's managed buffers come from its own (static) runtime: not this stub's
+        FAKE_CUPY_RUNTIME_VERSION=str(version),
+        FAKE_CUPY_FREE_BYTES=str(free),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, "old" if old_cupy else "new"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kinds"] == [*mb.KINDS[:5], "touch_oversub", "touch_oversub"] and set(got["times"]) == {1e6}
+    pre = [c for c in got["calls"] if c[0] == "memPrefetchAsync"]
     assert all(c[2] == 2 * MiB and c[4] == 0xABC0 for c in pre)
     host = (tmp_path / "cudart.log").read_text().splitlines() if (tmp_path / "cudart.log").exists() else []
     if version >= 13000:
-        # htod + (htod before dtoh) via CuPy; the dtoh itself via the runtime with {Host, 0}
+        # htod + (htod before dtoh) via CuPy; the dtoh itself via the runtime loaded by path, with {Host, 0}
         assert [c[3] for c in pre] == [0, 0]
         assert len(host) == 1 and "loc_type=2 loc_id=0 flags=0" in host[0] and "stream=0xabc0" in host[0]
+        assert host[0].endswith("-> 0")
     else:
         assert [c[3] for c in pre] == [0, 0, -1] and host == []
+    balloon = [c for c in got["calls"] if c[0] == "malloc"]
+    assert balloon == [["malloc", free - cap]]  # UVM gets exactly C: nothing is left for it beyond
+    assert got["sizes"][-2:] == [6 * MiB, 12 * MiB] and got["factors"][-2:] == [1.5, 3.0]
+
+
+def test_the_stub_runtime_refuses_hints_on_memory_that_is_not_managed(stub_cudart: Path, tmp_path: Path) -> None:
+    """The stub answers cudaMemAdvise / cudaMemPrefetchAsync as the CUDA 13 header documents them: managed ranges
+    succeed, device memory (cudaMalloc) and unknown host memory fail with cudaErrorInvalidValue (1) unless the
+    device reports pageable memory access; cudaDeviceGetAttribute answers attributes 88 and 89."""
+    import ctypes
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+lib.cudaMemAdvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, Loc]
+lib.cudaMemPrefetchAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, Loc, ctypes.c_uint, ctypes.c_void_p]
+m, d = ctypes.c_void_p(), ctypes.c_void_p()
+assert lib.cudaMallocManaged(ctypes.byref(m), ctypes.c_size_t(1 << 20), 1) == 0
+assert lib.cudaMalloc(ctypes.byref(d), ctypes.c_size_t(1 << 20)) == 0
+host = ctypes.create_string_buffer(4096)
+dev = Loc(1, 0)
+out = [lib.cudaMemAdvise(m, 1 << 20, 1, dev), lib.cudaMemAdvise(d, 1 << 20, 1, dev),
+       lib.cudaMemPrefetchAsync(m, 1 << 20, dev, 0, None), lib.cudaMemPrefetchAsync(d, 4096, dev, 0, None),
+       lib.cudaMemAdvise(m, (1 << 20) + 4096, 1, dev), lib.cudaMemAdvise(ctypes.addressof(host), 4096, 1, dev)]
+v = ctypes.c_int(-5)
+out += [lib.cudaDeviceGetAttribute(ctypes.byref(v), 89, 0), v.value]
+out += [lib.cudaDeviceGetAttribute(ctypes.byref(v), 88, 0), v.value, lib.cudaDeviceGetAttribute(ctypes.byref(v), 1, 0)]
+print(out)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    for pageable, expected in (("0", [0, 1, 0, 1, 1, 1, 0, 1, 0, 0, 1]), ("1", [0, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1])):
+        extra = {
+            "FAKE_CUDART_PAGEABLE_ACCESS": pageable,
+            "FAKE_CUDART_CONCURRENT_MANAGED": "0" if pageable == "1" else "1",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(stub_cudart)], env={**env, **extra}, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert eval(proc.stdout) == expected
+    assert ctypes  # the child uses ctypes; the parent loads nothing

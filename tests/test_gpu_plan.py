@@ -169,3 +169,88 @@ def test_measure_without_standin_or_with_a_refused_estimate_keeps_only_calibrate
     refused = plan_run(cfg, opts, "/RUN", status=NO_GPU, estimate=lambda c: 300 * GiB)
     assert [s.name for s in refused.steps] == ["calibrate"] and refused.balloon is None
     assert any("would be refused" in n for n in refused.notes)
+
+
+def _policy_plan(policy: str, **opts):
+    from uvmlab.advise.policies import get_policy
+
+    cfg = get_policy(policy).apply(RunConfig(WorkloadConfig("gpt2"), oversub=2.0, mode="gpu", gpu="A100-80GB"))
+    o = GpuRunOptions(footprint=36 * GiB, baseline=True, host_memory_bytes=512 * GiB, shim_library="/x.so", **opts)
+    return plan_run(cfg, o, "/RUN", status=NO_GPU)
+
+
+@pytest.mark.parametrize("policy", ["read-mostly-parameters", "remote-optimizer-state", "prefetch-next-kernel"])
+def test_hints_reach_the_managed_steps_only(policy: str) -> None:
+    """Issue 26 defect 4: the baseline step runs on device memory, where cudaMemAdvise / cudaMemPrefetchAsync fail
+    (CUDA 13 header: the range must be managed), so it must not get UVMLAB_HINTS."""
+    plan = _policy_plan(policy)
+    assert "UVMLAB_HINTS" not in plan.step("baseline").env
+    assert plan.step("run").env["UVMLAB_HINTS"] == policy
+    assert any("baseline runs the job without them" in n for n in plan.notes)
+
+
+def test_gc_threshold_sets_a_memory_fraction_on_the_run_step() -> None:
+    """Issue 26 defect 5: PyTorch's garbage_collection_threshold acts only with a memory fraction set
+    (CUDACachingAllocator.cpp malloc: set_fraction && threshold > 0); the run step now carries one."""
+    plan = _policy_plan("gc-threshold-0.8")
+    b, run = plan.balloon, plan.step("run")
+    assert "garbage_collection_threshold:0.8" in run.env["PYTORCH_CUDA_ALLOC_CONF"]
+    assert float(run.env["UVMLAB_MEMORY_FRACTION"]) == pytest.approx(b.available_bytes / b.total_bytes, abs=1e-6)
+    assert "UVMLAB_MEMORY_FRACTION" not in plan.step("baseline").env
+    assert any("acts only with a memory fraction" in n for n in plan.notes)
+    assert "UVMLAB_MEMORY_FRACTION" not in _policy_plan("max-split-128").step("run").env
+    given = _policy_plan("gc-threshold-0.8", alloc_conf="per_process_memory_fraction:0.5")
+    assert "UVMLAB_MEMORY_FRACTION" not in given.step("run").env  # the user's own fraction wins
+
+
+def test_an_oversubscribed_run_requires_concurrent_managed_access() -> None:
+    assert _plan("gpt2", 4.0, True).step("run").env["UVMLAB_REQUIRE_CONCURRENT_MANAGED"] == "1"
+    assert "UVMLAB_REQUIRE_CONCURRENT_MANAGED" not in _plan("gpt2", 4.0, True).step("baseline").env
+
+
+def test_inherited_variables_that_change_the_experiment_are_dropped_and_verbose_is_kept() -> None:
+    """Issue 26 defect 6: CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE and CUDA_LAUNCH_BLOCKING change the
+    footprint or the timing and were inherited; UVMLAB_SHIM_VERBOSE (a diagnostic) was dropped with every other
+    UVMLAB_* variable, so the checklist's tip could not work."""
+    from uvmlab.measure.gpu.plan import step_environment
+
+    parent = {
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "CUBLASLT_WORKSPACE_SIZE": "1024",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "UVMLAB_SHIM_VERBOSE": "1",
+        "UVMLAB_BALLOON_BYTES": "5",
+        "HOME": "/home/x",
+    }
+    run = _plan("gpt2", 4.0, True).step("run")
+    env = step_environment(run, parent)
+    assert not {"CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "CUDA_LAUNCH_BLOCKING"} & set(env)
+    assert env["UVMLAB_SHIM_VERBOSE"] == "1" and "UVMLAB_BALLOON_BYTES" not in env and env["HOME"] == "/home/x"
+    from uvmlab.measure.gpu.plan import dropped_from
+
+    assert set(dropped_from(parent)) == set(parent) - {"UVMLAB_SHIM_VERBOSE", "HOME"}  # recorded in env.json
+
+
+def test_a_pasted_dry_run_command_does_not_bring_back_dropped_variables(tmp_path: Path) -> None:
+    """Issue 26 defect 6: the printed command set the step's variables but kept the shell's, so pasting it brought
+    back what the plan removed (e.g. PYTORCH_NO_CUDA_MEMORY_CACHING turning a PCA-on run uncached). The printed
+    line now unsets them: run through bash here with a stray environment, it sees none of them."""
+    import json
+    import subprocess
+    from dataclasses import replace
+
+    from uvmlab.measure.gpu.plan import Step
+
+    plan = _plan("gpt2", 4.0, True)
+    run = plan.step("run")
+    probe = Step("probe", (sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"),
+                 run.env, str(tmp_path), "")  # fmt: skip
+    printed = format_plan(replace(plan, steps=(probe,), needs_measurement=False)).splitlines()
+    line = printed[printed.index("step 1: probe: ") + 1].removeprefix("  ")
+    assert line.startswith(f"cd {tmp_path} && env -u PYTORCH_NO_CUDA_MEMORY_CACHING ")
+    stray = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "UVMLAB_BALLOON_BYTES": "5", "CUDA_LAUNCH_BLOCKING": "1"}
+    proc = subprocess.run(["bash", "-c", line], env={**os.environ, **stray}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert not set(stray) & set(seen)
+    assert seen["UVMLAB_BALLOON_LEAVE_BYTES"] == run.env["UVMLAB_BALLOON_LEAVE_BYTES"]

@@ -424,6 +424,16 @@ for size in (700 << 20, 500 << 20):
     p = ctypes.c_void_p()
     assert lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
     ptrs.append(p)
+growth = int(os.environ.get("FAKE_WORKER_GROWTH_BYTES", "0"))
+if growth and role == "run":  # device memory taken outside UVM after the balloon (e.g. lazily loaded kernels)
+    stub, g = ctypes.CDLL({cudart!r}), ctypes.c_void_p()  # the stub's own cudaMalloc, not the shim's
+    assert stub.cudaMalloc(ctypes.byref(g), ctypes.c_size_t(growth)) == 0
+hints = os.environ.get("UVMLAB_HINTS")
+if hints:  # the worker's per-tensor hints (uvmlab.gpu.hints), here on the job's two allocations
+    from uvmlab.gpu.hints import ADVISE_READ_MOSTLY, CudaRuntime
+    rt = CudaRuntime(ctypes.CDLL({cudart!r}))
+    for p, size in zip(ptrs, (700 << 20, 500 << 20)):
+        rt.advise(p.value, size, ADVISE_READ_MOSTLY, 0)  # RuntimeError on a CUDA error, as in the worker
 t_sample = time.monotonic_ns()
 for p in ptrs:
     lib.cudaFree(p)
@@ -440,7 +450,7 @@ for name in ("uvmlab_live_managed_bytes", "uvmlab_balloon_bytes"):
     counters[name] = int(fn())
 probe = dict(when="after the job's memory was released", free_bytes=free.value, total_bytes=total.value,
              live_managed_bytes=counters["uvmlab_live_managed_bytes"], balloon_bytes=counters["uvmlab_balloon_bytes"])
-uncached = "PYTORCH_NO_CUDA_MEMORY_CACHING" in os.environ
+uncached = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 torch_says = 0 if uncached else None
 ms = {{"calibrate": 5, "baseline": 10, "run": 30}}[role]
 its = [dict(iteration=i, start_ns=i * 10**9, end_ns=i * 10**9 + ms * 10**6, duration_ns=ms * 10**6) for i in range(3)]
@@ -454,9 +464,21 @@ pd.DataFrame(dict(time_ns=[t_sample], iteration=[0], phase=["end"], allocated_by
 """
 
 
-def _stub_run(built, tmp_path, monkeypatch, *, pca: bool, context: int = 256 * MiB, strict: bool = False, base=True):
+def _stub_run(
+    built,
+    tmp_path,
+    monkeypatch,
+    *,
+    pca: bool,
+    context: int = 256 * MiB,
+    strict: bool = False,
+    base=True,
+    growth: int = 128 * MiB,
+    policy: str | None = None,
+):
     """run_gpu through the stub runtime (a 16 GiB card whose context and other tenants take ``context``) with
-    --footprint measure and --baseline (test_run_gpu_end_to_end_with_the_stub_runtime checks the whole result)."""
+    --footprint measure and --baseline (test_run_gpu_end_to_end_with_the_stub_runtime checks the whole result).
+    The run step takes ``growth`` bytes of device memory outside UVM after the balloon (default: the reserve)."""
     from uvmlab.config import RunConfig, WorkloadConfig
     from uvmlab.files.rundir import RunDir
     from uvmlab.measure.gpu import runner
@@ -470,10 +492,16 @@ def _stub_run(built, tmp_path, monkeypatch, *, pca: bool, context: int = 256 * M
         monkeypatch.delenv(k)
     monkeypatch.setenv("FAKE_CUDART_TOTAL_BYTES", str(total))
     monkeypatch.setenv("FAKE_CUDART_CONTEXT_BYTES", str(context))
+    monkeypatch.setenv("FAKE_WORKER_GROWTH_BYTES", str(growth))
+    monkeypatch.setenv("FAKE_CUDART_LOG", str(tmp_path / "cudart_calls.log"))
     fake = tmp_path / "fake_python"
     fake.write_text(_FAKE_WORKER.format(python=sys.executable, cudart=str(built["cudart"])))
     fake.chmod(0o755)
     cfg = RunConfig(WorkloadConfig("gpt2"), oversub=2.0, pca=pca, mode="gpu")
+    if policy:
+        from uvmlab.advise.policies import get_policy
+
+        cfg = get_policy(policy).apply(cfg)
     extra = {"strict_factor": True} if strict else {}
     opts = runner.GpuRunOptions(
         footprint="measure", baseline=base, python=str(fake), host_memory_bytes=64 * GiB, **extra
@@ -494,20 +522,30 @@ def test_pca_off_peak_memory_comes_from_the_shim_log(built, tmp_path, monkeypatc
 
 
 def test_the_effective_factor_is_measured_and_a_short_one_is_loud(built, tmp_path, monkeypatch, capsys) -> None:
-    """Defect 4 and the effective factor: the balloon leaves exactly C + reserve on a roomy card (achieved = f);
-    on a card whose free memory is already below that, no balloon is taken, the shim says so, and the run's
-    result records both factors and warns (``--strict-factor``: an error, after result.json is written)."""
-    _rd, res = _stub_run(built, tmp_path / "roomy", monkeypatch, pca=True)
+    """Issue 14 defect 4 and the effective factor; issue 26 defect 2. The balloon leaves C + R free and UVM fills
+    all free memory before it evicts (block_alloc_gpu_chunk), so the run's capacity is C + R minus what the
+    process takes outside UVM after the balloon: C when that is R (achieved = f), C + R when it is nothing
+    (achieved = M / (C + R): here 1.648, a warning; the old arithmetic subtracted R and said 2.000, ok). On a card
+    whose free memory is already below C + R no balloon is taken, the shim says so, and the result records both
+    factors and warns (``--strict-factor``: an error, after result.json is written)."""
+    _rd, res = _stub_run(built, tmp_path / "roomy", monkeypatch, pca=True)  # takes R = 128 MiB after the balloon
     eff = res["gpu_run"]["effective"]
     assert eff["measured_available_bytes"] == 600 * MiB and eff["achieved_oversub"] == 2.0 and eff["ok"] is True
+    assert eff["non_uvm_after_balloon_bytes"] == 128 * MiB and eff["footprint_bytes"] == 1200 * MiB
     assert eff["message"] is None and res["native_pca_time_ns"] == 10e6 and res["slowdown_vs_native_pca"] == 3.0
     assert res["effective_oversub"] == 2.0
 
-    busy = 16 * GiB - 768 * MiB  # e.g. another process on the GPU: free 768 MiB < leave 856 MiB, no balloon
+    _rd, res = _stub_run(built, tmp_path / "nogrowth", monkeypatch, pca=True, growth=0)
+    eff = res["gpu_run"]["effective"]
+    assert eff["measured_available_bytes"] == 728 * MiB and eff["non_uvm_after_balloon_bytes"] == 0
+    assert eff["achieved_oversub"] == pytest.approx(1200 / 728) and eff["ok"] is False
+    assert "measured factor is 1.648, not the requested 2" in capsys.readouterr().err
+
+    busy = 16 * GiB - 640 * MiB  # e.g. another process on the GPU: free 640 MiB < leave 728 MiB, no balloon
     rd, res = _stub_run(built, tmp_path / "small", monkeypatch, pca=True, context=busy, base=False)
     eff = res["gpu_run"]["effective"]
     assert res["gpu_run"]["balloon_actual"]["balloon_bytes"] == 0
-    assert eff["measured_available_bytes"] == 768 * MiB - 256 * MiB
+    assert eff["measured_available_bytes"] == 640 * MiB - 128 * MiB
     assert eff["achieved_oversub"] == pytest.approx(1200 / 512) and eff["ok"] is False
     assert "WARNING: the run's measured factor is 2.344, not the requested 2" in capsys.readouterr().err
     assert "no balloon" in (rd.logs / "run.err").read_text()
@@ -520,6 +558,20 @@ def test_the_effective_factor_is_measured_and_a_short_one_is_loud(built, tmp_pat
     assert doc["gpu_run"]["effective"]["achieved_oversub"] == pytest.approx(1200 / 512) and doc["oversub"] == 2.0
 
 
+@pytest.mark.parametrize("policy", ["read-mostly-parameters", "remote-optimizer-state", "prefetch-next-kernel"])
+def test_hint_policies_with_a_baseline_run_on_managed_memory_only(built, tmp_path, monkeypatch, policy) -> None:
+    """Issue 26 defect 4: the baseline step (device memory, shim in passthrough) got UVMLAB_HINTS too, and
+    cudaMemAdvise on device memory is cudaErrorInvalidValue (the stub answers as the CUDA 13 header says), so the
+    worker raised RuntimeError and --baseline failed. Hints now reach only the steps whose memory is managed."""
+    rd, res = _stub_run(built, tmp_path, monkeypatch, pca=True, policy=policy)
+    assert res["native_time_ns"] == 10e6  # the baseline ran
+    calls = (tmp_path / "cudart_calls.log").read_text().splitlines()
+    advised = [c for c in calls if c.startswith("cudaMemAdvise")]
+    assert len(advised) == 4 and all(c.endswith("-> 0") for c in advised)  # calibrate and run, two ranges each
+    env = json.loads(rd.config_json.read_text())
+    assert env["policy"] == policy
+
+
 def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) -> None:
     """The whole GPU pipeline minus the GPU: plan -> calibrate (real shim, real log) -> measured footprint ->
     re-plan -> baseline + run (balloon reserved by the shim in leave mode) -> collect -> result.json."""
@@ -528,7 +580,7 @@ def test_run_gpu_end_to_end_with_the_stub_runtime(built, tmp_path, monkeypatch) 
 
     footprint = 1200 * MiB  # both allocations live at once: the calibrate step's peak managed bytes
     capacity = 600 * MiB
-    leave = capacity + 256 * MiB
+    leave = capacity + 128 * MiB  # C + R (uvmlab.measure.gpu.balloon.DEFAULT_RESERVE_BYTES)
     free = total - context
     assert res["footprint_bytes"] == footprint and res["available_bytes"] == capacity
     assert res["gpu_run"]["footprint_source"].startswith("measured")
@@ -575,6 +627,11 @@ def test_a_child_process_does_not_reserve_a_second_balloon(built, tmp_path) -> N
     assert log["pid"].nunique() == 2 and (log["op"] == "balloon_alloc").sum() == 1
     owner = int(claim.read_text())
     assert owner == int(log.loc[log["op"] == "balloon_alloc", "pid"].iloc[0])  # the parent took it
+    # issue 26 defect 6: the child's skipped balloon is said (it used to be, with UVMLAB_SHIM_VERBOSE=1 only)
+    child = int(log.loc[log["pid"] != owner, "pid"].iloc[0])
+    assert f"{claim} exists: another process of this step holds the balloon, so process {child} takes none" in (
+        proc.stderr
+    )
 
 
 _GETENV_AFTER_BALLOON = """

@@ -69,6 +69,16 @@ def test_shim_declarations_match_the_cuda_headers(major: int) -> None:
         ),
         ("kCudaMemAttachGlobal = 0x01;", "kCudaMemAttachGlobal = 0x02;", "kCudaMemAttachGlobal differs"),
         ("kCudaMemLocationTypeHost = 2;", "kCudaMemLocationTypeHost = 3;", "kCudaMemLocationTypeHost differs"),
+        (
+            "X(cudaDeviceGetAttribute, ERR, (int*, ATTR, int))",
+            "X(cudaDeviceGetAttribute, ERR, (int*, int, int))",
+            "cudaDeviceGetAttribute: the shim's signature differs",
+        ),
+        (
+            "kCudaDevAttrConcurrentManagedAccess = 89;",
+            "kCudaDevAttrConcurrentManagedAccess = 90;",
+            "kCudaDevAttrConcurrentManagedAccess differs",
+        ),
     ],
 )
 def test_a_deliberate_mismatch_fails_the_check(tmp_path: Path, good: str, bad: str, message: str) -> None:
@@ -90,3 +100,15 @@ def test_the_shim_uses_only_the_checked_declarations() -> None:
     resolved = set(re.findall(r'lookup\(handle, "(cuda\w+)"\)', src))
     listed = set(re.findall(r"X\((cuda\w+),", header))
     assert resolved and resolved <= listed, sorted(resolved - listed)
+
+
+def test_the_python_side_uses_the_checked_constants() -> None:
+    """uvmlab.measure.gpu.cudart (ctypes) and uvmlab.gpu.hints use the values the header check verifies."""
+    from uvmlab.measure.gpu import cudart, hints
+
+    header = shim.ABI_HEADER.read_text()
+    value = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (-?\d+);", header)}
+    assert value["kCudaDevAttrPageableMemoryAccess"] == cudart.DEV_ATTR_PAGEABLE_MEMORY_ACCESS
+    assert value["kCudaDevAttrConcurrentManagedAccess"] == cudart.DEV_ATTR_CONCURRENT_MANAGED_ACCESS
+    assert value["kCudaMemAdviseSetReadMostly"] == hints.ADVISE_READ_MOSTLY
+    assert value["kCudaMemLocationTypeHost"] == hints.LOCATION_HOST

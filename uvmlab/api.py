@@ -70,6 +70,9 @@ _EXPORTS: dict[str, str] = {
     "colocate_workloads": "uvmlab.memory.colocate",
     # fidelity scorecard
     "validate": "uvmlab.validate.scorecard",
+    # the evidence kit (uvmlab collect): records on a GPU what validate reads
+    "CollectOptions": "uvmlab.measure.gpu.kit.plan",
+    "collect_evidence": "uvmlab.measure.gpu.kit.runner",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -94,3 +94,13 @@ def get_gpu(name: str, memory: str | int | None = None) -> GpuSpec:
     if memory is not None:
         spec = spec.with_memory(parse_bytes(memory))
     return spec
+
+
+def known_gpu(detected: str | None) -> str | None:
+    """The known GPU whose name's parts all appear in a detected name ('A100-80GB' in 'NVIDIA A100 80GB PCIe'); a
+    heuristic: None when no known name fits (the longest fit wins)."""
+    if not detected:
+        return None
+    words = detected.upper().replace("-", " ").split()
+    fits = [k for k in GPUS if all(part in words for part in k.upper().split("-"))]
+    return max(fits, key=len) if fits else None

@@ -1,5 +1,5 @@
-// Compile-time check of the uvmlab shim's CUDA declarations (uvmlab/gpu/csrc/uvmlab_cuda_abi.h) against the real
-// CUDA runtime headers. Built by tests/test_gpu_shim_headers.py with -I<cuda>/include -I<uvmlab/gpu/csrc>; it has
+// Compile-time check of the uvmlab shim's CUDA declarations (uvmlab/measure/gpu/csrc/uvmlab_cuda_abi.h) against the real
+// CUDA runtime headers. Built by tests/test_gpu_shim_headers.py with -I<cuda>/include -I<uvmlab/measure/gpu/csrc>; it has
 // no code: it compiles if and only if every intercepted or called signature and every constant matches.
 #include <cuda_runtime_api.h>
 
@@ -13,6 +13,7 @@
                 #name ": the shim's signature differs from the CUDA headers");
 
 UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t)
+UVMLAB_CUDA_ATTR_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaDeviceAttr)
 #if CUDART_VERSION >= 13000
 static_assert(CUDART_VERSION >= uvmlab_abi::kCuda13Version, "the shim's CUDA 13 version switch");
 UVMLAB_CUDA13_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaMemoryAdvise, struct ::cudaMemLocation,
@@ -41,3 +42,4 @@ static_assert(offsetof(uvmlab_abi::cudaMemLocation, id) == offsetof(::cudaMemLoc
 static_assert(sizeof(uvmlab_abi::cudaError_t) == sizeof(::cudaError_t), "cudaError_t size");
 static_assert(sizeof(uvmlab_abi::cudaStream_t) == sizeof(::cudaStream_t), "cudaStream_t size");
 static_assert(sizeof(uvmlab_abi::cudaMemoryAdvise) == sizeof(enum ::cudaMemoryAdvise), "cudaMemoryAdvise size");
+static_assert(sizeof(uvmlab_abi::cudaDeviceAttr) == sizeof(enum ::cudaDeviceAttr), "cudaDeviceAttr size");

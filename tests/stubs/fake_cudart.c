@@ -1,17 +1,28 @@
 /* A stub CUDA runtime for tests (no GPU): exports the few runtime functions the uvmlab shim uses and records
  * every call, one line each, to the file named by FAKE_CUDART_LOG:
  *     <function> ptr=<hex> size=<bytes> <extra key=value...> -> <cudaError_t>
- * "Device" memory is host memory from calloc; cudaMalloc counts against FAKE_CUDART_TOTAL_BYTES (default 16 GiB)
+ * "Device" memory is an address range reserved with mmap (MAP_NORESERVE: no host memory until touched, and no
+ * other allocation can fall inside it); managed memory is host memory from calloc; cudaMalloc counts against FAKE_CUDART_TOTAL_BYTES (default 16 GiB)
  * minus FAKE_CUDART_CONTEXT_BYTES (default 256 MiB), so cudaMemGetInfo answers like a card with a context;
  * managed allocations do not count (UVM may evict them). FAKE_CUDART_VERSION (default 13000) selects the
  * cudaMemAdvise / cudaMemPrefetchAsync ABI this stub decodes: CUDA 13 passes a struct cudaMemLocation
  * {int type; int id;} by value (one 8-byte register); CUDA 12 passes an int device.
+ * cudaMemAdvise / cudaMemPrefetchAsync answer as the CUDA 13.0 cuda_runtime_api.h documents them: "The memory
+ * range must refer to managed memory allocated via cudaMallocManaged ..., or it may also refer to system-allocated
+ * memory on systems with non-zero cudaDevAttrPageableMemoryAccess"; anything else is cudaErrorInvalidValue (1).
+ * So a range inside one cudaMallocManaged allocation succeeds; a range in cudaMalloc (device) memory, or one
+ * running past the end of its managed allocation, fails with 1; memory this stub did not allocate counts as
+ * system-allocated memory: it succeeds only with FAKE_CUDART_PAGEABLE_ACCESS=1 (default 0, as on a PCIe GPU
+ * without HMM). cudaDeviceGetAttribute answers cudaDevAttrPageableMemoryAccess (88) from that variable and
+ * cudaDevAttrConcurrentManagedAccess (89) from FAKE_CUDART_CONCURRENT_MANAGED (default 1); other attributes are
+ * cudaErrorInvalidValue.
  * Built with a version script (libcudart.so.13 node) and soname libcudart.so.13, like NVIDIA's runtime. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/mman.h>
 
 typedef int cudaError_t;
 typedef void *cudaStream_t;
@@ -57,8 +68,11 @@ cudaError_t cudaMalloc(void **p, size_t size) {
     cudaError_t rc = 0;
     if (size == 0) { *p = NULL; }
     else if (device_used + size > total_bytes() - context_bytes()) { *p = NULL; rc = 2; /* cudaErrorMemoryAllocation */ }
-    else { *p = calloc(1, size < 4096 ? size : 4096); /* never touched beyond 4 KiB: balloons are huge */
-           device_used += size; remember(*p, size, 1); }
+    else {
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) { *p = NULL; rc = 2; }
+        else { *p = m; device_used += size; remember(*p, size, 1); }
+    }
     pthread_mutex_unlock(&mu);
     record("cudaMalloc ptr=%p size=%zu -> %d", *p, size, rc);
     return rc;
@@ -91,7 +105,8 @@ cudaError_t cudaFree(void *p) {
             break;
         }
     pthread_mutex_unlock(&mu);
-    if (p) free(p);
+    if (p && strcmp(kind, "device") == 0) munmap(p, size);
+    else if (p) free(p);
     record("cudaFree ptr=%p size=%zu kind=%s -> 0", p, size, kind);
     return 0;
 }
@@ -108,23 +123,59 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 cudaError_t cudaGetDevice(int *device) { *device = (int)env_size("FAKE_CUDART_DEVICE", 0); return 0; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = version(); return 0; }
 
+cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device) {
+    (void)device;
+    cudaError_t rc = 0;
+    if (attr == 88) *value = (int)env_size("FAKE_CUDART_PAGEABLE_ACCESS", 0);       /* PageableMemoryAccess */
+    else if (attr == 89) *value = (int)env_size("FAKE_CUDART_CONCURRENT_MANAGED", 1); /* ConcurrentManagedAccess */
+    else rc = 1;
+    record("cudaDeviceGetAttribute attr=%d device=%d value=%d -> %d", attr, device, rc ? -1 : *value, rc);
+    return rc;
+}
+
+/* cudaSuccess when [p, p + count) may be advised or prefetched (see the header comment), else cudaErrorInvalidValue.
+ * Managed ranges are looked up first: they are real memory, while a device allocation's stand-in is only 4 KiB,
+ * so its nominal range may cover unrelated addresses. */
+static cudaError_t hint_range_ok(const void *p, size_t count) {
+    uintptr_t a = (uintptr_t)p;
+    cudaError_t rc = 1;
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_ALLOCS && !found; i++) {
+        uintptr_t b = (uintptr_t)alloc_ptr[i];
+        if (b && !alloc_device[i] && a >= b && a < b + alloc_size[i]) {
+            found = 1;
+            rc = (count <= b + alloc_size[i] - a) ? 0 : 1;
+        }
+    }
+    for (int i = 0; i < MAX_ALLOCS && !found; i++) {
+        uintptr_t b = (uintptr_t)alloc_ptr[i];
+        if (b && alloc_device[i] && a >= b && a < b + alloc_size[i]) found = 1; /* device memory: rc stays 1 */
+    }
+    pthread_mutex_unlock(&mu);
+    if (!found && p != NULL && env_size("FAKE_CUDART_PAGEABLE_ACCESS", 0)) rc = 0; /* system-allocated memory */
+    return rc;
+}
+
 /* CUDA 13: (ptr, count, advice, struct cudaMemLocation loc); CUDA 12: (ptr, count, advice, int device). */
 cudaError_t cudaMemAdvise(const void *p, size_t count, int advice, uint64_t loc) {
+    cudaError_t rc = hint_range_ok(p, count);
     if (version() >= 13000)
-        record("cudaMemAdvise ptr=%p size=%zu advice=%d loc_type=%d loc_id=%d -> 0", p, count, advice,
-               (int)(uint32_t)(loc & 0xffffffffu), (int)(uint32_t)(loc >> 32));
+        record("cudaMemAdvise ptr=%p size=%zu advice=%d loc_type=%d loc_id=%d -> %d", p, count, advice,
+               (int)(uint32_t)(loc & 0xffffffffu), (int)(uint32_t)(loc >> 32), rc);
     else
-        record("cudaMemAdvise ptr=%p size=%zu advice=%d device=%d -> 0", p, count, advice, (int)(uint32_t)loc);
-    return 0;
+        record("cudaMemAdvise ptr=%p size=%zu advice=%d device=%d -> %d", p, count, advice, (int)(uint32_t)loc, rc);
+    return rc;
 }
 
 /* CUDA 13: (ptr, count, struct cudaMemLocation loc, unsigned flags, stream); CUDA 12: (ptr, count, int dev, stream) */
 cudaError_t cudaMemPrefetchAsync(const void *p, size_t count, uint64_t a3, uint64_t a4, uint64_t a5) {
+    cudaError_t rc = hint_range_ok(p, count);
     if (version() >= 13000)
-        record("cudaMemPrefetchAsync ptr=%p size=%zu loc_type=%d loc_id=%d flags=%u stream=%p -> 0", p, count,
-               (int)(uint32_t)(a3 & 0xffffffffu), (int)(uint32_t)(a3 >> 32), (unsigned)a4, (void *)a5);
+        record("cudaMemPrefetchAsync ptr=%p size=%zu loc_type=%d loc_id=%d flags=%u stream=%p -> %d", p, count,
+               (int)(uint32_t)(a3 & 0xffffffffu), (int)(uint32_t)(a3 >> 32), (unsigned)a4, (void *)a5, rc);
     else
-        record("cudaMemPrefetchAsync ptr=%p size=%zu device=%d stream=%p -> 0", p, count, (int)(uint32_t)a3,
-               (void *)a4);
-    return 0;
+        record("cudaMemPrefetchAsync ptr=%p size=%zu device=%d stream=%p -> %d", p, count, (int)(uint32_t)a3,
+               (void *)a4, rc);
+    return rc;
 }

@@ -26,7 +26,7 @@ COMMAND_MODULES = (
     "run_cmds",  # run
     "nsys_cmds",  # nsys summarize, compare, calibrate
     "sweep_cmds",  # sweep, report
-    "gpu_cmds",  # shim, doctor, gpus
+    "gpu_cmds",  # shim, doctor, gpus, collect
     "eval_cmds",  # evaluate, fragmentation, colocate
     "validate_cmds",  # validate
     "advise_cmds",  # advise

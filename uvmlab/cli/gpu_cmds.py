@@ -1,5 +1,5 @@
-"""``uvmlab shim build|path|status``, ``uvmlab doctor`` and ``uvmlab gpus``: the GPU path's tools (logic in
-uvmlab.measure.gpu and uvmlab.gpus)."""
+"""``uvmlab shim build|path|status``, ``uvmlab doctor``, ``uvmlab gpus`` and ``uvmlab collect``: the GPU path's tools
+(logic in uvmlab.measure.gpu, uvmlab.measure.gpu.kit and uvmlab.gpus)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from uvmlab.cli.options import format_option
+from uvmlab.cli.options import format_option, out_option
 
 FORMAT = format_option()
 
@@ -91,18 +91,6 @@ def doctor(fmt: str) -> None:
         print_table(*table)
 
 
-def _known_match(detected: str | None) -> str | None:
-    """The known GPU whose name's parts all appear in the detected name ('A100-80GB' in 'NVIDIA A100 80GB PCIe');
-    a heuristic: None when no known name fits."""
-    from uvmlab.gpus import GPUS
-
-    if not detected:
-        return None
-    words = detected.upper().replace("-", " ").split()
-    fits = [k for k in GPUS if all(part in words for part in k.upper().split("-"))]
-    return max(fits, key=len) if fits else None
-
-
 @click.command("gpus")
 @FORMAT
 def gpus_cmd(fmt: str) -> None:
@@ -112,12 +100,12 @@ def gpus_cmd(fmt: str) -> None:
     host<->device bandwidth UVM migrations get, "context" the memory a job cannot use (CUDA context).
     """
     from uvmlab.console import note, print_csv, print_table, say
-    from uvmlab.gpus import DEFAULT_GPU, GPUS
+    from uvmlab.gpus import DEFAULT_GPU, GPUS, known_gpu
     from uvmlab.measure.gpu.detect import gpu_status
     from uvmlab.units import format_bytes
 
     status = gpu_status()
-    detected = status.to_dict() | {"known_as": _known_match(status.name)}
+    detected = status.to_dict() | {"known_as": known_gpu(status.name)}
     keys = ["name", "memory_bytes", "context_bytes", "fp32_flops", "tensor_flops", "hbm_bytes_per_s"]
     keys += ["link_bytes_per_s", "link"]
     known = [{k: getattr(g, k) for k in keys} | {"default": g.name == DEFAULT_GPU} for g in GPUS.values()]
@@ -155,4 +143,89 @@ def gpus_cmd(fmt: str) -> None:
         note(f"This machine: no GPU detected ({status.reason})")
 
 
-COMMANDS = [shim_group, doctor, gpus_cmd]
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma list of numbers") from None
+
+
+@click.command("collect")
+@out_option("Folder to write the data sets into (the layout `uvmlab validate DIR` reads).", required=True,
+            type=click.Path(path_type=Path))  # fmt: skip
+@click.option(
+    "--what",
+    default="memory,cudnn,uvm,link",
+    show_default=True,
+    help="Comma list of the data sets to record: memory, cudnn, uvm, link.",
+)
+@click.option(
+    "--factors",
+    default="0.25,0.5,0.9",
+    show_default=True,
+    help="UVM working sets as fractions of the GPU's free memory (streams and GCN).",
+)
+@click.option(
+    "--allow-oversubscription",
+    is_flag=True,
+    help="Allow factors above 0.9 of the free memory and the oversubscribed microbenchmark rows (a GPU to yourself).",
+)
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    help="A training case set NAME or NAME@B1,B2 (repeatable) instead of resnet50, vgg16, convnext_tiny and gpt2.",
+)
+@click.option("--no-gcn", is_flag=True, help="Leave out the GCN runs of the uvm set.")
+@click.option("--gpu", default="A100-80GB", show_default=True, help="GPU a dry run assumes where none is detected.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every step, shell-quoted) and run nothing.")
+@click.option("--force", is_flag=True, help="Replace the kit's own files in the folder (never other files).")
+@format_option(csv=False)
+def collect_cmd(
+    out: Path,
+    what: str,
+    factors: str,
+    allow_oversubscription: bool,
+    workloads: tuple[str, ...],
+    no_gcn: bool,
+    gpu: str,
+    dry_run: bool,
+    force: bool,
+    fmt: str,
+) -> None:
+    """Record the evidence kit on this machine's GPU: memory snapshots and peaks, cuDNN logs, UVM streams and the
+    GCN, the host-device link (docs/gpu.md "The first GPU run").
+
+    The default never asks for more managed memory than 0.9 of the GPU's free memory. The result is read by
+    `uvmlab validate DIR`; `--dry-run` works without a GPU.
+    """
+    from uvmlab.console import note, say
+    from uvmlab.errors import UvmlabError
+    from uvmlab.measure.gpu.kit.plan import DEFAULT_CASES, CollectOptions, parse_workloads
+    from uvmlab.measure.gpu.kit.runner import collect_evidence
+
+    opts = CollectOptions(
+        what=tuple(w.strip() for w in what.split(",") if w.strip()),
+        cases=parse_workloads(workloads) if workloads else DEFAULT_CASES,
+        factors=_floats(factors),
+        allow_oversubscription=allow_oversubscription,
+        gcn=not no_gcn,
+        gpu=gpu,
+        dry_run=dry_run,
+        force=force,
+    )
+    res = collect_evidence(opts, out, progress=lambda name, i, n: say(f"[{i}/{n}] {name}"))
+    if fmt == "json":
+        click.echo(json.dumps(res, indent=2, default=str))
+    elif dry_run:
+        click.echo(res["plan"], nl=False)
+    else:
+        note(f"Wrote {out} (validate it with: uvmlab validate {out})")
+    if not dry_run and res.get("failed_steps"):
+        failed = res["failed_steps"]
+        raise UvmlabError(
+            f"{len(failed)} of {len(res['steps'])} steps failed ({', '.join(failed[:3])}); see {out}/collect.json"
+        )
+
+
+COMMANDS = [shim_group, doctor, gpus_cmd, collect_cmd]

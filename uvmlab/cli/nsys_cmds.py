@@ -244,6 +244,12 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     help="Start from this parameter file instead of the built-in defaults.",
 )
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
+@click.option(
+    "--microbench-timings",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Fit to recorded microbenchmark timings instead (a CSV: link/uvmlab_collect/timings.csv of uvmlab collect).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing parameter file -o.")
 @click.option(
     "--uvm-timings",
@@ -258,6 +264,7 @@ def calibrate_cmd(
     sim_run: Path | None,
     base: Path | None,
     microbench: bool,
+    microbench_timings: Path | None,
     uvm_timings: Path | None,
     force: bool,
     fmt: str,
@@ -266,15 +273,17 @@ def calibrate_cmd(
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
-    With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.measure.profile_fit: GCN
-    native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in device mode at 0.5x and at 1.25x;
-    docs/uvm-sim.md "Cost profiles").
+    With --microbench-timings CSV it fits the microbenchmark model to timings recorded earlier (e.g. by
+    `uvmlab collect`). With --uvm-timings DIR it fits a UVM cost profile from workload timings instead
+    (uvmlab.measure.profile_fit: GCN native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in
+    device
+    mode at 0.5x and at 1.25x; docs/uvm-sim.md "Cost profiles").
     """
     from uvmlab.errors import InputError
     from uvmlab.files.outputs import check_output_file
-    from uvmlab.measure.calibrate import calibrate, calibrate_microbench
+    from uvmlab.measure.calibrate import calibrate, calibrate_from_timings, calibrate_microbench
 
-    check_output_file(out, [report, sim_run, base], force)
+    check_output_file(out, [report, sim_run, base, microbench_timings], force)
 
     if uvm_timings is not None:
         from uvmlab.measure.profile_fit import FAULT_PATH, fit_rtx5090, write_profile
@@ -297,6 +306,8 @@ def calibrate_cmd(
         doc["notes"] = [f"fitted on: {x}" for x in doc["fitted_on"]]
     elif microbench:
         doc = calibrate_microbench(out)
+    elif microbench_timings is not None:
+        doc = calibrate_from_timings(microbench_timings, out)
     else:
         if report is None:
             raise InputError("give REPORT.sqlite to calibrate from, or --microbench to measure on this GPU")

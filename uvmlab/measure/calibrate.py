@@ -219,3 +219,18 @@ def calibrate_microbench(out: str | os.PathLike[str]) -> dict[str, Any]:
     from uvmlab.measure.gpu.microbench import calibrate_microbench as measure
 
     return measure(Path(out))
+
+
+def calibrate_from_timings(timings: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Fit CostParams to recorded microbenchmark timings (a CSV with uvmlab.measure.gpu.microbench.TIMING_COLUMNS, e.g.
+    ``link/uvmlab_collect/timings.csv`` of ``uvmlab collect``), write them to ``out`` and return the file's content
+    (``fitted``, ``notes``, ``timings`` as ``uvmlab calibrate --microbench``). Needs no GPU."""
+    from uvmlab.errors import InputError
+    from uvmlab.measure.gpu.microbench import fit, write_fit
+
+    path = Path(timings)
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise InputError(f"cannot read microbenchmark timings {path}: {exc}") from None
+    return write_fit(fit(table), table, out, f"uvmlab calibrate --microbench-timings {path.resolve()}")

@@ -132,6 +132,7 @@ CHECK_MODULES: list[str] = [
     "uvmlab.validate.memory_checks",
     "uvmlab.validate.uvm_checks",
     "uvmlab.validate.record_checks",
+    "uvmlab.validate.collect_checks",
 ]
 
 

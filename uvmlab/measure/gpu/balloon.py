@@ -7,11 +7,23 @@ Procedure (reference/uvm.md section 3.2)::
     leave      = C + reserve                     (what the balloon leaves free; the shim measures free at run time)
     balloon    = usable - leave                  (planned from the spec; the real one is free_measured - leave)
 
-``reserve`` (R) is headroom for allocations outside UVM and for UVM itself: 128 MiB "state space" as in NVIDIA's
-oversubscription sample (uvm.md 3.1) plus one 128 MiB PMA batch (``uvm_perf_pma_batch_nonpinned_order=6``, uvm.md
-3.3) = 256 MiB [I]. On the GPU the shim computes the balloon from the free memory it measures
+``reserve`` (R) is headroom for device memory the process takes *outside* UVM after the balloon (lazily loaded
+kernels, library handles, UVM's own page tables): 128 MiB "state space" as in NVIDIA's oversubscription sample
+(uvm.md 3.1) [I]. On the GPU the shim computes the balloon from the free memory it measures
 (``UVMLAB_BALLOON_LEAVE_BYTES``), so the context size that matters is the real one; the planned number uses the
 spec's estimate and is what the dry run shows.
+
+**What UVM can use** (NVIDIA/open-gpu-kernel-modules 595.45.04, ``kernel-open/nvidia-uvm``): to back a VA block,
+``block_alloc_gpu_chunk`` (uvm_va_block.c) first calls ``uvm_pmm_gpu_alloc_user(..., UVM_PMM_ALLOC_FLAGS_NONE)``
+and evicts (``UVM_PMM_ALLOC_FLAGS_EVICT``) only when that fails with ``NV_ERR_NO_MEMORY``; ``alloc_root_chunk``
+(uvm_pmm_gpu.c) takes root chunks from PMA in batches of ``1 << uvm_perf_pma_batch_nonpinned_order`` (64 x 2 MiB),
+but with ``UVM_PMA_ALLOCATE_ALLOW_PARTIAL`` ("best-effort ... if the whole batch cannot be allocated") and keeps
+``options.numPagesAllocated`` of them. So UVM fills *every* free 2 MiB root chunk before it evicts one of its own
+pages: the reserve is not kept free from UVM. UVM's capacity during the run is what the balloon left (C + R)
+minus what non-UVM allocations take after it; it is C only when they take all of R, and C + R when they take
+nothing (then the run's factor is M / (C + R), e.g. 3.745 instead of 4 for a 14.7 GiB job with R = 256 MiB).
+The run measures it (``uvmlab.measure.gpu.collect.effective_factor``). An earlier reserve also counted one 128 MiB PMA
+batch as unusable; the best-effort batch above is why it is not.
 
 Refusals (InputError, one sentence each):
 * footprint <= 0;
@@ -37,10 +49,13 @@ from uvmlab.units import GiB, MiB, format_bytes
 ROOT_CHUNK_BYTES = 2 * MiB
 """UVM's VA block and root-chunk size (uvm.md 1.2): capacity is counted in these."""
 PMA_BATCH_BYTES = 128 * MiB
-"""UVM takes GPU memory from PMA in 128 MiB batches (uvm_perf_pma_batch_nonpinned_order=6, uvm.md 3.3)."""
+"""UVM asks PMA for 128 MiB batches (uvm_perf_pma_batch_nonpinned_order=6, uvm.md 3.3), best-effort: a partial
+batch is accepted (uvm_pmm_gpu.c ``alloc_root_chunk``, UVM_PMA_ALLOCATE_ALLOW_PARTIAL), so no batch-sized hole
+needs to be left free."""
 STATE_SPACE_BYTES = 128 * MiB
 """NVIDIA's oversubscription sample keeps 128 MiB back (uvm_oversubs.cu ``setup_memory_allocation``, uvm.md 3.1)."""
-DEFAULT_RESERVE_BYTES = STATE_SPACE_BYTES + PMA_BATCH_BYTES
+DEFAULT_RESERVE_BYTES = STATE_SPACE_BYTES
+"""R: headroom for non-UVM allocations after the balloon; UVM uses whatever of it they leave (module docstring)."""
 MIN_AVAILABLE_BYTES = 4 * PMA_BATCH_BYTES
 """Smallest capacity we give UVM (512 MiB) [I]: below it the PMA batches and page tables dominate."""
 HOST_RESERVE_BYTES = 4 * GiB

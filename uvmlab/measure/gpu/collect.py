@@ -21,7 +21,7 @@ there is
   study's reference: set when this run has PCA on, else null: that baseline was not run). Peak allocated/reserved
   with the caching allocator off: the shim log's peak live managed bytes. Plus a ``gpu_run`` block with the
   balloon plan, what the shim actually reserved, and ``effective``: the factor the run really had
-  (:func:`effective_factor`).
+  (:func:`effective_factor`: the run's own peak of live managed bytes over the capacity UVM had).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,6 +40,7 @@ import pandas as pd
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
 from uvmlab.measure.gpu.detect import GpuStatus
+from uvmlab.measure.gpu.plan import dropped_from
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, MEMORY_COLUMNS, RESULT_KEYS, steady_mean
 
 RESULT_SCHEMA_VERSION = 1
@@ -134,51 +136,73 @@ def peak_live_bytes(log: pd.DataFrame, role: str, ops: tuple[str, ...]) -> int |
     return managed_footprint_bytes(part)
 
 
-def effective_factor(run: dict[str, Any], balloon_plan: Any, tolerance: float) -> dict[str, Any]:
+def effective_factor(
+    run: dict[str, Any],
+    balloon_plan: Any,
+    tolerance: float,
+    footprint_bytes: int | None = None,
+    left_bytes: int | None = None,
+) -> dict[str, Any]:
     """The UVM capacity the run really had and the factor that gives, from the worker's capacity probe.
 
-    ``capacity = free + live managed - reserve`` measured after the job's memory was released (worker docstring):
-    free memory then is what UVM could fill, plus the reserve the balloon leaves on purpose (the plan's
-    ``reserve_bytes``, not counted as UVM capacity by the plan either); managed bytes still live are counted as
-    usable (they may be resident). ``achieved = footprint / capacity``; ``ok`` is False when it is more than
-    ``tolerance`` (relative) from the requested factor. [approximation] Freed managed memory shows as free because
-    UVM returns free 2 MiB root chunks to PMA (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` ->
-    ``free_next_available_root_chunk``); chunks it kept would bias the measured capacity down.
+    ``capacity = free + live managed``, measured after the job's memory was released (worker docstring): UVM fills
+    every free 2 MiB root chunk before it evicts one of its own (uvmlab.measure.gpu.balloon, "What UVM can use":
+    ``block_alloc_gpu_chunk`` in uvm_va_block.c, best-effort PMA batches in uvm_pmm_gpu.c ``alloc_root_chunk``), so
+    the free memory the balloon left, reserve included, is UVM's, less what non-UVM allocations took after the
+    balloon; managed bytes still live are counted as usable (they may be resident). ``achieved = footprint /
+    capacity`` where the footprint is ``footprint_bytes``, the peak of live managed bytes the run's own shim log
+    measured (the job's real size), or, without a log, the plan's footprint (the estimate: said in
+    ``footprint_source``). ``ok`` is False when it is more than ``tolerance`` (relative) from the requested factor.
+    ``left_bytes`` (free memory the shim measured minus its balloon) gives ``non_uvm_after_balloon_bytes`` =
+    ``left - capacity``: what the process took outside UVM after the balloon.
+    [approximation] Freed managed memory shows as free because UVM returns free 2 MiB root chunks to PMA
+    (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` -> ``free_next_available_root_chunk``); chunks
+    it kept would bias the measured capacity down.
     """
     probes = run.get("capacity_probe") or []
     final = probes[-1] if probes else None
+    measured_fp = footprint_bytes is not None and footprint_bytes > 0
+    footprint = int(footprint_bytes) if measured_fp else int(balloon_plan.footprint_bytes)
     out: dict[str, Any] = {
         "requested_oversub": balloon_plan.oversub,
         "planned_available_bytes": balloon_plan.available_bytes,
         "measured_available_bytes": None,
+        "footprint_bytes": footprint,
+        "planned_footprint_bytes": balloon_plan.footprint_bytes,
+        "footprint_source": "the run's shim log (peak live managed bytes)"
+        if measured_fp
+        else "the plan (no shim log of the run: not measured)",
+        "non_uvm_after_balloon_bytes": None,
         "achieved_oversub": None,
         "deviation": None,
         "tolerance": tolerance,
         "ok": None,
         "probes": probes,
-        "method": "free + live managed - reserve, after the job's memory was released (uvmlab.measure.gpu.worker)",
+        "method": "footprint / (free + live managed), after the job's memory was released (uvmlab.measure.gpu.worker)",
         "message": None,
     }
     if final is None or final.get("live_managed_bytes") is None:
         out["message"] = "not measured: the run left no capacity probe with the shim's counters"
         return out
-    capacity = int(final["free_bytes"]) + int(final["live_managed_bytes"]) - int(balloon_plan.reserve_bytes)
+    capacity = int(final["free_bytes"]) + int(final["live_managed_bytes"])
     out["measured_available_bytes"] = capacity
+    if left_bytes is not None:
+        out["non_uvm_after_balloon_bytes"] = int(left_bytes) - capacity
     if capacity <= 0:
         out.update(ok=False, achieved_oversub=math.inf)
         out["message"] = (
-            f"WARNING: the run had no UVM capacity left ({capacity} B after the reserve) instead of "
+            f"WARNING: the run had no UVM capacity left ({capacity} B) instead of "
             f"{balloon_plan.available_bytes} B: its figures are not those of factor {balloon_plan.oversub:g}"
         )
         return out
-    achieved = balloon_plan.footprint_bytes / capacity
+    achieved = footprint / capacity
     deviation = achieved / balloon_plan.oversub - 1.0
     out.update(achieved_oversub=achieved, deviation=deviation, ok=abs(deviation) <= tolerance)
     if not out["ok"]:
         out["message"] = (
             f"WARNING: the run's measured factor is {achieved:.3f}, not the requested {balloon_plan.oversub:g} "
-            f"({deviation:+.1%}; UVM had {capacity} B instead of {balloon_plan.available_bytes} B): its figures "
-            "are those of the measured factor"
+            f"({deviation:+.1%}; footprint {footprint} B, UVM had {capacity} B instead of "
+            f"{balloon_plan.available_bytes} B): its figures are those of the measured factor"
         )
     return out
 
@@ -257,12 +281,16 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
     it_ns = mean_iteration_ns(run)
     base_ns = mean_iteration_ns(baseline)
     peak_alloc, peak_res = run.get("peak_allocated_bytes"), run.get("peak_reserved_bytes")
+    measured = peak_live_bytes(allocs, "run", ("malloc", "pluggable_malloc"))  # the run's own footprint
     if not cfg.pca:
-        peak = peak_live_bytes(allocs, "run", ("malloc", "pluggable_malloc"))
-        peak_alloc = peak_res = peak  # unknown (null) without a shim log, never PyTorch's 0
+        peak_alloc = peak_res = measured  # unknown (null) without a shim log, never PyTorch's 0
     from uvmlab.measure.gpu.plan import FACTOR_TOLERANCE
 
-    effective = effective_factor(run, b, FACTOR_TOLERANCE)
+    actual = balloon_actual(allocs)
+    left = None
+    if actual["free_before_bytes"] is not None and actual["balloon_bytes"] is not None:
+        left = actual["free_before_bytes"] - actual["balloon_bytes"]
+    effective = effective_factor(run, b, FACTOR_TOLERANCE, footprint_bytes=measured, left_bytes=left)
     res: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
     res.update(
         schema_version=RESULT_SCHEMA_VERSION,
@@ -293,7 +321,7 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
     res["gpu_run"] = {
         "footprint_source": plan.footprint_source,
         "balloon_plan": b.to_dict(),
-        "balloon_actual": balloon_actual(allocs),
+        "balloon_actual": actual,
         "effective": effective,
         "nsys": nsys_result.get("nsys"),
         "timing_note": "iteration times include nsys tracing overhead (UM fault tracing is costly); the baseline "
@@ -310,6 +338,7 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
             "device_name": run.get("device_name"),
             "worker_env": run.get("env"),
             "PYTORCH_CUDA_ALLOC_CONF": plan.alloc_conf,
+            "dropped_env": dropped_from(os.environ),
             "nsys_version": tool_version([opts.nsys_path, "--version"]) if opts.nsys else None,
         },
     )

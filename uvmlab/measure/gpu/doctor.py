@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.measure.gpu import collect, shim
+from uvmlab.measure.gpu.cudart import installed_cudart
 from uvmlab.measure.gpu.detect import gpu_status
 from uvmlab.units import format_bytes
 
@@ -46,16 +47,6 @@ def torch_cuda_version() -> str | None:
     return m.group(1) if m else None
 
 
-def find_cudart() -> Path | None:
-    """The CUDA runtime torch uses: the pip wheel's nvidia/cu*/lib/libcudart.so.* (None if not installed)."""
-    spec = importlib.util.find_spec("nvidia")
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    for root in roots:
-        for lib in sorted(Path(root).glob("*/lib/libcudart.so.*")):
-            return lib
-    return None
-
-
 def cudart_version(path: Path) -> int | None:
     """cudaRuntimeGetVersion of the library at ``path`` (works without a GPU); None if it cannot be loaded."""
     try:
@@ -77,7 +68,7 @@ def checks() -> list[Check]:
     else:
         rows.append(Check("GPU", False, st.reason))
         rows.append(Check("NVIDIA driver", False, "not loaded" if "driver" in st.reason else st.reason))
-    cudart = find_cudart()
+    cudart = installed_cudart()
     if cudart is None:
         rows.append(Check("CUDA runtime", False, "no libcudart from the nvidia-cuda-runtime wheel"))
     else:

@@ -9,7 +9,10 @@
 ``touch_host``      the same over memory the CPU wrote first: fault service + HtoD migration;
 ``touch_random``    the same pages in random order (host-resident): more, smaller fault batches;
 ``touch_oversub``   in-order touch of ``factor x C`` bytes where a balloon (real cudaMalloc) leaves C for UVM,
-                    timed on the second pass (steady state: every block is evicted and fetched again).
+                    timed on the second pass (steady state: every block is evicted and fetched again). The
+                    balloon leaves exactly C free, because UVM fills all free memory before it evicts its own
+                    pages (uvmlab.measure.gpu.balloon, "What UVM can use"); the row's ``factor`` is the size over the
+                    free memory measured after the balloon (the capacity UVM really had), not the one asked.
 
 Each row of the timings table: ``kind, size_bytes, factor, time_ns``. ``fit_params(timings)`` turns them into a
 ``uvmlab.sim.uvm.timing.CostParams`` (pure arithmetic, tested on the CPU with recorded numbers). The model is the
@@ -202,19 +205,6 @@ class _MemLocation(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
-def find_loaded_cudart() -> str | None:
-    """Path of the libcudart this process has loaded (the one CuPy calls), from /proc/self/maps."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "libcudart.so" in Path(path).name:
-            return path
-    return None
-
-
 def prefetch(cp: Any, mem: Any, size: int, device: int, stream: Any) -> None:
     """cudaMemPrefetchAsync of ``size`` bytes at ``mem`` (a CuPy MemoryPointer) to ``device`` (-1: the host).
 
@@ -222,17 +212,18 @@ def prefetch(cp: Any, mem: Any, size: int, device: int, stream: Any) -> None:
     in every CuPy release, not ``ManagedMemory.prefetch``: that one is ``prefetch(self, stream, *, device_id=...)``
     in CuPy 13+ and ``prefetch(self, stream)`` (own device only) before (cupy/cuda/memory.pyx). On a CUDA 13
     build CuPy passes ``{cudaMemLocationTypeDevice, dstDevice}`` (cupy_backends/cuda/api/runtime.pyx), which
-    cannot name the host, so the host destination calls the loaded runtime directly with
-    ``{cudaMemLocationTypeHost, 0}`` (CUDA 13.0 cuda_runtime_api.h cudaMemPrefetchAsync).
+    cannot name the host, so the host destination calls ``cudaMemPrefetchAsync`` with
+    ``{cudaMemLocationTypeHost, 0}`` (CUDA 13.0 cuda_runtime_api.h) through a runtime loaded by path
+    (:func:`uvmlab.measure.gpu.cudart.load_cudart`): CuPy links the runtime statically, so this process has none loaded
+    unless torch was imported.
     """
     rt = cp.cuda.runtime
     if device != CUDA_CPU_DEVICE_ID or rt.runtimeGetVersion() < CUDA13:
         rt.memPrefetchAsync(mem.ptr, size, device, stream.ptr)
         return
-    path = find_loaded_cudart()
-    if path is None:
-        raise UnavailableError("prefetching to the host on CUDA 13 needs the CUDA runtime CuPy loaded; none found")
-    fn = ctypes.CDLL(path).cudaMemPrefetchAsync
+    from uvmlab.measure.gpu.cudart import load_cudart
+
+    fn = load_cudart(rt.runtimeGetVersion() // 1000).cudaMemPrefetchAsync
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, _MemLocation, ctypes.c_uint, ctypes.c_void_p]
     host = _MemLocation(CUDA_MEM_LOCATION_TYPE_HOST, 0)
@@ -249,7 +240,6 @@ def run_microbench(
     sizes: tuple[int, ...] = DEFAULT_SIZES,
     factors: tuple[float, ...] = DEFAULT_FACTORS,
     oversub_capacity_bytes: int = 1024 * MiB,
-    reserve_bytes: int = 256 * MiB,
     repeats: int = 3,
     seed: int = 0,
     out: Any = None,
@@ -321,9 +311,11 @@ def run_microbench(
                 del mem, order
             rows.append((kind, size, 1.0, median(times)))
     free, _total = rt.memGetInfo()
-    balloon_bytes = max(0, free - oversub_capacity_bytes - reserve_bytes) // BLOCK_BYTES * BLOCK_BYTES
+    # UVM uses every free byte before it evicts (block_alloc_gpu_chunk), so the balloon leaves exactly C
+    balloon_bytes = max(0, free - oversub_capacity_bytes) // BLOCK_BYTES * BLOCK_BYTES if factors else 0
     balloon = rt.malloc(balloon_bytes) if balloon_bytes else 0
     try:
+        capacity = int(rt.memGetInfo()[0])  # what UVM really has: the free memory the balloon left
         for f in factors:
             size = int(f * oversub_capacity_bytes) // BLOCK_BYTES * BLOCK_BYTES
             times = []
@@ -334,7 +326,7 @@ def run_microbench(
                 stream.synchronize()
                 times.append(timed(lambda m=mem, s=size: touch(m, s)))
                 del mem
-            rows.append(("touch_oversub", size, float(f), median(times)))
+            rows.append(("touch_oversub", size, size / capacity if capacity > 0 else float(f), median(times)))
     finally:
         if balloon:
             rt.free(balloon)

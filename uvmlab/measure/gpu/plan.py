@@ -52,16 +52,46 @@ EMPTY_CACHE_ENV = "UVMLAB_EMPTY_CACHE_EACH_ITERATION"
 FACTOR_TOLERANCE = 0.05
 """A run whose measured factor is more than 5 % from the requested one warns (``--strict-factor``: fails)."""
 INHERITED_ENV_DROPPED = (
-    "PYTORCH_NO_CUDA_MEMORY_CACHING",  # any value turns the caching allocator off (c10 forceUncachedAllocator)
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",  # "1" turns the caching allocator off (c10 forceUncachedAllocator, check_env)
     "PYTORCH_NO_HIP_MEMORY_CACHING",
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",  # the newer name of PYTORCH_CUDA_ALLOC_CONF (c10/core/AllocatorConfig.cpp)
     "PYTORCH_HIP_ALLOC_CONF",
     "CUDA_DEVICE_ORDER",
     "LD_PRELOAD",
+    "CUBLAS_WORKSPACE_CONFIG",  # cuBLAS workspace size per handle and stream: the footprint (cuBLAS docs 2.1.4)
+    "CUBLASLT_WORKSPACE_SIZE",  # PyTorch's cuBLASLt workspace size (aten/src/ATen/cuda/CUDABlas.cpp)
+    "CUDA_LAUNCH_BLOCKING",  # every kernel launch synchronous: the timing (CUDA Programming Guide, env variables)
 )
 """Variables of the parent's environment a step never inherits: each changes the experiment (allocator on/off,
-backend, which GPU, which shim). A step sets what it needs itself; ``UVMLAB_*`` variables are dropped too."""
+backend, which GPU, which shim, workspace sizes, launch timing). A step sets what it needs itself; ``UVMLAB_*``
+variables are dropped too, but for ``INHERITED_UVMLAB_KEPT``. What was dropped is recorded in env.json
+(``dropped_env``)."""
+INHERITED_UVMLAB_KEPT = ("UVMLAB_SHIM_VERBOSE",)
+"""``UVMLAB_*`` variables a step does inherit: diagnostics that change nothing measured (the shim's stderr lines)."""
+MEMORY_FRACTION_ENV = "UVMLAB_MEMORY_FRACTION"
+"""Set by a plan whose allocator config has ``garbage_collection_threshold``: the worker calls
+``torch.cuda.set_per_process_memory_fraction`` with it before building the job. PyTorch's garbage collection acts
+only when a fraction is set (c10/cuda/CUDACachingAllocator.cpp ``malloc``: ``if (set_fraction &&
+garbage_collection_threshold() > 0.0) garbage_collect_cached_blocks()``), so without it the threshold does nothing."""
+REQUIRE_CONCURRENT_MANAGED_ENV = "UVMLAB_REQUIRE_CONCURRENT_MANAGED"
+"""Set to 1 on the run step of an oversubscribed plan (factor > 1): the worker then requires
+``cudaDevAttrConcurrentManagedAccess`` (uvmlab.measure.gpu.worker.check_concurrent_managed_access)."""
+STEP_CONTROL_ENV = (
+    "UVMLAB_SHIM_MODE",
+    "UVMLAB_ADVISE",
+    "UVMLAB_PREFETCH",
+    "UVMLAB_BALLOON_BYTES",
+    "UVMLAB_BALLOON_LEAVE_BYTES",
+    "UVMLAB_BALLOON_CLAIM",
+    "UVMLAB_ALLOC_LOG",
+    "UVMLAB_CUDART",
+    "UVMLAB_HINTS",
+    EMPTY_CACHE_ENV,
+    MEMORY_FRACTION_ENV,
+    REQUIRE_CONCURRENT_MANAGED_ENV,
+)
+"""The ``UVMLAB_*`` variables the shim and the worker read: a printed command unsets those it does not set."""
 
 
 @dataclass(frozen=True)
@@ -134,11 +164,30 @@ class Plan:
         raise KeyError(name)
 
 
+def dropped_from(parent: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``parent`` a step does not inherit (``INHERITED_ENV_DROPPED`` and ``UVMLAB_*`` but for
+    ``INHERITED_UVMLAB_KEPT``), with their values."""
+    return {
+        k: v
+        for k, v in parent.items()
+        if k in INHERITED_ENV_DROPPED or (k.startswith("UVMLAB_") and k not in INHERITED_UVMLAB_KEPT)
+    }
+
+
 def step_environment(step: Step, parent: Mapping[str, str]) -> dict[str, str]:
     """The environment a step runs with: the parent's minus the variables that would change the experiment
-    (``INHERITED_ENV_DROPPED`` and every ``UVMLAB_*``), plus the step's own."""
-    kept = {k: v for k, v in parent.items() if k not in INHERITED_ENV_DROPPED and not k.startswith("UVMLAB_")}
-    return {**kept, **step.env}
+    (:func:`dropped_from`), plus the step's own."""
+    dropped = dropped_from(parent)
+    return {**{k: v for k, v in parent.items() if k not in dropped}, **step.env}
+
+
+def shell_command(step: Step) -> str:
+    """The step as one shell line to paste: ``cd DIR && env -u VAR ... K=V ... ARGV``. It unsets every variable
+    the plan would drop from the caller's environment (``INHERITED_ENV_DROPPED`` and the ``UVMLAB_*`` variables of
+    ``STEP_CONTROL_ENV``) that the step does not set itself, so a pasted command runs the planned experiment."""
+    unset = [k for k in (*INHERITED_ENV_DROPPED, *STEP_CONTROL_ENV) if k not in step.env]
+    parts = ["env", *(f"-u {k}" for k in unset), *(f"{k}={shlex.quote(v)}" for k, v in sorted(step.env.items()))]
+    return f"cd {shlex.quote(step.cwd)} && {' '.join(parts)} {shlex.join(step.argv)}"
 
 
 def build_alloc_conf(extra: str) -> str:
@@ -255,9 +304,13 @@ def plan_run(
         base_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     if policy is not None and policy.release_each_iteration:
         base_env[EMPTY_CACHE_ENV] = "1"
-    hints = policy.env("UVMLAB_HINTS") if policy is not None else None
-    if hints:  # per-tensor hints (uvmlab.measure.gpu.hints)
-        base_env["UVMLAB_HINTS"] = hints
+    managed_env: dict[str, str] = {}  # what only steps on managed memory get
+    if policy is not None and policy.gpu_env.get("UVMLAB_HINTS"):  # per-tensor hints (uvmlab.gpu.hints)
+        # cudaMemAdvise / cudaMemPrefetchAsync need managed ranges (CUDA 13 cuda_runtime_api.h): on the baseline's
+        # device memory they fail with cudaErrorInvalidValue, so the baseline runs the job without hints
+        managed_env["UVMLAB_HINTS"] = policy.gpu_env["UVMLAB_HINTS"]
+        if opts.baseline:
+            notes.append("the per-tensor hints need managed memory: the baseline runs the job without them")
     worker = (opts.python, "-m", "uvmlab.measure.gpu.worker", str(rundir))
     cwd = str(rundir)
 
@@ -274,6 +327,18 @@ def plan_run(
 
     def later_steps(footprint: int) -> tuple[BalloonPlan, list[Step]]:
         balloon = plan_balloon(footprint, cfg.oversub, total, spec.context_bytes, opts.reserve_bytes, host)
+        run_env = dict(managed_env)
+        if balloon.oversub > 1:
+            run_env[REQUIRE_CONCURRENT_MANAGED_ENV] = "1"
+        fraction = gc_memory_fraction(alloc_conf, balloon)
+        if fraction is not None:
+            run_env[MEMORY_FRACTION_ENV] = f"{fraction:.6f}"
+            notes.append(
+                f"garbage_collection_threshold acts only with a memory fraction (CUDACachingAllocator.cpp): the run "
+                f"step sets torch.cuda.set_per_process_memory_fraction({fraction:.6f}) = UVM capacity / GPU memory, "
+                "so the allocator also refuses to reserve more than that (an oversubscribed job stops with an OOM, "
+                "as uvmlab advise predicts); the calibrate and baseline steps run without a fraction"
+            )
         steps: list[Step] = []
         if opts.baseline:
             if footprint > balloon.total_bytes - balloon.context_bytes - balloon.reserve_bytes:
@@ -297,7 +362,7 @@ def plan_run(
             Step(
                 "run",
                 run_argv,
-                {**base_env, **shim_vars("run", "managed", balloon.leave_bytes)},
+                {**base_env, **run_env, **shim_vars("run", "managed", balloon.leave_bytes)},
                 cwd,
                 f"the job under UVM: cudaMalloc -> cudaMallocManaged; the balloon leaves "
                 f"{format_bytes(balloon.leave_bytes)} free (UVM capacity {format_bytes(balloon.available_bytes)} + "
@@ -334,7 +399,7 @@ def plan_run(
             Step(
                 "calibrate",
                 (*worker, "--role", "calibrate", "--iterations", str(opts.calibration_iterations)),
-                {**base_env, **shim_vars("calibrate", "managed", None)},
+                {**base_env, **managed_env, **shim_vars("calibrate", "managed", None)},
                 cwd,
                 f"{opts.calibration_iterations} iteration(s) under the shim without a balloon: the allocation log "
                 "gives the footprint",
@@ -364,6 +429,16 @@ def plan_run(
     )
 
 
+def gc_memory_fraction(alloc_conf: str, balloon: BalloonPlan) -> float | None:
+    """The per-process memory fraction a run with ``garbage_collection_threshold`` in ``alloc_conf`` needs: the UVM
+    capacity over the GPU's memory (what ``uvmlab.advise``'s gc policy simulates, advisor ``_gc_oom``); None when
+    the config has no threshold or already sets a fraction."""
+    keys = {item.partition(":")[0].strip() for item in _split_top_level(alloc_conf)}
+    if "garbage_collection_threshold" not in keys or "per_process_memory_fraction" in keys:
+        return None
+    return min(1.0, balloon.available_bytes / balloon.total_bytes)
+
+
 def format_plan(plan: Plan) -> str:
     """The dry run's text: the balloon arithmetic, then each command shell-quoted with the variables it sets."""
     b = plan.balloon
@@ -376,17 +451,20 @@ def format_plan(plan: Plan) -> str:
             "balloon arithmetic (bytes):",
             f"  total memory               {b.total_bytes:>16}  {format_bytes(b.total_bytes)}",
             f"  - CUDA context + driver    {b.context_bytes:>16}  {format_bytes(b.context_bytes)}",
-            f"  - reserve (non-UVM, PMA)   {b.reserve_bytes:>16}  {format_bytes(b.reserve_bytes)}",
+            f"  - reserve R (non-UVM)      {b.reserve_bytes:>16}  {format_bytes(b.reserve_bytes)}",
             f"  - UVM capacity C = M / f   {b.available_bytes:>16}  {format_bytes(b.available_bytes)}"
             f"  (f = {b.oversub:g}, achieved {b.achieved_oversub:.4f})",
             f"  = balloon (planned)        {b.balloon_bytes:>16}  {format_bytes(b.balloon_bytes)}",
-            f"  the shim leaves C + reserve = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time",
+            f"  the shim leaves C + R = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time;",
+            "  UVM fills all free memory before it evicts (block_alloc_gpu_chunk, uvm_va_block.c), so it gets C + R "
+            "less what non-UVM allocations take after the balloon",
             f"  factor over total memory (F_total): {b.oversub_total:.4f}",
             "effective factor, measured by the run step (the plan above is only the intent):",
             "  after the last timed iteration (the first one has loaded cuBLAS/cuDNN handles and lazy modules) the "
             "worker frees the job's memory,",
             "  then reads cudaMemGetInfo free F and the shim's live managed bytes L (uvmlab_live_managed_bytes):",
-            f"  C_measured = F + L - reserve ({b.reserve_bytes} B); factor achieved = footprint / C_measured",
+            "  C_measured = F + L; factor achieved = M_run / C_measured, M_run = the run's own peak of live managed "
+            "bytes (its shim log)",
             f"  more than {FACTOR_TOLERANCE:.0%} from f = {b.oversub:g} warns and records both "
             "(result.json gpu_run.effective); --strict-factor makes it an error",
             "  a balloon the shim could not take (free memory already at or below what to leave) is logged as a "
@@ -397,9 +475,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"note: {note}")
     for i, step in enumerate(plan.steps, 1):
         lines.append(f"step {i}: {step.name}: {step.description}")
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(step.env.items()))
-        cmd = shlex.join(step.argv)
-        lines.append(f"  cd {shlex.quote(step.cwd)} && {env + ' ' if env else ''}{cmd}")
+        lines.append(f"  {shell_command(step)}")
     if plan.needs_measurement:
         lines.append("the steps after calibrate are re-planned with the measured footprint")
     return "\n".join(lines) + "\n"

@@ -7,10 +7,18 @@ with the trace. Each iteration ends with a device synchronisation; its wall time
 ``time.monotonic_ns`` (the clock of the shim's allocation log). At every phase boundary it samples
 ``torch.cuda.memory_allocated`` / ``memory_reserved`` and NVML's used memory.
 
-With the caching allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING`` set, any value: c10 ``forceUncachedAllocator``
-tests ``getenv(...) != nullptr``), PyTorch's uncached path bypasses the allocator statistics, so
+With the caching allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: c10 ``forceUncachedAllocator`` tests
+``check_env(...) == true``, and ``c10::utils::check_env`` is true for "1" only, false for "0", and warns and
+ignores any other value), PyTorch's uncached path bypasses the allocator statistics, so
 ``memory_allocated/reserved`` and their peaks would read 0: they are recorded as null (unknown) and the collector
 takes them from the shim's allocation log.
+
+Before building the job the worker checks, for the ``run`` step of an oversubscribed plan
+(``UVMLAB_REQUIRE_CONCURRENT_MANAGED=1``), ``cudaDevAttrConcurrentManagedAccess``: without it the GPU cannot hold
+managed memory larger than its own (CUDA Programming Guide, unified memory on devices without full support), so
+the step stops with one sentence; the value is recorded either way. With ``UVMLAB_MEMORY_FRACTION`` (a plan whose
+allocator config has ``garbage_collection_threshold``, uvmlab.measure.gpu.plan.MEMORY_FRACTION_ENV) it calls
+``torch.cuda.set_per_process_memory_fraction`` first.
 
 The capacity UVM really has (``capacity_probe``, one probe): after the last timed iteration the worker frees the
 job's memory (model, optimizer, the caching allocator's cache, cuBLAS workspaces), so that no managed page
@@ -38,7 +46,7 @@ from typing import Any
 from uvmlab.config import RunConfig
 from uvmlab.errors import UvmlabError
 from uvmlab.files.atomic import atomic_write_json
-from uvmlab.measure.gpu.plan import EMPTY_CACHE_ENV
+from uvmlab.measure.gpu.plan import EMPTY_CACHE_ENV, MEMORY_FRACTION_ENV, REQUIRE_CONCURRENT_MANAGED_ENV
 
 
 class _Nvtx:
@@ -114,8 +122,34 @@ def shim_counter(name: str) -> int | None:
 
 
 def caching_disabled(env: Any = None) -> bool:
-    """PyTorch's caching allocator is off: PYTORCH_NO_CUDA_MEMORY_CACHING is set, whatever its value."""
-    return "PYTORCH_NO_CUDA_MEMORY_CACHING" in (os.environ if env is None else env)
+    """PyTorch's caching allocator is off: PYTORCH_NO_CUDA_MEMORY_CACHING is "1" (c10 check_env; module doc)."""
+    return (os.environ if env is None else env).get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+
+
+def apply_memory_fraction(torch: Any, env: Any = None) -> float | None:
+    """``torch.cuda.set_per_process_memory_fraction(F)`` with F from ``UVMLAB_MEMORY_FRACTION``; returns F (None
+    when the variable is unset). PyTorch's garbage_collection_threshold acts only with a fraction set."""
+    value = (os.environ if env is None else env).get(MEMORY_FRACTION_ENV)
+    if not value:
+        return None
+    fraction = float(value)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    return fraction
+
+
+def check_concurrent_managed_access(lib: Any, device: int, required: bool) -> int:
+    """``cudaDevAttrConcurrentManagedAccess`` of ``device`` through the CUDA runtime ``lib``; a UvmlabError (one
+    sentence) when it is 0 and the step oversubscribes (``required``)."""
+    from uvmlab.measure.gpu.cudart import DEV_ATTR_CONCURRENT_MANAGED_ACCESS, device_attribute
+
+    value = device_attribute(lib, DEV_ATTR_CONCURRENT_MANAGED_ACCESS, device)
+    if required and value == 0:
+        raise UvmlabError(
+            f"GPU {device} reports cudaDevAttrConcurrentManagedAccess = 0: its managed memory cannot exceed its own "
+            "memory (CUDA Programming Guide, unified memory without full support), so this run cannot "
+            "oversubscribe; use a GPU with full unified memory support (Pascal or newer, Linux) or a factor <= 1"
+        )
+    return value
 
 
 def memory_probe(torch: Any, when: str) -> dict[str, Any]:
@@ -191,6 +225,14 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
         if phase != PHASE_END:
             nvtx.push(phase)
 
+    concurrent_managed = None
+    fraction = None
+    if is_cuda:
+        from uvmlab.measure.gpu.cudart import load_cudart
+
+        required = os.environ.get(REQUIRE_CONCURRENT_MANAGED_ENV) == "1"
+        concurrent_managed = check_concurrent_managed_access(load_cudart(), torch.cuda.current_device(), required)
+        fraction = apply_memory_fraction(torch)
     t_build = time.monotonic_ns()
     try:
         workload = load_workload(wcfg.workload).build(wcfg, device)
@@ -248,6 +290,8 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
         "torch_cuda": torch.version.cuda,
         "device_name": torch.cuda.get_device_name() if is_cuda else None,
         "env": {k: os.environ.get(k) for k in _RECORDED_ENV},
+        "concurrent_managed_access": concurrent_managed,
+        "memory_fraction": fraction,
     }
     atomic_write_json(logs / f"{role}.worker.json", result)
     return result
@@ -266,6 +310,11 @@ _RECORDED_ENV = (
     "UVMLAB_ALLOC_LOG",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_MODULE_LOADING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUBLASLT_WORKSPACE_SIZE",
+    "CUDA_LAUNCH_BLOCKING",
+    MEMORY_FRACTION_ENV,
+    REQUIRE_CONCURRENT_MANAGED_ENV,
 )
 
 

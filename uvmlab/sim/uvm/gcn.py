@@ -133,13 +133,15 @@ class _Builder:
             )
 
 
-def _aggregate(b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: int, backward: bool) -> int:
+def _aggregate(
+    b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: int, backward: bool, chunk: int = CHUNK_EDGES
+) -> int:
     """Chunked weighted aggregation (forward: gather by src, scatter by dst; backward: the reverse)."""
     e = (2 * EDGES_PER_NODE + 1) * n
     out = b.alloc(n * feat * 4)
     b.kernel("zeros", [], [out])
-    for s in range(0, e, CHUNK_EDGES):
-        m = min(CHUNK_EDGES, e - s)
+    for s in range(0, e, chunk):
+        m = min(chunk, e - s)
         rows = m * feat * 4
         g = b.alloc(rows)
         idx_in = dst if backward else src
@@ -161,9 +163,15 @@ def _aggregate(b: _Builder, x: int, src: int, dst: int, w: int, n: int, feat: in
     return out
 
 
-def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch_budget: int | None = None) -> Trace:
+def gcn_trace(
+    nodes: int,
+    epochs: int = 3,
+    with_prefetch: bool = False,
+    prefetch_budget: int | None = None,
+    chunk_edges: int = CHUNK_EDGES,
+) -> Trace:
     """The chunked GCN of benchmark_gnn_uvm.py on ``nodes`` nodes: setup plus ``epochs`` epochs (the first is the
-    script's warm-up epoch). See the module docstring."""
+    script's warm-up epoch). See the module docstring. ``chunk_edges``: the script's ``--chunk_size``."""
     n = int(nodes)
     e0 = EDGES_PER_NODE * n
     e = 2 * e0 + n
@@ -214,7 +222,7 @@ def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch
         b.phase = "forward"
         h1 = b.alloc(n * HIDDEN * 4)
         b.kernel("addmm", [x, w1, b1], [h1], flops=2.0 * n * FEATURES * HIDDEN)
-        out1 = _aggregate(b, h1, src, dst, w, n, HIDDEN, backward=False)
+        out1 = _aggregate(b, h1, src, dst, w, n, HIDDEN, backward=False, chunk=chunk_edges)
         b.free(h1)
         r1 = b.alloc(n * HIDDEN * 4)
         b.kernel("relu", [out1], [r1])
@@ -224,7 +232,7 @@ def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch
         b.kernel("native_dropout", [r1], [dmask, d1])
         h2 = b.alloc(n * CLASSES * 4)
         b.kernel("addmm", [d1, w2, b2], [h2], flops=2.0 * n * HIDDEN * CLASSES)
-        out2 = _aggregate(b, h2, src, dst, w, n, CLASSES, backward=False)
+        out2 = _aggregate(b, h2, src, dst, w, n, CLASSES, backward=False, chunk=chunk_edges)
         b.free(h2)
         sel = b.alloc(n_train * CLASSES * 4)
         b.kernel("index_mask", [out2, mask], [sel])
@@ -243,7 +251,7 @@ def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch
         g_out2 = b.alloc(n * CLASSES * 4)
         b.kernel("index_put", [g_sel, mask], [g_out2])
         b.free(g_sel, out2)
-        g_h2 = _aggregate(b, g_out2, src, dst, w, n, CLASSES, backward=True)
+        g_h2 = _aggregate(b, g_out2, src, dst, w, n, CLASSES, backward=True, chunk=chunk_edges)
         b.free(g_out2)
         g_w2 = b.alloc(4 * CLASSES * HIDDEN)
         g_b2 = b.alloc(4 * CLASSES)
@@ -257,7 +265,7 @@ def gcn_trace(nodes: int, epochs: int = 3, with_prefetch: bool = False, prefetch
         g_out1 = b.alloc(n * HIDDEN * 4)
         b.kernel("threshold_backward", [g_r1, r1], [g_out1])
         b.free(g_r1, r1)
-        g_h1 = _aggregate(b, g_out1, src, dst, w, n, HIDDEN, backward=True)
+        g_h1 = _aggregate(b, g_out1, src, dst, w, n, HIDDEN, backward=True, chunk=chunk_edges)
         b.free(g_out1)
         g_w1 = b.alloc(4 * HIDDEN * FEATURES)
         g_b1 = b.alloc(4 * HIDDEN)

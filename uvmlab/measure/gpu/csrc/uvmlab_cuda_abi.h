@@ -20,6 +20,11 @@
   X(cudaGetDevice, ERR, (int*))                             \
   X(cudaRuntimeGetVersion, ERR, (int*))
 
+// Functions taking an enum cudaDeviceAttr (ATTR), the same in CUDA 12 and 13. Not called by the shim: uvmlab's
+// Python side calls it through ctypes (uvmlab/measure/gpu/cudart.py); listed here so that its signature is checked too.
+#define UVMLAB_CUDA_ATTR_FUNCTIONS(X, ERR, ATTR) \
+  X(cudaDeviceGetAttribute, ERR, (int*, ATTR, int))
+
 // CUDA >= 13.0: cudaMemAdvise / cudaMemPrefetchAsync take a struct cudaMemLocation by value (ADV = the advice
 // enum, LOC = struct cudaMemLocation, STREAM = cudaStream_t).
 #define UVMLAB_CUDA13_FUNCTIONS(X, ERR, ADV, LOC, STREAM)              \
@@ -40,7 +45,9 @@
   C(kCudaMemAdviseSetReadMostly, cudaMemAdviseSetReadMostly)        \
   C(kCudaMemAdviseSetPreferredLocation, cudaMemAdviseSetPreferredLocation) \
   C(kCudaMemAdviseSetAccessedBy, cudaMemAdviseSetAccessedBy)        \
-  C(kCudaCpuDeviceId, cudaCpuDeviceId)
+  C(kCudaCpuDeviceId, cudaCpuDeviceId)                              \
+  C(kCudaDevAttrPageableMemoryAccess, cudaDevAttrPageableMemoryAccess) \
+  C(kCudaDevAttrConcurrentManagedAccess, cudaDevAttrConcurrentManagedAccess)
 
 // The same for constants that exist from CUDA 12.2 on (struct cudaMemLocation).
 #define UVMLAB_CUDA_LOCATION_CONSTANTS(C)                  \
@@ -52,6 +59,7 @@ namespace uvmlab_abi {
 typedef int cudaError_t;  // enum cudaError: an int-sized enum
 typedef void* cudaStream_t;  // struct CUstream_st*
 typedef int cudaMemoryAdvise;  // enum cudaMemoryAdvise
+typedef int cudaDeviceAttr;  // enum cudaDeviceAttr
 
 struct cudaMemLocation {  // CUDA >= 12.2 driver_types.h; passed by value (one 8-byte register on x86-64)
   int type;
@@ -66,6 +74,8 @@ constexpr int kCudaMemAdviseSetReadMostly = 1;
 constexpr int kCudaMemAdviseSetPreferredLocation = 3;
 constexpr int kCudaMemAdviseSetAccessedBy = 5;
 constexpr int kCudaCpuDeviceId = -1;
+constexpr int kCudaDevAttrPageableMemoryAccess = 88;     // uvmlab/measure/gpu/cudart.py DEV_ATTR_PAGEABLE_MEMORY_ACCESS
+constexpr int kCudaDevAttrConcurrentManagedAccess = 89;  // uvmlab/measure/gpu/cudart.py DEV_ATTR_CONCURRENT_MANAGED_ACCESS
 constexpr int kCudaMemLocationTypeDevice = 1;
 constexpr int kCudaMemLocationTypeHost = 2;
 constexpr int kCuda13Version = 13000;  // cudaRuntimeGetVersion of CUDA 13.0 (CUDART_VERSION)
@@ -73,6 +83,9 @@ constexpr int kCuda13Version = 13000;  // cudaRuntimeGetVersion of CUDA 13.0 (CU
 // Function pointer types: <name>_fn (common), <name>_fn13 / <name>_fn12 (version-dependent).
 #define UVMLAB_ABI_FN(name, ret, params) typedef ret(*name##_fn) params;
 UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_ABI_FN, cudaError_t)
+#undef UVMLAB_ABI_FN
+#define UVMLAB_ABI_FN(name, ret, params) typedef ret(*name##_fn) params;
+UVMLAB_CUDA_ATTR_FUNCTIONS(UVMLAB_ABI_FN, cudaError_t, cudaDeviceAttr)
 #undef UVMLAB_ABI_FN
 #define UVMLAB_ABI_FN13(name, ret, params) typedef ret(*name##_fn13) params;
 UVMLAB_CUDA13_FUNCTIONS(UVMLAB_ABI_FN13, cudaError_t, cudaMemoryAdvise, cudaMemLocation, cudaStream_t)

@@ -23,14 +23,14 @@
 //                             shim says so on stderr (always) and logs a balloon_alloc record of size 0.
 //   UVMLAB_BALLOON_CLAIM      path of a file the shim creates (O_EXCL) before taking the balloon: only the first
 //                             process of a step that allocates takes it; later ones (children inherit LD_PRELOAD)
-//                             find the file and do not. The shim never changes the environment (no setenv: other
-//                             threads may be reading it).
+//                             find the file and do not, and say so on stderr (always). The shim never changes the
+//                             environment (no setenv: other threads may be reading it).
 //   UVMLAB_ALLOC_LOG          append one binary record per intercepted call to this file ("%p" -> pid);
 //                             buffered, flushed when the buffer fills, by uvmlab_flush_log(), and at exit.
 //   UVMLAB_CUDART             path of the CUDA runtime to use when no loaded one is found
 //   UVMLAB_SHIM_VERBOSE       1: one line per balloon/resolution event on stderr
 //
-// Log format (little endian), version 1; parsed by uvmlab.gpu.shim.read_alloc_log:
+// Log format (little endian), version 1; parsed by uvmlab.measure.gpu.shim.read_alloc_log:
 //   header  64 bytes: char magic[8] = "UVMLBLOG"; u32 version = 1; u32 record_bytes = 56;
 //           i64 monotonic_ns_at_load; i64 realtime_ns_at_load (same instant); 32 bytes zero
 //   record  56 bytes: i64 t_ns (CLOCK_MONOTONIC at call start); i64 dur_ns (real call duration);
@@ -470,8 +470,12 @@ bool claim_balloon() {
   int fd = open(g_cfg.balloon_claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     if (errno == EEXIST) {
-      if (g_cfg.verbose) fprintf(stderr, "uvmlab shim: %s exists: another process holds the balloon\n",
-                                 g_cfg.balloon_claim.c_str());
+      // Said always (not only when verbose): a stale claim file from another run would silently cost the balloon.
+      fprintf(stderr,
+              "uvmlab shim: %s exists: another process of this step holds the balloon, so process %d takes "
+              "none\n",
+              g_cfg.balloon_claim.c_str(), static_cast<int>(getpid()));
+      fflush(stderr);
       return false;
     }
     fprintf(stderr, "uvmlab shim: cannot create UVMLAB_BALLOON_CLAIM %s: %s; taking the balloon anyway\n",

@@ -1,8 +1,14 @@
-"""A fake ``cupy`` for tests without a GPU: the few classes and functions uvmlab.measure.gpu.microbench uses, each
-with the
-signature of CuPy's source (cupy/cupy main, Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx,
-cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx). Calls are recorded in ``CALLS``; "device" memory is host
-memory (ctypes buffers), kernels do nothing, every event pair measures 1 ms.
+"""A fake ``cupy`` for tests without a GPU (``import cupy`` with tests/stubs/site on the path): the few classes and
+functions uvmlab.measure.gpu.microbench and the evidence kit use, each with the signature of CuPy's source (cupy/cupy
+main,
+Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx, cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx).
+Calls are recorded in ``CALLS``; managed memory is host memory (ctypes buffers), device memory (``runtime.malloc``)
+a 4 KiB stand-in counted against the card, kernels do nothing, every event pair measures 1 ms.
+``runtime.memGetInfo`` answers ``(FREE - device bytes allocated, TOTAL)`` with ``FREE``/``TOTAL`` from
+``$FAKE_CUPY_FREE_BYTES`` / ``$FAKE_CUPY_TOTAL_BYTES`` (default 64 MiB / 80 GiB).
+
+Linking: CuPy links the CUDA runtime statically (no library of the cupy-cuda13x wheel depends on libcudart.so),
+so importing this module loads no libcudart either.
 
 ``ManagedMemory.prefetch(self, stream, *, device_id=cudaInvalidDeviceId)``: CuPy 13+ (older releases had
 ``prefetch(self, stream)``); ``OldManagedMemory`` has that older signature.
@@ -11,11 +17,12 @@ memory (ctypes buffers), kernels do nothing, every event pair measures 1 ms.
 from __future__ import annotations
 
 import ctypes
+import os
 import types
 from typing import Any
 
 CALLS: list[tuple[Any, ...]] = []
-RUNTIME_VERSION = [13000]
+RUNTIME_VERSION = [int(os.environ.get("FAKE_CUPY_RUNTIME_VERSION", 13000))]
 CUDA_INVALID_DEVICE_ID = -2  # cupy_backends/cuda/api/_runtime_enum.pxd cudaInvalidDeviceId
 _buffers: dict[int, Any] = {}
 
@@ -40,17 +47,24 @@ def runtimeGetVersion() -> int:
     return RUNTIME_VERSION[0]
 
 
+_device: dict[int, int] = {}
+
+
 def memGetInfo() -> tuple[int, int]:
-    return 64 << 20, 80 << 30
+    free0 = int(os.environ.get("FAKE_CUPY_FREE_BYTES", 64 << 20))
+    return free0 - sum(_device.values()), int(os.environ.get("FAKE_CUPY_TOTAL_BYTES", 80 << 30))
 
 
 def malloc(size: int) -> int:
     CALLS.append(("malloc", size))
-    return _alloc(size)
+    ptr = _alloc(min(size, 4096))
+    _device[ptr] = size
+    return ptr
 
 
 def free(ptr: int) -> None:
     CALLS.append(("free", ptr))
+    _device.pop(ptr, None)
 
 
 runtime = types.SimpleNamespace(
@@ -106,6 +120,9 @@ class ManagedMemory:
         self.size = size
         self.device_id = 0
         self.ptr = _alloc(size)
+
+    def __del__(self) -> None:  # CuPy frees a managed allocation when its last reference goes
+        _buffers.pop(self.ptr, None)
 
     def prefetch(self, stream: Any, *, device_id: int = CUDA_INVALID_DEVICE_ID) -> None:
         if device_id == CUDA_INVALID_DEVICE_ID:

@@ -1,0 +1,152 @@
+"""Child step of ``uvmlab collect``: the noob512 GCN (``benchmark_gnn_uvm.py``), under UVM and natively.
+
+``python -m uvmlab.measure.gpu.kit.gcn OUT --nodes N [--epochs 3] [--chunk-edges 2000000] [--variant uvm|native]
+[--device cuda]``
+
+The program follows uvmlab.sim.uvm.gcn, the tensor-by-tensor account of noob512/uvm
+``workloads/pytorch/benchmark_gnn_uvm.py`` at 5a9f2f2 (``--dataset random --prop chunked``; features 128, hidden 256,
+10 classes, 10 edges per node, chunks of 2,000,000 edges, Adam): a random graph, symmetrised with self loops and
+``1 / sqrt(deg_src deg_dst)`` edge weights; per epoch ``lin1``, a chunked weighted aggregation (``g = x[src]``,
+``msg = g * w``, ``out.index_add_(0, dst, msg)`` per chunk; its backward the reverse), ReLU, dropout, ``lin2``, the
+aggregation again, cross-entropy on the first 10 % of the nodes, Adam. Epoch 0 is the warm-up; the others are timed
+(``torch.cuda.synchronize`` at each end). [approximation: the first 10 % of the nodes, not a random 10 %, are the
+training nodes; the script's evaluation pass is not run, as in the simulated trace.]
+
+``--variant uvm`` is what the script's ``use_uvm`` did (every tensor its own ``cudaMallocManaged``, no caching): the
+plan runs this step with the uvmlab shim preloaded and ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, so each tensor is one
+``cudaMalloc`` turned managed, and the shim's allocation log gives the peak of live managed bytes;
+``--variant native`` runs with PyTorch's caching allocator, as the script's runs without UVM. ``OUT/<nodes>.json``
+has the script's result keys (``avg_epoch_time_s``, ``epoch_times_s``, ``uvm_stats.peak_allocated_GB`` filled in
+when the collection is assembled from the shim log, ``memory.gpu_allocated_GB``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from uvmlab.errors import UvmlabError
+
+FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE, CHUNK_EDGES = 128, 256, 10, 10, 2_000_000
+"""benchmark_gnn_uvm.py defaults (uvmlab.sim.uvm.gcn)."""
+DROPOUT = 0.5
+VARIANTS = ("uvm", "native")
+
+
+def _aggregate_fn(torch: Any) -> Any:
+    class ChunkedIndexAddWeighted(torch.autograd.Function):
+        """out[dst] += x[src] * w, chunk by chunk; the backward gathers by dst and scatters by src."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, src: Any, dst: Any, w: Any, chunk: int) -> Any:
+            ctx.save_for_backward(src, dst, w)
+            ctx.chunk, ctx.n = chunk, x.shape[0]
+            out = torch.zeros_like(x)
+            for s in range(0, src.numel(), chunk):
+                g = x[src[s : s + chunk]]
+                msg = g * w[s : s + chunk, None]
+                del g
+                out.index_add_(0, dst[s : s + chunk], msg)
+                del msg
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: Any) -> Any:
+            src, dst, w = ctx.saved_tensors
+            grad = torch.zeros_like(grad_out)
+            for s in range(0, src.numel(), ctx.chunk):
+                g = grad_out.index_select(0, dst[s : s + ctx.chunk]) * w[s : s + ctx.chunk, None]
+                grad.index_add_(0, src[s : s + ctx.chunk], g)
+                del g
+            return grad, None, None, None, None
+
+    return ChunkedIndexAddWeighted.apply
+
+
+def run_gcn(nodes: int, epochs: int = 3, chunk_edges: int = CHUNK_EDGES, device: str = "cuda") -> dict[str, Any]:
+    """Build the graph and train ``epochs`` epochs on ``device``; the result keys of the module docstring."""
+    import torch
+
+    dev = torch.device(device)
+    is_cuda = dev.type == "cuda"
+    if is_cuda and not torch.cuda.is_available():
+        raise UvmlabError("the GCN step found no CUDA device (torch.cuda.is_available() is False)")
+    sync = torch.cuda.synchronize if is_cuda else (lambda: None)
+    torch.manual_seed(0)
+    n = int(nodes)
+    edge_index = torch.randint(0, n, (2, EDGES_PER_NODE * n), device=dev)
+    x = torch.randn(n, FEATURES, device=dev)
+    y = torch.randint(0, CLASSES, (n,), device=dev)
+    mask = torch.zeros(n, dtype=torch.bool, device=dev)
+    mask[: n // 10] = True
+    loop = torch.arange(n, device=dev)
+    src = torch.cat([edge_index[0], edge_index[1], loop])
+    dst = torch.cat([edge_index[1], edge_index[0], loop])
+    del loop
+    deg = torch.bincount(dst, minlength=n).float().clamp(min=1.0)
+    w = deg[src].rsqrt() * deg[dst].rsqrt()
+    del deg
+    lin1, lin2 = torch.nn.Linear(FEATURES, HIDDEN).to(dev), torch.nn.Linear(HIDDEN, CLASSES).to(dev)
+    opt = torch.optim.Adam([*lin1.parameters(), *lin2.parameters()], lr=0.01)
+    agg = _aggregate_fn(torch)
+    sync()
+    times = []
+    for _epoch in range(epochs):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        h = agg(lin1(x), src, dst, w, chunk_edges)
+        h = torch.nn.functional.dropout(torch.relu(h), DROPOUT, training=True)
+        out = agg(lin2(h), src, dst, w, chunk_edges)
+        loss = torch.nn.functional.cross_entropy(out[mask], y[mask])
+        loss.backward()
+        opt.step()
+        del h, out, loss
+        sync()
+        times.append(time.perf_counter() - start)
+    timed = times[1:] or times
+    return {
+        "nodes": n,
+        "epochs": epochs,
+        "chunk_size": chunk_edges,
+        "hidden_dim": HIDDEN,
+        "features": FEATURES,
+        "epoch_times_s": times,
+        "avg_epoch_time_s": sum(timed) / len(timed),
+        "memory": {"gpu_allocated_GB": torch.cuda.max_memory_allocated() / 1e9 if is_cuda else None},
+        "uvm_stats": {"peak_allocated_GB": None},
+        "device": device,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from uvmlab.files.atomic import atomic_write_json
+
+    parser = argparse.ArgumentParser(prog="python -m uvmlab.measure.gpu.kit.gcn", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--chunk-edges", type=int, default=CHUNK_EDGES)
+    parser.add_argument("--variant", choices=VARIANTS, default="uvm")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+
+        try:
+            doc = run_gcn(args.nodes, args.epochs, args.chunk_edges, args.device)
+            doc["outcome"] = "ok"
+        except torch.OutOfMemoryError as exc:
+            doc = {"nodes": args.nodes, "outcome": "oom", "error": str(exc).splitlines()[0]}
+    except UvmlabError as exc:
+        print(f"uvmlab gcn step: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    doc["use_uvm"] = args.variant == "uvm"
+    atomic_write_json(args.out / f"{args.nodes}.json", doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
