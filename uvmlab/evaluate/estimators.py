@@ -183,7 +183,7 @@ def after_context_bytes(est: Any) -> int:
     ctx = est.context
     if ctx is None:
         return int(est.peak_reserved_bytes + est.outside_allocator_bytes)
-    loaded_later = ctx.lazy_conv_modules_bytes if ctx.module_loading == "lazy" else 0
+    loaded_later = ctx.lazy_conv_modules_bytes + ctx.eager_cudnn_bytes  # cuDNN opens its sub-libraries on first use
     return int(est.peak_reserved_bytes + est.outside_allocator_bytes + loaded_later)
 
 
