@@ -72,9 +72,8 @@ def test_cudnn_benchmark_adds_one_trial_per_distinct_conv_before_its_workspace()
     assert len(trials) == 1 and len(calls) == 3  # same convolution each iteration: benchmark_cache hit after one
     trial, first = trials.iloc[0], calls.iloc[0]
     assert trial["alloc_seq"] + 1 == trial["free_seq"] < first["alloc_seq"]  # freed before the chosen plan runs
-    assert trial["size_bytes"] > first["size_bytes"]
-    # upper bound: everything the device has left at that point
-    assert trial["size_bytes"] <= A100.memory_bytes - A100.context_bytes
+    # the largest candidate engine's workspace (Conv_v8.cpp generate_and_filter_plans), not the whole device
+    assert trial["size_bytes"] < (A100.memory_bytes - A100.context_bytes) // 4
     assert out.header["orchestration"]["cudnn_benchmark_trial_peak_bytes"] == trial["size_bytes"]
     plain = to_cuda(t, A100)
     assert (plain.allocations["op"] == "cudnn_benchmark_workspace").sum() == 0
@@ -85,8 +84,8 @@ def test_cudnn_benchmark_raises_the_device_peak() -> None:
     t = training_trace(conv=True)
     plain = estimate(CFG, A100, trace=t)
     bench = estimate(CFG, A100, trace=t, rules=OrchestrationRules(cudnn_benchmark=True))
-    assert bench.peak_reserved_bytes > plain.peak_reserved_bytes
-    assert bench.device_peak_bytes <= A100.memory_bytes + 2 * MiB  # bounded by the device (segment rounding)
+    assert bench.peak_reserved_bytes >= plain.peak_reserved_bytes
+    assert bench.device_peak_bytes < A100.memory_bytes // 2  # a trial is one candidate's workspace (issue 25)
 
 
 @pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason="../shared/real-data/snapshots absent")

@@ -106,8 +106,10 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
               "with CUDA >= 11.7; eager: older stacks), for the context model.")  # fmt: skip
-@click.option("--cudnn-benchmark", is_flag=True, help="Simulate torch.backends.cudnn.benchmark=True (a trial "
-              "workspace before each distinct convolution: an upper bound).")  # fmt: skip
+@click.option("--cudnn-benchmark-trials", "--cudnn-benchmark", "cudnn_benchmark", is_flag=True,
+              help="Simulate torch.backends.cudnn.benchmark=True: before the first call of each distinct convolution "
+              "PyTorch times every candidate engine with one workspace as large as the largest candidate's, which the "
+              "caching allocator keeps (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-model", type=click.Choice(WORKSPACE_MODELS), default="envelope", show_default=True,
               help="Per-call cuDNN convolution workspace size: the largest operand capped at 256 MiB (envelope), "
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip

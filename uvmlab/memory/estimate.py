@@ -305,11 +305,8 @@ def estimate(
     say(f"simulating the {allocator} allocator")
     free_run = _place(cuda, allocator, settings, None)
     usable = gpu.memory_bytes - gpu.context_bytes
-    bench = rules is not None and rules.cudnn_benchmark
-    # cudnn.benchmark trials are an upper bound that PyTorch shrinks (halves) when they do not fit, so they never
-    # cause an OOM: the verdict, the timeline and --snapshot come from the same run without the trials.
-    verdict = to_cuda(trace, gpu, replace(rules, cudnn_benchmark=False)) if bench and rules else cuda
-    verdict_free = _place(verdict, allocator, settings, None) if bench else free_run
+    verdict = cuda  # cudnn.benchmark trials that do not fit are halved then dropped (cudnn_workspace_ids)
+    verdict_free = free_run
     on_gpu = verdict_free
     if verdict_free.peak_reserved_bytes > usable:
         on_gpu = _place(verdict, allocator, settings, gpu)
@@ -320,8 +317,6 @@ def estimate(
     peak_phase, peak_iteration = _where(cuda, peak_seq)
     alloc_peak_seq = _peak_seq(free_run.timeline, "allocated_bytes")
     peak_reserved = int(free_run.peak_reserved_bytes)
-    if bench:  # a trial takes at most what the device has left
-        peak_reserved = max(min(peak_reserved, usable), int(verdict_free.peak_reserved_bytes))
     if margin_bytes is None:
         margin = default_margin(peak_reserved)
         rule = f"max({MARGIN_FRACTION:g} x peak reserved, {MARGIN_MIN_BYTES // MiB} MiB)"
