@@ -115,6 +115,8 @@ def snapshot_show(file: str, fmt: str) -> None:
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
               "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
+@click.option("--stack", "stack_file", default=None, metavar="STACK.json", type=click.Path(dir_okay=False),
+              help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets the module loading.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(
@@ -135,6 +137,7 @@ def estimate_cmd(
     cudnn_benchmark: bool,
     cudnn_workspace_model: str,
     cudnn_workspace_range: bool,
+    stack_file: str | None,
     out_dir: str | None,
     force: bool,
     fmt: str,
@@ -164,6 +167,12 @@ def estimate_cmd(
 
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
+    stack = None
+    if stack_file is not None:
+        from uvmlab.memory.stack import load_stack
+
+        stack = load_stack(stack_file)
+        module_loading = stack.module_loading
     rundir = None
     if snapshot_out is not None:
         from uvmlab.files.outputs import check_output_file
@@ -187,6 +196,7 @@ def estimate_cmd(
             "margin_bytes": None if margin_mb is None else margin_mb * MiB,
             "rules": OrchestrationRules(cudnn_benchmark=cudnn_benchmark, cudnn_workspace_model=cudnn_workspace_model),
             "module_loading": module_loading,
+            "stack": stack,
         }
         est = estimate(
             cfg,

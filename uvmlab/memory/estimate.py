@@ -264,6 +264,7 @@ def estimate(
     capture_progress: Callable[[int, int], None] | None = None,
     module_loading: str = "lazy",
     context: ContextModel | None = None,
+    stack: Any = None,
 ) -> Estimate:
     """Estimate peak reserved/allocated memory, the OOM verdict, ``device_peak_bytes`` and ``required_mb``.
 
@@ -272,6 +273,8 @@ def estimate(
     The CUDA context: ``context`` if given; else a ``gpu`` whose ``context_bytes`` was set explicitly (not the
     512 MiB placeholder of uvmlab.gpus) keeps it; else ``uvmlab.memory.devicemem.context_model(gpu.name,
     module_loading)``. The modelled context is also taken off the capacity for the OOM verdict.
+    ``stack``: a :class:`uvmlab.memory.stack.StackFit` (``uvmlab calibrate --memory``): its module loading replaces
+    ``module_loading`` and its fitted fixed costs are added to the context model.
     """
     from uvmlab.sim.allocator.allocconf import AllocatorSettings
 
@@ -290,9 +293,12 @@ def estimate(
         say(f"trace of {cfg.workload} (cached after the first capture)")
         trace = get_trace(cfg, progress=capture_progress)
     t1 = time.perf_counter()
-    if context is None and gpu.context_bytes == DEFAULT_CONTEXT_BYTES:
+    if context is None and (gpu.context_bytes == DEFAULT_CONTEXT_BYTES or stack is not None):
         convs = bool(trace.kernels["name"].map(op_base).isin(CONV_OPS).any())
-        context = context_model(gpu.name, module_loading, convolutions=convs)
+        if stack is not None:
+            module_loading = stack.module_loading
+        extra = 0 if stack is None else stack.extra_bytes(convs)
+        context = context_model(gpu.name, module_loading, convolutions=convs, stack_bytes=extra)
     if context is not None:
         if context.total_bytes >= gpu.memory_bytes:
             raise InputError(
