@@ -116,7 +116,7 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
               "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
 @click.option("--stack", "stack_file", default=None, metavar="STACK.json", type=click.Path(dir_okay=False),
-              help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets the module loading.")  # fmt: skip
+              help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets module loading.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(

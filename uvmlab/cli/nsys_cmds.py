@@ -254,7 +254,7 @@ def calibrate_cmd(
                     r["residual_bytes"] // MiB,
                 ]
                 for r in fit.rows
-            ],  # fmt: skip
+            ],
         )
         for n in [*fit.notes, f"fixed_bytes {fit.fixed_bytes // MiB} MiB, cudnn_bytes {fit.cudnn_bytes // MiB} MiB"]:
             note(n)
