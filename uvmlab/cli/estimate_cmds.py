@@ -256,6 +256,7 @@ def estimate_cmd(
                 "device peak (nvidia-smi)",
                 f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']} MB)",
             ],
+            *_interval_rows(est),
             *_range_rows(est),
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],
@@ -267,6 +268,21 @@ def estimate_cmd(
 
 
 COMMANDS = [snapshot_group, estimate_cmd]
+
+
+def _interval_rows(est: Any) -> list[list[str]]:
+    """The validation-residual interval of the device peak (uvmlab.memory.intervals)."""
+    iv = est.interval
+    if iv is None:
+        return []
+    stack = ", with stack calibration" if iv["stack_calibrated"] else ""
+    return [
+        [
+            "  10th-90th percentile",
+            f"{format_bytes(iv['p10_bytes'])} to {format_bytes(iv['p90_bytes'])} ({iv['family']} family{stack}; "
+            f"{iv['validation_rows']} validation rows)",
+        ]
+    ]
 
 
 def _range_rows(est: Any) -> list[list[str]]:

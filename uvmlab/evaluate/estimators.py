@@ -77,10 +77,11 @@ class EvalCase:
             return trace
         from uvmlab.trace.orchestrate import to_cuda
 
-        return to_cuda(trace, _case_gpu(self))
+        return to_cuda(trace, case_gpu(self))
 
 
-def _case_gpu(case: EvalCase) -> Any:
+def case_gpu(case: EvalCase) -> Any:
+    """The GpuSpec a case is estimated on (its GPU name and memory)."""
     from dataclasses import replace
 
     from uvmlab.gpus import GPUS, get_gpu
@@ -155,7 +156,7 @@ class UvmlabEstimator:
 
             est = estimate(
                 case.workload,
-                _case_gpu(case),
+                case_gpu(case),
                 allocator=self.allocator,
                 alloc_conf=case.alloc_conf,
                 trace=case.trace,

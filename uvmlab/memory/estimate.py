@@ -33,6 +33,7 @@ from uvmlab.config import ALLOCATORS, WorkloadConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_CONTEXT_BYTES, GpuSpec
 from uvmlab.memory.devicemem import MODULE_LOADING, ContextModel, context_model
+from uvmlab.memory.intervals import family_of, interval
 from uvmlab.sim.allocator.recorded import cudnn_workspace_ids, recorded_run
 from uvmlab.trace.orchestrate import CONV_OPS, OrchestrationRules, op_base, to_cuda
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -40,9 +41,10 @@ from uvmlab.trace.summary import live_by_category, peak_live
 from uvmlab.units import MiB
 
 MARGIN_FRACTION = 0.05
-"""Default margin: this fraction of peak reserved ... (our choice, unverified)."""
+"""The margin before issue 25: this fraction of peak reserved ... (our choice, unverified; ``default_margin``)."""
 MARGIN_MIN_BYTES = 256 * MiB
-"""... but at least this many bytes (our choice, unverified)."""
+"""... but at least this many bytes (our choice, unverified). The default margin is now the coverage rule of
+``uvmlab.memory.intervals`` (95 % of every data set's validation rows)."""
 MB_BYTES = MiB
 """The "MB" of ``required_mb``: MiB, as nvidia-smi reports memory and CARMA compares it."""
 CARMA_PLACEMENT_MARGIN_MB = 2048
@@ -97,6 +99,8 @@ class Estimate:
     """cuDNN workspaces that did not fit in the capacity run: PyTorch ran another engine (``cudnn_workspace_ids``)."""
     cudnn_workspace_range: dict[str, int] | None = None
     """``device_peak_bytes`` per cuDNN workspace model (:func:`workspace_range`), or None when not asked for."""
+    interval: dict[str, Any] | None = None
+    """The validation-residual interval of ``device_peak_bytes`` (``uvmlab.memory.intervals.interval``)."""
 
     @property
     def device_peak_bytes(self) -> int:
@@ -154,6 +158,7 @@ class Estimate:
             "margin_rule": self.margin_rule,
             "required_bytes": self.required_bytes,
             "required_mb": self.required_mb,
+            "interval": self.interval,
             "workspace_bytes": {
                 "cublas": ws.get("cublas_workspace_bytes"),
                 "cublaslt": ws.get("cublaslt_workspace_bytes"),
@@ -311,21 +316,24 @@ def estimate(
     say(f"simulating the {allocator} allocator")
     free_run = _place(cuda, allocator, settings, None)
     usable = gpu.memory_bytes - gpu.context_bytes
-    verdict = cuda  # cudnn.benchmark trials that do not fit are halved then dropped (cudnn_workspace_ids)
-    verdict_free = free_run
-    on_gpu = verdict_free
-    if verdict_free.peak_reserved_bytes > usable:
-        on_gpu = _place(verdict, allocator, settings, gpu)
+    on_gpu = free_run  # cudnn.benchmark trials that do not fit are halved, then dropped (cudnn_workspace_ids)
+    if free_run.peak_reserved_bytes > usable:
+        on_gpu = _place(cuda, allocator, settings, gpu)
     t3 = time.perf_counter()
     oom_seq = on_gpu.oom_seq
-    phase, iteration = _where(verdict, oom_seq)
+    phase, iteration = _where(cuda, oom_seq)
     peak_seq = _peak_seq(free_run.timeline, "reserved_bytes")
     peak_phase, peak_iteration = _where(cuda, peak_seq)
     alloc_peak_seq = _peak_seq(free_run.timeline, "allocated_bytes")
     peak_reserved = int(free_run.peak_reserved_bytes)
+    device_peak = gpu.context_bytes + peak_reserved
+    iv = interval(device_peak, family_of(trace), stack is not None)
     if margin_bytes is None:
-        margin = default_margin(peak_reserved)
-        rule = f"max({MARGIN_FRACTION:g} x peak reserved, {MARGIN_MIN_BYTES // MiB} MiB)"
+        margin = iv["required_bytes"] - device_peak
+        rule = (
+            f"device peak x {iv['cover']:+.2%}: covers 95 % of every data set's validation rows of the "
+            f"{iv['family']} family{' with a stack calibration' if stack is not None else ''} (uvmlab.memory.intervals)"
+        )
     else:
         margin, rule = int(margin_bytes), "given"
     return Estimate(
@@ -362,11 +370,12 @@ def estimate(
         trace_allocations=len(cuda.allocations),
         trace_events=len(cuda.allocations) + int((cuda.allocations["free_seq"] != NEVER_FREED).sum()),
         timeline=on_gpu.timeline,
-        trace=verdict,
+        trace=cuda,
         settings=settings,
         gpu_spec=gpu,
-        constrained=on_gpu is not verdict_free,
+        constrained=on_gpu is not free_run,
         context=context,
+        interval=iv,
     )
 
 
