@@ -36,6 +36,9 @@ from pathlib import Path
 import click
 
 REPO = Path(__file__).resolve().parents[1]
+HF_LAYERS = 2
+"""Layers of an ``hf:`` model type's default config that are built (the blocks repeat; fewer is faster)."""
+HF_SEQ_LEN = 128
 
 
 def family_names(family: str) -> list[str]:
@@ -68,8 +71,17 @@ def worker(batch: int, iterations: int) -> None:
             continue
         t = time.process_time()
         res: dict[str, object] = {"name": name}
+        options: dict[str, object] = {}
         try:
-            cfg = WorkloadConfig(workload=name, batch_size=batch, optimizer="sgd", iterations=iterations)
+            workload = name
+            if name.startswith("hf:"):  # a model type: its default config.json, 2 layers, 128 tokens
+                from workloads.hf_models import default_config_file
+
+                folder = Path(os.environ["UVMLAB_CACHE"]).parent / "hf-configs" / name[3:]
+                workload = f"hf:{default_config_file(name[3:], folder)}"
+                options = {"num_layers": HF_LAYERS, "seq_len": HF_SEQ_LEN}
+            cfg = WorkloadConfig(workload=workload, batch_size=batch, optimizer="sgd", iterations=iterations,
+                                 options=options)  # fmt: skip
             est = estimate(cfg, gpu)
             res.update(status="estimate", device_peak_mb=-(-est.device_peak_bytes // (1 << 20)), message="")
         except UvmlabError as exc:

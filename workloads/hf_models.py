@@ -196,3 +196,28 @@ def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: st
     model.train()
     vocab = hf_config.get_text_config().vocab_size
     return token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+
+
+def hf_type_names() -> list[str]:
+    """Every ``model_type`` transformers maps to a causal or masked language-model class: what a config.json may
+    name for ``hf:`` (imports transformers)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+
+
+def default_config_file(model_type: str, folder: Path) -> Path:
+    """Write transformers' default config of ``model_type`` (``AutoConfig.for_model``) as ``folder/config.json``."""
+    from transformers import AutoConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        conf = AutoConfig.for_model(model_type)
+    except (ValueError, KeyError) as exc:
+        raise InputError(f"hf: transformers has no default config for model_type {model_type!r}: {exc}") from None
+    path = folder / "config.json"
+    path.write_text(conf.to_json_string())
+    return path
