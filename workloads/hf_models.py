@@ -182,7 +182,12 @@ def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: st
     if model_type not in CONFIG_MAPPING:
         raise InputError(f"{label}: transformers has no model_type {model_type!r}")
     if opts["num_layers"]:
-        fields["n_layer" if "n_layer" in fields else "num_hidden_layers"] = opts["num_layers"]
+        key = "n_layer" if "n_layer" in fields else "num_hidden_layers"
+        before = fields.get(key)
+        fields[key] = opts["num_layers"]
+        for name, value in list(fields.items()):  # per-layer lists (layer_types, mlp_layer_types, ...) follow
+            if "layer" in name and isinstance(value, list) and len(value) == before:
+                fields[name] = value[: opts["num_layers"]]
     hf_config = CONFIG_MAPPING[model_type].from_dict(fields)
     hf_config._attn_implementation = cfg.attention
     positions = _positions(config)
