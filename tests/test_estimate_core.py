@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
 from uvmlab.memory.estimate import MARGIN_MIN_BYTES, default_margin, estimate, plot_curve, snapshot_dicts
+from uvmlab.memory.intervals import family_of
 from uvmlab.trace.orchestrate import OrchestrationRules
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.trace.snapshot import read_snapshot, write_snapshot
@@ -82,10 +84,13 @@ def test_required_mb_and_margin() -> None:
     t = _trace(CACHE_THEN_BIG)
     gpu = _small_gpu(1024 * MiB, 100 * MiB)
     est = estimate(CFG, gpu, trace=t, rules=NO_WS)
-    assert est.margin_bytes == MARGIN_MIN_BYTES == default_margin(est.peak_reserved_bytes)
-    assert est.required_bytes == 140 * MiB + 100 * MiB + MARGIN_MIN_BYTES
-    assert est.required_mb == 140 + 100 + 256
-    assert est.carma_text() == "496\n"
+    # the coverage rule (uvmlab.memory.intervals): device peak x (1 + cover) of the trace's family
+    iv = est.interval
+    assert iv is not None and iv["family"] == family_of(t) and not iv["stack_calibrated"]
+    assert est.required_bytes == iv["required_bytes"] == math.ceil((140 + 100) * MiB * (1 + iv["cover"]))
+    assert iv["p10_bytes"] <= est.device_peak_bytes * (1 + iv["cover"]) and iv["cover"] >= 0
+    assert est.carma_text() == f"{est.required_mb}\n"
+    assert default_margin(est.peak_reserved_bytes) == MARGIN_MIN_BYTES  # the rule before issue 25, still callable
     given = estimate(CFG, gpu, trace=t, rules=NO_WS, margin_bytes=0)
     assert given.required_mb == 240 and given.margin_rule == "given"
     assert default_margin(100 * 1024 * MiB) == int(0.05 * 100 * 1024 * MiB)

@@ -82,6 +82,31 @@ def test_snapshot_list_and_state_only_snapshot(real_data: Path) -> None:
     assert all(p.band == 1.0 and p.keeps_band for p in pts.values())
 
 
+@pytest.mark.real_data
+def test_incoming_snapshots_replay_identically(real_data: Path) -> None:
+    """The four snapshots of real-data/incoming (issue 25), read where they are: three replay identically (every
+    allocation at its real address, same peaks and segment events, including 584/579 segment alloc/free bursts),
+    the state-only one gives no point."""
+    from uvmlab.validate.snapshot_checks import SNAPSHOT_FOLDERS
+
+    folder = real_data / "incoming" / "snapshots"
+    if not folder.is_dir():
+        pytest.skip("real-data/incoming/snapshots absent")
+    assert "incoming/snapshots" in SNAPSHOT_FOLDERS
+    by_file = {f.name: snapshot_points(f) for f in snapshot_files(folder)}
+    assert sorted(by_file) == [
+        "Maphsge4__select_n__04d383cd__snapshot.pickle",
+        "Maphsge4__select_n__1f2f5480__snapshot.pickle",
+        "Maphsge4__select_n__dec166a3__snapshot.pickle",
+        "ZidongLiu__DeComFL__edd30e09__memory.pickle",
+    ]
+    assert by_file.pop("Maphsge4__select_n__dec166a3__snapshot.pickle") == []  # state only
+    for name, pts in by_file.items():
+        assert pts and all(p.keeps_band for p in pts), name
+    bursts = {p.quantity: p.measured for p in by_file["Maphsge4__select_n__04d383cd__snapshot.pickle"]}
+    assert bursts["segment events"] == 1163 and bursts["allocations at the real address"] == 3058
+
+
 def test_crashing_check_exits_3_and_still_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -168,3 +168,34 @@ def test_cache_key_of_a_named_model_uses_its_resolved_options() -> None:
     assert base != cache_key(WorkloadConfig("hf:llama-3.2-1b", options={"seq_len": 1024}))
     assert base != cache_key(WorkloadConfig("hf:llama-3.2-1b", options={"data_dependent_fraction": 0.5}))
     assert cache_key(WorkloadConfig("torchvision:VGG16")) == cache_key(WorkloadConfig("torchvision:vgg16"))
+
+
+TIMM_SAMPLE = ("vit_small_r26_s32_384", "test_vit", "test_efficientnet", "mixer_s32_224")
+"""A fixed sample of timm names for CI (benchmarks/all_model_names.py runs all of them): the hybrid whose constructor
+probes its CNN backbone on a CPU tensor (it failed with "Tensor on device meta is not on the expected device
+cpu!" before issue 25), two of timm's test models, an MLP-mixer."""
+
+
+@pytest.mark.parametrize("name", TIMM_SAMPLE)
+def test_timm_sample_traces_and_estimates_at_batch_8(name: str) -> None:
+    pytest.importorskip("timm")
+    cfg = WorkloadConfig(f"timm:{name}", batch_size=8, optimizer="sgd", iterations=1)
+    est = estimate(cfg, get_gpu("A100-40GB"), trace=capture_trace(cfg))
+    assert est.peak_allocated_bytes > 0 and est.interval is not None and est.required_bytes > est.device_peak_bytes
+
+
+def test_an_unsupported_construct_is_one_sentence_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' default BART config: its forward calls ``.item()`` on a tensor, which the meta device cannot
+    answer: one sentence naming it on stderr, exit 2, no traceback."""
+    pytest.importorskip("transformers")
+    from workloads.hf_models import default_config_file, hf_type_names
+
+    assert "bart" in hf_type_names() and "llama" in hf_type_names()
+    path = default_config_file("bart", tmp_path / "bart")
+    argv = ["estimate", f"hf:{path}", "-b", "8", "-n", "1", "--option", "num_layers=1", "--option", "seq_len=32"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert "Tensor.item() cannot be called on meta tensors" in err

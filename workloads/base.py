@@ -172,8 +172,16 @@ def build_module(device: str, factory: Callable[[], M]) -> M:
     if dev.type != "meta":
         with dev:
             return factory()
-    with _register_on(dev):
-        return factory()
+    try:
+        with _register_on(dev):
+            return factory()
+    except RuntimeError as exc:
+        if "device meta" not in str(exc) and "meta tensor" not in str(exc):
+            raise
+    # A constructor that runs a submodule on a CPU tensor it made itself (timm's HybridEmbed probes its CNN
+    # backbone with torch.zeros(1, C, H, W) to size the patch grid) meets parameters already on meta: build it
+    # on the CPU instead (real weight initialization: slower, more host memory) and move it to meta after.
+    return factory().to(dev)
 
 
 @contextlib.contextmanager

@@ -182,7 +182,12 @@ def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: st
     if model_type not in CONFIG_MAPPING:
         raise InputError(f"{label}: transformers has no model_type {model_type!r}")
     if opts["num_layers"]:
-        fields["n_layer" if "n_layer" in fields else "num_hidden_layers"] = opts["num_layers"]
+        key = "n_layer" if "n_layer" in fields else "num_hidden_layers"
+        before = fields.get(key)
+        fields[key] = opts["num_layers"]
+        for name, value in list(fields.items()):  # per-layer lists (layer_types, mlp_layer_types, ...) follow
+            if "layer" in name and isinstance(value, list) and len(value) == before:
+                fields[name] = value[: opts["num_layers"]]
     hf_config = CONFIG_MAPPING[model_type].from_dict(fields)
     hf_config._attn_implementation = cfg.attention
     positions = _positions(config)
@@ -196,3 +201,28 @@ def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: st
     model.train()
     vocab = hf_config.get_text_config().vocab_size
     return token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+
+
+def hf_type_names() -> list[str]:
+    """Every ``model_type`` transformers maps to a causal or masked language-model class: what a config.json may
+    name for ``hf:`` (imports transformers)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+
+
+def default_config_file(model_type: str, folder: Path) -> Path:
+    """Write transformers' default config of ``model_type`` (``AutoConfig.for_model``) as ``folder/config.json``."""
+    from transformers import AutoConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        conf = AutoConfig.for_model(model_type)
+    except (ValueError, KeyError) as exc:
+        raise InputError(f"hf: transformers has no default config for model_type {model_type!r}: {exc}") from None
+    path = folder / "config.json"
+    path.write_text(conf.to_json_string())
+    return path

@@ -106,13 +106,17 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
               "with CUDA >= 11.7; eager: older stacks), for the context model.")  # fmt: skip
-@click.option("--cudnn-benchmark", is_flag=True, help="Simulate torch.backends.cudnn.benchmark=True (a trial "
-              "workspace before each distinct convolution: an upper bound).")  # fmt: skip
+@click.option("--cudnn-benchmark-trials", "--cudnn-benchmark", "cudnn_benchmark", is_flag=True,
+              help="Simulate torch.backends.cudnn.benchmark=True: before the first call of each distinct convolution "
+              "PyTorch times every candidate engine with one workspace as large as the largest candidate's, which the "
+              "caching allocator keeps (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-model", type=click.Choice(WORKSPACE_MODELS), default="envelope", show_default=True,
               help="Per-call cuDNN convolution workspace size: the largest operand capped at 256 MiB (envelope), "
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
               "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
+@click.option("--stack", "stack_file", default=None, metavar="STACK.json", type=click.Path(dir_okay=False),
+              help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets module loading.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
 @format_option(
@@ -133,6 +137,7 @@ def estimate_cmd(
     cudnn_benchmark: bool,
     cudnn_workspace_model: str,
     cudnn_workspace_range: bool,
+    stack_file: str | None,
     out_dir: str | None,
     force: bool,
     fmt: str,
@@ -162,6 +167,12 @@ def estimate_cmd(
 
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
+    stack = None
+    if stack_file is not None:
+        from uvmlab.memory.stack import load_stack
+
+        stack = load_stack(stack_file)
+        module_loading = stack.module_loading
     rundir = None
     if snapshot_out is not None:
         from uvmlab.files.outputs import check_output_file
@@ -185,6 +196,7 @@ def estimate_cmd(
             "margin_bytes": None if margin_mb is None else margin_mb * MiB,
             "rules": OrchestrationRules(cudnn_benchmark=cudnn_benchmark, cudnn_workspace_model=cudnn_workspace_model),
             "module_loading": module_loading,
+            "stack": stack,
         }
         est = estimate(
             cfg,
@@ -244,6 +256,7 @@ def estimate_cmd(
                 "device peak (nvidia-smi)",
                 f"{format_bytes(est.device_peak_bytes)} ({est.to_json()['device_peak_mb']:,} MiB)",
             ],
+            *_interval_rows(est),
             *_range_rows(est),
             ["usable on GPU", format_bytes(est.usable_bytes)],
             ["verdict", verdict],
@@ -255,6 +268,21 @@ def estimate_cmd(
 
 
 COMMANDS = [snapshot_group, estimate_cmd]
+
+
+def _interval_rows(est: Any) -> list[list[str]]:
+    """The validation-residual interval of the device peak (uvmlab.memory.intervals)."""
+    iv = est.interval
+    if iv is None:
+        return []
+    stack = ", with stack calibration" if iv["stack_calibrated"] else ""
+    return [
+        [
+            "  10th-90th percentile",
+            f"{format_bytes(iv['p10_bytes'])} to {format_bytes(iv['p90_bytes'])} ({iv['family']} family{stack}; "
+            f"{iv['validation_rows']} validation rows)",
+        ]
+    ]
 
 
 def _range_rows(est: Any) -> list[list[str]]:

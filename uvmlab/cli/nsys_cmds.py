@@ -10,6 +10,7 @@ import click
 
 from uvmlab.cli.options import figure_format_option, format_option, out_option
 from uvmlab.console import note, print_csv, print_table
+from uvmlab.units import MiB
 
 KERNEL_ROWS_SHOWN = 20
 """Rows of compare's per-kernel table shown as a table (the title says so; csv and json give every kernel)."""
@@ -252,6 +253,17 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 )
 @click.option("--force", is_flag=True, help="Replace an existing parameter file -o.")
 @click.option(
+    "--memory",
+    "memory_csv",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Fit a software stack's fixed memory costs from measured peaks instead (CSV: workload, batch, measured_mib; "
+    "one row is enough); -o is then the stack file uvmlab estimate --stack reads.",
+)
+@click.option("--gpu", "gpu_name", default="A100-40GB", show_default=True, help="GPU of the --memory measurements.")
+@click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
+              help="CUDA module loading of the --memory measurements' stack.")  # fmt: skip
+@click.option(
     "--uvm-timings",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
@@ -268,23 +280,54 @@ def calibrate_cmd(
     uvm_timings: Path | None,
     force: bool,
     fmt: str,
+    memory_csv: Path | None = None,
+    gpu_name: str = "A100-40GB",
+    module_loading: str = "lazy",
 ) -> None:
     """Fit the simulator's cost parameters (uvmlab.sim.uvm.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
     With --microbench-timings CSV it fits the microbenchmark model to timings recorded earlier (e.g. by
-    `uvmlab collect`). With --uvm-timings DIR it fits a UVM cost profile from workload timings instead
-    (uvmlab.measure.profile_fit: GCN native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in
-    device
-    mode at 0.5x and at 1.25x; docs/uvm-sim.md "Cost profiles").
+    `uvmlab collect`).
+    With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.measure.profile_fit: GCN
+    native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in device mode at 0.5x and at 1.25x;
+    docs/uvm-sim.md "Cost profiles"). With --memory MEASURED.csv it fits a software stack's fixed memory costs
+    (context, library modules, per-handle workspaces; uvmlab.memory.stack) for uvmlab estimate --stack instead.
     """
     from uvmlab.errors import InputError
     from uvmlab.files.outputs import check_output_file
     from uvmlab.measure.calibrate import calibrate, calibrate_from_timings, calibrate_microbench
 
-    check_output_file(out, [report, sim_run, base, microbench_timings], force)
+    check_output_file(out, [report, sim_run, base, microbench_timings, memory_csv], force)
 
+    if memory_csv is not None:
+        from uvmlab.memory.stack import calibrate_memory
+
+        fit = calibrate_memory(memory_csv, gpu_name, module_loading, progress=note)
+        fit.write(out)
+        if fmt == "json":
+            click.echo(json.dumps(fit.to_json(), indent=2))
+            return
+        print_table(
+            f"Stack fixed costs ({fit.gpu}, {fit.module_loading} module loading)",
+            ["row", "workload", "batch", "measured MiB", "predicted MiB", "residual MiB"],
+            [
+                [
+                    r["line"],
+                    r["workload"],
+                    r["batch"],
+                    r["measured_bytes"] // MiB,
+                    r["predicted_bytes"] // MiB,
+                    r["residual_bytes"] // MiB,
+                ]
+                for r in fit.rows
+            ],
+        )
+        for n in [*fit.notes, f"fixed_bytes {fit.fixed_bytes // MiB} MiB, cudnn_bytes {fit.cudnn_bytes // MiB} MiB"]:
+            note(n)
+        note(f"Wrote {out}")
+        return
     if uvm_timings is not None:
         from uvmlab.measure.profile_fit import FAULT_PATH, fit_rtx5090, write_profile
         from uvmlab.sim.uvm.timing import CostParams

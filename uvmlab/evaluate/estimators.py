@@ -77,10 +77,11 @@ class EvalCase:
             return trace
         from uvmlab.trace.orchestrate import to_cuda
 
-        return to_cuda(trace, _case_gpu(self))
+        return to_cuda(trace, case_gpu(self))
 
 
-def _case_gpu(case: EvalCase) -> Any:
+def case_gpu(case: EvalCase) -> Any:
+    """The GpuSpec a case is estimated on (its GPU name and memory)."""
     from dataclasses import replace
 
     from uvmlab.gpus import GPUS, get_gpu
@@ -155,7 +156,7 @@ class UvmlabEstimator:
 
             est = estimate(
                 case.workload,
-                _case_gpu(case),
+                case_gpu(case),
                 allocator=self.allocator,
                 alloc_conf=case.alloc_conf,
                 trace=case.trace,
@@ -183,7 +184,7 @@ def after_context_bytes(est: Any) -> int:
     ctx = est.context
     if ctx is None:
         return int(est.peak_reserved_bytes + est.outside_allocator_bytes)
-    loaded_later = ctx.lazy_conv_modules_bytes if ctx.module_loading == "lazy" else 0
+    loaded_later = ctx.lazy_conv_modules_bytes + ctx.eager_cudnn_bytes  # cuDNN opens its sub-libraries on first use
     return int(est.peak_reserved_bytes + est.outside_allocator_bytes + loaded_later)
 
 

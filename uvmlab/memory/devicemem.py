@@ -29,6 +29,17 @@ the allocator never sees. This module models the latter as a sum of parts, each 
    gap is module memory, not workspaces) and validated on the 18 ImageNet rows (docs/estimate.md "Validation:
    CARMA A100-40GB CNN runs"). Runs without convolutions get nothing: no measurement separates cuBLAS's share.
 
+5. **cuDNN's kernel images under eager loading** (``eager_cudnn_bytes``, eager loading only, runs that launch cuDNN
+   convolutions). cuDNN 8/9 is split into sub-libraries that ``libcudnn`` opens on first use (cuDNN API reference,
+   "Backend API Overview"), so an eager run loads the convolution engines only when it convolves: the sm_XX kernel
+   images of ``libcudnn_engines_precompiled``, ``libcudnn_engines_runtime_compiled``, ``libcudnn_cnn`` and
+   ``libcudnn_ops`` (``CUDNN_CONV_LIBRARIES``), measured from the binaries of the installed wheels with
+   ``tools/module_images.py`` (``MODULE_IMAGES_MIB``). The same measurement of libtorch_cuda + cuBLAS + cuBLASLt
+   (998 MiB for sm_80) corroborates part 3's calibrated 1,000 MiB; for GPUs other than an A100 part 3 now comes from
+   that table too.
+
+Every part is reported by library in ``ContextModel.by_library()`` (docs/estimate.md "Fixed costs by library").
+
 cuBLAS/cuBLASLt workspaces and cuDNN convolution workspaces are NOT here: PyTorch allocates them through the
 caching allocator (``uvmlab.trace.orchestrate``), so they are part of the reserved peak.
 
@@ -59,6 +70,37 @@ LAZY_CONV_MODULES_BYTES = 93 * MiB
 as the larger gaps include allocator effects. Calibration subset only; the ImageNet rows validate it."""
 MODULE_LOADING = ("lazy", "eager")
 
+MODULE_IMAGES_MIB: dict[str, dict[int, float]] = {
+    "libtorch_cuda": {75: 624.7, 80: 702.9, 86: 702.6, 89: 10.6, 90: 785.1, 100: 1157.8, 120: 1094.1},
+    "libtorch_cuda_linalg": {80: 53.7, 86: 53.6, 90: 54.4, 100: 70.9, 120: 95.2},
+    "libcublas": {75: 47.4, 80: 50.0, 86: 32.7, 90: 55.1, 100: 69.0, 120: 85.9},
+    "libcublasLt": {75: 147.5, 80: 191.4, 86: 53.1, 89: 26.1, 90: 360.4, 100: 148.3, 120: 211.1},
+    "libcudnn_engines_precompiled": {75: 207.2, 80: 215.4, 86: 54.7, 90: 233.1, 100: 376.8, 120: 410.5},
+    "libcudnn_engines_runtime_compiled": {75: 3.7, 80: 6.5, 86: 4.3, 90: 8.2, 100: 7.9, 120: 7.8},
+    "libcudnn_cnn": {75: 3.9, 80: 0.3, 86: 0.3, 90: 0.3, 100: 0.5, 120: 0.5},
+    "libcudnn_ops": {75: 43.8, 80: 42.9, 90: 47.3, 100: 70.3, 120: 74.1},
+    "libcudnn_adv": {75: 98.4, 80: 108.4, 86: 108.2, 90: 111.6, 100: 150.1, 120: 152.7},
+    "libnccl": {75: 49.3, 80: 49.0, 90: 103.6, 100: 140.1, 120: 124.5},
+}
+"""Uncompressed cubin MiB per SM version in each library's ``.nv_fatbin`` (``python tools/module_images.py``, run on
+torch 2.14.1+cu130 with nvidia-cudnn-cu13 9.24.0.43, nvidia-cublas 13.1.1.3, nvidia-nccl-cu13 2.30.7, 2026-11-25).
+What eager loading makes resident for a library is its images for the GPU's SM version (an upper estimate: a cubin
+also holds symbol and relocation tables)."""
+TORCH_LIBRARIES = ("libtorch_cuda", "libtorch_cuda_linalg")
+CUBLAS_LIBRARIES = ("libcublas", "libcublasLt")
+CUDNN_CONV_LIBRARIES = (
+    "libcudnn_engines_precompiled",
+    "libcudnn_engines_runtime_compiled",
+    "libcudnn_cnn",
+    "libcudnn_ops",
+)
+"""What a convolution opens: the engines, the cnn front end, and ops (the handle, tensor transforms)."""
+SM_VERSION: dict[str, int] = {
+    "A100": 80, "H100": 90, "H200": 90, "GH200": 90, "L40S": 89, "A6000": 86, "V100": 70, "TitanV": 70,
+    "RTX4090": 89, "RTX5090": 120, "RTX4060": 89, "RTX3060": 86, "T4": 75,
+}  # fmt: skip
+"""Compute capability x 10 by GpuSpec name prefix (NVIDIA CUDA GPUs list)."""
+
 # (SM count, max resident threads per SM) by GpuSpec name prefix: vendor datasheets; CUDA C Programming Guide.
 SM_TABLE: dict[str, tuple[int, int]] = {
     "A100": (108, 2048),
@@ -80,12 +122,38 @@ DEFAULT_SMS = (108, 2048)
 """GPUs missing from ``SM_TABLE`` are taken as an A100 (said in ``ContextModel.notes``)."""
 
 
+def _prefix_lookup(table: dict[str, Any], gpu_name: str) -> Any:
+    for prefix in sorted(table, key=len, reverse=True):
+        if gpu_name.startswith(prefix):
+            return table[prefix]
+    return None
+
+
 def sm_info(gpu_name: str) -> tuple[int, int, bool]:
     """(SMs, threads per SM, known) for a GpuSpec name (longest matching prefix)."""
-    for prefix in sorted(SM_TABLE, key=len, reverse=True):
-        if gpu_name.startswith(prefix):
-            return (*SM_TABLE[prefix], True)
-    return (*DEFAULT_SMS, False)
+    found = _prefix_lookup(SM_TABLE, gpu_name)
+    return (*found, True) if found is not None else (*DEFAULT_SMS, False)
+
+
+def sm_version(gpu_name: str) -> int:
+    """Compute capability x 10 of a GpuSpec name (80, an A100's, when unknown)."""
+    found = _prefix_lookup(SM_VERSION, gpu_name)
+    return 80 if found is None else int(found)
+
+
+def image_bytes(libraries: tuple[str, ...], sm: int) -> int:
+    """Bytes eager loading makes resident for ``libraries`` on an ``sm`` GPU.
+
+    Per library, the images of ``sm`` itself, else of the highest lower version of the same major (cubins run on
+    later minor versions of their major: CUDA C Programming Guide, "Binary Compatibility"); none when there are none
+    (the driver would JIT the PTX instead: not modelled)."""
+    total = 0.0
+    for lib in libraries:
+        sizes = MODULE_IMAGES_MIB.get(lib, {})
+        usable = [v for v in sizes if v <= sm and v // 10 == sm // 10]
+        if usable:
+            total += sizes[max(usable)]
+    return int(total * MiB)
 
 
 def lmem_bytes(gpu_name: str, stack_bytes: int = STACK_BYTES_PER_THREAD) -> int:
@@ -105,29 +173,56 @@ class ContextModel:
     eager_modules_bytes: int
     notes: tuple[str, ...] = ()
     lazy_conv_modules_bytes: int = 0
+    eager_cudnn_bytes: int = 0
+    """cuDNN's convolution sub-libraries loaded eagerly at the first convolution (part 5; eager loading only)."""
+    stack_bytes: int = 0
+    """Fixed costs fitted to the user's stack (``uvmlab calibrate --memory``, ``uvmlab.memory.stack``); 0 without."""
 
     @property
     def total_bytes(self) -> int:
         """Whole-process device memory with nothing allocated by the caching allocator."""
-        return self.lmem_bytes + self.lazy_rest_bytes + self.eager_modules_bytes + self.lazy_conv_modules_bytes
+        return (
+            self.lmem_bytes
+            + self.lazy_rest_bytes
+            + self.eager_modules_bytes
+            + self.lazy_conv_modules_bytes
+            + self.eager_cudnn_bytes
+            + self.stack_bytes
+        )
+
+    def by_library(self) -> dict[str, int]:
+        """The same bytes by what owns them: the CUDA context, PyTorch's + cuBLAS's kernels, cuDNN, the stack fit."""
+        return {
+            "cuda_context": self.lmem_bytes + self.lazy_rest_bytes,
+            "torch_and_cublas_kernels": self.eager_modules_bytes,
+            "cudnn": self.lazy_conv_modules_bytes + self.eager_cudnn_bytes,
+            "stack_calibration": self.stack_bytes,
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The ``context_model`` object of the estimate JSON (docs/estimate.md)."""
         out = asdict(self)
         out["notes"] = list(self.notes)
+        out["by_library"] = self.by_library()
         out["total_bytes"] = self.total_bytes
         return out
 
 
 def context_model(
-    gpu_name: str, module_loading: str = "lazy", eager_modules_bytes: int | None = None, convolutions: bool = False
+    gpu_name: str,
+    module_loading: str = "lazy",
+    eager_modules_bytes: int | None = None,
+    convolutions: bool = False,
+    stack_bytes: int = 0,
 ) -> ContextModel:
     """The context model of a run on ``gpu_name`` with ``module_loading`` ``lazy`` (default) or ``eager``.
 
-    ``convolutions``: the run launches convolutions (lazy loading then adds ``LAZY_CONV_MODULES_BYTES``).
+    ``convolutions``: the run launches cuDNN convolutions (lazy loading then adds ``LAZY_CONV_MODULES_BYTES``,
+    eager loading cuDNN's convolution images, ``image_bytes(CUDNN_CONV_LIBRARIES, sm)``).
 
-    ``eager_modules_bytes`` overrides the eager module size (default: ``EAGER_MODULES_A100_BYTES``, the only
-    stack we have measurements for; the module images are per architecture, so other GPUs are noted).
+    ``eager_modules_bytes`` overrides the eager size of PyTorch's and cuBLAS's kernels (default: the A100 value
+    calibrated on GPUMemNet's stack, ``EAGER_MODULES_A100_BYTES``; other GPUs: the images of
+    ``TORCH_LIBRARIES + CUBLAS_LIBRARIES`` for their SM version). ``stack_bytes``: a stack calibration's fixed costs.
     """
     if module_loading not in MODULE_LOADING:
         raise InputError(f"module loading must be one of {', '.join(MODULE_LOADING)}, not {module_loading!r}")
@@ -135,11 +230,18 @@ def context_model(
     _sms, _threads, known = sm_info(gpu_name)
     if not known:
         notes.append(f"SM count of {gpu_name} unknown: taken as an A100's (108 SMs x 2048 threads)")
-    eager = 0
+    sm = sm_version(gpu_name)
+    eager = cudnn = 0
     if module_loading == "eager":
-        eager = EAGER_MODULES_A100_BYTES if eager_modules_bytes is None else int(eager_modules_bytes)
-        if eager_modules_bytes is None and not gpu_name.startswith("A100"):
-            notes.append("eager module size measured on an A100 stack; other architectures differ")
+        if eager_modules_bytes is not None:
+            eager = int(eager_modules_bytes)
+        elif gpu_name.startswith("A100"):
+            eager = EAGER_MODULES_A100_BYTES
+        else:
+            eager = image_bytes(TORCH_LIBRARIES + CUBLAS_LIBRARIES, sm)
+            notes.append(f"eager kernels of PyTorch and cuBLAS: their sm_{sm} images in the measured wheels")
+        if convolutions:
+            cudnn = image_bytes(CUDNN_CONV_LIBRARIES, sm)
     return ContextModel(
         gpu=gpu_name,
         module_loading=module_loading,
@@ -148,4 +250,6 @@ def context_model(
         eager_modules_bytes=eager,
         notes=tuple(notes),
         lazy_conv_modules_bytes=LAZY_CONV_MODULES_BYTES if module_loading == "lazy" and convolutions else 0,
+        eager_cudnn_bytes=cudnn,
+        stack_bytes=int(stack_bytes),
     )

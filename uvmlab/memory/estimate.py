@@ -33,6 +33,7 @@ from uvmlab.config import ALLOCATORS, WorkloadConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_CONTEXT_BYTES, GpuSpec
 from uvmlab.memory.devicemem import MODULE_LOADING, ContextModel, context_model
+from uvmlab.memory.intervals import family_of, interval
 from uvmlab.sim.allocator.recorded import cudnn_workspace_ids, recorded_run
 from uvmlab.trace.orchestrate import CONV_OPS, OrchestrationRules, op_base, to_cuda
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -40,9 +41,10 @@ from uvmlab.trace.summary import live_by_category, peak_live
 from uvmlab.units import MiB
 
 MARGIN_FRACTION = 0.05
-"""Default margin: this fraction of peak reserved ... (our choice, unverified)."""
+"""The margin before issue 25: this fraction of peak reserved ... (our choice, unverified; ``default_margin``)."""
 MARGIN_MIN_BYTES = 256 * MiB
-"""... but at least this many bytes (our choice, unverified)."""
+"""... but at least this many bytes (our choice, unverified). The default margin is now the coverage rule of
+``uvmlab.memory.intervals`` (95 % of every data set's validation rows)."""
 MB_BYTES = MiB
 """The "MB" of ``required_mb``: MiB, as nvidia-smi reports memory and CARMA compares it."""
 CARMA_PLACEMENT_MARGIN_MB = 2048
@@ -97,6 +99,8 @@ class Estimate:
     """cuDNN workspaces that did not fit in the capacity run: PyTorch ran another engine (``cudnn_workspace_ids``)."""
     cudnn_workspace_range: dict[str, int] | None = None
     """``device_peak_bytes`` per cuDNN workspace model (:func:`workspace_range`), or None when not asked for."""
+    interval: dict[str, Any] | None = None
+    """The validation-residual interval of ``device_peak_bytes`` (``uvmlab.memory.intervals.interval``)."""
 
     @property
     def device_peak_bytes(self) -> int:
@@ -154,6 +158,7 @@ class Estimate:
             "margin_rule": self.margin_rule,
             "required_bytes": self.required_bytes,
             "required_mb": self.required_mb,
+            "interval": self.interval,
             "workspace_bytes": {
                 "cublas": ws.get("cublas_workspace_bytes"),
                 "cublaslt": ws.get("cublaslt_workspace_bytes"),
@@ -179,16 +184,21 @@ class Estimate:
         return f"{self.required_mb}\n"
 
 
-def job_context(gpu: GpuSpec, trace: Trace, module_loading: str = "lazy") -> ContextModel | None:
+def job_context(gpu: GpuSpec, trace: Trace, module_loading: str = "lazy", stack: Any = None) -> ContextModel | None:
     """The CUDA context (and loaded modules) of one training job on ``gpu``: the one rule of ``estimate`` and
     ``colocate``. None when the GpuSpec's ``context_bytes`` was set explicitly (the caller keeps it); else
     :func:`uvmlab.memory.devicemem.context_model` by GPU, module loading and whether ``trace`` launches convolutions
-    (a CNN's lazily loaded cuDNN modules: 522 MiB on an A100 against 429 MiB without convolutions)."""
-    if gpu.context_bytes != DEFAULT_CONTEXT_BYTES:
+    (a CNN's lazily loaded cuDNN modules: 522 MiB on an A100 against 429 MiB without convolutions). ``stack``, a
+    :class:`uvmlab.memory.stack.StackFit`, sets the module loading and adds its fitted fixed costs (and applies even
+    where ``context_bytes`` was set)."""
+    if gpu.context_bytes != DEFAULT_CONTEXT_BYTES and stack is None:
         return None
     names = trace.kernels["name"] if "name" in trace.kernels.columns else pd.Series([], dtype=object)
     convs = bool(names.map(op_base).isin(CONV_OPS).any())
-    return context_model(gpu.name, module_loading, convolutions=convs)
+    if stack is not None:
+        module_loading = stack.module_loading
+    extra = 0 if stack is None else stack.extra_bytes(convs)
+    return context_model(gpu.name, module_loading, convolutions=convs, stack_bytes=extra)
 
 
 def has_cudnn_convolutions(est: Estimate) -> bool:
@@ -276,6 +286,7 @@ def estimate(
     capture_progress: Callable[[int, int], None] | None = None,
     module_loading: str = "lazy",
     context: ContextModel | None = None,
+    stack: Any = None,
 ) -> Estimate:
     """Estimate peak reserved/allocated memory, the OOM verdict, ``device_peak_bytes`` and ``required_mb``.
 
@@ -284,6 +295,8 @@ def estimate(
     The CUDA context: ``context`` if given; else a ``gpu`` whose ``context_bytes`` was set explicitly (not the
     512 MiB placeholder of uvmlab.gpus) keeps it; else ``uvmlab.memory.devicemem.context_model(gpu.name,
     module_loading)``. The modelled context is also taken off the capacity for the OOM verdict.
+    ``stack``: a :class:`uvmlab.memory.stack.StackFit` (``uvmlab calibrate --memory``): its module loading replaces
+    ``module_loading`` and its fitted fixed costs are added to the context model.
     """
     from uvmlab.sim.allocator.allocconf import AllocatorSettings
 
@@ -303,7 +316,7 @@ def estimate(
         trace = get_trace(cfg, progress=capture_progress)
     t1 = time.perf_counter()
     if context is None:
-        context = job_context(gpu, trace, module_loading)
+        context = job_context(gpu, trace, module_loading, stack)
     if context is not None:
         if context.total_bytes >= gpu.memory_bytes:
             raise InputError(
@@ -316,26 +329,24 @@ def estimate(
     say(f"simulating the {allocator} allocator")
     free_run = _place(cuda, allocator, settings, None)
     usable = gpu.memory_bytes - gpu.context_bytes
-    bench = rules is not None and rules.cudnn_benchmark
-    # cudnn.benchmark trials are an upper bound that PyTorch shrinks (halves) when they do not fit, so they never
-    # cause an OOM: the verdict, the timeline and --snapshot come from the same run without the trials.
-    verdict = to_cuda(trace, gpu, replace(rules, cudnn_benchmark=False)) if bench and rules else cuda
-    verdict_free = _place(verdict, allocator, settings, None) if bench else free_run
-    on_gpu = verdict_free
-    if verdict_free.peak_reserved_bytes > usable:
-        on_gpu = _place(verdict, allocator, settings, gpu)
+    on_gpu = free_run  # cudnn.benchmark trials that do not fit are halved, then dropped (cudnn_workspace_ids)
+    if free_run.peak_reserved_bytes > usable:
+        on_gpu = _place(cuda, allocator, settings, gpu)
     t3 = time.perf_counter()
     oom_seq = on_gpu.oom_seq
-    phase, iteration = _where(verdict, oom_seq)
+    phase, iteration = _where(cuda, oom_seq)
     peak_seq = _peak_seq(free_run.timeline, "reserved_bytes")
     peak_phase, peak_iteration = _where(cuda, peak_seq)
     alloc_peak_seq = _peak_seq(free_run.timeline, "allocated_bytes")
     peak_reserved = int(free_run.peak_reserved_bytes)
-    if bench:  # a trial takes at most what the device has left
-        peak_reserved = max(min(peak_reserved, usable), int(verdict_free.peak_reserved_bytes))
+    device_peak = gpu.context_bytes + peak_reserved
+    iv = interval(device_peak, family_of(trace), stack is not None)
     if margin_bytes is None:
-        margin = default_margin(peak_reserved)
-        rule = f"max({MARGIN_FRACTION:g} x peak reserved, {MARGIN_MIN_BYTES // MiB} MiB)"
+        margin = iv["required_bytes"] - device_peak
+        rule = (
+            f"device peak x {iv['cover']:+.2%}: covers 95 % of every data set's validation rows of the "
+            f"{iv['family']} family{' with a stack calibration' if stack is not None else ''} (uvmlab.memory.intervals)"
+        )
     else:
         margin, rule = int(margin_bytes), "given"
     return Estimate(
@@ -372,11 +383,12 @@ def estimate(
         trace_allocations=len(cuda.allocations),
         trace_events=len(cuda.allocations) + int((cuda.allocations["free_seq"] != NEVER_FREED).sum()),
         timeline=on_gpu.timeline,
-        trace=verdict,
+        trace=cuda,
         settings=settings,
         gpu_spec=gpu,
-        constrained=on_gpu is not verdict_free,
+        constrained=on_gpu is not free_run,
         context=context,
+        interval=iv,
     )
 
 

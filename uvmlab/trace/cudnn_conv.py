@@ -30,6 +30,12 @@ MODEL, one of ``WORKSPACE_MODELS``, each the buffer layout of a documented cuDNN
   ``envelope``. Evidence that the heuristics pick it for VGG16 on an A100: pytorch/pytorch issue #49207 (an
   nsys profile of a VGG16 forward: 8 ``ampere_gcgemm_64x64_nt`` complex-GEMM launches, cuDNN's FFT kernels, for
   13 convolutions; fp16, cuDNN 8.0).
+- ``winograd``: cuDNN's non-fused Winograd algorithm (``CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED``) for dense
+  3x3 stride-1 convolutions: the input and the output transformed into 6x6 tiles of a F(4x4, 3x3) transform, one
+  tile per 4x4 output block, and the filter into 6x6 tiles: ``(N x C + N x K) x ceil(Ho/4) x ceil(Wo/4) x 36 + K x C
+  x 36`` elements. This reproduces to the byte every WINOGRAD_NONFUSED workspace of the real cuDNN 7.6.3
+  measurements in ../shared/real-data/cudnn (DLPerf, V100 and T4, VGG16/19 and ResNet-50, batch 8-32:
+  tests/test_cudnn_conv.py); other calls take ``envelope``.
 - ``gemm``: cuDNN's explicit-GEMM algorithm (``CUDNN_CONVOLUTION_FWD_ALGO_GEMM``, "needs a significant memory
   workspace to store the matrix that holds the input tensor data"): the im2col matrix,
   ``C x kh x kw x N x Ho x Wo`` elements, for dense convolutions; others take ``envelope``.
@@ -59,7 +65,7 @@ if TYPE_CHECKING:  # light at import time: the CLI takes WORKSPACE_MODELS from h
 
     from uvmlab.trace.schema import Trace
 
-WORKSPACE_MODELS = ("envelope", "layout", "fft", "fft-pow2", "gemm")
+WORKSPACE_MODELS = ("envelope", "layout", "fft", "fft-pow2", "winograd", "gemm")
 """Per-call cuDNN workspace models (module docstring); ``envelope`` is the default."""
 FFT_MAX_SIDE = 256
 """cuDNN's FFT algorithm: feature map height/width plus twice the padding at most 256 (cuDNN API reference,
@@ -207,6 +213,38 @@ def _fft_bytes(g: ConvGeometry, pow2: bool) -> int | None:
     return (g.n * g.c + g.k * g.c + g.n * g.k) * plane
 
 
+WINOGRAD_TILE = 6
+"""Tile side of the F(4x4, 3x3) Winograd transform (4x4 outputs + 3 - 1)."""
+WINOGRAD_OUT = 4
+
+
+def _winograd_bytes(g: ConvGeometry) -> int | None:
+    """Transformed input, output and filter of cuDNN's non-fused Winograd algorithm (3x3, stride 1), or None."""
+    if not g.known or g.stride != 1 or g.kh != 3:
+        return None
+    tiles = math.ceil(round(g.side) / WINOGRAD_OUT) ** 2  # 'same' padding: output side = input side
+    per_tile = WINOGRAD_TILE * WINOGRAD_TILE * g.elem
+    return (g.n * g.c + g.n * g.k) * tiles * per_tile + g.k * g.c * per_tile
+
+
+def candidate_workspaces(g: ConvGeometry) -> dict[str, int]:
+    """Workspace bytes of each engine family that applies to the call (``cudnn.benchmark`` times all of them).
+
+    With ``torch.backends.cudnn.benchmark=True`` PyTorch times every engine config of cuDNN's heuristic and fallback
+    lists (Conv_v8.cpp ``get_plans_from_find``), so the trial workspace is the LARGEST candidate's (``
+    generate_and_filter_plans``). The families: explicit GEMM (im2col), FFT (both transform sizes), non-fused
+    Winograd, the TF32 layout copies; implicit-GEMM engines need none. An unresolved call gets its envelope."""
+    if not g.known:
+        return {"envelope": g.largest_bytes}
+    out = {"gemm": int(g.c * g.kh * g.kh * g.n * (g.side / g.stride) ** 2 * g.elem),
+           "layout": g.x_bytes + g.w_bytes + g.y_bytes}  # fmt: skip
+    families = (("fft", _fft_bytes(g, False)), ("fft-pow2", _fft_bytes(g, True)), ("winograd", _winograd_bytes(g)))
+    for name, size in families:
+        if size is not None:
+            out[name] = size
+    return out
+
+
 def workspace_sizes(g: ConvGeometry, model: str, cap: int = CUDNN_WORKSPACE_CAP_BYTES) -> tuple[int, ...]:
     """Workspace bytes of each cuDNN call behind one trace kernel under ``model`` (module docstring).
 
@@ -225,6 +263,8 @@ def workspace_sizes(g: ConvGeometry, model: str, cap: int = CUDNN_WORKSPACE_CAP_
     one: int | None = None
     if model in ("fft", "fft-pow2"):
         one = _fft_bytes(g, model == "fft-pow2")
+    elif model == "winograd":
+        one = _winograd_bytes(g)
     elif model == "gemm" and g.known:
         out_plane = (g.side / g.stride) ** 2
         one = int(g.c * g.kh * g.kh * g.n * out_plane * g.elem)

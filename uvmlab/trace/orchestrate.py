@@ -48,6 +48,7 @@ from uvmlab.trace.cudnn_conv import (
     CUDNN_WORKSPACE_CAP_BYTES,
     ELEMENT_BYTES,
     WORKSPACE_MODELS,
+    candidate_workspaces,
     conv_geometry,
     workspace_sizes,
 )
@@ -151,8 +152,8 @@ class _Builder:
         row: dict[str, Any],
         before_seq: int,
         free_after_seq: int | None,
-        order: int,
-        free_order: int | None = None,
+        order: float,
+        free_order: float | None = None,
     ) -> int:
         """Add an allocation just before event ``before_seq`` (freed just after ``free_after_seq`` or never).
 
@@ -363,11 +364,16 @@ def rule_cudnn_workspace(
         key = (op_base(kern["name"]), sig.get(kid, ()))
         if benchmark and key not in seen and available_bytes is not None and live is not None:
             seen.add(key)
-            trial = max(int(available_bytes) - int(live[i]), size)
-            b.insert({**base, "size_bytes": trial, "op": "cudnn_benchmark_workspace"}, int(kern["seq"]), None,
-                     order=2, free_order=2)  # fmt: skip
-            trial_top = max(trial_top, trial)
-            added += 1
+            left = int(available_bytes) - int(live[i])
+            fits = [v for v in candidate_workspaces(geom).values() if v <= left]
+            for call in range(2 if geom.backward and geom.grad_input else 1):  # one find per cuDNN call
+                trial = max(fits, default=0)
+                if trial <= 0:
+                    continue
+                b.insert({**base, "size_bytes": trial, "op": "cudnn_benchmark_workspace"}, int(kern["seq"]), None,
+                         order=2 + 0.3 * call, free_order=1.6 + 0.3 * call)  # fmt: skip
+                trial_top = max(trial_top, trial)
+                added += 1
         for j, part in enumerate(sizes[:-1]):  # backward-data: its workspace is freed before backward-filter's
             if part > 0:
                 b.insert({**base, "size_bytes": part, "op": "cudnn_workspace"}, int(kern["seq"]), None,

@@ -5,6 +5,13 @@
 - ``memory/gpumemnet_mlp_a100_sample``: 30 validation rows of it (index % 100 == 1), fast.
 - ``memory/xmem_rtx3060_sample``: xMem's 13-row sample (``uvmlab.evaluate.xmem_sample``); rows uvmlab cannot
   rebuild are points with ``predicted=None`` and the reason. Nothing is fitted on it.
+- ``memory/carma_a100``: CARMA's A100-40GB CNN runs (``uvmlab.evaluate.carma_runs``), read from
+  ``memory/carma_a100/ehsan-summary.csv`` under the data folder or from ``$UVMLAB_CARMA_SUMMARY`` (the file is not
+  in ../shared/real-data); its CIFAR-100 rows are ``fitted`` (they set ``LAZY_CONV_MODULES_BYTES``).
+
+Every data set is also scored after a stack calibration on one declared row (``uvmlab calibrate --memory``;
+``uvmlab.evaluate.memory_validation.STACK_FIT_ROWS``): the same points with quantity ``... (stack-calibrated)``,
+the fit row ``fitted`` (issue 25).
 """
 
 from __future__ import annotations
@@ -12,10 +19,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from uvmlab.evaluate.memory_validation import STACK_FIT_ROWS
 from uvmlab.validate.points import Plan, Point, Task, check, planned_check
 
 MLP_DIR = "memory/gpumemnet_mlp_a100"
 XMEM_DIR = "memory/xmem_rtx3060_sample"
+CARMA_DIR = "memory/carma_a100"
+CARMA_ENV = "UVMLAB_CARMA_SUMMARY"
+
+
+def with_stack(points: list[Point], fit_case: str) -> list[Point]:
+    """``points`` again after a stack calibration on the point ``fit_case``: its measured - predicted is added to
+    every prediction (what ``uvmlab estimate --stack`` adds to the context; uvmlab.memory.stack)."""
+    fit = next((p for p in points if p.case == fit_case and p.predicted is not None), None)
+    if fit is None or fit.predicted is None:
+        return []
+    offset = fit.measured - fit.predicted
+    return [
+        Point(p.dataset, p.case, f"{p.quantity} (stack-calibrated)", p.unit, p.measured, p.predicted + offset,
+              fitted=p.fitted or p.case == fit_case, note=f"stack fitted on {fit_case}")
+        for p in points
+        if p.predicted is not None
+    ]  # fmt: skip
 
 
 SAMPLE_BAND = 1.1
@@ -56,7 +81,8 @@ def _mlp_plan(data_dir: Path, keep: object = None, band: float | None = None) ->
         ]
         points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
                    for i, why in skipped]  # fmt: skip
-        return points
+        fit = STACK_FIT_ROWS["gpumemnet"] if any(p.case == STACK_FIT_ROWS["gpumemnet"] for p in points) else None
+        return points + with_stack(points, fit or points[0].case) if points else points
 
     return Plan(tasks, assemble)
 
@@ -101,4 +127,37 @@ def xmem_sample(data_dir: Path) -> list[Point]:
     ]
     points += [Point(XMEM_DIR, cid, "after_context_bytes", "bytes", float("nan"), None, note=why)
                for cid, why in skipped]  # fmt: skip
-    return points
+    return points + with_stack(points, STACK_FIT_ROWS["xmem"])
+
+
+def carma_file(data_dir: Path) -> Path | None:
+    """CARMA's summary: under the data folder, else ``$UVMLAB_CARMA_SUMMARY``; None when neither exists."""
+    import os
+
+    for cand in (data_dir / CARMA_DIR / "ehsan-summary.csv", Path(os.environ.get(CARMA_ENV, "/nonexistent"))):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@check("memory/carma_a100", needs="memory")
+def carma_a100(data_dir: Path) -> list[Point]:
+    """CARMA's A100-40GB CNN runs (whole-device peaks, lazy loading), and the same after a stack calibration on one
+    CIFAR row."""
+    from uvmlab.evaluate.carma_runs import read_carma_summary
+    from uvmlab.evaluate.estimators import UvmlabEstimator
+
+    src = carma_file(data_dir)
+    if src is None:
+        why = f"CARMA's ehsan-summary.csv is not in {data_dir / CARMA_DIR} and ${CARMA_ENV} is not set"
+        return [Point(CARMA_DIR, "all rows", "device_peak_bytes", "bytes", float("nan"), None, note=why)]
+    cases, skipped = read_carma_summary(src)
+    est = UvmlabEstimator("pca")
+    points = [
+        Point(CARMA_DIR, c.case_id, "device_peak_bytes", "bytes", c.measured_peak_bytes, float(est.estimate(c)),
+              fitted=c.fitted, note="CIFAR-100: calibration rows" if c.fitted else "ImageNet: validation")
+        for c in cases
+    ]  # fmt: skip
+    points += [Point(CARMA_DIR, cid, "device_peak_bytes", "bytes", float("nan"), None, note=why)
+               for cid, why in skipped]  # fmt: skip
+    return points + with_stack(points, STACK_FIT_ROWS["carma"])

@@ -22,12 +22,13 @@ def cudnn_workspace_ids(trace: Trace) -> list[int]:
     ``try_configs`` / ``try_plans`` and the cached-plan path of ``run_single_conv`` catch ``c10::OutOfMemoryError``
     (aten/src/ATen/native/cudnn/Conv_v8.cpp, commit 06ca69ca), then the heuristic list goes on to the fallback
     list; so a workspace that does not fit never ends the run. Approximation: the engine that runs instead
-    needs no workspace (the fallback engines' sizes are cuDNN's).
+    needs no workspace (the fallback engines' sizes are cuDNN's). The ``cudnn.benchmark`` trial workspaces too:
+    ``generate_and_filter_plans`` halves a trial that does not fit until it does (approximation: dropped).
     """
     a = trace.allocations
     if "op" not in a.columns:
         return []
-    return a.loc[a["op"] == "cudnn_workspace", "alloc_id"].astype("int64").tolist()
+    return a.loc[a["op"].isin(("cudnn_workspace", "cudnn_benchmark_workspace")), "alloc_id"].astype("int64").tolist()
 
 
 def recorded_run(
