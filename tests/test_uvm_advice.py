@@ -137,18 +137,27 @@ def test_preferred_location_gpu_first_touch_populates_the_whole_block() -> None:
         assert kt.loc[k, "zero_fill_bytes"] == zero, advice
 
 
-def test_preferred_location_gpu_turns_off_cpu_prefetch() -> None:
-    """A CPU fault on data preferred on the GPU migrates only the faulted page (should_apply_prefetch_logic)."""
+def test_preferred_location_gpu_turns_off_cpu_prefetch_from_driver_590() -> None:
+    """A CPU fault on data preferred on the GPU migrates only the faulted page from R590 on
+    (should_apply_prefetch_logic, new in 590.44.01); 575 and 580 still prefetch."""
     counts = {}
-    for advice in ("set_preferred_location:gpu", "unset_preferred_location"):
-        p = Program({"t": BLOCK})
-        p.api("advise", "t", advice)
-        p.kernel(writes=("t",))
-        k = p.api("host_read", "t")
-        _, kt = p.run(8 * MiB)
-        counts[advice] = kt.loc[k, "cpu_fault_count"]
-        assert kt.loc[k, "dtoh_bytes"] == BLOCK
-    assert counts == {"set_preferred_location:gpu": PAGES, "unset_preferred_location": 6}
+    for driver in ("595.45.04", "580.142", "575.57.08"):
+        for advice in ("set_preferred_location:gpu", "unset_preferred_location"):
+            p = Program({"t": BLOCK})
+            p.api("advise", "t", advice)
+            p.kernel(writes=("t",))
+            k = p.api("host_read", "t")
+            _, kt = p.run(8 * MiB, GPUS["A100-80GB"].with_driver(driver))
+            counts[driver, advice] = kt.loc[k, "cpu_fault_count"]
+            assert kt.loc[k, "dtoh_bytes"] == BLOCK
+    assert counts == {
+        ("595.45.04", "set_preferred_location:gpu"): PAGES,
+        ("595.45.04", "unset_preferred_location"): 6,
+        ("580.142", "set_preferred_location:gpu"): 6,
+        ("580.142", "unset_preferred_location"): 6,
+        ("575.57.08", "set_preferred_location:gpu"): 6,
+        ("575.57.08", "unset_preferred_location"): 6,
+    }
 
 
 def test_preferred_location_gpu_removes_the_gpus_remote_mappings() -> None:

@@ -232,6 +232,7 @@ def calibrate_cmd(
                 "memory_efficiency",
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
+                "collapse_page_ns",
             ],
             True,
         )

@@ -46,9 +46,9 @@ mapping of a duplicate is read-only: ``compute_new_permission`` does not upgrade
 
 Prefetch (``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c): only when every faulted page of
 the block goes to one processor (``uvm_va_block_get_prefetch_hint``); on a first touch of a block resident nowhere
-whose destination is the preferred location, the whole block is populated; otherwise the tree prefetcher runs only
-if no preferred location is set or the destination is it (``should_apply_prefetch_logic``); prefetched pages of a
-read-mostly range become duplicates too. A remote-mapped page never faults again: each access moves its bytes over
+whose destination is the preferred location, the whole block is populated; otherwise the tree prefetcher runs, from driver R590 on only
+if no preferred location is set or the destination is it (``should_apply_prefetch_logic``, new in 590.44.01:
+:data:`PREFERRED_PREFETCH_MAJOR`); prefetched pages of a read-mostly range become duplicates too. A remote-mapped page never faults again: each access moves its bytes over
 the link (``remote_read_bytes`` / ``remote_write_bytes``; the kernel lasts max(native, link time),
 :func:`remote_ns`). After an eviction, accessed-by processors are mapped to the evicted pages
 (``block_add_eviction_mappings``), so an accessed-by GPU reads evicted data remotely instead of faulting it back.
@@ -89,6 +89,11 @@ ADVISE_CALL_NS = 10_000.0
 """One ``cudaMemAdvise`` call: one UVM ioctl (``UVM_SET_PREFERRED_LOCATION``, ``UVM_SET_ACCESSED_BY``,
 ``UVM_ENABLE_READ_DUPLICATION`` and their inverses, uvm_ioctl.h) taking the VA space lock for write [U: the same
 order as ``CostParams.managed_alloc_ns``, not measured]."""
+PREFERRED_PREFETCH_MAJOR = 590
+"""From driver R590 (590.44.01) on, the prefetcher does not prefetch out of a preferred location
+(``should_apply_prefetch_logic``, uvm_perf_prefetch.c:324); every earlier open release (515.43.04 to 580.142)
+prefetches whatever the preferred location (checked in each tag of NVIDIA/open-gpu-kernel-modules); the closed
+drivers are taken to behave as 515 [I]."""
 HINT_ARRAYS = ("_rm", "_plg", "_plc", "_abg", "_abc", "_gmap", "_cmap")
 """The per-page policy and mapping bitmaps (module docstring), slot x 512 bool like ``_gpu``."""
 
@@ -237,14 +242,17 @@ class AdviceService:
         stay = other & (self._abg[s] | self._plc[s])
         to_gpu |= other & ~stay
         extra = np.zeros_like(faulted)
-        if to_gpu.any() and not (to_cpu_new.any() or stay.any()) and not (to_gpu & self._plc[s]).any():
+        out_of_pref = self.prefetch_honours_preferred and (to_gpu & self._plc[s]).any()
+        if to_gpu.any() and not (to_cpu_new.any() or stay.any()) and not out_of_pref:
             if self._res_count[s] == 0 and self._cpu_count[s] == 0 and not (to_gpu & ~self._plg[s]).any():
                 valid = np.arange(PAGES_PER_BLOCK) < self._npages[s]
                 extra = valid & self._plg[s] & ~to_gpu  # first touch at the preferred location: the whole block
             elif knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
                 npg = np.array([self._npages[s]])
                 extra = prefetch_pages(gpu[None, :], to_gpu[None, :], npg, knobs.prefetch_threshold)[0]
-                extra &= ~self._plc[s] & ~(self._gmap[s] & cpu)  # not out of a CPU preference, not remote pages
+                extra &= ~(self._gmap[s] & cpu)  # pages the GPU maps remotely stay where they are
+                if self.prefetch_honours_preferred:
+                    extra &= ~self._plc[s]  # not out of a CPU preference (R590+)
             make_dup = make_dup | (extra & rm & cpu)
         mig = (to_gpu | extra) & ~gpu
         dup_after = make_dup & mig

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from uvmlab.errors import InputError, InvariantError
-from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec
-from uvmlab.sim.uvm.advice import AdviceService
+from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
+from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
 from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
@@ -93,6 +93,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self.host_page_bytes = max(PAGE_BYTES, int(gpu.host_page_bytes))
         self._g = self.host_page_bytes // PAGE_BYTES  # 4 KiB bitmap pages per host page (the fault unit)
         self.coherent = bool(gpu.coherent)
+        self.prefetch_honours_preferred = driver_major(gpu.driver) >= PREFERRED_PREFETCH_MAJOR
         self._pol_any: list[bool] | None = None  # per slot: any cudaMemAdvise policy bit (uvmlab.sim.uvm.hints)
         self._hint_arrays: tuple[str, ...] = ()  # the policy / mapping bitmaps, created on first use
         self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first

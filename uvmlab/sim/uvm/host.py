@@ -20,8 +20,8 @@ faulting processor:
 A CPU fault migrates its host page plus what the tree prefetcher adds for the CPU destination (the same
 ``uvm_perf_prefetch_get_hint_va_block``; pages the CPU already maps are excluded), so a sequential host write of a
 fresh 2 MiB block faults six times (64K, 64K, 128K, 256K, 512K, 1M: UVMSmart ``getHWPrefetcherP1.cu``'s nvprof trace
-shows exactly these CPU faults on a GTX 1080); with a preferred location other than the CPU there is no prefetch
-(``should_apply_prefetch_logic``) and every host page faults on its own. Each fault costs
+shows exactly these CPU faults on a GTX 1080); from driver R590 on, with a preferred location other than the CPU
+there is no prefetch (``should_apply_prefetch_logic``) and every host page faults on its own. Each fault costs
 ``CostParams.cpu_fault_ns`` plus its transfer, ``migrate_page_ns`` per migrated page and the host's zeroing of
 newly populated pages (``host_zero_bytes_per_s``). After the fault the CPU maps the pages, and accessed-by GPUs
 map the pages now on the CPU (``block_service_finish_map_accessed_by``).
@@ -85,7 +85,9 @@ class HostService:
                     break
                 p = int(idx[0])
                 stay = self._stays_on_gpu(s)
-                no_prefetch = self._plg[s] | stay  # a preferred location that is not the CPU: no prefetch
+                no_prefetch = stay.copy()
+                if self.prefetch_honours_preferred:  # R590+: no prefetch out of a preferred location (the GPU)
+                    no_prefetch |= self._plg[s]
                 if knobs.prefetch_enable and not no_prefetch[p]:
                     faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
                     faulted[p // g * g : p // g * g + g] = True
