@@ -186,6 +186,19 @@ def test_remote_reads_and_writes_use_their_own_link_direction() -> None:
     assert kt.loc[both, "duration_ns"] == pytest.approx(4 * one, rel=1e-6)
 
 
+def test_a_strided_kernel_moves_only_its_touched_bytes_over_the_link() -> None:
+    """One 32 B sector per 4 KiB page (the trace's touched_bytes): the link carries the sectors, not the range."""
+    gpu = GPUS["A100-80GB"]
+    p = _host_written("set_accessed_by:gpu")
+    sectors = PAGES * 32
+    k = p.kernel(reads=("t",), touched=sectors)
+    _, kt = p.run(8 * MiB, gpu)
+    assert kt.loc[k, "remote_read_bytes"] == BLOCK  # the pages it reaches through the mapping
+    link = sectors / gpu.link_bytes_per_s * 1e9
+    assert kt.loc[k, "duration_ns"] == pytest.approx(max(link, kt.loc[k, "native_ns"]), rel=1e-6)
+    assert kt.loc[k, "duration_ns"] < BLOCK / gpu.link_bytes_per_s * 1e9 / 10
+
+
 # -- read duplication and its collapse ---------------------------------------------------------------------------
 def test_read_mostly_duplicates_then_a_gpu_write_collapses_once_per_cpu_write() -> None:
     """The collapse is paid once after each CPU write, not on every launch (issue 24)."""
@@ -323,3 +336,35 @@ def test_remote_mappings_never_point_at_gpu_pages() -> None:
     k = p.kernel(reads=("t",))
     _, kt = p.run(8 * MiB)  # check_every=1 runs check_advice_invariants after every step
     assert kt.loc[k, "remote_read_bytes"] == BLOCK and kt.loc[k, "fault_count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "advice", "remote"),
+    [
+        ("uvm", (), (0, 0)),
+        ("uvm_prefetch", ("prefetch",), (0, 0)),
+        ("uvm_advise_pref_gpu", ("set_preferred_location:gpu",), (0, 0)),
+        ("uvm_advise_read", ("set_read_mostly",), (0, 0)),
+        ("uvm_advise_access", ("set_accessed_by:gpu",), (1, 0)),
+        ("uvm_advise_pref_cpu", ("set_preferred_location:cpu",), (1, 1)),
+    ],
+)
+def test_rq4_modes_reach_their_steady_state_through_the_general_path(
+    mode: str, advice: tuple[str, ...], remote: tuple[int, int]
+) -> None:
+    """gpu_ext's rq4 (uvmbench at 0.25x: the host writes ``input``, both arrays get the hint, two warm-up launches,
+    then timed ones) written as api rows: after the warm-ups no launch faults, and only the modes that map host memory
+    access it remotely (reads of the host-written input; with preferred location CPU also the writes)."""
+    p = Program({"input": BLOCK, "output": BLOCK})
+    p.api("host_write", "input")
+    for t in ("input", "output"):
+        for a in advice:
+            if a == "prefetch":
+                p.api("prefetch", t, "gpu")
+            else:
+                p.api("advise", t, a)
+    launches = [p.kernel(reads=("input",), writes=("output",), touched=2 * PAGES * 32) for _ in range(3)]
+    _, kt = p.run(8 * MiB)
+    timed = kt.loc[launches[-1]]
+    assert timed["fault_count"] == 0 and timed["htod_bytes"] == 0, mode
+    assert (timed["remote_read_bytes"] > 0, timed["remote_write_bytes"] > 0) == (bool(remote[0]), bool(remote[1]))

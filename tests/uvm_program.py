@@ -48,10 +48,11 @@ class Program:
     def _id(self, name: str) -> int:
         return list(self.sizes).index(name)
 
-    def _row(self, name: str, api: str = "", arg: str = "", flops: float = 0.0) -> int:
+    def _row(self, name: str, api: str = "", arg: str = "", flops: float = 0.0, touched: float | None = None) -> int:
         kid = len(self.kernels)
         self.kernels.append(
             {
+                "touched_bytes": float("nan") if touched is None else touched,
                 "kernel_id": kid,
                 "seq": 1000 + kid,
                 "name": name,
@@ -76,9 +77,16 @@ class Program:
             }
         )
 
-    def kernel(self, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), size: int | None = None) -> int:
-        """A kernel reading and writing whole tensors (or their first ``size`` bytes); returns its step index."""
-        kid = self._row("k")
+    def kernel(
+        self,
+        reads: tuple[str, ...] = (),
+        writes: tuple[str, ...] = (),
+        size: int | None = None,
+        touched: float | None = None,
+    ) -> int:
+        """A kernel reading and writing whole tensors (or their first ``size`` bytes; ``touched``: the DRAM bytes it
+        really moves, the trace's optional ``touched_bytes``); returns its step index."""
+        kid = self._row("k", touched=touched)
         for t in reads:
             self._touch(kid, t, False, size=size)
         for t in writes:

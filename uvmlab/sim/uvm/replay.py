@@ -167,6 +167,9 @@ class _KernelStatics:
     api_arg: list[str] = field(default_factory=list)  # optional column ``api_arg`` (IFACE24.md), "" when absent
     names: list[str] = field(default_factory=list)  # op names (uvm_reread picks the GEMM-like ones)
     flops: np.ndarray = field(default_factory=lambda: np.empty(0))
+    remote_scale: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Per kernel: ``touched_bytes`` / accessed bytes when the trace gives ``touched_bytes`` (a strided or gathering
+    kernel moves only part of the ranges it accesses), else 1: scales the bytes of its remote accesses."""
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
 
     def __post_init__(self) -> None:
@@ -188,8 +191,11 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     )
     touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
     touched_b = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+    remote_scale = np.ones(len(kern))
     if "touched_bytes" in kern.columns:
         given = kern["touched_bytes"].to_numpy(dtype=float)
+        ok = np.isfinite(given) & (touched_b > 0)
+        remote_scale = np.where(ok, given / np.where(touched_b > 0, touched_b, 1.0), 1.0)
         touched_b = np.where(np.isfinite(given), given, touched_b)
     native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
     live = trace.live_bytes()
@@ -209,6 +215,7 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         api_arg=api_arg,
         names=kern["name"].astype(str).tolist(),
         flops=kern["flops"].to_numpy(dtype=float),
+        remote_scale=remote_scale,
     )
 
 
@@ -365,7 +372,8 @@ class _Replayer:
             c, dur = self._hinted_kernel(i, st, rows, ids or [])
         else:
             c = self._access(i, rows, st)
-            native = max(float(st.native_ns[i]), remote_ns(c, self.costs))  # remote mappings: the link's time
+            link = remote_ns(c, self.costs) * float(st.remote_scale[i]) if c.remote_bytes else 0.0
+            native = max(float(st.native_ns[i]), link)  # remote mappings: the link's time
             dur = native + (1.0 - self.costs.fault_overlap) * c.stall_ns
         if sim.knobs.prefetch_on_alloc or self.hints is not None:
             c.add(self.pending)  # counts only: the prefetch's time is already on the clock
