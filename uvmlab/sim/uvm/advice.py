@@ -46,12 +46,13 @@ mapping of a duplicate is read-only: ``compute_new_permission`` does not upgrade
 
 Prefetch (``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c): only when every faulted page of
 the block goes to one processor (``uvm_va_block_get_prefetch_hint``); on a first touch of a block resident nowhere
-whose destination is the preferred location, the whole block is populated; otherwise the tree prefetcher runs, from driver R590 on only
-if no preferred location is set or the destination is it (``should_apply_prefetch_logic``, new in 590.44.01:
-:data:`PREFERRED_PREFETCH_MAJOR`); prefetched pages of a read-mostly range become duplicates too. A remote-mapped page never faults again: each access moves its bytes over
-the link (``remote_read_bytes`` / ``remote_write_bytes``; the kernel lasts max(native, link time),
-:func:`remote_ns`). After an eviction, accessed-by processors are mapped to the evicted pages
-(``block_add_eviction_mappings``), so an accessed-by GPU reads evicted data remotely instead of faulting it back.
+whose destination is the preferred location, the whole block is populated; otherwise the tree prefetcher runs,
+from driver R590 on only if no preferred location is set or the destination is it (``should_apply_prefetch_logic``,
+new in 590.44.01: :data:`PREFERRED_PREFETCH_MAJOR`); prefetched pages of a read-mostly range become duplicates too.
+A remote-mapped page never faults again: each access moves its bytes over the link (``remote_read_bytes`` /
+``remote_write_bytes``; the kernel lasts max(native, link time), :func:`remote_ns`). After an eviction, accessed-by
+processors are mapped to the evicted pages (``block_add_eviction_mappings``), so an accessed-by GPU reads evicted
+data remotely instead of faulting it back.
 Collapsing a duplicate costs ``CostParams.collapse_page_ns`` per page besides its write fault.
 
 Approximations: the policy of a page is its own (the driver's range split rounds to pages too, but a faulted

@@ -22,9 +22,13 @@ Rules (each from uvm.md):
 
 Approximations (also in docs/uvm-sim.md):
 
-* Each managed range starts 2 MiB-aligned (so small ranges do not share VA blocks; uvm.md 7.5 is open). A block
-  shorter than 2 MiB takes its size rounded up to 64 KiB of capacity and is evicted on its own (the driver carves
-  such chunks from split root chunks and evicts whole root chunks).
+* Each managed range starts 2 MiB-aligned (so small ranges do not share VA blocks; uvm.md 7.5 is open). Its last
+  block is mapped at the driver's rounded size (``knobs.rounded_tail_bytes``: 64 KiB x 2^i), which the prefetch tree
+  covers and which the block takes as capacity; it is evicted on its own (the driver carves such chunks from split
+  root chunks and evicts whole root chunks).
+* The host page (``GpuSpec.host_page_bytes``, 64 KiB on POWER9 and Grace) is the unit of faults: accesses are
+  rounded out to whole host pages and a fault counts one host page; the bitmaps stay 4 KiB (docs/uvm-sim.md).
+* cudaMemAdvise policies, remote mappings and host accesses: ``uvmlab.sim.uvm.advice`` and ``uvmlab.sim.uvm.host``.
 * Single touch: a page a kernel has already faulted in is not faulted again by the same kernel even if it is
   evicted before the kernel ends (uvm.md 6 step 3); pages are checked in access order when the kernel reaches them.
 * Within a batch, blocks are serviced in the kernel's access order (the driver sorts by address; the order only
@@ -76,11 +80,12 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             )
         self.capacity_bytes = int(capacity_bytes)
         self.knobs = knobs or UvmKnobs()
-        self.costs = (costs or CostParams()).for_gpu(gpu or GPUS[DEFAULT_GPU])
-        if self.costs.link_bytes_per_s > (gpu or GPUS[DEFAULT_GPU]).link_limit_bytes_per_s * (1 + 1e-9):
+        gpu = gpu or GPUS[DEFAULT_GPU]
+        self.costs = (costs or CostParams()).for_gpu(gpu)
+        if self.costs.link_bytes_per_s > gpu.link_limit_bytes_per_s * (1 + 1e-9):
             raise InputError(
                 f"link bandwidth {self.costs.link_bytes_per_s / 1e9:.1f} GB/s exceeds the peak of the GPU's link "
-                f"({(gpu or GPUS[DEFAULT_GPU]).link_limit_bytes_per_s / 1e9:.1f} GB/s, gpus.py)"
+                f"({gpu.link_limit_bytes_per_s / 1e9:.1f} GB/s, gpus.py)"
             )
         self.used_bytes = 0
         n = 64
@@ -89,7 +94,6 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm.hints)
         self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
-        gpu = gpu or GPUS[DEFAULT_GPU]
         self.host_page_bytes = max(PAGE_BYTES, int(gpu.host_page_bytes))
         self._g = self.host_page_bytes // PAGE_BYTES  # 4 KiB bitmap pages per host page (the fault unit)
         self.coherent = bool(gpu.coherent)
@@ -121,7 +125,9 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self._tcache: dict[int, float] = {}
         # per-run constants of the hot path
         self._per_batch = self.knobs.pages_per_batch * self._g  # in 4 KiB pages
-        self._full_raw = min(float(self.knobs.fault_batch_count), self._per_batch * self.costs.raw_entries_per_fault)
+        self._full_raw = min(
+            float(self.knobs.fault_batch_count), self.knobs.pages_per_batch * self.costs.raw_entries_per_fault
+        )
         self._full_batch_ns = self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * self._full_raw
         self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
         self.totals = UvmCounters()

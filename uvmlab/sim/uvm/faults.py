@@ -45,15 +45,15 @@ class UvmCounters:
     stall_ns: float = 0.0
     """Time the faulting kernel waits for the bottom half (batches, evictions, transfers)."""
     remote_bytes: int = 0
-    """Bytes the GPU read or wrote over the link in place (remote mappings, uvmlab.sim.uvm.hints)."""
+    """Bytes the GPU read or wrote over the link in place (remote mappings, uvmlab.sim.uvm.advice and .hints)."""
     remote_read_bytes: int = 0
     """Of ``remote_bytes``, the bytes the GPU read (the host-to-device direction of the link)."""
     remote_write_bytes: int = 0
     """Of ``remote_bytes``, the bytes the GPU wrote (the device-to-host direction)."""
     cpu_fault_count: int = 0
-    """CPU page faults UVM serviced (host reads and writes of managed memory, uvmlab.sim.uvm.hints)."""
+    """CPU page faults UVM serviced (host reads and writes of managed memory, uvmlab.sim.uvm.host)."""
     collapse_count: int = 0
-    """Read-duplicated pages whose other copy a write revoked (uvmlab.sim.uvm.hints)."""
+    """Read-duplicated pages whose other copy a write revoked (uvmlab.sim.uvm.advice, .host)."""
     writeback_saved_bytes: int = 0
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
 
