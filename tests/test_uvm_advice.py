@@ -368,3 +368,16 @@ def test_rq4_modes_reach_their_steady_state_through_the_general_path(
     timed = kt.loc[launches[-1]]
     assert timed["fault_count"] == 0 and timed["htod_bytes"] == 0, mode
     assert (timed["remote_read_bytes"] > 0, timed["remote_write_bytes"] > 0) == (bool(remote[0]), bool(remote[1]))
+
+
+def test_preferred_location_gpu_keeps_the_remote_mappings_of_read_duplicated_pages_only() -> None:
+    """Read duplication takes precedence over PreferredLocation (preferred_location_unmap_remote_pages): the GPU's
+    remote mappings of read-mostly pages survive a preferred-location GPU advice, the others are removed."""
+    sim = UvmSim(8 * MiB)
+    sim.map_range(0, BLOCK)
+    sim.host_write(0, 0, BLOCK)
+    sim.advise(0, 0, BLOCK, "set_accessed_by:gpu")
+    s = int(sim._ranges[0][0])
+    sim._rm[s, : PAGES // 2] = True  # half the block under read duplication, mapped remotely before it was set
+    sim.advise(0, 0, BLOCK, "set_preferred_location:gpu")
+    assert sim._gmap[s, : PAGES // 2].all() and not sim._gmap[s, PAGES // 2 :].any()

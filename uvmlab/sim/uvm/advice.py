@@ -164,13 +164,13 @@ class AdviceService:
         return self._flush_kernel_counters()
 
     def _unmap_gpu(self, s: int, sl: slice, keep_read_mostly: bool = False) -> int:
-        """Remove the GPU's remote mappings of pages ``sl`` of slot ``s``; return 1 if any was removed."""
-        m = self._gmap[s, sl]
-        if keep_read_mostly:
-            m &= self._rm[s, sl]  # read duplication takes precedence over PreferredLocation: those stay
-        if not m.any():
+        """Remove the GPU's remote mappings of pages ``sl`` of slot ``s``; return 1 if any was removed.
+        ``keep_read_mostly``: pages under read duplication keep theirs (it takes precedence over PreferredLocation:
+        ``preferred_location_unmap_remote_pages``)."""
+        drop = self._gmap[s, sl] & ~self._rm[s, sl] if keep_read_mostly else self._gmap[s, sl].copy()
+        if not drop.any():
             return 0
-        m[:] = False
+        self._gmap[s, sl] &= ~drop
         return 1
 
     def _map_accessed_by(self, s: int, sl: slice) -> int:
