@@ -10,7 +10,7 @@ import pytest
 
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.sim.uvm.replay import managed_chunk_bytes, translate_accesses
-from uvmlab.sim.uvm.whatif import knee, pad_cold, study_target_bytes, working_sets
+from uvmlab.sim.uvm.whatif import knee, pad_cold, pad_pieces, study_target_bytes, working_sets
 from uvmlab.uvm.simulate import prepare, simulate_prepared
 
 SMALL = WorkloadConfig("alexnet", batch_size=16, options={"image_size": 64, "num_classes": 10}, iterations=2)
@@ -28,20 +28,22 @@ def test_pad_brings_the_footprint_to_the_target(prep) -> None:
     assert padded.footprint_bytes == target
     assert pad == target - prep.footprint_bytes
     assert padded.available_bytes == int(target / 4.0)
-    assert len(padded.placement.ranges) == len(prep.placement.ranges) + 1
-    assert len(prep.placement.ranges) == len(padded.placement.ranges) - 1  # the input is not modified
-    new = padded.placement.ranges.iloc[-1]
-    assert int(managed_chunk_bytes(int(new["size_bytes"]))) == pad  # chunk-rounded size is the pad itself
+    n_new = len(pad_pieces(pad))
+    assert len(padded.placement.ranges) == len(prep.placement.ranges) + n_new
+    assert len(prep.placement.ranges) == len(padded.placement.ranges) - n_new  # the input is not modified
+    new = padded.placement.ranges.iloc[-n_new:]
+    assert int(managed_chunk_bytes(new["size_bytes"].to_numpy()).sum()) == pad  # chunk-rounded sizes: the pad
     cached = pad if prep.placement.allocator == "pca" else 0  # PCA on: a cached segment; off: a live tensor
     assert padded.placement.peak_reserved_bytes == prep.placement.peak_reserved_bytes + cached
 
 
 def test_pad_is_never_touched(prep) -> None:
     """At the same GPU memory the padded run faults and migrates exactly as the unpadded one: nothing on the pad."""
-    padded, _ = pad_cold(prep, prep.footprint_bytes + study_target_bytes(512))
-    pad_id = int(padded.placement.ranges["range_id"].iloc[-1])
+    padded, pad = pad_cold(prep, prep.footprint_bytes + study_target_bytes(512))
+    n_new = len(pad_pieces(pad))
+    pad_ids = set(padded.placement.ranges["range_id"].iloc[-n_new:].astype(int))
     acc = translate_accesses(padded.trace, padded.placement, padded.trace.kernels["kernel_id"].to_numpy())
-    assert pad_id not in {r[0] for r in acc.rows}
+    assert not pad_ids & {r[0] for r in acc.rows}
     cfg = RunConfig(SMALL, oversub=3.0, pca=prep.placement.allocator == "pca", mode="sim")
     tight = int(prep.footprint_bytes / 3.0)  # oversubscribed: evictions happen, and none may touch the pad
     a, _ = simulate_prepared(cfg, dataclasses.replace(prep, available_bytes=tight))
@@ -49,7 +51,7 @@ def test_pad_is_never_touched(prep) -> None:
     assert a.totals.eviction_count > 0
     for c in COUNTS:
         assert getattr(a.totals, c) == getattr(b.totals, c), c
-    assert b.api_calls["cudaMallocManaged"] == a.api_calls["cudaMallocManaged"] + 1
+    assert b.api_calls["cudaMallocManaged"] == a.api_calls["cudaMallocManaged"] + n_new
     assert b.peak_resident_bytes == a.peak_resident_bytes
 
 

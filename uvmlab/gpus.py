@@ -1,16 +1,24 @@
-"""GPU specifications the simulators and the estimator use.
+"""GPU specifications the simulators and the estimator use, each number with its source.
 
-Numbers are vendor datasheet figures (dense, no sparsity). ``link_bytes_per_s`` is the sustained
-host<->device bandwidth for large (2 MiB) UVM migrations, not the link's peak: PCIe 3 x16 ~11.5 GB/s and
-PCIe 4 x16 ~23 GB/s are the UVMSmart curve fits quoted in reference/uvm.md section 2.3/2.4; PCIe 5 x16 is
-taken as twice PCIe 4 [I]; NVLink-C2C (GH200) as 300 GB/s sustained of its 450 GB/s per direction [U].
+A :class:`GpuSpec` is one GPU model in one host: compute and memory figures from the vendor's datasheet (dense, no
+sparsity), the host link from :data:`LINKS`, the host's base page size, and the NVIDIA driver the run describes.
+
+Host links (:data:`LINKS`): ``link_peak_bytes_per_s`` is the hardware's own limit per direction (the link's
+signalling rate times its encoding efficiency); ``link_bytes_per_s`` is the sustained rate of 2 MiB UVM migrations
+(the rate the simulator's transfer curve reaches at 2 MiB, reference/uvm.md 2.3/2.4). Every derived link rate the
+simulator uses is capped at the peak (tests/test_gpus_profiles.py checks it over every GPU and profile).
+
 ``context_bytes`` is the CUDA context plus the memory the driver keeps back, which a job cannot use:
 reference/uvm.md section 3.3 (287 MB lazy loading vs 667 MB eager, pytorch/pytorch PR #86509); we take
 512 MiB as the default [I], overridable per run.
+
+``driver``: the NVIDIA driver version the run describes (``--gpu NAME@VERSION``, e.g. ``V100-PCIe@418.67``); the
+fault-path costs depend on its generation (uvmlab.sim.uvm.generations). Default :data:`DEFAULT_DRIVER`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from uvmlab.errors import InputError
@@ -20,27 +28,131 @@ DEFAULT_CONTEXT_BYTES = 512 * MiB
 MAX_MEMORY_BYTES = 64 * TiB
 """Largest ``--gpu-memory``: the simulators place device memory in a made-up 64 TiB address range
 (``uvmlab.sim.allocator.constants.DEFAULT_VA_SIZE_BYTES``); the largest GPU listed has 141 GiB."""
+DEFAULT_DRIVER = "575.57.08"
+"""The driver a run describes unless ``--gpu NAME@VERSION`` says otherwise: the newest driver whose fault path
+uvmlab has fitted (the RTX 5090 profile, uvmlab/sim/uvm/profiles/rtx5090.json). Every GPU listed here runs it
+(Pascal and Volta are supported up to the R580 branch: NVIDIA's CUDA 12.8/13.0 release notes)."""
+MIN_DRIVER_MAJOR = 375
+"""Demand paging of managed memory (Pascal and later) needs CUDA 8, whose driver branch is R375 (CUDA 8.0 release
+notes, "Unified Memory ... GPU page faulting"); an older version is refused."""
+X86_PAGE_BYTES = 4096
+"""x86-64 Linux ``PAGE_SIZE``."""
+PAGE_64K = 65536
+"""``PAGE_SIZE`` of ppc64le Linux (RHEL 7/8 for POWER9 ship 64 KiB pages: IBM Power AC922 Redbook, SG24-8422) and
+of the 64 KiB-page ARM64 kernels NVIDIA recommends for Grace (NVIDIA Grace Performance Tuning Guide, "Linux kernel
+page size")."""
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A host link: its peak and sustained rates per direction, whether the CPU can map GPU memory, and sources."""
+
+    name: str
+    peak_bytes_per_s: float
+    sustained_bytes_per_s: float
+    coherent: bool
+    """True when the CPU can access GPU memory (the driver sets ``accessible_from[gpu]`` for the CPU only for a
+    coherent GPU with NUMA memory: [OGKM] uvm_va_space.c ``uvm_parent_gpu_is_coherent`` / ``mem_info.numa.enabled``);
+    AccessedBy(CPU) and PreferredLocation(GPU) then keep GPU pages in place on CPU access (uvmlab.sim.uvm.hints)."""
+    source: str
+
+
+_PCIE_SUSTAINED = 0.73
+"""Sustained 2 MiB rate / peak of PCIe x16: 11.5 / 15.75 (gen 3) and 23 / 31.5 (gen 4) (reference/uvm.md 2.3/2.4:
+UVMSmart's fitted curve; the GTX 1080 nvprof traces of UVMSmart ``micro-benchmarks/transferBandwidth.cu`` reach
+11.2 GB/s at 1 MiB and its ``getHWPrefetcherP1.cu`` moves a 0.996 MiB UM migration in 86.4 us, 12.1 GB/s)."""
+
+LINKS: dict[str, LinkSpec] = {
+    lk.name: lk
+    for lk in (
+        LinkSpec(
+            "PCIe 3.0 x16",
+            15.75e9,
+            11.5e9,
+            False,
+            "peak: 8 GT/s x 16 lanes x 128/130; sustained: UVMSmart PCIe 3 curve (reference/uvm.md 2.3), matched by "
+            "the GTX 1080 UM migrations of UVMSmart micro-benchmarks/getHWPrefetcherP1.cu (12.1 GB/s at 1 MiB)",
+        ),
+        LinkSpec(
+            "PCIe 4.0 x16",
+            31.5e9,
+            23.0e9,
+            False,
+            "peak: 16 GT/s x 16 x 128/130; sustained: the PCIe 3 ratio 0.73 (reference/uvm.md 2.4: 24-26 achievable; "
+            "the A100 nsys export fits 25.0, uvmlab/sim/uvm/profiles/a100.json)",
+        ),
+        LinkSpec(
+            "PCIe 4.0 x8",
+            15.75e9,
+            11.5e9,
+            False,
+            "peak: 16 GT/s x 8 x 128/130; sustained: the PCIe ratio 0.73 [I]",
+        ),
+        LinkSpec(
+            "PCIe 5.0 x16",
+            63.0e9,
+            46.0e9,
+            False,
+            "peak: 32 GT/s x 16 x 128/130; sustained: the PCIe ratio 0.73 [I]",
+        ),
+        LinkSpec(
+            "NVLink 2.0 to POWER9 (3 bricks)",
+            75.0e9,
+            55.0e9,
+            True,
+            "peak: 3 NVLink 2.0 bricks x 25 GB/s per direction between each V100 and its POWER9 socket (IBM Power "
+            "AC922 Redbook SG24-8422, 4-GPU model: 150 GB/s bidirectional); sustained: the PCIe ratio 0.73 [I, "
+            "unverified for NVLink]; coherent: the CPU maps GPU memory (ATS / NUMA mode)",
+        ),
+        LinkSpec(
+            "NVLink-C2C",
+            450.0e9,
+            300.0e9,
+            True,
+            "peak: NVLink-C2C 900 GB/s bidirectional (NVIDIA GH200 Grace Hopper Superchip datasheet); sustained: "
+            "300 GB/s of 450 [U]; coherent: Grace maps Hopper memory as a NUMA node",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU model: capacity, compute, memory and host-link bandwidth."""
+    """One GPU model in one host: capacity, compute, memory, host link, host page size, driver."""
 
     name: str
     memory_bytes: int
     fp32_flops: float
     """Peak dense FP32 (non-tensor-core) FLOP/s."""
     tensor_flops: float
-    """Peak dense BF16/FP16 tensor-core FLOP/s (also used for TF32-eligible matmuls at fp32 when enabled)."""
+    """Peak dense BF16/FP16 tensor-core FLOP/s (also used for TF32-eligible matmuls at fp32 when enabled); Pascal has
+    no tensor cores: its peak FP16 rate."""
     hbm_bytes_per_s: float
     link_bytes_per_s: float
+    """Sustained 2 MiB UVM migration rate per direction (:data:`LINKS`)."""
     link: str
     context_bytes: int = DEFAULT_CONTEXT_BYTES
+    arch: str = ""
+    """GPU architecture (Pascal, Volta, Turing, Ampere, Ada, Hopper, Blackwell)."""
+    link_peak_bytes_per_s: float = 0.0
+    """The link's own limit per direction; 0 = the sustained rate (a spec built by hand)."""
+    coherent: bool = False
+    """The CPU can map GPU memory (:attr:`LinkSpec.coherent`)."""
+    host_page_bytes: int = X86_PAGE_BYTES
+    """The host kernel's ``PAGE_SIZE``: the unit of UVM faults, residency and CPU mappings (uvmlab.sim.uvm.driver)."""
+    driver: str = DEFAULT_DRIVER
+    sources: tuple[tuple[str, str], ...] = ()
+    """(what, source) for every number of this spec."""
 
     @property
     def usable_bytes(self) -> int:
         """Memory a job can allocate: capacity minus the CUDA context reservation."""
         return self.memory_bytes - self.context_bytes
+
+    @property
+    def link_limit_bytes_per_s(self) -> float:
+        """The most any derived host-link rate may be for this GPU (its link's peak)."""
+        return self.link_peak_bytes_per_s or self.link_bytes_per_s
 
     def with_memory(self, memory_bytes: int) -> GpuSpec:
         """The same GPU with a different capacity (``--gpu-memory``)."""
@@ -56,41 +168,208 @@ class GpuSpec:
             )
         return replace(self, name=f"{self.name} ({memory_bytes / GiB:.1f} GiB)", memory_bytes=memory_bytes)
 
+    def with_driver(self, driver: str) -> GpuSpec:
+        """The same GPU under another driver version (``--gpu NAME@VERSION``)."""
+        return replace(self, driver=check_driver(driver))
 
-_PCIE3 = 11.5e9
-_PCIE4 = 23.0e9
-_PCIE5 = 46.0e9
+
+def check_driver(version: str) -> str:
+    """``version`` if it is a driver version uvmlab can describe (``MAJOR[.MINOR[.PATCH]]``, major >= 375)."""
+    m = re.fullmatch(r"(\d{3})(\.\d{1,3}){0,2}", version.strip())
+    if m is None:
+        raise InputError(f"driver version {version!r} is not of the form 535 or 535.104.05")
+    if int(m.group(1)) < MIN_DRIVER_MAJOR:
+        raise InputError(
+            f"driver {version} predates demand-paged managed memory (driver {MIN_DRIVER_MAJOR}, CUDA 8); "
+            "uvmlab cannot describe it"
+        )
+    return version.strip()
+
+
+def driver_major(version: str) -> int:
+    """The branch number of a driver version (``'460.27.04'`` -> 460)."""
+    return int(check_driver(version).split(".")[0])
+
+
+def _gpu(
+    name: str,
+    arch: str,
+    memory_gb: int,
+    fp32: float,
+    tensor: float,
+    hbm: float,
+    link: str,
+    datasheet: str,
+    host: str = "x86-64 Linux",
+) -> GpuSpec:
+    lk = LINKS[link]
+    page = PAGE_64K if host != "x86-64 Linux" else X86_PAGE_BYTES
+    return GpuSpec(
+        name=name,
+        memory_bytes=memory_gb * GiB,
+        fp32_flops=fp32,
+        tensor_flops=tensor,
+        hbm_bytes_per_s=hbm,
+        link_bytes_per_s=lk.sustained_bytes_per_s,
+        link=link,
+        arch=arch,
+        link_peak_bytes_per_s=lk.peak_bytes_per_s,
+        coherent=lk.coherent,
+        host_page_bytes=page,
+        sources=(
+            ("memory, FP32, tensor, memory bandwidth", datasheet),
+            ("host link", lk.source),
+            (f"host page size ({host})", "x86-64 PAGE_SIZE" if page == X86_PAGE_BYTES else PAGE_64K_SOURCE),
+            ("CUDA context", "reference/uvm.md 3.3 (512 MiB default [I])"),
+        ),
+    )
+
+
+PAGE_64K_SOURCE = "64 KiB PAGE_SIZE (gpus.PAGE_64K: POWER9 RHEL kernels; NVIDIA Grace tuning guide)"
+_P3, _P4, _P5 = "PCIe 3.0 x16", "PCIe 4.0 x16", "PCIe 5.0 x16"
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        # A100 80GB PCIe: the seed study's GPU (seeds/003 table 1). 1935 GB/s HBM2e, 19.5 TF fp32, 312 TF bf16.
-        GpuSpec("A100-80GB", 80 * GiB, 19.5e12, 312e12, 1935e9, _PCIE4, "PCIe 4.0 x16"),
-        GpuSpec("A100-40GB", 40 * GiB, 19.5e12, 312e12, 1555e9, _PCIE4, "PCIe 4.0 x16"),
-        GpuSpec("H100-80GB", 80 * GiB, 67e12, 989e12, 3350e9, _PCIE5, "PCIe 5.0 x16"),
-        GpuSpec("H100-PCIe", 80 * GiB, 51e12, 756e12, 2000e9, _PCIE5, "PCIe 5.0 x16"),
-        GpuSpec("H200", 141 * GiB, 67e12, 989e12, 4800e9, _PCIE5, "PCIe 5.0 x16"),
-        GpuSpec("GH200", 96 * GiB, 67e12, 989e12, 4000e9, 300e9, "NVLink-C2C"),
-        GpuSpec("L40S", 48 * GiB, 91.6e12, 362e12, 864e9, _PCIE4, "PCIe 4.0 x16"),
-        GpuSpec("A6000", 48 * GiB, 38.7e12, 155e12, 768e9, _PCIE4, "PCIe 4.0 x16"),
-        GpuSpec("V100-32GB", 32 * GiB, 15.7e12, 125e12, 900e9, _PCIE3, "PCIe 3.0 x16"),
-        GpuSpec("V100-16GB", 16 * GiB, 15.7e12, 125e12, 900e9, _PCIE3, "PCIe 3.0 x16"),
-        GpuSpec("TitanV", 12 * GiB, 14.9e12, 110e12, 652e9, _PCIE3, "PCIe 3.0 x16"),
-        GpuSpec("RTX4090", 24 * GiB, 82.6e12, 165e12, 1008e9, _PCIE4, "PCIe 4.0 x16"),
-        GpuSpec("RTX5090", 32 * GiB, 104.8e12, 209e12, 1792e9, _PCIE5, "PCIe 5.0 x16"),
-        GpuSpec("RTX4060", 8 * GiB, 15.1e12, 60e12, 272e9, _PCIE4, "PCIe 4.0 x8"),
-        GpuSpec("T4", 16 * GiB, 8.1e12, 65e12, 320e9, _PCIE3, "PCIe 3.0 x16"),
+        # Ampere
+        _gpu(
+            "A100-80GB",
+            "Ampere",
+            80,
+            19.5e12,
+            312e12,
+            1935e9,
+            _P4,
+            "NVIDIA A100 80GB PCIe datasheet (seeds/003 table 1: the seed study's GPU)",
+        ),
+        _gpu("A100-40GB", "Ampere", 40, 19.5e12, 312e12, 1555e9, _P4, "NVIDIA A100 40GB PCIe datasheet"),
+        _gpu("A6000", "Ampere", 48, 38.7e12, 155e12, 768e9, _P4, "NVIDIA RTX A6000 datasheet"),
+        # Hopper
+        _gpu("H100-80GB", "Hopper", 80, 67e12, 989e12, 3350e9, _P5, "NVIDIA H100 SXM5 datasheet"),
+        _gpu("H100-PCIe", "Hopper", 80, 51e12, 756e12, 2000e9, _P5, "NVIDIA H100 PCIe datasheet"),
+        _gpu("H200", "Hopper", 141, 67e12, 989e12, 4800e9, _P5, "NVIDIA H200 SXM datasheet"),
+        _gpu(
+            "GH200",
+            "Hopper",
+            96,
+            67e12,
+            989e12,
+            4000e9,
+            "NVLink-C2C",
+            "NVIDIA GH200 Grace Hopper datasheet",
+            host="Grace (ARM64, 64 KiB pages)",
+        ),
+        # Ada
+        _gpu("L40S", "Ada", 48, 91.6e12, 362e12, 864e9, _P4, "NVIDIA L40S datasheet"),
+        _gpu("RTX4090", "Ada", 24, 82.6e12, 165e12, 1008e9, _P4, "NVIDIA Ada GPU architecture whitepaper, RTX 4090"),
+        _gpu("RTX4060", "Ada", 8, 15.1e12, 60e12, 272e9, "PCIe 4.0 x8", "NVIDIA GeForce RTX 4060 specifications"),
+        # Blackwell
+        _gpu("RTX5090", "Blackwell", 32, 104.8e12, 209e12, 1792e9, _P5, "NVIDIA GeForce RTX 5090 specifications"),
+        # Volta
+        _gpu(
+            "V100-32GB",
+            "Volta",
+            32,
+            15.7e12,
+            125e12,
+            900e9,
+            _P3,
+            "NVIDIA Tesla V100 datasheet (SXM2 figures; an x86 host over PCIe 3.0)",
+        ),
+        _gpu(
+            "V100-16GB",
+            "Volta",
+            16,
+            15.7e12,
+            125e12,
+            900e9,
+            _P3,
+            "NVIDIA Tesla V100 datasheet (SXM2 figures; an x86 host over PCIe 3.0)",
+        ),
+        _gpu("V100-PCIe", "Volta", 16, 14.0e12, 112e12, 900e9, _P3, "NVIDIA Tesla V100 PCIe datasheet (16 GB)"),
+        _gpu("V100-PCIe-32GB", "Volta", 32, 14.0e12, 112e12, 900e9, _P3, "NVIDIA Tesla V100 PCIe datasheet (32 GB)"),
+        _gpu(
+            "V100-SXM2-P9",
+            "Volta",
+            16,
+            15.7e12,
+            125e12,
+            900e9,
+            "NVLink 2.0 to POWER9 (3 bricks)",
+            "NVIDIA Tesla V100 SXM2 datasheet; IBM Power AC922 Redbook SG24-8422 (the host)",
+            host="POWER9 (ppc64le, 64 KiB pages)",
+        ),
+        _gpu(
+            "TitanV",
+            "Volta",
+            12,
+            14.9e12,
+            110e12,
+            652e9,
+            _P3,
+            "NVIDIA TITAN V specifications (the uvm-eval GPU, reference/uvm.md 2.2)",
+        ),
+        # Turing
+        _gpu("T4", "Turing", 16, 8.1e12, 65e12, 320e9, _P3, "NVIDIA T4 datasheet"),
+        _gpu(
+            "RTX2080Ti",
+            "Turing",
+            11,
+            13.4e12,
+            53.8e12,
+            616e9,
+            _P3,
+            "NVIDIA Turing GPU architecture whitepaper, RTX 2080 Ti (FP16 tensor with FP32 accumulate)",
+        ),
+        # Pascal (no tensor cores: tensor_flops is the FP16 rate)
+        _gpu("P100-PCIe", "Pascal", 16, 9.3e12, 18.7e12, 732e9, _P3, "NVIDIA Tesla P100 PCIe datasheet (16 GB)"),
+        _gpu(
+            "P100-SXM2",
+            "Pascal",
+            16,
+            10.6e12,
+            21.2e12,
+            732e9,
+            _P3,
+            "NVIDIA Tesla P100 SXM2 datasheet (NVLink between GPUs; an x86 host over PCIe 3.0)",
+        ),
+        _gpu(
+            "GTX1080Ti",
+            "Pascal",
+            11,
+            11.3e12,
+            0.177e12,
+            484e9,
+            _P3,
+            "NVIDIA GeForce GTX 1080 Ti specifications; "
+            "FP16 at 1/64 of FP32 (CUDA C++ Programming Guide, arithmetic instructions, compute capability 6.1)",
+        ),
+        _gpu(
+            "GTX1080",
+            "Pascal",
+            8,
+            8.9e12,
+            0.139e12,
+            320e9,
+            _P3,
+            "NVIDIA GeForce GTX 1080 specifications; FP16 at "
+            "1/64 of FP32 (CUDA C++ Programming Guide, compute capability 6.1)",
+        ),
     )
 }
 DEFAULT_GPU = "A100-80GB"
 
 
 def get_gpu(name: str, memory: str | int | None = None) -> GpuSpec:
-    """Look up a GPU by name (case-insensitive); ``memory`` (e.g. ``"80GiB"``) overrides its capacity."""
+    """Look up a GPU by name (case-insensitive), optionally ``NAME@DRIVER``; ``memory`` (e.g. ``"80GiB"``) overrides
+    its capacity."""
+    base, _, driver = name.partition("@")
     by_lower = {k.lower(): v for k, v in GPUS.items()}
-    spec = by_lower.get(name.lower())
+    spec = by_lower.get(base.strip().lower())
     if spec is None:
-        raise InputError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}")
+        raise InputError(f"unknown GPU {base!r}; known GPUs: {', '.join(GPUS)} (optionally NAME@DRIVER)")
+    if driver:
+        spec = spec.with_driver(driver)
     if memory is not None:
         spec = spec.with_memory(parse_bytes(memory))
     return spec

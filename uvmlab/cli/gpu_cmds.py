@@ -96,41 +96,62 @@ def doctor(fmt: str) -> None:
 def gpus_cmd(fmt: str) -> None:
     """List the GPU models uvmlab knows (for --gpu) and the GPU this machine has, if any.
 
-    Figures are vendor datasheet peaks (uvmlab/gpus.py names the sources); "link" is the sustained 2 MiB
-    host<->device bandwidth UVM migrations get, "context" the memory a job cannot use (CUDA context).
+    Figures are vendor datasheet peaks; every number's source is listed (uvmlab/gpus.py). "link" is the sustained
+    2 MiB host<->device bandwidth UVM migrations get and "link peak" the link's own limit per direction; "host page"
+    the host kernel's page size (64 KiB on POWER9 and Grace); "context" the memory a job cannot use (CUDA context).
+    --gpu NAME@DRIVER sets the driver a run describes (default driver: the fault-path generation it selects is in
+    the last column).
     """
     from uvmlab.console import note, print_csv, print_table, say
     from uvmlab.gpus import DEFAULT_GPU, GPUS, known_gpu
     from uvmlab.measure.gpu.detect import gpu_status
+    from uvmlab.sim.uvm.generations import generation
     from uvmlab.units import format_bytes
 
     status = gpu_status()
     detected = status.to_dict() | {"known_as": known_gpu(status.name)}
-    keys = ["name", "memory_bytes", "context_bytes", "fp32_flops", "tensor_flops", "hbm_bytes_per_s"]
-    keys += ["link_bytes_per_s", "link"]
-    known = [{k: getattr(g, k) for k in keys} | {"default": g.name == DEFAULT_GPU} for g in GPUS.values()]
+    keys = ["name", "arch", "memory_bytes", "context_bytes", "fp32_flops", "tensor_flops", "hbm_bytes_per_s"]
+    keys += ["link_bytes_per_s", "link_peak_bytes_per_s", "link", "coherent", "host_page_bytes", "driver"]
+    known = [
+        {k: getattr(g, k) for k in keys}
+        | {"default": g.name == DEFAULT_GPU, "fault_path": generation(g.driver).name, "sources": dict(g.sources)}
+        for g in GPUS.values()
+    ]
     if fmt == "json":
         click.echo(json.dumps({"known": known, "detected": detected}, indent=2))
         return
     if fmt == "csv":
-        print_csv(("known", [*keys, "default"], [[r[k] for k in [*keys, "default"]] for r in known]))
+        cols = [*keys, "default", "fault_path"]
+        print_csv(("known", cols, [[r[k] for k in cols] for r in known]))
         return
     print_table(
-        "GPU models uvmlab knows (--gpu NAME; --gpu-memory SIZE overrides the memory)",
-        ["GPU", "memory", "CUDA context", "FP32 TFLOP/s", "tensor TFLOP/s", "HBM GB/s", "link GB/s", "link"],
+        "GPU models uvmlab knows (--gpu NAME[@DRIVER]; --gpu-memory SIZE overrides the memory)",
+        [
+            *("GPU", "arch", "memory", "FP32 TFLOP/s", "tensor TFLOP/s", "HBM GB/s", "link GB/s", "link peak GB/s"),
+            *("link", "host page", "driver", "fault path"),
+        ],
         [
             [
                 g.name + (" (default)" if g.name == DEFAULT_GPU else ""),
+                g.arch,
                 format_bytes(g.memory_bytes),
-                format_bytes(g.context_bytes),
                 g.fp32_flops / 1e12,
                 g.tensor_flops / 1e12,
                 g.hbm_bytes_per_s / 1e9,
                 g.link_bytes_per_s / 1e9,
+                g.link_limit_bytes_per_s / 1e9,
                 g.link,
+                format_bytes(g.host_page_bytes),
+                g.driver,
+                generation(g.driver).name,
             ]
             for g in GPUS.values()
         ],
+    )
+    print_table(
+        "Sources of the figures above",
+        ["GPU", "what", "source"],
+        [[g.name, w, src] for g in GPUS.values() for w, src in g.sources],
     )
     if status.available:
         match = detected["known_as"]

@@ -343,6 +343,7 @@ def calibrate_cmd(
                 "memory_efficiency",
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
+                "collapse_page_ns",
             ],
             True,
         )

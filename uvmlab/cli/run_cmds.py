@@ -88,7 +88,13 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
     show_default=True,
     help="auto: the GPU where a CUDA device and the shim exist, else the simulator.",
 )
-@click.option("--gpu", "gpu_name", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default="A100-80GB",
+    show_default=True,
+    help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus).",
+)
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 40GiB.")
 @workload_options(iterations_default=3)
 @click.option(

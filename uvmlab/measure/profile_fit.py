@@ -38,7 +38,14 @@ from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
 from uvmlab.stats.schema import steady_mean
 
-FAULT_PATH = ("batch_turnaround_ns", "fault_entry_ns", "block_service_ns", "block_first_gpu_ns", "evict_fixed_ns")
+FAULT_PATH = (
+    "batch_turnaround_ns",
+    "fault_entry_ns",
+    "block_service_ns",
+    "block_first_gpu_ns",
+    "evict_fixed_ns",
+    "cpu_fault_ns",
+)
 GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
 PREFETCH_PROBE_NS = 10_000.0
@@ -46,6 +53,11 @@ PREFETCH_PROBE_NS = 10_000.0
 SECTOR_FIT = ("device", 0.5)
 """The uvmbench point ``sector_memory_efficiency`` is fitted on: seq_stream, this mode and size factor (t0rq3)."""
 BENCH_SCALE = 16
+RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
+RQ4_FACTOR = 0.25
+"""rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
+RTX5090_TOTAL_BYTES = 33_669_316_608
+"""``cudaMemGetInfo`` total of the RTX 5090 in gpu_ext's CSVs (``working_set_bytes`` at size_factor 1.0)."""
 """Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm.bench)."""
 
 
@@ -133,6 +145,8 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     p1, _, _ = gcn_epoch_s(5_000_000, replace(costs, prefetch_first_block_ns=PREFETCH_PROBE_NS), prefetch=True)
     first = max(0.0, (t_pre - p0) / (p1 - p0) * PREFETCH_PROBE_NS)
     costs = replace(costs, prefetch_first_block_ns=first)
+    collapse, collapse_info = fit_collapse(uvm_dir, costs)
+    costs = replace(costs, collapse_page_ns=collapse)
     details = {
         "fault_scale": s,
         "kernel_time_scale": {"measured_native_s": native_meas, "sim_native_s": native_sim, "scale": k},
@@ -149,8 +163,45 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
             f"sim_s_at_{PREFETCH_PROBE_NS:.0f}ns": p1,
             "prefetch_first_block_ns": first,
         },
+        "rq4_read_mostly_collapse": collapse_info,
     }
     return costs, details
+
+
+def collapse_fault_ns(costs: CostParams) -> float:
+    """The simulator's fault-path time per page, besides ``collapse_page_ns``, of a GPU write to read duplicates
+    (one 2 MiB block, duplicated by a read, then written; ``collapse_page_ns`` = 0)."""
+    from uvmlab.gpus import GPUS
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK, VA_BLOCK_BYTES
+
+    sim = UvmSim(4 * VA_BLOCK_BYTES, costs=replace(costs, collapse_page_ns=0.0), gpu=GPUS["RTX5090"])
+    sim.map_range(0, VA_BLOCK_BYTES)
+    sim.host_write(0, 0, VA_BLOCK_BYTES)
+    sim.advise(0, 0, VA_BLOCK_BYTES, "set_read_mostly")
+    sim.access([(0, 0, VA_BLOCK_BYTES, False)])
+    return sim.access([(0, 0, VA_BLOCK_BYTES, True)]).stall_ns / PAGES_PER_BLOCK
+
+
+def fit_collapse(uvm_dir: Path, costs: CostParams) -> tuple[float, dict[str, Any]]:
+    """``collapse_page_ns`` on rq4 (declared fit point): seq_stream with both arrays read-mostly minus plain UVM, per
+    page of the written array, minus the simulator's own write-fault time per page. rq4 pays this on every timed
+    launch; the driver as read (and the model) pays it once after each CPU write, so the value is read as the price
+    of one collapse (docs/uvm-sim.md "cudaMemAdvise"). 0 when the rq4 file is absent."""
+    if not (uvm_dir / RQ4_CSV).is_file():
+        return 0.0, {"reason": f"{RQ4_CSV} absent"}
+    rm = bench_measured(uvm_dir, "seq_stream", RQ4_FACTOR, mode="uvm_advise_read", csv=RQ4_CSV)
+    plain = bench_measured(uvm_dir, "seq_stream", RQ4_FACTOR, mode="uvm", csv=RQ4_CSV)
+    pages = int(RTX5090_TOTAL_BYTES * RQ4_FACTOR) // 2 // 4096
+    per_page = (rm - plain) * 1e6 / pages  # ns
+    fault = collapse_fault_ns(costs)
+    return max(0.0, per_page - fault), {
+        "measured_ms": rm,
+        "plain_ms": plain,
+        "written_pages": pages,
+        "per_page_ns": per_page,
+        "model_write_fault_ns_per_page": fault,
+    }
 
 
 def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Path:
@@ -159,6 +210,7 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": "RTX5090",
         "driver": "575.57.08 (open modules), CUDA 12.9",
+        "driver_version": "575.57.08",
         "link": GPUS["RTX5090"].link,
         "source": "uvmlab.measure.profile_fit.fit_rtx5090 on real-data/uvm",
         "fitted_on": [
@@ -168,6 +220,7 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             f"{BENCH_CSV} seq_stream uvm 1.25 median_ms -> link_bytes_per_s",
             f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
             " -> prefetch_first_block_ns",
+            f"{RQ4_CSV} seq_stream uvm_advise_read and uvm 0.25 median_ms -> collapse_page_ns",
         ],
         "validated_on": [
             "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); "
@@ -208,11 +261,16 @@ def derive_profile(
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
         "driver": f"fault path from the {base_doc['gpu']} profile ({base_doc['driver']})",
+        "driver_version": base_doc.get("driver_version", ""),
         "link": GPUS[gpu_name].link,
         "source": "uvmlab.measure.profile_fit.derive_profile",
         "fitted_on": [
             f"{nsys_export.name}: {info['migrations']} UM migrations -> link_bytes_per_s",
-            *[f"(from {base_doc['gpu']}) {x}" for x in base_doc["fitted_on"] if "fault_scale" in x or "prefetch" in x],
+            *[
+                f"(from {base_doc['gpu']}) {x}"
+                for x in base_doc["fitted_on"]
+                if "fault_scale" in x or "prefetch" in x or "collapse" in x
+            ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
         "fit": {"link": info},

@@ -22,9 +22,13 @@ Rules (each from uvm.md):
 
 Approximations (also in docs/uvm-sim.md):
 
-* Each managed range starts 2 MiB-aligned (so small ranges do not share VA blocks; uvm.md 7.5 is open). A block
-  shorter than 2 MiB takes its size rounded up to 64 KiB of capacity and is evicted on its own (the driver carves
-  such chunks from split root chunks and evicts whole root chunks).
+* Each managed range starts 2 MiB-aligned (so small ranges do not share VA blocks; uvm.md 7.5 is open). Its last
+  block is mapped at the driver's rounded size (``knobs.rounded_tail_bytes``: 64 KiB x 2^i), which the prefetch tree
+  covers and which the block takes as capacity; it is evicted on its own (the driver carves such chunks from split
+  root chunks and evicts whole root chunks).
+* The host page (``GpuSpec.host_page_bytes``, 64 KiB on POWER9 and Grace) is the unit of faults: accesses are
+  rounded out to whole host pages and a fault counts one host page; the bitmaps stay 4 KiB (docs/uvm-sim.md).
+* cudaMemAdvise policies, remote mappings and host accesses: ``uvmlab.sim.uvm.advice`` and ``uvmlab.sim.uvm.host``.
 * Single touch: a page a kernel has already faulted in is not faulted again by the same kernel even if it is
   evicted before the kernel ends (uvm.md 6 step 3); pages are checked in access order when the kernel reaches them.
 * Within a batch, blocks are serviced in the kernel's access order (the driver sorts by address; the order only
@@ -42,10 +46,12 @@ from typing import Any
 import numpy as np
 
 from uvmlab.errors import InputError, InvariantError
-from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec
+from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
+from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
 from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
 from uvmlab.sim.uvm.hints import HintService
-from uvmlab.sim.uvm.knobs import BIG_PAGE_BYTES, PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.host import HostService
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs, rounded_tail_bytes
 from uvmlab.sim.uvm.streams import StreamService
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
@@ -56,7 +62,7 @@ Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService, StreamService, HintService):
+class UvmSim(FaultService, StreamService, HintService, AdviceService, HostService):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
 
     def __init__(
@@ -74,7 +80,13 @@ class UvmSim(FaultService, StreamService, HintService):
             )
         self.capacity_bytes = int(capacity_bytes)
         self.knobs = knobs or UvmKnobs()
-        self.costs = (costs or CostParams()).for_gpu(gpu or GPUS[DEFAULT_GPU])
+        gpu = gpu or GPUS[DEFAULT_GPU]
+        self.costs = (costs or CostParams()).for_gpu(gpu)
+        if self.costs.link_bytes_per_s > gpu.link_limit_bytes_per_s * (1 + 1e-9):
+            raise InputError(
+                f"link bandwidth {self.costs.link_bytes_per_s / 1e9:.1f} GB/s exceeds the peak of the GPU's link "
+                f"({gpu.link_limit_bytes_per_s / 1e9:.1f} GB/s, gpus.py)"
+            )
         self.used_bytes = 0
         n = 64
         self._gpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
@@ -82,6 +94,12 @@ class UvmSim(FaultService, StreamService, HintService):
         self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm.hints)
         self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
+        self.host_page_bytes = max(PAGE_BYTES, int(gpu.host_page_bytes))
+        self._g = self.host_page_bytes // PAGE_BYTES  # 4 KiB bitmap pages per host page (the fault unit)
+        self.coherent = bool(gpu.coherent)
+        self.prefetch_honours_preferred = driver_major(gpu.driver) >= PREFERRED_PREFETCH_MAJOR
+        self._pol_any: list[bool] | None = None  # per slot: any cudaMemAdvise policy bit (uvmlab.sim.uvm.hints)
+        self._hint_arrays: tuple[str, ...] = ()  # the policy / mapping bitmaps, created on first use
         self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
         # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
         self._npages: list[int] = []
@@ -106,8 +124,10 @@ class UvmSim(FaultService, StreamService, HintService):
         self._kind = "read"
         self._tcache: dict[int, float] = {}
         # per-run constants of the hot path
-        self._per_batch = self.knobs.pages_per_batch
-        self._full_raw = min(float(self.knobs.fault_batch_count), self._per_batch * self.costs.raw_entries_per_fault)
+        self._per_batch = self.knobs.pages_per_batch * self._g  # in 4 KiB pages
+        self._full_raw = min(
+            float(self.knobs.fault_batch_count), self.knobs.pages_per_batch * self.costs.raw_entries_per_fault
+        )
         self._full_batch_ns = self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * self._full_raw
         self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
         self.totals = UvmCounters()
@@ -134,7 +154,7 @@ class UvmSim(FaultService, StreamService, HintService):
         n = self._gpu.shape[0]
         if need > n:
             new = max(need, 2 * n)
-            for name in ("_gpu", "_cpu", "_dup", "_disc"):
+            for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
                 old = getattr(self, name)
                 arr = np.zeros((new, PAGES_PER_BLOCK), dtype=bool)
                 arr[:n] = old
@@ -143,6 +163,8 @@ class UvmSim(FaultService, StreamService, HintService):
         if grow > 0:
             for name, default in self._SLOT_DEFAULTS:
                 getattr(self, name).extend([default] * grow)
+            if self._pol_any is not None:
+                self._pol_any.extend([False] * grow)
 
     def _new_slots(self, k: int) -> np.ndarray:
         reuse = self._free_slots[-k:] if k <= len(self._free_slots) else list(self._free_slots)
@@ -163,13 +185,14 @@ class UvmSim(FaultService, StreamService, HintService):
             raise InvariantError(f"managed range {range_id} has size {size_bytes}")
         nblocks = -(-int(size_bytes) // VA_BLOCK_BYTES)
         slots = self._new_slots(nblocks)
-        tail = int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES
-        tail_pages = -(-tail // PAGE_BYTES)
-        tail_chunk = VA_BLOCK_BYTES if tail_pages == PAGES_PER_BLOCK else -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
+        tail_chunk = rounded_tail_bytes(int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES, self.host_page_bytes)
+        tail_pages = tail_chunk // PAGE_BYTES  # the driver's VA range ends at the rounded size (rounded_tail_bytes)
         self._gpu[slots] = False
         self._cpu[slots] = False
         self._dup[slots] = False
         self._disc[slots] = False
+        for name in self._hint_arrays:
+            getattr(self, name)[slots] = False
         for b, slot in enumerate(slots.tolist()):
             last = b == nblocks - 1
             self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
@@ -181,6 +204,8 @@ class UvmSim(FaultService, StreamService, HintService):
             self._fault_migrations[slot] = 0
             self._slot_range[slot] = range_id
             self._slot_bidx[slot] = b
+            if self._pol_any is not None:
+                self._pol_any[slot] = False
         self._ranges[range_id] = slots
         self._range_size[range_id] = int(size_bytes)
         self.mapped_bytes += int(size_bytes)
@@ -226,6 +251,9 @@ class UvmSim(FaultService, StreamService, HintService):
             return []  # past the range's end (e.g. a block running into the next expandable-segment mapping)
         p0 = offset // PAGE_BYTES
         p1 = -(-end // PAGE_BYTES)
+        if self._g > 1:  # a host page is the unit of faults and mappings: round out to whole host pages
+            p0 = p0 // self._g * self._g
+            p1 = min(-(-p1 // self._g) * self._g, (len(slots) - 1) * PAGES_PER_BLOCK + self._npages[int(slots[-1])])
         b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
         if b0 == b1:
             return [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
@@ -308,35 +336,14 @@ class UvmSim(FaultService, StreamService, HintService):
         self._gpu[s] |= mask
         cpu_row &= ~mask
         self._cpu_count[s] -= n_h
+        if self._hint_arrays:
+            self._after_gpu_populate(s, mask)
         self._res_count[s] += n_all
         self._lrm.move_to_end(s)
         self.populated_gpu_bytes += n_all * PAGE_BYTES
         return n_all - n_h, runs
 
-    # -- host side -----------------------------------------------------------------------------
-    def host_write(self, range_id: int, offset: int, size: int) -> None:
-        """The CPU writes a byte range (e.g. initialises an array): pages become CPU-resident.
-
-        GPU-resident pages are first migrated back (a CPU fault, DtoH, uvm.md 1.10).
-        """
-        for s, lo, hi in self._segments(range_id, offset, size):
-            back = self._gpu[s, lo:hi]
-            n = int(back.sum())
-            if n:
-                runs = run_lengths(back)
-                self._k.dtoh_bytes += n * PAGE_BYTES
-                self._k.dtoh_count += len(runs)
-                self._gpu[s, lo:hi] = False
-                self._dup[s, lo:hi] = False
-                self._res_count[s] -= n
-                if self._res_count[s] == 0 and self._has_chunk[s]:
-                    self._has_chunk[s] = False
-                    self.used_bytes -= self._chunk_bytes[s]
-                    del self._lrm[s]
-            self._cpu[s, lo:hi] = True
-            self._cpu_count[s] = int(self._cpu[s].sum())
-        self._flush_kernel_counters()
-
+    # -- copies and prefetch (host reads and writes: uvmlab.sim.uvm.host) ----------------------
     def memcpy_htod(self, range_id: int, offset: int, size: int) -> UvmCounters:
         """A retained ``cudaMemcpy`` HtoD into managed memory: pages become GPU-resident, no replayable faults.
 
@@ -357,7 +364,7 @@ class UvmSim(FaultService, StreamService, HintService):
         self._k.stall_ns += transfer_time_ns(np.array([size]), self.costs.link_bytes_per_s)
         return self._flush_kernel_counters()
 
-    def prefetch(self, range_id: int, offset: int, size: int) -> UvmCounters:
+    def prefetch(self, range_id: int, offset: int, size: int, to_cpu: bool = False) -> UvmCounters:
         """``cudaMemPrefetchAsync`` of a byte range to the GPU (uvm.md 1.9, ``uvm_migrate.c``, cause API_MIGRATE).
 
         Every block of the range gets its chunk (evicting other managed data if needed) and all its pages become
@@ -366,8 +373,12 @@ class UvmSim(FaultService, StreamService, HintService):
         pays ``block_service_ns``, and a block's first chunk since its range was created pays
         ``prefetch_first_block_ns`` instead of the fault path's ``block_first_gpu_ns`` (which includes the
         invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
-        ``prefetch_first_block_ns`` on the GCN 5M with-user-prefetch epoch (docs/uvm-sim.md).
+        ``prefetch_first_block_ns`` on the GCN 5M with-user-prefetch epoch (docs/uvm-sim.md). Pages of a read-mostly
+        range become read duplicates (``uvm_migrate.c`` ``uvm_va_block_migrate_locked``: the CPU keeps its copy).
+        ``to_cpu``: prefetch to the CPU instead (``uvmlab.sim.uvm.host``).
         """
+        if to_cpu:
+            return self.prefetch_to_cpu(range_id, offset, size)
         k = self._k
         for s, lo, hi in self._segments(range_id, offset, size):
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
@@ -375,7 +386,12 @@ class UvmSim(FaultService, StreamService, HintService):
             mask &= ~self._gpu[s]
             if not mask.any():
                 continue
+            dup = mask & self._rm[s] & self._cpu[s] if self._hint_arrays else None  # read-mostly: duplicated
+            keep_cmap = self._cmap[s] & dup if dup is not None else None
             zero, runs = self._populate(s, mask, fault_path=False)
+            if dup is not None and dup.any():
+                self._dup[s] |= dup
+                self._cmap[s] |= keep_cmap
             if runs.size:
                 self._add_htod_runs(runs)
                 k.htod_records += runs.size
@@ -391,6 +407,8 @@ class UvmSim(FaultService, StreamService, HintService):
         Pages are grouped per VA block (the driver groups a batch's faults by block and sorts them by address);
         blocks are taken in the order the kernel first touches them, reads before writes.
         """
+        if self._hint_arrays:
+            accesses = list(accesses)
         stages: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
         for range_id, offset, size, is_write in accesses:
             d = stages[1 if is_write else 0]
@@ -416,6 +434,8 @@ class UvmSim(FaultService, StreamService, HintService):
         for d, is_write in ((stages[0], False), (stages[1], True)):
             if d:
                 self._run_stage(d, is_write)
+        if self._hint_arrays:
+            self._count_remote(accesses)  # type: ignore[arg-type]
         return self._flush_kernel_counters()
 
     def _flush_kernel_counters(self) -> UvmCounters:
@@ -459,7 +479,7 @@ class UvmSim(FaultService, StreamService, HintService):
         valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
         if ((gpu | cpu) & ~valid).any():
             raise InvariantError("a page past the end of its block is resident")
-        hint_error = self.check_hint_invariants()
+        hint_error = self.check_hint_invariants() or self.check_advice_invariants()
         if hint_error:
             raise InvariantError(hint_error)
         if self.totals.dtoh_bytes > self.populated_gpu_bytes:

@@ -45,7 +45,15 @@ class UvmCounters:
     stall_ns: float = 0.0
     """Time the faulting kernel waits for the bottom half (batches, evictions, transfers)."""
     remote_bytes: int = 0
-    """Bytes the GPU read or wrote over the link in place (preferred location CPU + accessed-by, uvm_hints)."""
+    """Bytes the GPU read or wrote over the link in place (remote mappings, uvmlab.sim.uvm.advice and .hints)."""
+    remote_read_bytes: int = 0
+    """Of ``remote_bytes``, the bytes the GPU read (the host-to-device direction of the link)."""
+    remote_write_bytes: int = 0
+    """Of ``remote_bytes``, the bytes the GPU wrote (the device-to-host direction)."""
+    cpu_fault_count: int = 0
+    """CPU page faults UVM serviced (host reads and writes of managed memory, uvmlab.sim.uvm.host)."""
+    collapse_count: int = 0
+    """Read-duplicated pages whose other copy a write revoked (uvmlab.sim.uvm.advice, .host)."""
     writeback_saved_bytes: int = 0
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
 
@@ -107,12 +115,16 @@ class FaultService:
         """
         res_count, npages, gpu = self._res_count, self._npages, self._gpu
         per_batch = self._per_batch
+        advised = self._pol_any  # per-slot "has a cudaMemAdvise policy" flags, None when never advised
         memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
         self._open_faults = 0
         self._open_blocks = 0
         self._kind = "write" if is_write else "read"
         budget = per_batch
         for s, span in touched.items():
+            if advised is not None and advised[s]:  # the policy path (uvmlab.sim.uvm.hints)
+                budget = self._policy_stage_block(s, span, is_write, budget)
+                continue
             if res_count[s] >= npages[s]:
                 continue
             if type(span) is tuple:
@@ -142,7 +154,7 @@ class FaultService:
 
     def _close_batch(self) -> None:
         k, costs = self._k, self.costs
-        n = self._open_faults
+        n = -(-self._open_faults // self._g)  # faults are host pages; the bitmaps count 4 KiB pages
         raw = min(float(self.knobs.fault_batch_count), n * costs.raw_entries_per_fault)
         k.fault_batch_count += 1
         k.fault_count += n
@@ -160,7 +172,7 @@ class FaultService:
     def _close_full_batches(self, n: int) -> None:
         """Close ``n`` batches of exactly ``pages_per_batch`` faults each (no events: fast path only)."""
         k = self._k
-        nf = n * self._per_batch
+        nf = n * (self._per_batch // self._g)
         k.fault_batch_count += n
         k.fault_count += nf
         if self._kind == "write":
@@ -178,6 +190,7 @@ class FaultService:
         k.prefetch_htod_bytes += pre_h * PAGE_BYTES
         k.zero_fill_bytes += zero * PAGE_BYTES
         k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
+        k.stall_ns += (fault_h + pre_h) * self.costs.migrate_page_ns
         if self.events is not None:
             rid, bidx = self._slot_range[s], self._slot_bidx[s]
             self.events.append(("service", rid, bidx, n_faults, n_mig, fault_h + pre_h, zero))
@@ -219,7 +232,7 @@ class FaultService:
         hit = self._plans.get(key)
         if hit is not None:
             return hit
-        knobs, per_batch = self.knobs, self.knobs.pages_per_batch
+        knobs, per_batch = self.knobs, self._per_batch
         res = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
         npg = np.array([npages])
         subs = []
@@ -267,7 +280,7 @@ class FaultService:
         )
         services = self.costs.block_service_ns * len(plan.steps)
         plan.zero_stall_ns = services + plan.n_pages * self._zero_ns_per_page
-        plan.htod_stall_ns = services + plan.htod_ns
+        plan.htod_stall_ns = services + plan.htod_ns + plan.n_pages * self.costs.migrate_page_ns
         self._plans[key] = plan
         return plan
 

@@ -224,6 +224,8 @@ class HintService:
         """
         n = self._res_count[v]
         disc, dup = self._disc[v], self._dup[v]
+        if self._hint_arrays:
+            self._after_eviction(v, row & ~disc)  # accessed-by processors map the evicted pages
         if not (disc.any() or dup.any()):  # the plain rule (uvm.py _evict_one)
             self._cpu_count[v] += n
             if n == self._npages[v]:

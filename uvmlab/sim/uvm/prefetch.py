@@ -34,12 +34,20 @@ def grow_to_big_pages(faulted: np.ndarray) -> np.ndarray:
     return np.repeat(big, PAGES_PER_BIG_PAGE, axis=1)
 
 
-def prefetch_pages(resident: np.ndarray, faulted: np.ndarray, npages: np.ndarray, threshold_percent: int) -> np.ndarray:
+def prefetch_pages(
+    resident: np.ndarray,
+    faulted: np.ndarray,
+    npages: np.ndarray,
+    threshold_percent: int,
+    exclude: np.ndarray | None = None,
+) -> np.ndarray:
     """Pages the prefetcher adds to a batch's faults, per block.
 
     ``resident``: (B, 512) pages already resident on the GPU; ``faulted``: (B, 512) pages faulted in this batch;
     ``npages``: (B,) valid pages per block. Returns (B, 512) bool: pages to migrate in addition to the faulted
-    ones (never resident, never faulted, never past the block end).
+    ones (never resident, never faulted, never past the block end). ``exclude``: the pages never to return, when
+    they differ from ``resident`` (a CPU fault marks every CPU-resident page but skips only those the CPU already
+    maps: ``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c).
 
     Only the 10 ancestors of each faulted page can qualify (module docstring), so their marked-page counts are
     read off a prefix sum of the marked pages, and each faulted page's largest qualifying ancestor is added to
@@ -65,4 +73,4 @@ def prefetch_pages(resident: np.ndarray, faulted: np.ndarray, npages: np.ndarray
     np.add.at(edges, (blk[sel], starts[sel, top[sel]]), 1)
     np.add.at(edges, (blk[sel], ends[sel, top[sel]]), -1)
     region = np.cumsum(edges[:, :PAGES_PER_BLOCK], axis=1) > 0
-    return region & ~resident & ~faulted & valid
+    return region & ~(resident if exclude is None else exclude) & ~faulted & valid

@@ -29,9 +29,10 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.advice import ADVICE, remote_ns
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
-from uvmlab.sim.uvm.knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
 from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes
 from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
@@ -39,6 +40,16 @@ from uvmlab.trace.orchestrate import op_base
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
 COPY_PHASES = ("setup", "data")
+HOST_API = ("prefetch", "advise", "host_write", "host_read")
+"""``api`` values that are CUDA API calls or host accesses between kernels, not kernels (IFACE24.md)."""
+API_NAMES = {
+    "prefetch": "cudaMemPrefetchAsync",
+    "advise": "cudaMemAdvise",
+    "host_write": "host_write",
+    "host_read": "host_read",
+}
+"""The ``api_calls`` counter each HOST_API row adds to (result.json)."""
+PREFETCH_ARGS = ("", "gpu", "cpu")
 COPY_CATEGORIES = ("input", "parameter")
 
 
@@ -50,11 +61,9 @@ class PlacementLike(Protocol):
 
 
 def managed_chunk_bytes(size_bytes: np.ndarray | int) -> np.ndarray:
-    """GPU capacity a managed range of ``size_bytes`` takes when fully resident (uvmlab.sim.uvm.driver's chunk rule)."""
-    size = np.asarray(size_bytes, dtype=np.int64)
-    full = size // VA_BLOCK_BYTES
-    tail = size - full * VA_BLOCK_BYTES
-    return full * VA_BLOCK_BYTES + -(-tail // BIG_PAGE_BYTES) * BIG_PAGE_BYTES
+    """GPU capacity a managed range of ``size_bytes`` takes when fully resident (uvmlab.sim.uvm.driver's chunk rule:
+    full 2 MiB blocks plus the last block rounded up as the driver rounds it, ``knobs.rounded_tail_bytes``)."""
+    return rounded_range_bytes(size_bytes)
 
 
 def peak_managed_bytes(ranges: pd.DataFrame) -> int:
@@ -154,9 +163,13 @@ class _KernelStatics:
     native_ns: np.ndarray  # all-resident roofline time (replaced by the transfer time for retained copies)
     allocated_bytes: np.ndarray  # live requested bytes when the kernel runs
     is_copy: np.ndarray  # retained cudaMemcpyAsync (copy_kernels)
-    api: list[str]  # "" | "prefetch" | "host_write" (optional trace column ``api``)
+    api: list[str]  # "" | "prefetch" | "host_write" | "host_read" | "advise" | ... (optional trace column ``api``)
+    api_arg: list[str] = field(default_factory=list)  # optional column ``api_arg`` (IFACE24.md), "" when absent
     names: list[str] = field(default_factory=list)  # op names (uvm_reread picks the GEMM-like ones)
     flops: np.ndarray = field(default_factory=lambda: np.empty(0))
+    remote_scale: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Per kernel: ``touched_bytes`` / accessed bytes when the trace gives ``touched_bytes`` (a strided or gathering
+    kernel moves only part of the ranges it accesses), else 1: scales the bytes of its remote accesses."""
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
 
     def __post_init__(self) -> None:
@@ -178,8 +191,11 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     )
     touched = trace.accesses.groupby("kernel_id")["size_bytes"].sum()
     touched_b = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+    remote_scale = np.ones(len(kern))
     if "touched_bytes" in kern.columns:
         given = kern["touched_bytes"].to_numpy(dtype=float)
+        ok = np.isfinite(given) & (touched_b > 0)
+        remote_scale = np.where(ok, given / np.where(touched_b > 0, touched_b, 1.0), 1.0)
         touched_b = np.where(np.isfinite(given), given, touched_b)
     native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
     live = trace.live_bytes()
@@ -187,6 +203,8 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
     allocated = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
     api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    api_arg = kern["api_arg"].fillna("").astype(str).tolist() if "api_arg" in kern.columns else [""] * len(kern)
+    _check_api_rows(api, api_arg)
     _transfer_and_host_times(trace, kern, api, native_ns, costs)
     return _KernelStatics(
         kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
@@ -194,9 +212,20 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         allocated_bytes=allocated,
         is_copy=np.isin(kid, copy_kernels(trace)),
         api=api,
+        api_arg=api_arg,
         names=kern["name"].astype(str).tolist(),
         flops=kern["flops"].to_numpy(dtype=float),
+        remote_scale=remote_scale,
     )
+
+
+def _check_api_rows(api: list[str], api_arg: list[str]) -> None:
+    """Refuse an ``api_arg`` the row's ``api`` cannot take (IFACE24.md), with one sentence."""
+    for a, arg in zip(api, api_arg, strict=True):
+        if a == "advise" and arg not in ADVICE:
+            raise InputError(f"trace kernel with api 'advise' has api_arg {arg!r}; known: {', '.join(ADVICE)}")
+        if a == "prefetch" and arg not in PREFETCH_ARGS:
+            raise InputError(f"trace kernel with api 'prefetch' has api_arg {arg!r}; it takes 'gpu' or 'cpu'")
 
 
 def _transfer_and_host_times(
@@ -206,7 +235,7 @@ def _transfer_and_host_times(
     ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
     ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
     for i, a in enumerate(api):
-        if a in ("prefetch", "host_write"):
+        if a in HOST_API:
             native_ns[i] = 0.0
     idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
     if not idx:
@@ -246,6 +275,10 @@ _EXTRA = (
     "memcpy_htod_bytes",
     "raw_fault_entries",
     "htod_records",
+    "remote_read_bytes",
+    "remote_write_bytes",
+    "cpu_fault_count",
+    "collapse_count",
 )
 
 
@@ -312,15 +345,9 @@ class _Replayer:
         """
         sim = self.sim
         kind = st.api[i]
-        if kind == "prefetch":
-            c = UvmCounters()
-            for r in rows:
-                c.add(sim.prefetch(r[0], r[1], r[2]))
+        if kind in HOST_API:  # API calls and host accesses between kernels: the stream waits for them
+            c = self._api_call(kind, st.api_arg[i], rows)
             dur = c.stall_ns
-        elif kind == "host_write":
-            for r in rows:
-                sim.host_write(r[0], r[1], r[2])
-            c, dur = UvmCounters(), 0.0
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
             c, dur = UvmCounters(), float(st.native_ns[i])
         elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
@@ -345,7 +372,9 @@ class _Replayer:
             c, dur = self._hinted_kernel(i, st, rows, ids or [])
         else:
             c = self._access(i, rows, st)
-            dur = float(st.native_ns[i]) + (1.0 - self.costs.fault_overlap) * c.stall_ns
+            link = remote_ns(c, self.costs) * float(st.remote_scale[i]) if c.remote_bytes else 0.0
+            native = max(float(st.native_ns[i]), link)  # remote mappings: the link's time
+            dur = native + (1.0 - self.costs.fault_overlap) * c.stall_ns
         if sim.knobs.prefetch_on_alloc or self.hints is not None:
             c.add(self.pending)  # counts only: the prefetch's time is already on the clock
             self.pending = UvmCounters()
@@ -359,6 +388,22 @@ class _Replayer:
         self.reserved[i] = sim.mapped_bytes
         self.resident[i] = sim.used_bytes
         return dur
+
+    def _api_call(self, kind: str, arg: str, rows: list[tuple[int, int, int, bool]]) -> UvmCounters:
+        """One ``api`` row (IFACE24.md): ``prefetch`` (``api_arg`` "gpu" or "" / "cpu"), ``advise`` (``api_arg`` one
+        of ``uvmlab.sim.uvm.advice.ADVICE``), ``host_write`` / ``host_read``, on each accessed byte range."""
+        sim = self.sim
+        c = UvmCounters()
+        for r in rows:
+            if kind == "prefetch":
+                c.add(sim.prefetch(r[0], r[1], r[2], to_cpu=arg == "cpu"))
+            elif kind == "advise":
+                c.add(sim.advise(r[0], r[1], r[2], arg))
+            else:
+                c.add(sim.cpu_access(r[0], r[1], r[2], kind == "host_write"))
+        name = API_NAMES[kind]
+        self.api[name] = self.api.get(name, 0) + len(rows)
+        return c
 
     def _hinted_kernel(
         self, i: int, st: _KernelStatics, rows: list[tuple[int, int, int, bool]], ids: list[int]

@@ -67,6 +67,25 @@ class CostParams:
     """Sustained 2 MiB host<->device bandwidth; None: the GPU's ``link_bytes_per_s`` (gpus.py, uvm.md 2.3/2.4)."""
     zero_fill_bytes_per_s: float | None = None
     """Copy-engine memset of newly populated pages; None: the GPU's HBM bandwidth (uvm.md 1.2: a CE memset) [I]."""
+    migrate_page_ns: float = 0.0
+    """Per 4 KiB page a fault migrates, besides its transfer (unmapping the source, PTE writes). Default 0: the Titan
+    V logs and the RTX 5090 fit cannot separate it from ``block_service_ns``; the closed-driver profile fits it on the
+    GTX 1080 nvprof traces (0.21 us per page: uvmlab.measure.generation_fit)."""
+    cpu_fault_ns: float = 30_000.0
+    """One CPU page fault serviced by UVM (``uvm_va_space_cpu_fault_managed`` -> ``uvm_va_block_cpu_fault``:
+    residency choice, CPU-side prefetch, population or DtoH, CPU mapping), besides its transfer and zeroing: one
+    block service on the CPU path [I: ``block_service_ns``]; the closed-driver profile fits it on the GTX 1080
+    traces (35 us, uvmlab.measure.generation_fit)."""
+    collapse_page_ns: float = 0.0
+    """Per read-duplicated 4 KiB page whose other copy a write revokes (``break_read_duplication_in_region``,
+    uvm_va_block.c: the CPU copy is dropped and the CPU mapping unmapped), besides the write fault. Default 0 [U]; the
+    RTX 5090 profile fits it on rq4's read-mostly runs (uvmlab.measure.profile_fit)."""
+    host_zero_bytes_per_s: float = 10e9
+    """Rate at which the host zeroes pages it populates on a CPU first touch [U: one core's clear_page order]."""
+    remote_read_bytes_per_s: float | None = None
+    """GPU reads of host memory through a remote mapping; None: ``link_bytes_per_s`` (uvmlab.sim.uvm.hints)."""
+    remote_write_bytes_per_s: float | None = None
+    """GPU writes to host memory through a remote mapping; None: ``link_bytes_per_s`` (uvmlab.sim.uvm.hints)."""
     managed_alloc_ns: float = 10_000.0
     """One ``cudaMallocManaged`` call (range creation) [U]."""
     cudafree_sync_ns: float = 10_000.0
@@ -97,6 +116,8 @@ class CostParams:
                 raise InputError(f"cost parameter {f.name} must be a finite number >= 0, not {v!r}")
         if not 0 <= self.fault_overlap <= 1:
             raise InputError(f"cost parameter fault_overlap must be in [0, 1], not {self.fault_overlap}")
+        if self.host_zero_bytes_per_s <= 0 or 0 in (self.remote_read_bytes_per_s, self.remote_write_bytes_per_s):
+            raise InputError("cost parameters host_zero_bytes_per_s and remote_*_bytes_per_s must be > 0")
         if self.compute_efficiency <= 0 or self.memory_efficiency <= 0 or self.sector_memory_efficiency == 0:
             raise InputError(
                 "cost parameters compute_efficiency, memory_efficiency and sector_memory_efficiency must be > 0"
@@ -108,10 +129,13 @@ class CostParams:
 
     def for_gpu(self, gpu: GpuSpec) -> CostParams:
         """Fill the GPU-dependent parameters left as None from ``gpu``."""
+        link = self.link_bytes_per_s or gpu.link_bytes_per_s
         return replace(
             self,
-            link_bytes_per_s=self.link_bytes_per_s or gpu.link_bytes_per_s,
+            link_bytes_per_s=link,
             zero_fill_bytes_per_s=self.zero_fill_bytes_per_s or gpu.hbm_bytes_per_s,
+            remote_read_bytes_per_s=self.remote_read_bytes_per_s or link,
+            remote_write_bytes_per_s=self.remote_write_bytes_per_s or link,
         )
 
     # -- parameter files ---------------------------------------------------------------------

@@ -4,7 +4,7 @@ The oversubscription factor is footprint / GPU memory available to UVM (``uvmlab
 footprint / factor, the study's balloon), so a working set of ``ws`` bytes stops fitting beyond the factor
 ``footprint / ws`` (its *knee*). :func:`working_sets` measures, from the trace's own kernel accesses through the
 placement, the chunk-rounded bytes of the 2 MiB VA blocks each kernel touches and the union over each phase of one
-steady iteration. :func:`pad_cold` adds one never-touched managed range so that the footprint equals a target (the
+steady iteration. :func:`pad_cold` adds never-touched managed ranges so that the footprint equals a target (the
 study's Table 2 value, seeds/003): an explanation experiment with the validation target's measured footprint, used
 by ``benchmarks/uvm_grid.py --pad-to-study`` and ``tools/uvm_knee.py`` only. No CLI option or default uses it.
 
@@ -30,13 +30,26 @@ from uvmlab.trace.schema import NEVER_FREED
 PHASES = ("forward", "backward", "optimizer")
 
 
+def pad_pieces(pad: int) -> list[int]:
+    """Sizes of the managed ranges whose driver-rounded sizes (``knobs.rounded_tail_bytes``) sum to ``pad`` (a
+    multiple of 64 KiB): the whole 2 MiB blocks in one range, the rest as ranges of 64 KiB x 2^i (one per set bit),
+    since a single range's last block is rounded to 64 KiB x 2^i."""
+    full = pad // VA_BLOCK_BYTES * VA_BLOCK_BYTES
+    tail = (pad - full) // BIG_PAGE_BYTES
+    pieces = [full] if full else []
+    pieces += [BIG_PAGE_BYTES << i for i in range(tail.bit_length()) if tail >> i & 1]
+    return pieces
+
+
 def pad_cold(prep: Any, target_bytes: int, oversub: float = 1.0) -> tuple[Any, int]:
-    """``prep`` (a ``uvmlab.uvm.simulate.Prepared``) with a cold managed range padding its footprint to
+    """``prep`` (a ``uvmlab.uvm.simulate.Prepared``) with cold managed ranges padding its footprint to
     ``target_bytes``.
 
     Returns the new Prepared (footprint = target, available = target / ``oversub``, capped at the GPU's usable
     memory) and the pad's size; pad 0 and ``prep`` unchanged when the footprint already reaches the target.
-    The pad is a multiple of 64 KiB (footprints and targets are), so its chunk-rounded size is its size.
+    The pad is a multiple of 64 KiB (footprints and targets are); it is one range when its size is whole 2 MiB
+    blocks, plus one range per power of two of its 64 KiB remainder (:func:`pad_pieces`), so that the chunk-rounded
+    sizes add up to it.
     """
     ranges = prep.placement.ranges
     pad = int(target_bytes) - int(prep.footprint_bytes)
@@ -47,15 +60,21 @@ def pad_cold(prep: Any, target_bytes: int, oversub: float = 1.0) -> tuple[Any, i
     end = int((ranges["address"] + ranges["size_bytes"]).max()) if len(ranges) else 0
     address = -(-end // VA_BLOCK_BYTES) * VA_BLOCK_BYTES + VA_BLOCK_BYTES  # a gap: no range is adjacent
     first = int(ranges["alloc_seq"].min()) if len(ranges) else 0
-    row = {
-        "range_id": int(ranges["range_id"].max()) + 1 if len(ranges) else 0,
-        "address": address,
-        "size_bytes": pad,
-        "alloc_seq": first,
-        "free_seq": NEVER_FREED,
-    }
-    pad_row = pd.DataFrame([row], columns=ranges.columns).astype(ranges.dtypes.to_dict())  # a new column: fails
-    padded = pd.concat([ranges, pad_row], ignore_index=True)
+    next_id = int(ranges["range_id"].max()) + 1 if len(ranges) else 0
+    rows = []
+    for i, size in enumerate(pad_pieces(pad)):
+        rows.append(
+            {
+                "range_id": next_id + i,
+                "address": address,
+                "size_bytes": size,
+                "alloc_seq": first,
+                "free_seq": NEVER_FREED,
+            }
+        )
+        address += -(-size // VA_BLOCK_BYTES) * VA_BLOCK_BYTES + VA_BLOCK_BYTES
+    pad_rows = pd.DataFrame(rows, columns=ranges.columns).astype(ranges.dtypes.to_dict())  # a new column: fails
+    padded = pd.concat([ranges, pad_rows], ignore_index=True)
     reserved = prep.placement.peak_reserved_bytes + (pad if prep.placement.allocator == "pca" else 0)  # a segment
     placement = dataclasses.replace(prep.placement, ranges=padded, peak_reserved_bytes=reserved)
     footprint = peak_managed_bytes(padded)
