@@ -199,3 +199,17 @@ def test_an_unsupported_construct_is_one_sentence_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
     assert "Tensor.item() cannot be called on meta tensors" in err
+
+
+def test_a_model_type_whose_default_config_does_not_validate_is_one_sentence(tmp_path: Path) -> None:
+    """transformers 5.24's ``gemma4_assistant`` default config fails its own class validator (a
+    StrictDataclassClassValidationError, not a ValueError): an InputError naming the model type, no file left."""
+    pytest.importorskip("transformers")
+    from uvmlab.errors import InputError
+    from workloads.hf_models import default_config_file, hf_type_names
+
+    if "gemma4_assistant" not in hf_type_names():
+        pytest.skip("this transformers has no gemma4_assistant model type")
+    with pytest.raises(InputError, match="gemma4_assistant"):
+        default_config_file("gemma4_assistant", tmp_path / "g")
+    assert not (tmp_path / "g" / "config.json").exists()

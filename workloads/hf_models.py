@@ -221,8 +221,11 @@ def default_config_file(model_type: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         conf = AutoConfig.for_model(model_type)
-    except (ValueError, KeyError) as exc:
-        raise InputError(f"hf: transformers has no default config for model_type {model_type!r}: {exc}") from None
+    except Exception as exc:  # transformers' config validators raise their own exception types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"hf: transformers cannot build a default config for model_type {model_type!r}: {first}"
+        ) from None
     path = folder / "config.json"
     path.write_text(conf.to_json_string())
     return path
