@@ -1,1 +1,1 @@
-../uvmlab/gpu/csrc/uvmlab_cuda_abi.h
+../uvmlab/measure/gpu/csrc/uvmlab_cuda_abi.h

@@ -1,1 +1,1 @@
-../uvmlab/gpu/csrc/uvmlab_shim.cpp
+../uvmlab/measure/gpu/csrc/uvmlab_shim.cpp

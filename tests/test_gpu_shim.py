@@ -429,8 +429,8 @@ if growth and role == "run":  # device memory taken outside UVM after the balloo
     stub, g = ctypes.CDLL({cudart!r}), ctypes.c_void_p()  # the stub's own cudaMalloc, not the shim's
     assert stub.cudaMalloc(ctypes.byref(g), ctypes.c_size_t(growth)) == 0
 hints = os.environ.get("UVMLAB_HINTS")
-if hints:  # the worker's per-tensor hints (uvmlab.gpu.hints), here on the job's two allocations
-    from uvmlab.gpu.hints import ADVISE_READ_MOSTLY, CudaRuntime
+if hints:  # the worker's per-tensor hints (uvmlab.measure.gpu.hints), here on the job's two allocations
+    from uvmlab.measure.gpu.hints import ADVISE_READ_MOSTLY, CudaRuntime
     rt = CudaRuntime(ctypes.CDLL({cudart!r}))
     for p, size in zip(ptrs, (700 << 20, 500 << 20)):
         rt.advise(p.value, size, ADVISE_READ_MOSTLY, 0)  # RuntimeError on a CUDA error, as in the worker

@@ -103,7 +103,7 @@ def test_the_shim_uses_only_the_checked_declarations() -> None:
 
 
 def test_the_python_side_uses_the_checked_constants() -> None:
-    """uvmlab.measure.gpu.cudart (ctypes) and uvmlab.gpu.hints use the values the header check verifies."""
+    """uvmlab.measure.gpu.cudart (ctypes) and uvmlab.measure.gpu.hints use the values the header check verifies."""
     from uvmlab.measure.gpu import cudart, hints
 
     header = shim.ABI_HEADER.read_text()

@@ -44,6 +44,7 @@ def test_workloads_all_lists_the_names_from_the_packages_themselves(capsys: pyte
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 80 models: about 2 minutes on an idle core, over 300 s on a loaded one
 def test_every_torchvision_classification_model_traces_and_estimates_at_batch_8() -> None:
     """All of them (80 in torchvision 0.29), captured on meta (1 iteration) and simulated on an A100-80GB."""
     gpu = get_gpu("A100-80GB")

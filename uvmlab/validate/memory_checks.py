@@ -30,14 +30,16 @@ CARMA_ENV = "UVMLAB_CARMA_SUMMARY"
 
 def with_stack(points: list[Point], fit_case: str) -> list[Point]:
     """``points`` again after a stack calibration on the point ``fit_case``: its measured - predicted is added to
-    every prediction (what ``uvmlab estimate --stack`` adds to the context; uvmlab.memory.stack)."""
+    every prediction (what ``uvmlab estimate --stack`` adds to the context; uvmlab.memory.stack). Each keeps its
+    point's band: a calibration must not make a row worse than the band it promised without one."""
     fit = next((p for p in points if p.case == fit_case and p.predicted is not None), None)
     if fit is None or fit.predicted is None:
         return []
     offset = fit.measured - fit.predicted
     return [
         Point(p.dataset, p.case, f"{p.quantity} (stack-calibrated)", p.unit, p.measured, p.predicted + offset,
-              fitted=p.fitted or p.case == fit_case, note=f"stack fitted on {fit_case}")
+              fitted=p.fitted or p.case == fit_case, note=f"stack fitted on {fit_case}",
+              band=None if p.fitted or p.case == fit_case else p.band)
         for p in points
         if p.predicted is not None
     ]  # fmt: skip

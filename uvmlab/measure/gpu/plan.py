@@ -305,10 +305,11 @@ def plan_run(
     if policy is not None and policy.release_each_iteration:
         base_env[EMPTY_CACHE_ENV] = "1"
     managed_env: dict[str, str] = {}  # what only steps on managed memory get
-    if policy is not None and policy.gpu_env.get("UVMLAB_HINTS"):  # per-tensor hints (uvmlab.gpu.hints)
+    hints = policy.env("UVMLAB_HINTS") if policy is not None else None
+    if hints:  # per-tensor hints (uvmlab.measure.gpu.hints)
         # cudaMemAdvise / cudaMemPrefetchAsync need managed ranges (CUDA 13 cuda_runtime_api.h): on the baseline's
         # device memory they fail with cudaErrorInvalidValue, so the baseline runs the job without hints
-        managed_env["UVMLAB_HINTS"] = policy.gpu_env["UVMLAB_HINTS"]
+        managed_env["UVMLAB_HINTS"] = hints
         if opts.baseline:
             notes.append("the per-tensor hints need managed memory: the baseline runs the job without them")
     worker = (opts.python, "-m", "uvmlab.measure.gpu.worker", str(rundir))
