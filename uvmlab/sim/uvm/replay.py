@@ -204,11 +204,13 @@ def _transfer_and_host_times(
 ) -> None:
     """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
     ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
-    ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
+    ``host`` and ``host_async`` its ``host_ns`` column (``host``: the GPU waits for the CPU; ``host_async``: the CPU
+    works while the stream goes on, and the next ``memcpy_htod`` waits for it); ``prefetch`` / ``host_write`` API
+    calls have none."""
     for i, a in enumerate(api):
         if a in ("prefetch", "host_write"):
             native_ns[i] = 0.0
-    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
+    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host", "host_async")]
     if not idx:
         return
     kid = kern["kernel_id"].to_numpy()
@@ -217,7 +219,7 @@ def _transfer_and_host_times(
     acc = acc[acc["kernel_id"].isin(kid[idx])]
     sizes = {k: g.to_numpy() for k, g in acc.groupby("kernel_id")["size_bytes"]}
     for i in idx:
-        if api[i] == "host":
+        if api[i] in ("host", "host_async"):
             native_ns[i] = host[i] if np.isfinite(host[i]) else 0.0
         else:
             native_ns[i] = transfer_time_ns(sizes.get(kid[i], np.zeros(0)), costs.link_bytes_per_s)
@@ -266,6 +268,7 @@ class _Replayer:
         self.resident = np.zeros(n, dtype=np.int64)
         self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
         self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm.hints), None when off
+        self.host_until = 0.0  # when the CPU work of the last ``host_async`` event ends
         self.hint_pos = 0  # next of ``hints.events``
 
     def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
@@ -323,11 +326,14 @@ class _Replayer:
             c, dur = UvmCounters(), 0.0
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
             c, dur = UvmCounters(), float(st.native_ns[i])
+        elif kind == "host_async":  # CPU work beside the stream: only a later host-to-device copy waits for it
+            c, dur = UvmCounters(), 0.0
+            self.host_until = max(self.host_until, self.t) + float(st.native_ns[i])
         elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
             c = UvmCounters()
             for r in rows:
                 c.add(sim.memcpy_htod(r[0], r[1], r[2]))
-            dur = c.stall_ns  # the transfer time of each copy (UvmSim.memcpy_htod)
+            dur = max(0.0, self.host_until - self.t) + c.stall_ns  # the host buffer must be ready, then transfers
         elif kind == "memcpy_dtoh":  # explicit DtoH copies: non-resident pages fault in first (approximation)
             c = sim.access(rows)
             dur = float(st.native_ns[i]) + c.stall_ns
@@ -459,6 +465,9 @@ def replay(
             rp.kernel(i, [acc.rows[j] for j in keep], st, [acc.alloc_ids[j] for j in keep])
             j = i + hints.lookahead
             if hints.lookahead and j < n and not st.is_copy[j] and not st.api[j]:
+                if hints.protect_next:  # eviction takes what kernels i+1..i+k do not touch (DeepUM-style)
+                    near = [r for m in range(i + 1, j + 1) for r in acc.rows[acc.lo[m] : acc.hi[m]]]
+                    sim.protect([r for r in near if r[0] in rp.mapped])
                 sl = slice(acc.lo[j], acc.hi[j])
                 ahead = prefetch_rows(hints, acc.rows[sl], acc.alloc_ids[sl], kseq[i], rp.mapped)
                 if ahead:
