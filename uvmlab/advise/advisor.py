@@ -512,16 +512,19 @@ def _mib(n: float) -> str:
 
 def _repeat_micro_batches(result: dict[str, Any], res: Any, steps: int) -> None:
     """``result`` of a 2-micro-batch replay turned into that of ``steps`` micro-batches: each iteration gains
-    ``steps - 2`` repeats of its last micro-batch's simulated time, faults and migrations (see :data:`FIT_STEPS`)."""
+    ``steps - 2`` repeats of the steady micro-batch (the last iteration's last one): its simulated time, faults and
+    migrations (see :data:`FIT_STEPS`)."""
     from uvmlab.stats.schema import steady_mean
 
     cols = ("fault_count", "htod_bytes", "dtoh_bytes")
-    last = last_micro_batch(res.kernels, cols).set_index("iteration")
+    last = last_micro_batch(res.kernels, cols)
+    if last.empty:
+        return
+    rep = last.iloc[-1]  # the last iteration's: a micro-batch of iteration 1 can still carry one-time allocator work
     its = res.iterations
-    extra = last["time_ns"].reindex(its["iteration"]).fillna(0.0).to_numpy() * (steps - FIT_STEPS)
-    result["iteration_time_ns"] = steady_mean(its["duration_ns"].to_numpy() + extra)
+    result["iteration_time_ns"] = steady_mean(its["duration_ns"].to_numpy() + rep["time_ns"] * (steps - FIT_STEPS))
     for c in cols:
-        result[c] = int(result[c] + last[c].sum() * (steps - FIT_STEPS))
+        result[c] = int(result[c] + rep[c] * len(its) * (steps - FIT_STEPS))
 
 
 def _gc_oom(cfg: RunConfig, available: int) -> str | None:

@@ -32,7 +32,7 @@ from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.knobs import BIG_PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes
+from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes, occupancy
 from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.orchestrate import op_base
@@ -166,6 +166,8 @@ class _KernelStatics:
 def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
     """Step 2: native times, touched bytes, live bytes, copy and API flags of the kernels (in seq order).
 
+    A GEMM-like kernel too small to fill the GPU computes at its occupancy (``uvmlab.sim.uvm.reread.occupancy``).
+
     Optional kernels columns: ``touched_bytes`` (DRAM bytes a gather/scatter really moves, for the roofline;
     uvmlab.sim.uvm.gcn) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed ranges to the GPU) or
     "host_write" (the CPU writes them) - what a workload can say besides kernels (issue 11 item 4).
@@ -181,7 +183,12 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     if "touched_bytes" in kern.columns:
         given = kern["touched_bytes"].to_numpy(dtype=float)
         touched_b = np.where(np.isfinite(given), given, touched_b)
-    native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
+    written = trace.accesses[trace.accesses["is_write"]].groupby("kernel_id")["size_bytes"].sum()
+    names = kern["name"].astype(str).tolist()
+    flops = kern["flops"].to_numpy(dtype=float)
+    gemm = np.array([op_base(n) in GEMM_OPS for n in names], dtype=bool)
+    occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu.name)
+    native_ns = kernel_time_ns(flops, touched_b, gpu, costs, dtype, occ)
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
@@ -194,8 +201,8 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         allocated_bytes=allocated,
         is_copy=np.isin(kid, copy_kernels(trace)),
         api=api,
-        names=kern["name"].astype(str).tolist(),
-        flops=kern["flops"].to_numpy(dtype=float),
+        names=names,
+        flops=flops,
     )
 
 
