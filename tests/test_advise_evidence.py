@@ -132,3 +132,11 @@ def test_without_oversubscription_the_note_says_what_still_differs(factor: float
     off = next(p for p in d["policies"] if p["policy"] == "pca-off")
     assert off["slowdown_vs_native_pca"] > 1.05  # PCA off pays a cudaMalloc/cudaFree per tensor even when it fits
     assert f"pca-off, {off['slowdown_vs_native_pca']:.2f}x" in notes and "no oversubscription" in notes
+
+
+def test_the_docs_table_of_evidence_and_needs_is_the_codes() -> None:
+    text = (DOCS / "advise.md").read_text()
+    for name, ev in EVIDENCE.items():
+        ap = APPLY[name]
+        row = f"| `{name}` | {ev.level} | {', '.join(ap.needs) or 'nothing'} | {'yes' if ap.uvmlab_gpu else 'no: '}"
+        assert row in text, f"docs/advise.md's evidence table lacks or misstates {name}"

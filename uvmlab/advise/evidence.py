@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from uvmlab.trace.optim8bit import BLOCK_ELEMENTS, MIN_8BIT_ELEMENTS
+
 LEVELS = ("validated", "modelled", "upper bound")
 """Evidence levels, strongest first."""
 
@@ -155,9 +157,9 @@ EVIDENCE: dict[str, Evidence] = {
     ),
     "optimizer-8bit": Evidence(
         "modelled",
-        "bitsandbytes' 8-bit blockwise Adam state (bitsandbytes/optim/optimizer.py Optimizer8bit: uint8 state per "
-        "parameter element plus an fp32 absmax per 256 elements, tensors under 4,096 elements kept at 32 bit); "
-        + _NO_RUN,
+        "bitsandbytes' 8-bit blockwise Adam state (bitsandbytes/optim/optimizer.py Optimizer2State.init_state: uint8 "
+        f"state per parameter element plus an fp32 absmax per {BLOCK_ELEMENTS:,} elements, tensors under "
+        f"{MIN_8BIT_ELEMENTS:,} elements kept at 32 bit); " + _NO_RUN,
         ("changes numerics: 8-bit optimizer state (Dettmers et al., ICLR'22, report parity with 32-bit Adam)",),
     ),
     "prefetch-ahead-evict": Evidence(
