@@ -146,7 +146,11 @@ EVIDENCE: dict[str, Evidence] = {
         "modelled",
         "the trace captured under uvmlab's emulation of torch.autocast(bf16) (torch's autocast op lists); matmul and "
         "convolution kernels at the GPU's tensor-core peak; " + _NO_RUN,
-        ("changes numerics: bf16 matmuls and convolutions (check the loss curve)",),
+        (
+            "changes numerics: bf16 matmuls and convolutions (check the loss curve)",
+            "most of its predicted gain is compute, not memory: the roofline runs its GEMMs at the tensor-core peak "
+            "against an fp32 reference without TF32 (gpus.py fp32_flops vs tensor_flops); no real run checks the ratio",
+        ),
     ),
     "offload-activations": Evidence(
         "modelled",

@@ -108,7 +108,12 @@ def advise_command(
 
         recs = adv.records()
         cols = list(adv.rows.columns)
-        print_csv(("advise", cols, [[_csv_cell(r[c]) for c in cols] for r in recs]))
+        tables = [("advise", cols, [[_csv_cell(r[c]) for c in cols] for r in recs])]
+        if confirm_n is not None:  # a second table: predicted against measured
+            runs = _confirm(adv, cfg, confirm_n, dry_run, out).rows
+            ccols = [c for c in (runs[0] if runs else {}) if c != "plan"]
+            tables.append(("confirm", ccols, [[r[c] for c in ccols] for r in runs]))
+        print_csv(tables)
         return
     _print_advice(adv)
     if confirm_n is not None:
