@@ -120,21 +120,37 @@ EVIDENCE: dict[str, Evidence] = {
     ),
     "remote-optimizer-state": Evidence("modelled", _HINT + "; " + _NO_RUN, (REMOTE_WRITE_CAVEAT,)),
     "read-mostly-parameters": Evidence("modelled", _HINT + "; " + _NO_RUN, (READ_MOSTLY_CAVEAT,)),
-    "prefetch-next-kernel": Evidence("modelled", _HINT + " (uvm_migrate.c); " + _NO_RUN),
+    "prefetch-next-kernel": Evidence(
+        "modelled",
+        _HINT + " (uvm_migrate.c); " + _NO_RUN,
+        (
+            "one kernel ahead is less lead time than the module pre-hook a user writes, and a prefetch may evict "
+            "data the current kernel still needs (AlexNet x10: 0.90x, docs/advise.md)",
+        ),
+    ),
     "discard-freed-blocks": Evidence("upper bound", _HINT + " (uvm_policy.c uvm_api_discard)", (DISCARD_CAVEAT,)),
     "fit-batch-accumulate": Evidence(
         "modelled",
         "the accumulating loop's own trace, timed by the simulator's kernel model (small kernels fill fewer SMs); "
         + _NO_RUN,
+        (
+            "k micro-batches are simulated as 2 plus k - 2 repeats of the last one; the micro-batch is chosen by "
+            "footprint (with estimate's margin), not by time",
+        ),
     ),
     "checkpoint-activations": Evidence(
         "modelled",
         "the trace captured under torch.utils.checkpoint itself (recomputed kernels in backward); " + _NO_RUN,
+        ("the recomputation is timed like any kernel: its lower overlap with backward is not modelled",),
     ),
     "offload-optimizer": Evidence(
         "modelled",
         "the job's trace with the optimizer on the host; CPU Adam at 2.8e8 parameters/s measured on one core "
         "(benchmarks/cpu_adam.py); serial copies and step, so slower than DeepSpeed's overlapped loop; " + _NO_RUN,
+        (
+            "pessimistic for a multi-core host: one core's torch CPU Adam, serial with the copies (DeepSpeedCPUAdam "
+            "is 5-7x faster than torch's, DeepSpeed's ZeRO-Offload tutorial)",
+        ),
     ),
     "offload-optimizer-overlapped": Evidence(
         "modelled",
