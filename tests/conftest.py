@@ -47,3 +47,14 @@ def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _stable_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture(scope="session")
+def small_advice() -> object:
+    """``uvmlab advise`` of a small AlexNet (64x64 images, 10 classes, batch 16, 2 iterations) at x1.5, every
+    policy and combination: shared by the advise tests (its traces capture in seconds)."""
+    from uvmlab.advise.advisor import advise
+    from uvmlab.config import RunConfig, WorkloadConfig
+
+    small = WorkloadConfig("alexnet", batch_size=16, options={"image_size": 64, "num_classes": 10}, iterations=2)
+    return advise(RunConfig(workload=small, oversub=1.5, mode="sim"))

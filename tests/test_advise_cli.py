@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.advise.advisor import ROW_COLUMNS, advise, fit_batch
+from uvmlab.advise.advisor import ROW_COLUMNS, fit_batch
 from uvmlab.config import RunConfig, WorkloadConfig
 
 SMALL = WorkloadConfig("alexnet", batch_size=16, options={"image_size": 64, "num_classes": 10}, iterations=2)
@@ -20,8 +20,8 @@ def _uvmlab(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def advice() -> object:
-    return advise(RunConfig(workload=SMALL, oversub=1.5, mode="sim"), policies=None, combine=True)
+def advice(small_advice: object) -> object:
+    return small_advice  # conftest: advise(RunConfig(workload=SMALL, oversub=1.5)), every policy and combination
 
 
 def test_every_policy_gets_a_row_ranked_by_time(advice: object) -> None:
@@ -33,8 +33,10 @@ def test_every_policy_gets_a_row_ranked_by_time(advice: object) -> None:
     from uvmlab.advise.policies import POLICIES
 
     assert set(POLICIES) <= set(rows["policy"])
-    # the reference is the all-resident PCA-on job: no policy under oversubscription beats it
-    assert (ok["slowdown_vs_native_pca"] >= 0.99).all()
+    # the reference is the all-resident PCA-on job: no policy that keeps the job's kernels beats it under
+    # oversubscription (a job-shape policy may: e.g. 8-bit Adam's one fused step does less work than torch's)
+    same_job = ~ok["family"].str.contains("job-shape")
+    assert (ok.loc[same_job, "slowdown_vs_native_pca"] >= 0.99).all()
     # every ok row stays within the GPU memory UVM has
     assert (ok["peak_resident_bytes"] <= advice.available_bytes).all()  # type: ignore[attr-defined]
 
@@ -45,22 +47,29 @@ def test_the_gc_threshold_policy_ooms_under_oversubscription(advice: object) -> 
 
 
 def test_fit_batch_finds_the_smallest_accumulation_that_fits(advice: object) -> None:
+    from uvmlab.advise.advisor import fit_margin
     from uvmlab.uvm.simulate import prepare
 
     avail = advice.available_bytes  # type: ignore[attr-defined]
     cfg = RunConfig(workload=SMALL, oversub=1.5, mode="sim")
     fit = fit_batch(cfg, avail, 16)
+
+    def footprint(micro: int, k: int) -> int:
+        wl = {**SMALL.to_dict(), "batch_size": micro, "accumulation_steps": min(k, 2)}
+        return prepare(RunConfig(workload=WorkloadConfig(**wl))).footprint_bytes
+
     if fit is None:  # parameters + optimizer state alone exceed the memory: then batch 1 must not fit either
-        one = RunConfig(workload=WorkloadConfig(**{**SMALL.to_dict(), "batch_size": 1, "accumulation_steps": 16}))
-        assert prepare(one).footprint_bytes > avail
+        fp = footprint(1, 16)
+        assert fp + fit_margin(fp) > avail
         return
     micro, k = fit
-    assert micro * k >= 16
-    fits = RunConfig(workload=WorkloadConfig(**{**SMALL.to_dict(), "batch_size": micro, "accumulation_steps": k}))
-    assert prepare(fits).footprint_bytes <= avail
-    if k > 2:  # one fewer step does not fit
-        wl = {**SMALL.to_dict(), "batch_size": -(-16 // (k - 1)), "accumulation_steps": k - 1}
-        assert prepare(RunConfig(workload=WorkloadConfig(**wl))).footprint_bytes > avail
+    assert micro * k == 16  # the effective batch, exactly
+    fp = footprint(micro, k)
+    assert fp + fit_margin(fp) <= avail  # with estimate's margin
+    if k > 1:  # the next larger micro-batch dividing 16 does not fit
+        bigger = min(m for m in range(micro + 1, 17) if 16 % m == 0)
+        fp = footprint(bigger, 16 // bigger)
+        assert fp + fit_margin(fp) > avail
 
 
 def test_advise_cli_json_has_one_entry_per_policy() -> None:

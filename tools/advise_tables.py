@@ -35,6 +35,27 @@ def _reason(rows: list[dict], given: dict) -> str:
     )
 
 
+def _headline(h: dict) -> str:
+    """The three headline lines of ``uvmlab advise`` (fastest, best applicable now, best validated)."""
+    out = []
+    for key, label in (
+        ("best_now", "best you can apply now (no root, module reload or code change)"),
+        ("best_validated", "best validated on real hardware"),
+        ("fastest", "fastest predicted"),
+    ):
+        r = h.get(key)
+        what = (
+            "none of the candidates"
+            if r is None
+            else (
+                f"{r['policy']} (#{r['rank']}, {r['speedup_vs_given']:.2f}x the job as given; {r['evidence']}; "
+                f"needs {', '.join(r['needs']) or 'nothing'})"
+            )
+        )
+        out.append(f"- {label}: {what}\n")
+    return "".join(out) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=10)
@@ -52,27 +73,34 @@ def main() -> None:
             t0 = time.perf_counter()
             cfg = RunConfig(workload=WorkloadConfig(wl, iterations=args.iterations), oversub=f, mode="sim")
             adv = advise(cfg)
-            rows = adv.rows.to_dict(orient="records")
+            rows = adv.records()
             ok = [r for r in rows if r["outcome"] == "ok"]
             given = next(r for r in rows if r["policy"] == "pca-on")
             parts.append(f"\n## {wl}, x{f:g} ({format_bytes(adv.available_bytes)} for UVM)\n\n")
+            parts.append(_headline(adv.headline))
             parts.append(
-                f"| # | policy | iteration | {RESULT_LABELS['slowdown_vs_native_pca']} | faults | migrated "
-                "| peak on GPU | note |\n"
-                "|---|---|---|---|---|---|---|---|\n"
+                f"| # | policy | iteration | per sample | {RESULT_LABELS['slowdown_vs_native_pca']} | evidence | needs "
+                "| faults | migrated | peak on GPU | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
             )
-            for r in rows:
+            caveats: dict[str, int] = {}  # caveat text -> footnote number, in order of first use
+            for r in adv.records():
+                marks = "".join(f" [{caveats.setdefault(c, len(caveats) + 1)}]" for c in r["caveats"])
+                needs = (", ".join(r["needs"]) or "nothing") + ("" if r["uvmlab_gpu"] else "; not by uvmlab")
+                facts = f"{r['evidence']}{marks} | {needs}"
                 if r["outcome"] != "ok":
-                    parts.append(f"| | {r['policy']} | {r['outcome']} | | | | | {r['note']} |\n")
+                    parts.append(f"| | {r['policy']} | {r['outcome']} | | | {facts} | | | | {r['note']} |\n")
                     continue
                 parts.append(
-                    f"| {int(r['rank'])} | {r['policy']} | {r['iteration_time_ns'] / 1e6:,.1f} ms | "
-                    f"{r['slowdown_vs_native_pca']:.2f}x | {int(r['fault_count']):,} | "
-                    f"{format_bytes(r['migrated_bytes'])} | {format_bytes(r['peak_resident_bytes'])} | {r['note']} |\n"
+                    f"| {r['rank']} | {r['policy']} | {r['iteration_time_ns'] / 1e6:,.1f} ms | "
+                    f"{r['time_per_sample_ns'] / 1e6:,.2f} ms | {r['slowdown_vs_native_pca']:.2f}x | {facts} | "
+                    f"{r['fault_count']:,} | {format_bytes(r['migrated_bytes'])} | "
+                    f"{format_bytes(r['peak_resident_bytes'])} | {r['note']} |\n"
                 )
+            if caveats:
+                parts.append("\n" + "".join(f"[{n}] {c}  \n" for c, n in caveats.items()))
             parts.append(f"\nWhy: {_reason(ok, given)}.\n")
             print(f"{wl} x{f:g}: {ok[0]['policy']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    atomic_write_text(args.out, "".join(parts))
+            atomic_write_text(args.out, "".join(parts))  # after each table: a long run keeps what it has
     print(f"wrote {args.out}")
 
 

@@ -166,6 +166,15 @@ class AppliedPolicy:
     """``torch.cuda.empty_cache()`` after each optimizer step."""
     offload_optimizer: bool = False
     """Optimizer state and step on the host (``uvmlab.trace.offload``)."""
+    overlap_step: bool = False
+    """With ``offload_optimizer``: the CPU step overlaps the next forward and backward (delayed parameter update)."""
+    offload_activations: bool = False
+    """Tensors saved for backward go to the host and back (``torch.autograd.graph.save_on_cpu``;
+    ``uvmlab.trace.offload_activations``)."""
+    optimizer_8bit: bool = False
+    """Adam state in 8 bits, one fused step kernel (bitsandbytes ``Adam8bit``; ``uvmlab.trace.optim8bit``)."""
+    gpu_refusal: str = ""
+    """Why ``uvmlab run --mode gpu`` cannot apply the policy ('' when it can)."""
     gpu_env: tuple[tuple[str, str], ...] = ()
     """Environment of a real GPU run that applies the policy (shim options, PyTorch variables)."""
     gpu_notes: tuple[str, ...] = ()

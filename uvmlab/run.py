@@ -276,11 +276,8 @@ def _gpu_policy(given: RunConfig, cfg: RunConfig, opts: Any) -> Any:
 
     from uvmlab.uvm.simulate import footprint_bytes
 
-    if cfg.applied.offload_optimizer:
-        raise InputError(
-            f"policy {cfg.policy} needs a code change uvmlab's GPU worker does not make (an fp32 copy of the "
-            "parameters and Adam on the CPU; uvmlab advise shows the lines): run it with --mode sim"
-        )
+    if cfg.applied.gpu_refusal:
+        raise InputError(cfg.applied.gpu_refusal)
     prefetch = cfg.applied.env("UVMLAB_PREFETCH")
     if prefetch:
         opts = replace(opts, prefetch=prefetch)

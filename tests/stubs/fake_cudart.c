@@ -122,6 +122,26 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 
 cudaError_t cudaGetDevice(int *device) { *device = (int)env_size("FAKE_CUDART_DEVICE", 0); return 0; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = version(); return 0; }
+/* The driver's CUDA version (FAKE_CUDART_DRIVER_VERSION, default the runtime's; 0 = no driver, as the real call
+ * answers without one). */
+cudaError_t cudaDriverGetVersion(int *v) { *v = (int)env_size("FAKE_CUDART_DRIVER_VERSION", (size_t)version()); return 0; }
+
+/* cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) (cuda_runtime_api.h; an enum
+ * is an int in the C ABI). Answers cudaDevAttrComputeCapabilityMajor (75) and Minor (76) from FAKE_CUDART_CC
+ * (e.g. 90 = 9.0, default 80) and cudaDevAttrConcurrentManagedAccess (89) from FAKE_CUDART_CONCURRENT_MANAGED
+ * (default 1); FAKE_CUDART_NO_DEVICE=1 makes every call cudaErrorNoDevice (100); another attribute or a device
+ * other than 0 is cudaErrorInvalidValue (1) / cudaErrorInvalidDevice (101). */
+cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device) {
+    if (env_size("FAKE_CUDART_NO_DEVICE", 0)) return 100;
+    if (device != 0) return 101;
+    int cc = (int)env_size("FAKE_CUDART_CC", 80);
+    switch (attr) {
+    case 75: *value = cc / 10; return 0;
+    case 76: *value = cc % 10; return 0;
+    case 89: *value = (int)env_size("FAKE_CUDART_CONCURRENT_MANAGED", 1); return 0;
+    default: return 1;
+    }
+}
 
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device) {
     (void)device;

@@ -17,6 +17,7 @@ from typing import Any
 from uvmlab.advise.shape import SHAPE_POLICIES
 from uvmlab.config import AppliedPolicy, RunConfig
 from uvmlab.errors import InputError
+from uvmlab.trace.schema import CATEGORIES
 
 FAMILIES = ("allocator", "driver", "uvm-hint", "job-shape")
 
@@ -50,6 +51,14 @@ class Policy:
     """Job shape: activation checkpointing of the job's segments (``WorkloadConfig.checkpoint``; advise/shape.py)."""
     offload_optimizer: bool = False
     """Job shape: optimizer state and step on the host (``uvmlab.trace.offload``; advise/shape.py)."""
+    overlap_step: bool = False
+    """With ``offload_optimizer``: the CPU step overlaps the next forward and backward (delayed parameter update)."""
+    dtype: str = ""
+    """Job shape: train under autocast to this dtype (``WorkloadConfig.dtype``; "" keeps the job's)."""
+    offload_activations: bool = False
+    """Job shape: tensors saved for backward on the host (``uvmlab.trace.offload_activations``)."""
+    optimizer_8bit: bool = False
+    """Job shape: 8-bit Adam state with one fused step (``uvmlab.trace.optim8bit``)."""
 
     def changes_nothing_for(self, cfg: RunConfig) -> bool:
         """True when applying the policy to ``cfg`` simulates the same run (e.g. ``pca-on`` on a PCA-on job): the
@@ -64,6 +73,9 @@ class Policy:
             and not self.fit_batch
             and (not self.checkpoint or bool(cfg.workload.checkpoint))
             and not self.offload_optimizer
+            and self.dtype in ("", cfg.workload.dtype)
+            and not self.offload_activations
+            and not self.optimizer_8bit
             and all(getattr(knobs, k) == v for k, v in self.sim_options.items())
         )
 
@@ -78,6 +90,8 @@ class Policy:
             options[key] = value
         ck = cfg.workload.checkpoint or self.checkpoint  # a job that already names its segments keeps them
         workload = replace(cfg.workload, checkpoint=ck) if ck != cfg.workload.checkpoint else cfg.workload
+        if self.dtype and self.dtype != workload.dtype:
+            workload = replace(workload, dtype=self.dtype)
         pca = cfg.pca if self.pca is None else self.pca
         return replace(cfg, workload=workload, pca=pca, sim_options=options, policy=self.name, applied=self.resolved())
 
@@ -88,9 +102,32 @@ class Policy:
             alloc_conf=self.alloc_conf,
             release_each_iteration=self.release_each_iteration,
             offload_optimizer=self.offload_optimizer,
+            overlap_step=self.overlap_step,
+            offload_activations=self.offload_activations,
+            optimizer_8bit=self.optimizer_8bit,
             gpu_env=tuple(sorted(self.gpu_env.items())),
             gpu_notes=tuple(self.gpu_notes()),
+            gpu_refusal=self.gpu_refusal(),
             available_bytes=available_bytes,
+        )
+
+    def gpu_refusal(self) -> str:
+        """Why uvmlab's GPU worker cannot run the policy ('' when it can): a code change it does not make."""
+        missing = [
+            what
+            for on, what in (
+                (self.offload_optimizer, "the optimizer on the CPU"),
+                (self.offload_activations, "save_on_cpu around the forward"),
+                (self.optimizer_8bit, "bitsandbytes' Adam8bit"),
+                (bool(self.sim_options.get("prefetch_protect_next")), "a prefetch and eviction plan the shim replays"),
+            )
+            if on
+        ]
+        if not missing:
+            return ""
+        return (
+            f"policy {self.name} needs a code change uvmlab's GPU worker does not make ({', '.join(missing)}; "
+            "uvmlab advise shows the lines): run it with --mode sim"
         )
 
     def gpu_notes(self) -> list[str]:
@@ -242,6 +279,9 @@ _CUDA_HINT_PRELUDE = (
     "def span(t): return ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(t.untyped_storage().nbytes())\n"
 )
 _HINT_SRC = "kernel-open/nvidia-uvm (NVIDIA/open-gpu-kernel-modules 595.45.04); CUDA 13.0 cuda_runtime_api.h"
+PREFETCH_AHEAD_KERNELS = 2
+"""How far ahead ``prefetch-ahead-evict`` prefetches (kernels): our choice [U], not tuned; DeepUM itself predicts
+the next kernels from a correlation table. ``--sim-option prefetch_next_kernels=K`` tries another K."""
 
 HINT_POLICIES: tuple[Policy, ...] = (
     _p(
@@ -302,6 +342,33 @@ HINT_POLICIES: tuple[Policy, ...] = (
         "        for t in (v for v in st.values() if torch.is_tensor(v) and v.is_cuda and v.numel() > 1):\n"
         "            rt.cudaMemPrefetchAsync(*span(t), GPU, 0, s)\n"
         "optimizer.register_step_pre_hook(state_ahead)",
+    ),
+    _p(
+        name="prefetch-ahead-evict",
+        family="uvm-hint",
+        summary=f"DeepUM-style, planned from the trace: while kernel i runs, every tensor kernel i+"
+        f"{PREFETCH_AHEAD_KERNELS} touches is prefetched to the GPU, and what eviction takes to make room is what "
+        f"kernels i+1..i+{PREFETCH_AHEAD_KERNELS} do not touch",
+        apply_how="needs a code change: a plan replayed before each kernel (uvmlab's shim does not replay one yet); "
+        "module pre-hooks prefetching the next modules' tensors to the GPU and the finished ones to the CPU",
+        source=_HINT_SRC + " (uvm_migrate.c, cudaMemPrefetchAsync); Jung et al., DeepUM, ASPLOS'23 (correlation "
+        "prefetching and pre-eviction for UM-based DNN training)",
+        sim_options={
+            "prefetch_next_kernels": PREFETCH_AHEAD_KERNELS,
+            "prefetch_next_categories": ",".join(CATEGORIES),
+            "prefetch_protect_next": True,
+        },
+        needs_code_change=_CUDA_HINT_PRELUDE
+        + "mods = [m for m in model.modules() if not list(m.children())]  # leaf modules in call order\n"
+        "def move(m, where, s):  # m's parameters and the tensors it saved (hooks of your own recording them)\n"
+        "    for p in m.parameters(recurse=False): rt.cudaMemPrefetchAsync(*span(p), where, 0, s)\n"
+        f"K = {PREFETCH_AHEAD_KERNELS}\n"
+        "for i, m in enumerate(mods):\n"
+        "    def pre(m, x, i=i):\n"
+        "        s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
+        "        if i + K < len(mods): move(mods[i + K], GPU, s)\n"
+        "        if i >= 1: move(mods[i - 1], CPU, s)  # done for this forward: let it go first\n"
+        "    m.register_forward_pre_hook(pre)",
     ),
     _p(
         name="discard-freed-blocks",
@@ -369,6 +436,13 @@ def compose(policies: list[Policy]) -> Policy:
         raise InputError("at most one job-shape policy")
     if any(p.offload_optimizer for p in policies) and "optimizer_state" in str(options.get("advise_remote", "")):
         raise InputError("offload-optimizer moves the optimizer state off the device: nothing is left to advise remote")
+    if any(p.offload_optimizer for p in policies) and any(p.optimizer_8bit for p in policies):
+        raise InputError(
+            "offload-optimizer moves the optimizer state to the host: there is no device state to quantise"
+        )
+    dtypes = {p.dtype for p in policies if p.dtype}
+    if len(dtypes) > 1:
+        raise InputError(f"policies {' and '.join(q.name for q in policies)} set different dtypes")
     return Policy(
         name="+".join(p.name for p in policies),
         family="+".join(dict.fromkeys(p.family for p in policies)),
@@ -384,4 +458,8 @@ def compose(policies: list[Policy]) -> Policy:
         needs_code_change="\n".join(p.needs_code_change for p in policies if p.needs_code_change),
         checkpoint=next((p.checkpoint for p in policies if p.checkpoint), ""),
         offload_optimizer=any(p.offload_optimizer for p in policies),
+        overlap_step=any(p.overlap_step for p in policies),
+        dtype=next(iter(dtypes), ""),
+        offload_activations=any(p.offload_activations for p in policies),
+        optimizer_8bit=any(p.optimizer_8bit for p in policies),
     )

@@ -64,13 +64,19 @@ def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
 @click.command("doctor")
 @FORMAT
 def doctor(fmt: str) -> None:
-    """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim) and which modes it can run."""
+    """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim), which modes it can run, and which
+    memory policies of uvmlab advise it can apply (nvidia_uvm parameters, root, concurrent managed access)."""
+    from uvmlab.advise.environment import env_rows, policy_marks, probe_env
     from uvmlab.console import print_csv, print_table
     from uvmlab.measure.gpu.doctor import doctor_report
 
     report = doctor_report()
+    env = probe_env()  # uvmlab advise --check-env
+    marks = policy_marks(env)
     if fmt == "json":
-        click.echo(json.dumps(report, indent=2))
+        report["uvm_environment"] = env.to_dict()
+        report["policies"] = [{"policy": p, "here": s, "why": w} for p, s, w in marks]
+        click.echo(json.dumps(report, indent=2, default=str))
         return
     tables = [
         (
@@ -83,6 +89,8 @@ def doctor(fmt: str) -> None:
             ["item", "status", "detail"],
             [(r["item"], "ok" if r["ok"] else "unavailable", r["detail"]) for r in report["modes"]],
         ),
+        ("UVM policies: this machine", ["item", "value"], env_rows(env)),
+        ("UVM policies: which this machine can apply (uvmlab advise --check-env)", ["policy", "here", "why"], marks),
     ]
     if fmt == "csv":
         print_csv(tables)

@@ -36,7 +36,7 @@ This module never imports torch.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from uvmlab.trace.cudnn_conv import (
     CUDNN_WORKSPACE_CAP_BYTES,
     ELEMENT_BYTES,
     WORKSPACE_MODELS,
+    ConvGeometry,
     candidate_workspaces,
     conv_geometry,
     workspace_sizes,
@@ -339,13 +340,21 @@ def rule_cudnn_workspace(
     batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
     elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
     with_category = acc.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")  # once
-    by_kernel = dict(tuple(with_category.groupby("kernel_id")))
+    rows_of = with_category.groupby("kernel_id").indices
+    sizes_a = with_category["size_bytes"].to_numpy()
+    writes_a = with_category["is_write"].to_numpy()
+    cats_a = with_category["category"].astype(str).to_numpy()
+    geometries: dict[tuple[Any, ...], ConvGeometry] = {}  # one per distinct call: iterations repeat the same convs
     seen: set[tuple[Any, ...]] = set()
     added, top, trial_top, skipped_depthwise = 0, 0, 0, 0
     depthwise_operands: set[tuple[int, int, int]] = set()  # (input, output, filter) bytes of depthwise forwards
     for i, (_, kern) in enumerate(convs.iterrows()):
         kid = kern["kernel_id"]
-        geom = conv_geometry(trace, kern, by_kernel.get(kid, with_category.iloc[:0]), batch, elem)
+        idx = rows_of.get(kid, np.empty(0, dtype=np.int64))
+        gkey = (kern["name"], float(kern["flops"]), tuple(zip(sizes_a[idx], writes_a[idx], cats_a[idx], strict=True)))
+        if gkey not in geometries:  # the geometry follows from the name, FLOPs and accesses alone
+            geometries[gkey] = conv_geometry(trace, kern, with_category.iloc[idx], batch, elem)
+        geom = replace(geometries[gkey], kernel_id=int(kid))
         operands = (geom.x_bytes, geom.y_bytes, geom.w_bytes)
         if geom.depthwise:
             depthwise_operands.add(operands)

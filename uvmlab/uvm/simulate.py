@@ -68,20 +68,19 @@ def _pipeline() -> tuple[Any, Any, Any]:
     return get_trace, to_cuda, place
 
 
-def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = None) -> Prepared:
+def prepare(
+    cfg: RunConfig, progress: Any = None, available_bytes: int | None = None, cuda_trace: Trace | None = None
+) -> Prepared:
     """Steps 1-4: trace, CUDA orchestration, placement, footprint and available memory.
 
     ``available_bytes`` fixes the GPU memory UVM may use (``uvmlab advise`` compares policies on one GPU);
     by default it is footprint / ``cfg.oversub``. ``cfg.policy`` adds its allocator settings and releases.
+    ``cuda_trace``: the workload's orchestrated trace when the caller already holds it (:func:`cuda_trace_of`).
     """
-    get_trace, to_cuda, place = _pipeline()
+    _, _, place = _pipeline()
     gpu = run_gpu_spec(cfg)
-    trace = get_trace(cfg.workload, progress=progress)
-    trace = to_cuda(trace, gpu)
-    if cfg.applied is not None and cfg.applied.offload_optimizer:  # job shape: the optimizer on the host
-        from uvmlab.trace.offload import offload_optimizer_of
-
-        trace = offload_optimizer_of(trace, cfg.workload.optimizer)
+    trace = cuda_trace if cuda_trace is not None else cuda_trace_of(cfg, progress)
+    trace = shaped_trace(cfg, trace)
     conf, releases = _policy_allocator(cfg, trace)
     placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
     footprint = peak_managed_bytes(placement.ranges)
@@ -91,6 +90,34 @@ def prepare(cfg: RunConfig, progress: Any = None, available_bytes: int | None = 
         available_bytes = int(footprint / cfg.oversub)
     available = min(available_bytes, gpu.usable_bytes)
     return Prepared(gpu, trace, placement, footprint, available)
+
+
+def cuda_trace_of(cfg: RunConfig, progress: Any = None) -> Trace:
+    """Steps 1-2: the workload's trace (cached on disk) orchestrated for the run's GPU."""
+    get_trace, to_cuda, _ = _pipeline()
+    return to_cuda(get_trace(cfg.workload, progress=progress), run_gpu_spec(cfg))
+
+
+def shaped_trace(cfg: RunConfig, trace: Trace) -> Trace:
+    """The orchestrated trace with the job-shape transformations of ``cfg.applied`` (none without a policy):
+    saved tensors on the host (``uvmlab.trace.offload_activations``), then 8-bit optimizer state
+    (``uvmlab.trace.optim8bit``) or the optimizer on the host (``uvmlab.trace.offload``)."""
+    pol = cfg.applied
+    if pol is None:
+        return trace
+    if pol.offload_activations:
+        from uvmlab.trace.offload_activations import offload_activations
+
+        trace = offload_activations(trace)
+    if pol.optimizer_8bit:
+        from uvmlab.trace.optim8bit import optimizer_8bit
+
+        trace = optimizer_8bit(trace)
+    if pol.offload_optimizer:
+        from uvmlab.trace.offload import offload_optimizer_of
+
+        trace = offload_optimizer_of(trace, cfg.workload.optimizer, overlap=pol.overlap_step)
+    return trace
 
 
 def _policy_allocator(cfg: RunConfig, trace: Trace) -> tuple[str | None, list[int]]:

@@ -116,6 +116,15 @@ class HintService:
         k.remote_bytes += int(read_b + write_b)
         return self._flush_kernel_counters(), remote_link_ns(read_b, write_b, self.costs.link_bytes_per_s)
 
+    def protect(self, rows: list[Row]) -> None:
+        """Move the GPU chunks of ``rows`` (the next kernels' accesses) to the most-recently-used end of the
+        eviction order, so an eviction takes other data first (``prefetch_protect_next``); no cost, no transfer."""
+        lrm, has = self._lrm, self._has_chunk
+        for range_id, offset, size, _ in rows:
+            for s, _, _ in self._segments(int(range_id), int(offset), int(size)):
+                if has[s]:
+                    lrm.move_to_end(s)
+
     def read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
         """Before a kernel: the CPU residency of the pages of read-mostly tensors it reads."""
         out = []
@@ -266,6 +275,8 @@ class HintPlan:
     events: list[tuple[int, int, int, int, int]]
     """(seq, kind, range_id, offset, size) sorted by seq; kind 0 = undiscard (allocation), 1 = discard (free)."""
     lookahead: int
+    protect_next: bool = False
+    """Move the blocks of kernels i+1..i+k to the end of the eviction order before kernel i+k's prefetch."""
 
 
 def plan_hints(trace: Trace, blocks: pd.DataFrame, ranges: pd.DataFrame, knobs: UvmKnobs) -> HintPlan:
@@ -298,6 +309,7 @@ def plan_hints(trace: Trace, blocks: pd.DataFrame, ranges: pd.DataFrame, knobs: 
         alloc_seq=dict(zip(al["alloc_id"].astype(int).tolist(), al["alloc_seq"].astype(int).tolist(), strict=True)),
         events=events,
         lookahead=int(knobs.prefetch_next_kernels),
+        protect_next=bool(knobs.prefetch_protect_next) and bool(knobs.prefetch_next_kernels),
     )
 
 

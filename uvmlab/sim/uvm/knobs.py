@@ -136,6 +136,10 @@ class UvmKnobs:
     is in ``prefetch_next_categories`` (overlapping kernel i's compute)."""
     prefetch_next_categories: str = "parameter,optimizer_state"
     """Categories the ``prefetch_next_kernels`` policy prefetches."""
+    prefetch_protect_next: bool = False
+    """With ``prefetch_next_kernels`` = k: before kernel i+k's prefetch, the VA blocks kernels i+1..i+k touch move to
+    the end of the eviction order, so what eviction takes (while kernel i runs) is what the next k kernels do not
+    touch: the proactive eviction of DeepUM (Jung et al., ASPLOS'23), planned from the trace."""
     discard_min_bytes: int = 0
     """0: off. Otherwise each freed allocator block of at least this size is discarded
     (``cudaMemDiscardBatchAsync``, CUDA 13): its whole pages are dead, evicting them costs no DtoH."""

@@ -33,7 +33,7 @@ from uvmlab.sim.uvm.advice import ADVICE, remote_ns
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
-from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes
+from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes, occupancy
 from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.orchestrate import op_base
@@ -179,6 +179,8 @@ class _KernelStatics:
 def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
     """Step 2: native times, touched bytes, live bytes, copy and API flags of the kernels (in seq order).
 
+    A GEMM-like kernel too small to fill the GPU computes at its occupancy (``uvmlab.sim.uvm.reread.occupancy``).
+
     Optional kernels columns: ``touched_bytes`` (DRAM bytes a gather/scatter really moves, for the roofline;
     uvmlab.sim.uvm.gcn) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed ranges to the GPU) or
     "host_write" (the CPU writes them) - what a workload can say besides kernels (issue 11 item 4).
@@ -197,7 +199,12 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         ok = np.isfinite(given) & (touched_b > 0)
         remote_scale = np.where(ok, given / np.where(touched_b > 0, touched_b, 1.0), 1.0)
         touched_b = np.where(np.isfinite(given), given, touched_b)
-    native_ns = kernel_time_ns(kern["flops"].to_numpy(dtype=float), touched_b, gpu, costs, dtype)
+    written = trace.accesses[trace.accesses["is_write"]].groupby("kernel_id")["size_bytes"].sum()
+    names = kern["name"].astype(str).tolist()
+    flops = kern["flops"].to_numpy(dtype=float)
+    gemm = np.array([op_base(n) in GEMM_OPS for n in names], dtype=bool)
+    occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu.name)
+    native_ns = kernel_time_ns(flops, touched_b, gpu, costs, dtype, occ)
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
@@ -213,8 +220,8 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         is_copy=np.isin(kid, copy_kernels(trace)),
         api=api,
         api_arg=api_arg,
-        names=kern["name"].astype(str).tolist(),
-        flops=kern["flops"].to_numpy(dtype=float),
+        names=names,
+        flops=flops,
         remote_scale=remote_scale,
     )
 
@@ -233,11 +240,13 @@ def _transfer_and_host_times(
 ) -> None:
     """Native times of explicit copies and host work (uvmlab.trace.offload, CPU offload of the optimizer):
     ``memcpy_dtoh`` / ``memcpy_htod`` take the link transfer time of their bytes (one transfer per tensor),
-    ``host`` its ``host_ns`` column (the GPU waits for the CPU); ``prefetch`` / ``host_write`` API calls have none."""
+    ``host`` and ``host_async`` its ``host_ns`` column (``host``: the GPU waits for the CPU; ``host_async``: the CPU
+    works while the stream goes on, and the next ``memcpy_htod`` waits for it); ``prefetch`` / ``host_write`` API
+    calls have none."""
     for i, a in enumerate(api):
         if a in HOST_API:
             native_ns[i] = 0.0
-    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host")]
+    idx = [i for i, a in enumerate(api) if a in ("memcpy_dtoh", "memcpy_htod", "host", "host_async")]
     if not idx:
         return
     kid = kern["kernel_id"].to_numpy()
@@ -246,7 +255,7 @@ def _transfer_and_host_times(
     acc = acc[acc["kernel_id"].isin(kid[idx])]
     sizes = {k: g.to_numpy() for k, g in acc.groupby("kernel_id")["size_bytes"]}
     for i in idx:
-        if api[i] == "host":
+        if api[i] in ("host", "host_async"):
             native_ns[i] = host[i] if np.isfinite(host[i]) else 0.0
         else:
             native_ns[i] = transfer_time_ns(sizes.get(kid[i], np.zeros(0)), costs.link_bytes_per_s)
@@ -299,6 +308,7 @@ class _Replayer:
         self.resident = np.zeros(n, dtype=np.int64)
         self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
         self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm.hints), None when off
+        self.host_until = 0.0  # when the CPU work of the last ``host_async`` event ends
         self.hint_pos = 0  # next of ``hints.events``
 
     def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
@@ -350,11 +360,14 @@ class _Replayer:
             dur = c.stall_ns
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
             c, dur = UvmCounters(), float(st.native_ns[i])
+        elif kind == "host_async":  # CPU work beside the stream: only a later host-to-device copy waits for it
+            c, dur = UvmCounters(), 0.0
+            self.host_until = max(self.host_until, self.t) + float(st.native_ns[i])
         elif kind == "memcpy_htod":  # explicit HtoD copies into managed memory: pages resident, no faults
             c = UvmCounters()
             for r in rows:
                 c.add(sim.memcpy_htod(r[0], r[1], r[2]))
-            dur = c.stall_ns  # the transfer time of each copy (UvmSim.memcpy_htod)
+            dur = max(0.0, self.host_until - self.t) + c.stall_ns  # the host buffer must be ready, then transfers
         elif kind == "memcpy_dtoh":  # explicit DtoH copies: non-resident pages fault in first (approximation)
             c = sim.access(rows)
             dur = float(st.native_ns[i]) + c.stall_ns
@@ -504,6 +517,9 @@ def replay(
             rp.kernel(i, [acc.rows[j] for j in keep], st, [acc.alloc_ids[j] for j in keep])
             j = i + hints.lookahead
             if hints.lookahead and j < n and not st.is_copy[j] and not st.api[j]:
+                if hints.protect_next:  # eviction takes what kernels i+1..i+k do not touch (DeepUM-style)
+                    near = [r for m in range(i + 1, j + 1) for r in acc.rows[acc.lo[m] : acc.hi[m]]]
+                    sim.protect([r for r in near if r[0] in rp.mapped])
                 sl = slice(acc.lo[j], acc.hi[j])
                 ahead = prefetch_rows(hints, acc.rows[sl], acc.alloc_ids[sl], kseq[i], rp.mapped)
                 if ahead:

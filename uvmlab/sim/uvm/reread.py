@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from uvmlab.trace.orchestrate import op_base
 
 Access = tuple[int, int, int, bool]
@@ -75,6 +77,10 @@ SM_COUNT = {
 DEFAULT_SM_COUNT = 108
 """SMs of a GPU not in SM_COUNT (e.g. ``--gpu-memory`` renamed specs): the study's A100."""
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
+SPLIT_K_MIN = 128
+"""[U] Smallest K slice a split-K GEMM gives one CTA (``occupancy``): CUTLASS's split-K kernels divide K among
+``split_k_slices`` CTAs per output tile (include/cutlass/gemm/device/gemm_splitk_parallel.h); cuBLAS and cuDNN pick
+their splits by closed heuristics, so this floor is our choice, not measured."""
 
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
 
@@ -89,6 +95,31 @@ def sweep_passes(mt: int, nt: int, ctas: int) -> int:
     if mt <= 0 or nt <= 0:
         return 1
     return max(1, min(nt, -(-mt * nt // max(1, ctas))))
+
+
+def occupancy(flops: np.ndarray, out_bytes: np.ndarray, gemm: np.ndarray, dtype: str, gpu_name: str) -> np.ndarray:
+    """Share of the GPU's compute a GEMM-like kernel can use: its parallel work units over the SMs, at most 1.
+
+    Units = output tiles (``TILE_M x TILE_N`` elements of its written bytes) x split-K slices, where a kernel with
+    fewer tiles than SMs splits its K = flops / (2 x output elements) into up to ceil(SMs / tiles) slices of at
+    least :data:`SPLIT_K_MIN` (as CUTLASS's split-K kernels do). A kernel with fewer units than SMs runs one partial
+    wave: units / SMs of the peak (the NVIDIA Deep Learning Performance Guide's wave quantization, "Matrix
+    Multiplication Background", for the one-wave case; the tail of larger grids is not charged). Other kernels: 1.
+    This is what makes a small micro-batch's GEMMs and convolutions slower per sample than a large batch's.
+    Approximation: tiles are counted from elements (tile quantization inside a tile is not charged).
+    """
+    e = ELEM_BYTES.get(dtype, 4)
+    sms = sm_count(gpu_name) * CTAS_PER_SM
+    out_el = np.asarray(out_bytes, dtype=float) / e
+    eff = np.ones(len(out_el))
+    sel = np.asarray(gemm, dtype=bool) & (out_el > 0) & (np.asarray(flops, dtype=float) > 0)
+    if not sel.any():
+        return eff
+    tiles = np.ceil(out_el[sel] / (TILE_M * TILE_N))
+    k = np.asarray(flops, dtype=float)[sel] / (2.0 * out_el[sel])
+    split = np.minimum(np.ceil(sms / tiles), np.maximum(1.0, np.floor(k / SPLIT_K_MIN)))
+    eff[sel] = np.minimum(1.0, tiles * split / sms)
+    return eff
 
 
 def _slice(row: Access, j: int, p: int) -> Access | None:

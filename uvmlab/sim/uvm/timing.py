@@ -194,14 +194,20 @@ def transfer_time_ns(nbytes: np.ndarray, link_bytes_per_s: float) -> float:
 
 
 def kernel_time_ns(
-    flops: np.ndarray, nbytes: np.ndarray, gpu: GpuSpec, costs: CostParams, dtype: str = "fp32"
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    gpu: GpuSpec,
+    costs: CostParams,
+    dtype: str = "fp32",
+    occupancy: np.ndarray | float = 1.0,
 ) -> np.ndarray:
     """Native (all-resident) kernel time: roofline of FLOPs and touched bytes, floored at ``kernel_min_ns``.
 
     Approximation: fp32 runs at ``gpu.fp32_flops`` (PyTorch's default keeps TF32 matmul off), bf16 at
-    ``gpu.tensor_flops``; touched bytes are the bytes the kernel reads and writes, each once.
+    ``gpu.tensor_flops``; touched bytes are the bytes the kernel reads and writes, each once. ``occupancy`` (0-1]
+    scales the compute rate of a kernel too small to fill the GPU (``uvmlab.sim.uvm.reread.occupancy``).
     """
     peak = gpu.tensor_flops if dtype == "bf16" else gpu.fp32_flops
-    t_compute = np.asarray(flops, dtype=float) / (peak * costs.compute_efficiency)
+    t_compute = np.asarray(flops, dtype=float) / (peak * costs.compute_efficiency * np.asarray(occupancy, dtype=float))
     t_memory = np.asarray(nbytes, dtype=float) / (gpu.hbm_bytes_per_s * costs.memory_efficiency)
     return np.maximum(np.maximum(t_compute, t_memory) * 1e9, costs.kernel_min_ns)
