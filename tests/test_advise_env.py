@@ -23,6 +23,9 @@ STUBS = Path(__file__).parent / "stubs"
 def cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc not found: the stub CUDA runtime is C")
+    # The probe loads the stub into this process with its soname, libcudart.so.13: torch must have loaded the real
+    # runtime first, or a later `import torch` in this process (another test, same xdist worker) binds to the stub.
+    pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("cudart")
     lib = d / "libcudart.so.13"
     subprocess.run(

@@ -128,26 +128,19 @@ cudaError_t cudaDriverGetVersion(int *v) { *v = (int)env_size("FAKE_CUDART_DRIVE
 
 /* cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) (cuda_runtime_api.h; an enum
  * is an int in the C ABI). Answers cudaDevAttrComputeCapabilityMajor (75) and Minor (76) from FAKE_CUDART_CC
- * (e.g. 90 = 9.0, default 80) and cudaDevAttrConcurrentManagedAccess (89) from FAKE_CUDART_CONCURRENT_MANAGED
- * (default 1); FAKE_CUDART_NO_DEVICE=1 makes every call cudaErrorNoDevice (100); another attribute or a device
- * other than 0 is cudaErrorInvalidValue (1) / cudaErrorInvalidDevice (101). */
+ * (e.g. 90 = 9.0, default 80), cudaDevAttrPageableMemoryAccess (88) from FAKE_CUDART_PAGEABLE_ACCESS (default 0)
+ * and cudaDevAttrConcurrentManagedAccess (89) from FAKE_CUDART_CONCURRENT_MANAGED (default 1);
+ * FAKE_CUDART_NO_DEVICE=1 makes every call cudaErrorNoDevice (100); another attribute or a device other than 0 is
+ * cudaErrorInvalidValue (1) / cudaErrorInvalidDevice (101). */
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device) {
-    if (env_size("FAKE_CUDART_NO_DEVICE", 0)) return 100;
-    if (device != 0) return 101;
-    int cc = (int)env_size("FAKE_CUDART_CC", 80);
-    switch (attr) {
-    case 75: *value = cc / 10; return 0;
-    case 76: *value = cc % 10; return 0;
-    case 89: *value = (int)env_size("FAKE_CUDART_CONCURRENT_MANAGED", 1); return 0;
-    default: return 1;
-    }
-}
-
-cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device) {
-    (void)device;
     cudaError_t rc = 0;
-    if (attr == 88) *value = (int)env_size("FAKE_CUDART_PAGEABLE_ACCESS", 0);       /* PageableMemoryAccess */
-    else if (attr == 89) *value = (int)env_size("FAKE_CUDART_CONCURRENT_MANAGED", 1); /* ConcurrentManagedAccess */
+    int cc = (int)env_size("FAKE_CUDART_CC", 80);
+    if (env_size("FAKE_CUDART_NO_DEVICE", 0)) rc = 100;
+    else if (device != 0) rc = 101;
+    else if (attr == 75) *value = cc / 10;
+    else if (attr == 76) *value = cc % 10;
+    else if (attr == 88) *value = (int)env_size("FAKE_CUDART_PAGEABLE_ACCESS", 0);
+    else if (attr == 89) *value = (int)env_size("FAKE_CUDART_CONCURRENT_MANAGED", 1);
     else rc = 1;
     record("cudaDeviceGetAttribute attr=%d device=%d value=%d -> %d", attr, device, rc ? -1 : *value, rc);
     return rc;

@@ -3,7 +3,7 @@
 It reads, without changing anything:
 
 - the CUDA runtime's and the driver's versions (``cudaRuntimeGetVersion``, ``cudaDriverGetVersion`` of the
-  libcudart torch uses, ``uvmlab.measure.gpu.doctor.find_cudart``);
+  libcudart torch uses, ``uvmlab.measure.gpu.cudart.installed_cudart``);
 - ``/sys/module/nvidia_uvm/parameters`` (the UVM driver's module parameters, e.g. ``uvm_perf_prefetch_threshold``);
 - whether this process runs as root (a module reload needs it);
 - ``cudaDevAttrConcurrentManagedAccess`` (89) and the compute capability (75, 76) of the run's device, CUDA device 0
@@ -121,9 +121,9 @@ def probe_env(
 ) -> MachineEnv:
     """Probe this machine (each argument replaces one probe's input: tests pass a stub runtime and a folder)."""
     from uvmlab.measure.gpu import shim
-    from uvmlab.measure.gpu.doctor import find_cudart
+    from uvmlab.measure.gpu.cudart import installed_cudart
 
-    lib = cudart if cudart is not None else find_cudart()
+    lib = cudart if cudart is not None else installed_cudart()
     if lib is None:
         dev: tuple[Any, ...] = (None, None, None, None, "no CUDA runtime (the nvidia-cuda-runtime wheel torch uses)")
     else:
