@@ -8,18 +8,12 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, workload_config, workload_options
+from uvmlab.cli.options import format_option, simulated_gpu_option, workload_config, workload_options
 
 
 @click.command("advise")
 @click.argument("workload", required=False)
-@click.option(
-    "--gpu",
-    "gpu_name",
-    default="A100-80GB",
-    show_default=True,
-    help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus).",
-)
+@simulated_gpu_option()
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 24GiB.")
 @click.option(
     "--oversub",

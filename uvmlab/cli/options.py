@@ -44,6 +44,17 @@ class _OutOption(click.Option):
             self.opts = opts
 
 
+def simulated_gpu_option() -> Callable[[F], F]:
+    """``--gpu NAME[@DRIVER]`` of a command that simulates a job (run, advise): the GPU model and its driver."""
+    return click.option(
+        "--gpu",
+        "gpu_name",
+        default="A100-80GB",
+        show_default=True,
+        help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus).",
+    )
+
+
 def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
     """``-o/--out`` (as ``dest``), the one spelling of an output path everywhere; ``--output`` is a hidden alias."""
     return click.option("-o", "--out", "--output", dest, cls=_OutOption, help=help, **kw)

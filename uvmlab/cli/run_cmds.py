@@ -12,6 +12,7 @@ from uvmlab.cli.options import (
     figure_format_option,
     format_option,
     out_option,
+    simulated_gpu_option,
     workload_config,
     workload_options,
 )
@@ -88,13 +89,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
     show_default=True,
     help="auto: the GPU where a CUDA device and the shim exist, else the simulator.",
 )
-@click.option(
-    "--gpu",
-    "gpu_name",
-    default="A100-80GB",
-    show_default=True,
-    help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus).",
-)
+@simulated_gpu_option()
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 40GiB.")
 @workload_options(iterations_default=3)
 @click.option(
