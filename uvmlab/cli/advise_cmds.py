@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, simulated_gpu_option, workload_config, workload_options
+from uvmlab.cli.options import format_option, out_option, simulated_gpu_option, workload_config, workload_options
 
 
 @click.command("advise")
@@ -41,12 +41,10 @@ from uvmlab.cli.options import format_option, simulated_gpu_option, workload_con
     "PATH) and print predicted against measured.",
 )
 @click.option("--dry-run", is_flag=True, help="With --confirm-on-gpu: print the GPU runs' plans, run nothing.")
-@click.option(
-    "--out",
-    "out",
+@out_option(
+    "With --confirm-on-gpu: folder of the run directories [default: runs/confirm-WORKLOAD-xF].",
     default=None,
     metavar="DIR",
-    help="With --confirm-on-gpu: folder of the run directories [default: runs/confirm-WORKLOAD-xF].",
 )
 @workload_options(iterations_default=3)
 @format_option("json: one entry per policy (docs/advise.md); csv: one row per policy.")
