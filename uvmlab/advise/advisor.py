@@ -35,48 +35,39 @@ from uvmlab.errors import InputError
 MAX_COMBINATIONS = 3
 """At most this many combinations of single policies are simulated (issue 16: 'at most a handful')."""
 
-ROW_COLUMNS = (
-    "rank",
-    "policy",
-    "family",
-    "outcome",
-    "iteration_time_ns",
-    "samples_per_iteration",
-    "time_per_sample_ns",
-    "slowdown_vs_native_pca",
-    "speedup_vs_given",
-    "peak_resident_bytes",
-    "footprint_bytes",
-    "fault_count",
-    "migrated_bytes",
-    "htod_bytes",
-    "dtoh_bytes",
-    "batch_size",
-    "accumulation_steps",
-    "evidence",
-    "evidence_detail",
-    "caveats",
-    "uvmlab_gpu",
-    "needs",
-    "apply_now",
-    "how_else",
-    "apply_how",
-    "needs_code_change",
-    "note",
-)
-INT_COLUMNS = (
-    "rank",
-    "samples_per_iteration",
-    "peak_resident_bytes",
-    "footprint_bytes",
-    "fault_count",
-    "migrated_bytes",
-    "htod_bytes",
-    "dtoh_bytes",
-    "batch_size",
-    "accumulation_steps",
-)
-"""Columns that hold whole numbers (integers in the JSON, None where a row has none)."""
+ROW_KINDS: dict[str, type] = {
+    "rank": int,
+    "policy": object,
+    "family": object,
+    "outcome": object,
+    "iteration_time_ns": object,
+    "samples_per_iteration": int,
+    "time_per_sample_ns": object,
+    "slowdown_vs_native_pca": object,
+    "speedup_vs_given": object,
+    "peak_resident_bytes": int,
+    "footprint_bytes": int,
+    "fault_count": int,
+    "migrated_bytes": int,
+    "htod_bytes": int,
+    "dtoh_bytes": int,
+    "batch_size": int,
+    "accumulation_steps": int,
+    "evidence": object,
+    "evidence_detail": object,
+    "caveats": object,
+    "uvmlab_gpu": object,
+    "needs": object,
+    "apply_now": object,
+    "how_else": object,
+    "apply_how": object,
+    "needs_code_change": object,
+    "note": object,
+}
+"""The advice table's columns in order, and which hold whole numbers (``int``: integers in the JSON, None where a
+row has none)."""
+ROW_COLUMNS = tuple(ROW_KINDS)
+INT_COLUMNS = tuple(c for c, kind in ROW_KINDS.items() if kind is int)
 
 BATCH_STAT_OPS = frozenset(
     {
