@@ -34,8 +34,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from uvmlab.errors import InvariantError
 from uvmlab.trace.flops import estimate_flops
-from uvmlab.trace.schema import NEVER_FREED, SCHEMAS
+from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -111,6 +112,8 @@ class Recorder(TorchDispatchMode):
         self.x_offset: list[int] = []
         self.x_size: list[int] = []
         self.x_write: list[bool] = []
+        self.k_extra: dict[str, dict[int, Any]] = {}  # optional kernel columns (KERNEL_OPTIONAL), by kernel_id
+        self.prefetch_new_allocations = False  # workloads.program: every new allocation is prefetched to the GPU
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
         self._label: str | None = None
@@ -175,6 +178,8 @@ class Recorder(TorchDispatchMode):
         self._live[key] = aid
         if key not in self._refs:
             self._refs[key] = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
+        if self.prefetch_new_allocations:
+            self._add_kernel("cudaMemPrefetchAsync", [(aid, 0, nbytes, False)], api="prefetch", api_arg="gpu")
         return aid
 
     # ---- dispatch ------------------------------------------------------------------------------------------
@@ -247,12 +252,35 @@ class Recorder(TorchDispatchMode):
                 rows[(aid, r[0], r[1], True)] = None
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
+        self._add_kernel(opname, list(rows), flops=estimate_flops(func, args, kwargs, out))
+
+    def record_call(self, name: str, spans: list[tuple[torch.Tensor, int, int, bool]], **columns: Any) -> None:
+        """One row that is not an aten op: a workload program's API call, host access or declared kernel
+        (workloads.program). ``spans``: (tensor, byte offset within the tensor's span, bytes, is_write);
+        ``columns``: ``flops`` and optional kernel columns (uvmlab.trace.schema.KERNEL_OPTIONAL)."""
+        rows = []
+        for t, off, size, w in spans:
+            aid = self._track(t, "<external>")
+            if aid is None or size <= 0:
+                continue
+            base = t.storage_offset() * t.element_size()
+            rows.append((aid, base + off, max(0, min(size, self.a_size[aid] - base - off)), w))
+        if rows:
+            self._add_kernel(name, rows, **columns)
+
+    def _add_kernel(
+        self, name: str, rows: list[tuple[int, int, int, bool]], flops: float = 0.0, **columns: Any
+    ) -> None:
         kid = len(self.k_seq)
         self.k_seq.append(self._next())
-        self.k_name.append(opname)
+        self.k_name.append(name)
         self.k_phase.append(self.phase)
         self.k_iter.append(self.iteration)
-        self.k_flops.append(estimate_flops(func, args, kwargs, out))
+        self.k_flops.append(float(flops))
+        for col, value in columns.items():
+            if col not in KERNEL_OPTIONAL:
+                raise InvariantError(f"recorder: unknown kernel column {col!r}")
+            self.k_extra.setdefault(col, {})[kid] = value
         for aid, off, size, w in rows:
             self.x_kernel.append(kid)
             self.x_alloc.append(aid)
@@ -292,6 +320,9 @@ class Recorder(TorchDispatchMode):
                 "stream": [0] * len(self.k_seq),
             }
         )
+        for col, (_, default) in KERNEL_OPTIONAL.items():
+            given = self.k_extra.get(col, {})
+            kernels[col] = [given.get(k, default) for k in range(len(self.k_seq))]
         accesses = pd.DataFrame(
             {
                 "kernel_id": self.x_kernel,
@@ -304,6 +335,8 @@ class Recorder(TorchDispatchMode):
         out = {"allocations": allocations, "kernels": kernels, "accesses": accesses}
         # through Arrow with the schema, so a fresh capture has exactly the dtypes read_trace gives
         return {
-            name: pa.Table.from_pandas(df, schema=SCHEMAS[name], preserve_index=False).to_pandas()
+            name: pa.Table.from_pandas(
+                df, schema=kernel_schema() if name == "kernels" else SCHEMAS[name], preserve_index=False
+            ).to_pandas()
             for name, df in out.items()
         }
