@@ -7,6 +7,7 @@ works; plus the GPU worker's glue for program files."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -457,3 +458,32 @@ def test_on_a_real_gpu_under_the_shim(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", _GPU_CHILD, "device"], env=base, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused: uvm.host_write needs managed memory" in proc.stdout and "is device memory" in proc.stdout
+
+
+def test_the_worker_runs_a_program_spec_instead_of_the_training_loop(stub, tmp_path, monkeypatch) -> None:
+    """run_worker end to end on the CPU with a program spec (the lead's loader and NullBackend stood in for)."""
+    import workloads.registry
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.files.atomic import atomic_write_json
+
+    ran: list[int] = []
+
+    class Spec:
+        program = object()
+
+    def run_program(spec, cfg, device, backend):
+        assert spec is Spec and device == "cpu"
+        for it in range(cfg.iterations):
+            backend.mark_iteration(it)
+            ran.append(it)
+        backend.mark_iteration(-1)
+
+    monkeypatch.setattr(workloads.registry, "load_workload", lambda name: Spec)
+    monkeypatch.setattr(worker, "program_runner", lambda spec: run_program if spec is Spec else None)
+    monkeypatch.setattr(worker, "program_backend", lambda is_cuda: _backend(stub))
+    cfg = RunConfig(WorkloadConfig("prog.py", iterations=5), oversub=2, mode="gpu")
+    atomic_write_json(tmp_path / "config.json", cfg.to_dict())
+    assert worker.main([str(tmp_path), "--role", "run", "--device", "cpu", "--iterations", "2"]) == 0
+    doc = json.loads((tmp_path / "logs" / "run.worker.json").read_text())
+    assert ran == [0, 1]  # --iterations overrides the configured 5, as for training workloads
+    assert doc["outcome"] == "ok" and [i["iteration"] for i in doc["iterations"]] == [0, 1]
