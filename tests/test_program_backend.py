@@ -382,7 +382,7 @@ def test_without_a_gpu_the_backend_is_one_sentence() -> None:
 
 def test_the_worker_times_a_program_by_its_iteration_marks_or_as_a_whole(stub) -> None:
     class Spec:
-        program = staticmethod(lambda uvm, cfg, options: None)
+        is_program = True
 
     assert worker.program_runner(object()) is None  # a training workload's spec
     samples: list[tuple[str, int]] = []

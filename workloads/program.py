@@ -255,16 +255,9 @@ def _view_span(t: Any) -> int:
     return elems * t.element_size()
 
 
-def run_program(
-    program: Callable[..., Any],
-    cfg: WorkloadConfig,
-    options: dict[str, Any],
-    device: Any,
-    recorder: Recorder | None = None,
-    backend: ProgramBackend | None = None,
-    phase_hook: Callable[[str, int], None] | None = None,
-) -> Program:
-    """Run a workload file's ``program(uvm, cfg, options)`` on ``device``; return its :class:`Program`."""
-    uvm = Program(device, cfg, recorder, backend, phase_hook)
-    program(uvm, cfg, options)
+def run_program(spec: Any, cfg: WorkloadConfig, device: Any, backend: ProgramBackend | None = None) -> Program:
+    """Run a program workload's ``program(uvm, cfg, options)`` (``spec``: its workloads.base.WorkloadSpec) on
+    ``device`` with ``backend`` (a GPU run: uvmlab.measure.gpu.worker); return its :class:`Program`."""
+    uvm = Program(device, cfg, backend=backend)
+    spec.run_program(uvm, cfg)
     return uvm

@@ -331,15 +331,12 @@ _RECORDED_ENV = (
 
 def program_runner(spec: Any) -> Callable[..., Any] | None:
     """``workloads.program.run_program`` when ``spec`` is a program file's (a file defining ``program(uvm, cfg,
-    options)``, IFACE.md B), else None.
-
-    How the loader marks a program spec is the lead's (workloads/program.py, branch p): here, a ``program``
-    attribute that is not None. This one function is the glue to adapt."""
-    if getattr(spec, "program", None) is None:
+    options)``: ``WorkloadSpec.is_program``), else None."""
+    if not getattr(spec, "is_program", False):
         return None
-    from workloads.program import run_program  # type: ignore[import-not-found,unused-ignore]
+    from workloads.program import run_program
 
-    return run_program  # type: ignore[no-any-return,unused-ignore]
+    return run_program
 
 
 def program_backend(is_cuda: bool, env: Any = None) -> Any:
@@ -351,7 +348,7 @@ def program_backend(is_cuda: bool, env: Any = None) -> Any:
         from uvmlab.measure.gpu.program_backend import CudaProgramBackend
 
         return CudaProgramBackend(managed=env.get("UVMLAB_SHIM_MODE") != "passthrough")
-    from workloads.program import NullBackend  # type: ignore[import-not-found,unused-ignore]
+    from workloads.program import NullBackend
 
     return NullBackend()
 
