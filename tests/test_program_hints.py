@@ -312,3 +312,21 @@ def test_prefetch_new_allocations_covers_tensors_made_inside_the_loop(tmp_path: 
     assert (on[on["name"] == "w"]["fault_count"] == 0).all()
     assert (off[off["name"] == "w"]["fault_count"].iloc[:1] > 0).all()
     assert r_on["hint_api_calls"]["cudaMemPrefetchAsync"] == iterations
+
+
+def test_unset_accessed_by_gpu_mid_run_keeps_the_existing_remote_mapping(tmp_path: Path) -> None:
+    """Unset AccessedBy clears the policy bit only (``uvm_va_range_unset_accessed_by``): the GPU keeps its remote
+    mapping of the CPU pages until they move, so the next iteration still reads them over the link, no fault.
+    (Regression: the slot left the policy fault path with its mappings in place, and the plain path faulted the
+    mapped pages over: InvariantError "the GPU maps a page remotely that is resident on the GPU".)"""
+    body = (
+        'uvm.advise(a, "set_preferred_location", "cpu")\nuvm.advise(a, "set_accessed_by", "gpu")\n'
+        'for it in uvm.iterations():\n    uvm.host_write(a)\n    uvm.kernel("r", reads=[a])\n'
+        '    if it == 0:\n        uvm.advise(a, "unset_accessed_by", "gpu")\n'
+        '        uvm.advise(a, "unset_preferred_location")\n'
+    )
+    kernels, result = simulate(tmp_path, TENSOR + body, "unset_mid_run", iterations=2)
+    for it in (0, 1):
+        r = row(kernels, "r", it)
+        assert r["fault_count"] == 0 and r["htod_bytes"] == 0 and r["remote_read_bytes"] == SIZE
+    assert result["hint_api_calls"]["cudaMemAdvise"] == 4

@@ -125,8 +125,16 @@ class AdviceService:
         self._hinted = True
 
     def _update_pol_any(self, s: int) -> None:
+        """Slot ``s`` takes the policy fault path while it has a policy bit, or a remote GPU mapping left by an
+        unset accessed-by (``uvm_va_range_unset_accessed_by`` keeps mappings until the pages move): the plain path
+        would fault those mapped pages over."""
         self._pol_any[s] = bool(
-            self._rm[s].any() or self._plg[s].any() or self._plc[s].any() or self._abg[s].any() or self._abc[s].any()
+            self._rm[s].any()
+            or self._plg[s].any()
+            or self._plc[s].any()
+            or self._abg[s].any()
+            or self._abc[s].any()
+            or self._gmap[s].any()
         )
 
     # -- cudaMemAdvise -------------------------------------------------------------------------
