@@ -142,13 +142,33 @@ def test_categories_of_program_allocations(every_call) -> None:
     hw = k[k["api"] == "host_write"].iloc[0]["kernel_id"]
     a_id = acc[acc["kernel_id"] == hw]["alloc_id"].iloc[0]
     assert al.loc[a_id, "category"] == "other"  # made in setup, alive at its end
-    # c = a * 2.0 of iteration 0: alive at the end of iteration 0 (freed when iteration 1 rebinds c)
-    mul0 = k[(k["name"] == "aten::mul") & (k["iteration"] == 0)].iloc[0]["kernel_id"]
-    c0 = acc[(acc["kernel_id"] == mul0) & acc["is_write"]]["alloc_id"].iloc[0]
-    assert al.loc[c0, "category"] == "activation" and al.loc[c0, "iteration"] == 0
+    # c = a * 2.0: alive at the end of its iteration (iteration 0's until iteration 1 rebinds c; the last one's
+    # until the program returns, after the loop's end)
+    for it in (0, 1):
+        mul = k[(k["name"] == "aten::mul") & (k["iteration"] == it)].iloc[0]["kernel_id"]
+        c = acc[(acc["kernel_id"] == mul) & acc["is_write"]]["alloc_id"].iloc[0]
+        assert al.loc[c, "category"] == "activation" and al.loc[c, "iteration"] == it
     made_in_0 = al[(al["phase"] == "compute") & (al["iteration"] == 0)]
     assert set(made_in_0["category"]) <= {"temporary", "activation"} and len(made_in_0)
     assert every_call.header["parameter_count"] == 0
+
+
+def test_the_last_iteration_ends_where_the_loop_ends(tmp_path: Path) -> None:
+    """A tensor made in the last iteration and alive when the loop ends is an activation like the others (the loop's
+    end, not the program's return, ends it), also when the loop is left by ``break``; one made after the loop is
+    not (it was made in no iteration)."""
+    t = capture(
+        tmp_path,
+        "for it in uvm.iterations(5):\n    c = torch.empty(1024, device=uvm.device)\n    uvm.host_write(c)\n"
+        "    if it == 2:\n        break\nd = torch.empty(2048, device=uvm.device)\nuvm.host_write(d)\n",
+        iterations=5,
+    )
+    al = t.allocations
+    made = al[al["phase"] == "compute"].sort_values("alloc_seq")
+    assert list(made["size_bytes"]) == [4096, 4096, 4096, 8192]
+    assert list(made["iteration"]) == [0, 1, 2, 2]  # d: after the loop, labelled with the last iteration's number
+    assert list(made["category"]) == ["activation", "activation", "activation", "temporary"]
+    assert t.kernels["iteration"].max() == 2
 
 
 def test_prefetch_new_allocations_adds_a_prefetch_row_after_each_allocation(tmp_path: Path) -> None:

@@ -122,15 +122,20 @@ class Program:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InputError(f"uvm.iterations(n) needs a whole number n >= 0, not {count!r}")
         mark = getattr(self._backend, "mark_iteration", None)  # a GPU backend times iterations
-        for _ in range(count):
-            self.iteration += 1
-            if self._recorder is not None:
-                self._recorder.set_phase(PROGRAM_PHASE, self.iteration)
-            if self._hook is not None:
-                self._hook(PROGRAM_PHASE, self.iteration)
-            if mark is not None:
-                mark(self.iteration)
-            yield self.iteration
+        first = self.iteration + 1
+        try:
+            for _ in range(count):
+                self.iteration += 1
+                if self._recorder is not None:
+                    self._recorder.set_phase(PROGRAM_PHASE, self.iteration)
+                if self._hook is not None:
+                    self._hook(PROGRAM_PHASE, self.iteration)
+                if mark is not None:
+                    mark(self.iteration)
+                yield self.iteration
+        finally:  # also when the loop is left by break: its last iteration ends here, not at the program's return
+            if self._recorder is not None and self.iteration >= first:
+                self._recorder.end_loop(self.iteration)
         if mark is not None:
             mark(-1)
 

@@ -117,10 +117,12 @@ class _Categorizer:
         rec = self.rec
         setup_end = next((s for s, p, _ in rec.boundaries if p != "setup"), rec.seq)
         iteration_end = {it - 1: s for s, p, it in rec.boundaries if p == PROGRAM_PHASE}  # next one's start
+        iteration_end.update({it: s for s, it in rec.loop_ends})  # a program loop's last one: the loop's end
         ends = {"forward": self.forward_end, PROGRAM_PHASE: iteration_end}
         cats = []
         for aid in range(len(rec.a_size)):
             phase, it, free = rec.a_phase[aid], rec.a_iter[aid], rec.a_free_seq[aid]
+            end = ends[phase].get(it, rec.seq) if phase in ends else -1  # made before it, alive after it: activation
             if aid in self.parameter:
                 cats.append("parameter")
             elif aid in self.gradient:
@@ -129,7 +131,7 @@ class _Categorizer:
                 cats.append("optimizer_state")
             elif phase == "data":
                 cats.append("input")
-            elif phase in ("forward", PROGRAM_PHASE) and (free == NEVER_FREED or free > ends[phase].get(it, rec.seq)):
+            elif phase in ends and rec.a_alloc_seq[aid] < end and (free == NEVER_FREED or free > end):
                 cats.append("activation")
             elif rec.a_op[aid] == "<external>" or (phase == "setup" and (free == NEVER_FREED or free > setup_end)):
                 cats.append("other")

@@ -92,6 +92,7 @@ class Recorder(TorchDispatchMode):
         self.iteration = -1
         self.closed = False
         self.boundaries: list[tuple[int, str, int]] = []
+        self.loop_ends: list[tuple[int, int]] = []  # (seq, last iteration) of each workload program loop's end
         # allocation columns, indexed by alloc_id
         self.a_size: list[int] = []
         self.a_alloc_seq: list[int] = []
@@ -134,6 +135,11 @@ class Recorder(TorchDispatchMode):
         """Label what follows with ``phase`` and ``iteration`` (records the boundary's sequence number)."""
         self.phase, self.iteration = phase, iteration
         self.boundaries.append((self.seq, phase, iteration))
+
+    def end_loop(self, iteration: int) -> None:
+        """A workload program's loop (``uvm.iterations()``, workloads.program) ended after ``iteration``: that
+        iteration ends here, not where the program returns (the categories of its tensors: uvmlab.trace.capture)."""
+        self.loop_ends.append((self.seq, iteration))
 
     def _next(self) -> int:
         s = self.seq
