@@ -136,8 +136,8 @@ class Program:
         finally:  # also when the loop is left by break: its last iteration ends here, not at the program's return
             if self._recorder is not None and self.iteration >= first:
                 self._recorder.end_loop(self.iteration)
-        if mark is not None:
-            mark(-1)
+            if mark is not None:  # the GPU backend's last iteration ends here too
+                mark(-1)
 
     # ---- host accesses and CUDA calls --------------------------------------------------------------------------
     def host_write(self, t: torch.Tensor, offset: int = 0, nbytes: int | None = None) -> None:
