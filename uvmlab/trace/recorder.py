@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.schema import NEVER_FREED, SCHEMAS
+from uvmlab.trace.strides import strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -106,6 +107,8 @@ class Recorder(TorchDispatchMode):
         self.k_phase: list[str] = []
         self.k_iter: list[int] = []
         self.k_flops: list[float] = []
+        self.k_stride: list[int] = []  # uvmlab.trace.strides (written when the kernels schema has the columns)
+        self.k_touched: list[float] = []
         self.x_kernel: list[int] = []
         self.x_alloc: list[int] = []
         self.x_offset: list[int] = []
@@ -215,6 +218,7 @@ class Recorder(TorchDispatchMode):
         if info is None:
             info = self._arg_cache[func] = _arg_info(func)
         rows: dict[tuple[int, int, int, bool], None] = {}
+        operands: list[tuple[tuple[int, ...], tuple[int, ...], int, int]] = []
         inplace_reads = func._opname not in WRITE_ONLY
         for i, (name, mutated) in enumerate(info):
             if i < len(args):
@@ -232,10 +236,12 @@ class Recorder(TorchDispatchMode):
                 r = self._range(t, aid)
                 if r is None:
                     continue
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
                 if mutated:
                     rows[(aid, r[0], r[1], True)] = None
                     if inplace_reads and name != "out":
                         rows[(aid, r[0], r[1], False)] = None
+                        operands.append(operands[-1])  # read and written: moved twice
                 else:
                     rows[(aid, r[0], r[1], False)] = None
         for t in outs:
@@ -245,6 +251,7 @@ class Recorder(TorchDispatchMode):
             r = self._range(t, aid)
             if r is not None:
                 rows[(aid, r[0], r[1], True)] = None
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
         kid = len(self.k_seq)
@@ -253,6 +260,9 @@ class Recorder(TorchDispatchMode):
         self.k_phase.append(self.phase)
         self.k_iter.append(self.iteration)
         self.k_flops.append(estimate_flops(func, args, kwargs, out))
+        stride_b, touched_b = strided_columns(operands)
+        self.k_stride.append(stride_b)
+        self.k_touched.append(touched_b)
         for aid, off, size, w in rows:
             self.x_kernel.append(kid)
             self.x_alloc.append(aid)
@@ -292,6 +302,10 @@ class Recorder(TorchDispatchMode):
                 "stream": [0] * len(self.k_seq),
             }
         )
+        optional = {"stride_bytes": self.k_stride, "touched_bytes": self.k_touched}
+        for col, values in optional.items():  # the optional columns (IFACE.md table A) the schema has
+            if col in SCHEMAS["kernels"].names:
+                kernels[col] = values
         accesses = pd.DataFrame(
             {
                 "kernel_id": self.x_kernel,
