@@ -497,5 +497,5 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         hint_error = self.check_hint_invariants() or self.check_advice_invariants()
         if hint_error:
             raise InvariantError(hint_error)
-        if self.totals.dtoh_bytes > self.populated_gpu_bytes:
+        if self.totals.dtoh_bytes > self.populated_gpu_bytes * self.scale:  # totals are multiplied back by scale
             raise InvariantError("more bytes left the GPU than were ever made resident there")
