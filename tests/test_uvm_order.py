@@ -194,7 +194,7 @@ def test_scaled_stream_counters_are_the_scaled_down_run_times_s(
     arr = blocks * scale * 2 * MiB
     threads = threads_per * scale * 4
     cap = max(4 * 2 * MiB * scale, int(2 * arr / factor)) // (2 * MiB * scale) * (2 * MiB * scale)
-    res, k = _stream_program(arr, threads, order, launches=2).run(cap, knobs=UvmKnobs(sim_scale=scale))
+    _, k = _stream_program(arr, threads, order, launches=2).run(cap, knobs=UvmKnobs(sim_scale=scale))
     sim = UvmSim(cap // scale, UvmKnobs(), CostParams(), GPU)
     small = arr // scale
     sim.map_range(0, small)
