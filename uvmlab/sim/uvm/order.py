@@ -24,8 +24,8 @@ access per page).
   the rows moved, not the whole indexed tensor (:func:`index_touched_bytes`): a gather moves its output and its
   index (every byte of the other operands); a scatter(-add) reads its source and read-modify-writes the rows it
   lands on: twice the largest other read (the source) plus the other operands [approximation: rows are read once,
-  32 B sectors of partly used rows are not charged; ``embedding_dense_backward``'s zeroing of the whole gradient
-  is not charged].
+  32 B sectors of partly used rows are not charged]. ``embedding_dense_backward`` stays in address order (it
+  zero-fills its output, then walks sorted indices: :data:`SCATTER_OPS`).
 * elementwise, reduction and copy kernels (the rest): PyTorch's ``gpu_kernel`` (aten/src/ATen/native/cuda/
   Loops.cuh, CUDALoops.cuh) launches blocks of ``num_threads()`` = 128 threads that each handle
   ``thread_work_size()`` = 4 elements (``block_work_size()`` = 512 elements per block); the blocks resident at once
@@ -104,10 +104,13 @@ SCATTER_OPS = frozenset(
         "scatter_add_",
         "scatter_reduce",
         "scatter_reduce_",
-        "embedding_dense_backward",
     }
 )
-"""aten ops that write rows of their output through an index (the indexed operand: the first write)."""
+"""aten ops that write rows of their output through an index (the indexed operand: the first write).
+``embedding_dense_backward`` is not one: on CUDA it zero-fills the whole gradient and then adds the rows in
+*sorted* index order (aten/src/ATen/native/cuda/Embedding.cu ``embedding_dense_backward_cuda`` radix-sorts the
+indices, EmbeddingBackwardKernel.cu ``embedding_backward_cuda_kernel`` takes ``sorted_indices`` and allocates
+``grad_weight`` with ``at::zeros``): both passes ascend through memory, so address order models it."""
 WARP_SIZE = 32
 """Threads per warp (CUDA C++ Programming Guide, "SIMT Architecture"): ``warp_size`` 0 means this."""
 BLOCK_THREADS = 128
