@@ -275,3 +275,29 @@ def test_recorder_records_strides() -> None:
         out[::1024] = inp[::1024] * 2
     assert max(rec.k_stride) == 4096
     assert any(np.isfinite(rec.k_touched))
+
+
+def test_general_path_reproduces_the_uvmbench_replica() -> None:
+    """uvmbench seq_stream and rand_stream written as trace rows (host write, order sequential / lcg, 65,536
+    threads, warps of 32, page stride) through the general replay with the automatic scale (16) give the launch
+    times of uvmlab.sim.uvm.bench's hand-built replica exactly (what lets bench.py go)."""
+    from tests.uvm_synth import nocache_placement
+    from uvmlab.sim.uvm.bench import RAND_BASE_SEED, RTX5090_TOTAL_BYTES, THREADS, simulate_uvmbench
+    from uvmlab.sim.uvm.profile import load_profile
+    from uvmlab.sim.uvm.replay import replay
+
+    gpu = GPUS["RTX5090"]
+    costs = load_profile("RTX5090")
+    for kernel, order, factor in (("seq_stream", "sequential", 1.0), ("rand_stream", "lcg", 1.25)):
+        arr = int(RTX5090_TOTAL_BYTES * factor) // 2
+        p = Program({"in": arr, "out": arr})
+        p.api("host_write", "in")
+        for _ in range(3):
+            k = p.kernel(reads=("in",), writes=("out",))
+            p.kernels[k].update(order=order, threads=THREADS, warp_size=32, stride_bytes=4096, seed=RAND_BASE_SEED)
+        tr = p.trace()
+        res = replay(tr, nocache_placement(tr), RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, UvmKnobs(), costs)
+        assert res.sim_scale == 16
+        want = simulate_uvmbench(kernel, factor, costs=costs, iterations=1).times_ns
+        got = res.kernels["duration_ns"].to_numpy()[1:]
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kernel)  # ns rounding of the native time
