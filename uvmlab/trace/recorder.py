@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_leaves
 from uvmlab.errors import InvariantError
 from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
+from uvmlab.trace.strides import strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -226,6 +227,7 @@ class Recorder(TorchDispatchMode):
         if info is None:
             info = self._arg_cache[func] = _arg_info(func)
         rows: dict[tuple[int, int, int, bool], None] = {}
+        operands: list[tuple[tuple[int, ...], tuple[int, ...], int, int]] = []
         inplace_reads = func._opname not in WRITE_ONLY
         for i, (name, mutated) in enumerate(info):
             if i < len(args):
@@ -243,10 +245,12 @@ class Recorder(TorchDispatchMode):
                 r = self._range(t, aid)
                 if r is None:
                     continue
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
                 if mutated:
                     rows[(aid, r[0], r[1], True)] = None
                     if inplace_reads and name != "out":
                         rows[(aid, r[0], r[1], False)] = None
+                        operands.append(operands[-1])  # read and written: moved twice
                 else:
                     rows[(aid, r[0], r[1], False)] = None
         for t in outs:
@@ -256,9 +260,17 @@ class Recorder(TorchDispatchMode):
             r = self._range(t, aid)
             if r is not None:
                 rows[(aid, r[0], r[1], True)] = None
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
-        self._add_kernel(opname, list(rows), flops=estimate_flops(func, args, kwargs, out))
+        stride_b, touched_b = strided_columns(operands)
+        self._add_kernel(
+            opname,
+            list(rows),
+            flops=estimate_flops(func, args, kwargs, out),
+            stride_bytes=stride_b,
+            touched_bytes=touched_b,
+        )
 
     def record_call(self, name: str, spans: list[tuple[torch.Tensor, int, int, bool]], **columns: Any) -> None:
         """One row that is not an aten op: a workload program's API call, host access or declared kernel
