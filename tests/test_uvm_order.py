@@ -320,7 +320,7 @@ def test_torch_uvmbench_behaves_like_the_replica() -> None:
     meta device with the recorder's stride column: the 1.25x / 1.0x time ratio jumps as the replica's does (the
     issue's 1.25 in address order; the RTX 5090 measured about 14)."""
     torch = pytest.importorskip("torch")
-    import pandas as pd
+
 
     from tests.uvm_synth import nocache_placement
     from uvmlab.sim.uvm.replay import replay
