@@ -137,6 +137,15 @@ class AdviceService:
             or self._gmap[s].any()
         )
 
+    def advised(self, accesses: list[tuple[int, int, int, bool]]) -> bool:
+        """True when a ``cudaMemAdvise`` policy (read-mostly, a preferred location or accessed-by) covers a VA block
+        the accesses touch: the replay then takes the per-block path that models the policies (uvmlab.sim.uvm.replay
+        ``_Replayer._access``)."""
+        pol = self._pol_any
+        if pol is None:
+            return False
+        return any(pol[s] for r, o, n, _ in accesses for s, _, _ in self._segments(int(r), int(o), int(n)))
+
     # -- cudaMemAdvise -------------------------------------------------------------------------
     def advise(self, range_id: int, offset: int, size: int, advice: str) -> UvmCounters:
         """``cudaMemAdvise(ptr, size, advice, device)`` on a byte range (``advice``: one of :data:`ADVICE`)."""

@@ -393,7 +393,9 @@ class _Replayer:
         """
         sim = self.sim
         plan = st.plans[i] if st.plans else None
-        if plan is not None and rows and not sim.resident(rows):  # fast path: all resident, nothing to order
+        # fast path: all resident, nothing to order; advised ranges: the per-block path, which models the
+        # cudaMemAdvise policies (remote mappings, read duplicates) that the stream path does not
+        if plan is not None and rows and not sim.resident(rows) and not sim.advised(rows):
             self.stream_kernels += 1
             return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale))
         if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
