@@ -321,7 +321,6 @@ def test_torch_uvmbench_behaves_like_the_replica() -> None:
     issue's 1.25 in address order; the RTX 5090 measured about 14)."""
     torch = pytest.importorskip("torch")
 
-
     from tests.uvm_synth import nocache_placement
     from uvmlab.sim.uvm.replay import replay
     from uvmlab.trace.recorder import Recorder

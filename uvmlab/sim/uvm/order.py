@@ -59,7 +59,9 @@ Approximations: partial 2 MiB blocks and page rounding at range ends are not sca
 ``pages_per_batch`` scaled pages, so its batch count is 1/S of the real one before the multiplication (right on
 average, not per kernel); the prefetcher's tree sees 1/S of the blocks. tests/test_uvm_order.py checks the
 invariance of a stream program (fault counts, bytes and time within 15 % of S = 1 at S = 2 and 4).
-Auto (S = 0): the largest power of two <= :data:`SCALE_MAX` such that the scaled capacity is at least
+Auto (S = 0): 1 for a trace without stream kernels (sequential, random or lcg plans: the only kernels whose
+replay cost grows with their thread count; gathers, scatters and address-order kernels replay exactly), else the
+largest power of two <= :data:`SCALE_MAX` such that the scaled capacity is at least
 ``SCALE_MIN_BLOCKS`` blocks and the most managed ranges shorter than ``S x SCALE_MIN_BLOCKS x 2 MiB`` live at one
 time, each of which may round up by one scaled block (S x 2 MiB), could take at most
 :data:`SCALE_ROUNDING_SHARE` of the capacity; with per-tensor hint policies (uvmlab.sim.uvm.hints) S = 1. A
@@ -133,6 +135,8 @@ SCALE_MAX = 16
 SCALE_MIN_BLOCKS = 64
 """A range this many 2 MiB blocks long or longer (scaled) loses < 2 % to page rounding; the GPU keeps at least this
 many blocks after auto scaling."""
+STREAM_PLAN_ORDERS = ("sequential", "random", "lcg")
+"""Plan orders replayed as interleaved streams of sampled threads: a trace with one of them may auto-scale."""
 SCALE_ROUNDING_SHARE = 0.01
 """Auto scaling accepts S while the smaller ranges live at one time, each of which may round up by one scaled 2 MiB
 block (S x 2 MiB real), could misplace at most this share of the GPU capacity [U: a cost/fidelity choice]."""
@@ -272,15 +276,16 @@ def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int = 
 
 
 # -- scaled replay ---------------------------------------------------------------------------------------------------
-def auto_scale(ranges: Any, capacity_bytes: int, knobs: UvmKnobs) -> int:
+def auto_scale(ranges: Any, capacity_bytes: int, knobs: UvmKnobs, streams: bool = True) -> int:
     """``knobs.sim_scale``, or (0) the automatic scale of the module docstring.
 
-    ``ranges``: the placement's managed ranges (columns size_bytes, alloc_seq, free_seq)."""
+    ``ranges``: the placement's managed ranges (columns size_bytes, alloc_seq, free_seq); ``streams``: the trace
+    has stream kernels (plans of a STREAM_PLAN_ORDERS order), the only ones whose cost needs scaling."""
     if knobs.sim_scale:
         if knobs.any_hint and knobs.sim_scale > 1:
             raise InputError("sim_scale > 1 cannot be combined with the per-tensor hint policies (uvm_hints)")
         return int(knobs.sim_scale)
-    if knobs.any_hint or len(ranges) == 0:
+    if knobs.any_hint or len(ranges) == 0 or not streams:
         return 1
     s = 1
     while (

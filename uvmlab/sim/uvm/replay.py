@@ -36,6 +36,7 @@ from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
     STREAM_ORDERS,
+    STREAM_PLAN_ORDERS,
     OrderPlan,
     auto_scale,
     index_touched_bytes,
@@ -575,10 +576,11 @@ def replay(
     kern = trace.kernels.sort_values("seq", kind="stable").reset_index(drop=True)
     kid = kern["kernel_id"].to_numpy()
     acc = translate_accesses(trace, placement, kid)
-    scale = auto_scale(placement.ranges, capacity_bytes, knobs)
+    st = kernel_statics(trace, kern, gpu, costs, dtype, knobs, acc)
+    streams = any(p is not None and p.order in STREAM_PLAN_ORDERS for p in st.plans)
+    scale = auto_scale(placement.ranges, capacity_bytes, knobs, streams)
     sim = UvmSim(capacity_bytes // scale, knobs, costs, gpu)
     sim.scale = scale
-    st = kernel_statics(trace, kern, gpu, costs, dtype, knobs, acc)
     events = range_events(placement.ranges)
     if scale > 1:
         events = [(q, m, r, scaled_bytes(size, scale)) for q, m, r, size in events]
