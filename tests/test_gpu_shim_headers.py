@@ -75,6 +75,17 @@ def test_shim_declarations_match_the_cuda_headers(major: int) -> None:
             "cudaDeviceGetAttribute: the shim's signature differs",
         ),
         (
+            "X(cudaPointerGetAttributes, ERR, (PATTR*, const void*))",
+            "X(cudaPointerGetAttributes, ERR, (PATTR*, void*))",
+            "cudaPointerGetAttributes: the shim's signature differs",
+        ),
+        (
+            "kCudaMemAdviseUnsetAccessedBy = 6;",
+            "kCudaMemAdviseUnsetAccessedBy = 5;",
+            "kCudaMemAdviseUnsetAccessedBy differs",
+        ),
+        ("kCudaPointerAttributesBufferBytes = 128;", "kCudaPointerAttributesBufferBytes = 24;", "fits the buffer"),
+        (
             "kCudaDevAttrConcurrentManagedAccess = 89;",
             "kCudaDevAttrConcurrentManagedAccess = 90;",
             "kCudaDevAttrConcurrentManagedAccess differs",

@@ -55,6 +55,19 @@ class WorkloadSpec:
     source: str = "builtin"
     """``builtin``, the package of a named model (``torchvision``, ``timm``, ``transformers``) or the resolved
     path of the user file."""
+    program_fn: Callable[..., Any] | None = None
+    """A workload program's ``program(uvm, cfg, options)`` (workloads.program); then ``build_fn`` refuses."""
+
+    @property
+    def is_program(self) -> bool:
+        """The workload is a program (workloads.program), not a model trained by workloads.train."""
+        return self.program_fn is not None
+
+    def run_program(self, uvm: Any, cfg: WorkloadConfig) -> None:
+        """Run the program with ``uvm`` (a workloads.program.Program), ``cfg`` and the resolved options."""
+        if self.program_fn is None:
+            raise InputError(f"workload {self.name} is a model, not a program")
+        self.program_fn(uvm, replace(cfg, batch_size=self.batch_size(cfg)), self.resolve_options(cfg))
 
     def resolve_options(self, cfg: WorkloadConfig) -> dict[str, Any]:
         """The defaults overridden by ``cfg.options``; unknown keys are an InputError naming the known ones."""

@@ -87,9 +87,13 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
             sys.dont_write_bytecode = bytecode
         sys.modules[mod_name] = module
     build = getattr(module, "build", None)
-    if not callable(build):
+    program = getattr(module, "program", None)
+    if callable(program) and callable(build):
+        raise InputError(f"workload file {file} defines both build() and program(); a workload is one or the other")
+    if not callable(build) and not callable(program):
         raise InputError(
-            f"workload file {file} must define build(cfg, device, options) returning a workloads.base.Workload"
+            f"workload file {file} must define build(cfg, device, options) returning a workloads.base.Workload, "
+            "or program(uvm, cfg, options) (docs/workloads.md)"
         )
     options = getattr(module, "OPTIONS", {})
     default_batch = getattr(module, "DEFAULT_BATCH_SIZE", 1)
@@ -98,6 +102,8 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
     if isinstance(default_batch, bool) or not isinstance(default_batch, int) or default_batch < 1:
         raise InputError(f"workload file {file}: DEFAULT_BATCH_SIZE must be a whole number >= 1")
     description = getattr(module, "DESCRIPTION", None) or (module.__doc__ or "").strip().split("\n")[0]
+    if callable(program):
+        return _program_spec(file, program, options, default_batch, description)
     n_params = len(inspect.signature(build).parameters)
 
     def build_fn(cfg: Any, device: str, opts: dict[str, Any]) -> Workload:
@@ -118,4 +124,25 @@ def load_user_workload(path: str | Path) -> WorkloadSpec:
         build_fn=build_fn,
         options=dict(options),
         source=str(file.resolve()),
+    )
+
+
+def _program_spec(
+    file: Path, program: Any, options: dict[str, Any], default_batch: int, description: str
+) -> WorkloadSpec:
+    """The WorkloadSpec of a workload program (workloads.program): ``build`` refuses, ``program_fn`` runs it."""
+    if len(inspect.signature(program).parameters) != 3:
+        raise InputError(f"workload file {file}: program must take (uvm, cfg, options)")
+
+    def build_fn(cfg: Any, device: str, opts: dict[str, Any]) -> Workload:
+        raise InputError(f"workload file {file} is a program (it defines program(), not build()): it has no model")
+
+    return WorkloadSpec(
+        name=file.stem,
+        description=description or f"user program {file.name}",
+        default_batch_size=default_batch,
+        build_fn=build_fn,
+        options=dict(options),
+        source=str(file.resolve()),
+        program_fn=program,
     )

@@ -14,6 +14,7 @@
 
 UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t)
 UVMLAB_CUDA_ATTR_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaDeviceAttr)
+UVMLAB_CUDA_PYTHON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, struct ::cudaPointerAttributes)
 #if CUDART_VERSION >= 13000
 static_assert(CUDART_VERSION >= uvmlab_abi::kCuda13Version, "the shim's CUDA 13 version switch");
 UVMLAB_CUDA13_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaMemoryAdvise, struct ::cudaMemLocation,
@@ -37,6 +38,21 @@ static_assert(offsetof(uvmlab_abi::cudaMemLocation, type) == offsetof(::cudaMemL
 static_assert(offsetof(uvmlab_abi::cudaMemLocation, id) == offsetof(::cudaMemLocation, id),
               "cudaMemLocation.id offset");
 #endif
+
+// The head of struct cudaPointerAttributes that the Python side reads (program_backend.py _PointerAttributes).
+static_assert(offsetof(uvmlab_abi::cudaPointerAttributesHead, type) == offsetof(::cudaPointerAttributes, type),
+              "cudaPointerAttributes.type offset");
+static_assert(offsetof(uvmlab_abi::cudaPointerAttributesHead, device) == offsetof(::cudaPointerAttributes, device),
+              "cudaPointerAttributes.device offset");
+static_assert(offsetof(uvmlab_abi::cudaPointerAttributesHead, devicePointer) ==
+                  offsetof(::cudaPointerAttributes, devicePointer),
+              "cudaPointerAttributes.devicePointer offset");
+static_assert(offsetof(uvmlab_abi::cudaPointerAttributesHead, hostPointer) ==
+                  offsetof(::cudaPointerAttributes, hostPointer),
+              "cudaPointerAttributes.hostPointer offset");
+static_assert(sizeof(::cudaPointerAttributes) <= uvmlab_abi::kCudaPointerAttributesBufferBytes,
+              "cudaPointerAttributes fits the buffer the Python side passes");
+static_assert(sizeof(enum ::cudaMemoryType) == sizeof(int), "cudaMemoryType size");
 
 // The shim's stand-in types have the size of the real ones (they cross the ABI by value).
 static_assert(sizeof(uvmlab_abi::cudaError_t) == sizeof(::cudaError_t), "cudaError_t size");

@@ -16,6 +16,12 @@
  * without HMM). cudaDeviceGetAttribute answers cudaDevAttrPageableMemoryAccess (88) from that variable and
  * cudaDevAttrConcurrentManagedAccess (89) from FAKE_CUDART_CONCURRENT_MANAGED (default 1); other attributes are
  * cudaErrorInvalidValue.
+ * cudaPointerGetAttributes answers as the CUDA 13.0 cuda_runtime_api.h documents it: cudaMemoryTypeManaged (3) for a
+ * pointer inside a cudaMallocManaged allocation (devicePointer = hostPointer = the pointer), cudaMemoryTypeDevice (2)
+ * inside a cudaMalloc allocation (hostPointer NULL), else cudaMemoryTypeUnregistered (0) with cudaSuccess ("In CUDA
+ * 11.0 forward passing host pointer will return cudaMemoryTypeUnregistered ... and call will return cudaSuccess");
+ * a NULL attributes pointer is cudaErrorInvalidValue; FAKE_CUDART_NO_DEVICE=1 makes it cudaErrorNoDevice (100).
+ * cudaGetErrorName names the codes this stub returns, and "unrecognized error code" for others, as the runtime does.
  * Built with a version script (libcudart.so.13 node) and soname libcudart.so.13, like NVIDIA's runtime. */
 #include <stdint.h>
 #include <stdio.h>
@@ -191,4 +197,47 @@ cudaError_t cudaMemPrefetchAsync(const void *p, size_t count, uint64_t a3, uint6
         record("cudaMemPrefetchAsync ptr=%p size=%zu device=%d stream=%p -> %d", p, count, (int)(uint32_t)a3,
                (void *)a4, rc);
     return rc;
+}
+
+/* The first four members of struct cudaPointerAttributes (CUDA 12 and 13 driver_types.h; CUDA 13 appends
+ * long reserved[8]): only these are written, so a caller's CUDA 12-sized struct is never overrun. */
+struct fake_pointer_attributes { int type; int device; void *devicePointer; void *hostPointer; };
+
+cudaError_t cudaPointerGetAttributes(struct fake_pointer_attributes *attr, const void *p) {
+    cudaError_t rc = 0;
+    int type = 0; /* cudaMemoryTypeUnregistered */
+    uintptr_t a = (uintptr_t)p;
+    if (attr == NULL) rc = 1;
+    else if (env_size("FAKE_CUDART_NO_DEVICE", 0)) rc = 100;
+    else {
+        pthread_mutex_lock(&mu);
+        for (int i = 0; i < MAX_ALLOCS && type == 0; i++) {
+            uintptr_t b = (uintptr_t)alloc_ptr[i];
+            if (b && !alloc_device[i] && a >= b && a < b + alloc_size[i]) type = 3; /* cudaMemoryTypeManaged */
+        }
+        for (int i = 0; i < MAX_ALLOCS && type == 0; i++) {
+            uintptr_t b = (uintptr_t)alloc_ptr[i];
+            if (b && alloc_device[i] && a >= b && a < b + alloc_size[i]) type = 2; /* cudaMemoryTypeDevice */
+        }
+        pthread_mutex_unlock(&mu);
+        attr->type = type;
+        attr->device = type ? (int)env_size("FAKE_CUDART_DEVICE", 0) : -1; /* no device: the header leaves it undefined */
+        attr->devicePointer = type ? (void *)p : NULL;
+        attr->hostPointer = type == 3 ? (void *)p : NULL;
+    }
+    record("cudaPointerGetAttributes ptr=%p type=%d -> %d", p, rc ? -1 : type, rc);
+    return rc;
+}
+
+/* const char* cudaGetErrorName(cudaError_t error): the enum names (driver_types.h) of the codes this stub returns. */
+const char *cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+    case 0: return "cudaSuccess";
+    case 1: return "cudaErrorInvalidValue";
+    case 2: return "cudaErrorMemoryAllocation";
+    case 3: return "cudaErrorInitializationError";
+    case 100: return "cudaErrorNoDevice";
+    case 101: return "cudaErrorInvalidDevice";
+    default: return "unrecognized error code";
+    }
 }

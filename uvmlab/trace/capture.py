@@ -18,7 +18,8 @@ Categories, decided per allocation after the run, first rule that applies:
 2. ``gradient``: a storage that is some parameter's ``.grad`` when the optimizer phase begins.
 3. ``optimizer_state``: a storage held in ``optimizer.state`` when the optimizer step ends.
 4. ``input``: made in the data phase.
-5. ``activation``: made in the forward phase and still alive when forward ends (saved for backward, the loss).
+5. ``activation``: made in the forward phase and still alive when forward ends (saved for backward, the loss);
+   in a workload program (phase ``compute``), made in an iteration and still alive when the next one begins.
 6. ``other``: made in setup and alive at its end but not a parameter (module buffers such as BatchNorm
    statistics), or seen first as an op input without having been made under the recorder.
 7. ``temporary``: everything else (freed within its phase, backward intermediates, optimizer scratch).
@@ -44,6 +45,7 @@ from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, Drop
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
+from workloads.program import PROGRAM_PHASE
 from workloads.registry import load_workload
 from workloads.train import PHASE_END, make_optimizer, train_step
 from workloads.userfile import failure
@@ -114,9 +116,13 @@ class _Categorizer:
     def categories(self) -> list[str]:
         rec = self.rec
         setup_end = next((s for s, p, _ in rec.boundaries if p != "setup"), rec.seq)
+        iteration_end = {it - 1: s for s, p, it in rec.boundaries if p == PROGRAM_PHASE}  # next one's start
+        iteration_end.update({it: s for s, it in rec.loop_ends})  # a program loop's last one: the loop's end
+        ends = {"forward": self.forward_end, PROGRAM_PHASE: iteration_end}
         cats = []
         for aid in range(len(rec.a_size)):
             phase, it, free = rec.a_phase[aid], rec.a_iter[aid], rec.a_free_seq[aid]
+            end = ends[phase].get(it, rec.seq) if phase in ends else -1  # made before it, alive after it: activation
             if aid in self.parameter:
                 cats.append("parameter")
             elif aid in self.gradient:
@@ -125,7 +131,7 @@ class _Categorizer:
                 cats.append("optimizer_state")
             elif phase == "data":
                 cats.append("input")
-            elif phase == "forward" and (free == NEVER_FREED or free > self.forward_end.get(it, rec.seq)):
+            elif phase in ends and rec.a_alloc_seq[aid] < end and (free == NEVER_FREED or free > end):
                 cats.append("activation")
             elif rec.a_op[aid] == "<external>" or (phase == "setup" and (free == NEVER_FREED or free > setup_end)):
                 cats.append("other")
@@ -224,48 +230,28 @@ def capture_trace(
         if data_dep is not None:
             stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
         rec.set_phase("setup", -1)
-        with guard("building its model"):
-            workload = spec.build(cfg, device)
-        checkpointed = _checkpoint(workload, cfg, guard)
-        with guard("building its optimizer"):
-            optimizer = make_optimizer(workload.model, cfg)
-        cat.after_setup(workload.model)
-        state = {"phase": "setup"}
-
-        def hook(phase: str, iteration: int) -> None:
-            prev = state["phase"]
-            if prev == "forward":
-                cat.forward_end[iteration] = rec.seq
-            elif prev == "optimizer":
-                cat.after_optimizer(optimizer)
-            if phase == "optimizer":
-                cat.before_optimizer(workload.model)
-            state["phase"] = phase
-            if phase != PHASE_END:
-                rec.set_phase(phase, iteration)
-            else:
-                gc.collect()  # cyclic garbage (if any) is freed at iteration ends, not whenever gc runs
-
-        autocast = autocast_emu.region if autocast_emu is not None else None
-        for it in range(cfg.iterations):
-            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
-                train_step(workload, optimizer, cfg, hook, it, autocast)
-            if progress is not None:
-                progress(it + 1, cfg.iterations)
-        rec.close()
-        n_params = sum(p.numel() for p in workload.model.parameters())
-        param_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters())
-        trainable_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters() if p.requires_grad)
-        attention = workload.attention
-        extra_notes = list(workload.notes)
+        if spec.is_program:
+            _run_program(spec, cfg, device, rec, guard, progress)
+            rec.close()  # the program's own frees at its end are part of it (its tensors die as it returns)
+            n_params = param_bytes = trainable_bytes = 0
+            attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
+        else:
+            n_params, param_bytes, trainable_bytes, attention, extra_notes = _train(
+                spec, cfg, device, rec, cat, guard, progress, autocast_emu
+            )
     elapsed = time.perf_counter() - start
     tables = rec.tables(cat.categories())
     notes = [
-        f"optimizer {cfg.optimizer} built with foreach=True (CUDA's default; meta/CPU would pick the "
-        "single-tensor loop)",
+        *(
+            []
+            if spec.is_program
+            else [
+                f"optimizer {cfg.optimizer} built with foreach=True (CUDA's default; meta/CPU would pick the "
+                "single-tensor loop)"
+            ]
+        ),
         "kernels: one per leaf aten op (view and metadata ops skipped); FLOPs estimated (uvmlab.trace.flops)",
         *extra_notes,
-        *checkpointed,
     ]
     if sdpa is not None and sdpa.counts:
         notes.append(
@@ -311,3 +297,79 @@ def capture_trace(
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")
     return trace
+
+
+def _train(
+    spec: Any,
+    cfg: WorkloadConfig,
+    device: str,
+    rec: Recorder,
+    cat: _Categorizer,
+    guard: Any,
+    progress: ProgressFn | None,
+    autocast_emu: AutocastEmulation | None,
+) -> tuple[int, int, int, str | None, list[str]]:
+    """Build the model and optimizer and run the training iterations under the recorder; return the parameter
+    count, parameter bytes, trainable bytes, attention implementation and the header notes."""
+    with guard("building its model"):
+        workload = spec.build(cfg, device)
+    checkpointed = _checkpoint(workload, cfg, guard)
+    with guard("building its optimizer"):
+        optimizer = make_optimizer(workload.model, cfg)
+    cat.after_setup(workload.model)
+    state = {"phase": "setup"}
+
+    def hook(phase: str, iteration: int) -> None:
+        prev = state["phase"]
+        if prev == "forward":
+            cat.forward_end[iteration] = rec.seq
+        elif prev == "optimizer":
+            cat.after_optimizer(optimizer)
+        if phase == "optimizer":
+            cat.before_optimizer(workload.model)
+        state["phase"] = phase
+        if phase != PHASE_END:
+            rec.set_phase(phase, iteration)
+        else:
+            gc.collect()  # cyclic garbage (if any) is freed at iteration ends, not whenever gc runs
+
+    autocast = autocast_emu.region if autocast_emu is not None else None
+    for it in range(cfg.iterations):
+        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
+            train_step(workload, optimizer, cfg, hook, it, autocast)
+        if progress is not None:
+            progress(it + 1, cfg.iterations)
+    rec.close()  # while the model and optimizer are alive: tearing them down is not part of the trace
+    params = list(workload.model.parameters())
+    return (
+        sum(p.numel() for p in params),
+        sum(p.numel() * p.element_size() for p in params),
+        sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        workload.attention,
+        [*workload.notes, *checkpointed],
+    )
+
+
+def _run_program(
+    spec: Any, cfg: WorkloadConfig, device: str, rec: Recorder, guard: Any, progress: ProgressFn | None
+) -> None:
+    """Run a workload program (workloads.program) under the recorder; progress follows its iterations."""
+    from workloads.program import Program
+
+    if cfg.checkpoint:
+        raise InputError(
+            f"--checkpoint applies to a model's training loop; workload program {spec.source} has none (leave it out)"
+        )
+    state = {"iteration": -1}
+
+    def hook(phase: str, iteration: int) -> None:
+        gc.collect()  # as between training iterations: cyclic garbage is freed at iteration boundaries
+        if progress is not None and iteration > 0:
+            progress(iteration, max(cfg.iterations, iteration))
+        state["iteration"] = iteration
+
+    uvm = Program(device, cfg, recorder=rec, phase_hook=hook)
+    with guard(lambda: "setting up" if state["iteration"] < 0 else f"running iteration {state['iteration']}"):
+        spec.run_program(uvm, cfg)
+    if progress is not None:
+        progress(cfg.iterations, cfg.iterations)

@@ -34,8 +34,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from uvmlab.errors import InvariantError
 from uvmlab.trace.flops import estimate_flops
-from uvmlab.trace.schema import NEVER_FREED, SCHEMAS
+from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
+from uvmlab.trace.strides import strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -91,6 +93,7 @@ class Recorder(TorchDispatchMode):
         self.iteration = -1
         self.closed = False
         self.boundaries: list[tuple[int, str, int]] = []
+        self.loop_ends: list[tuple[int, int]] = []  # (seq, last iteration) of each workload program loop's end
         # allocation columns, indexed by alloc_id
         self.a_size: list[int] = []
         self.a_alloc_seq: list[int] = []
@@ -111,6 +114,8 @@ class Recorder(TorchDispatchMode):
         self.x_offset: list[int] = []
         self.x_size: list[int] = []
         self.x_write: list[bool] = []
+        self.k_extra: dict[str, dict[int, Any]] = {}  # optional kernel columns (KERNEL_OPTIONAL), by kernel_id
+        self.prefetch_new_allocations = False  # workloads.program: every new allocation is prefetched to the GPU
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
         self._label: str | None = None
@@ -131,6 +136,11 @@ class Recorder(TorchDispatchMode):
         """Label what follows with ``phase`` and ``iteration`` (records the boundary's sequence number)."""
         self.phase, self.iteration = phase, iteration
         self.boundaries.append((self.seq, phase, iteration))
+
+    def end_loop(self, iteration: int) -> None:
+        """A workload program's loop (``uvm.iterations()``, workloads.program) ended after ``iteration``: that
+        iteration ends here, not where the program returns (the categories of its tensors: uvmlab.trace.capture)."""
+        self.loop_ends.append((self.seq, iteration))
 
     def _next(self) -> int:
         s = self.seq
@@ -175,6 +185,8 @@ class Recorder(TorchDispatchMode):
         self._live[key] = aid
         if key not in self._refs:
             self._refs[key] = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
+        if self.prefetch_new_allocations:
+            self._add_kernel("cudaMemPrefetchAsync", [(aid, 0, nbytes, False)], api="prefetch", api_arg="gpu")
         return aid
 
     # ---- dispatch ------------------------------------------------------------------------------------------
@@ -215,6 +227,7 @@ class Recorder(TorchDispatchMode):
         if info is None:
             info = self._arg_cache[func] = _arg_info(func)
         rows: dict[tuple[int, int, int, bool], None] = {}
+        operands: list[tuple[tuple[int, ...], tuple[int, ...], int, int]] = []
         inplace_reads = func._opname not in WRITE_ONLY
         for i, (name, mutated) in enumerate(info):
             if i < len(args):
@@ -232,10 +245,12 @@ class Recorder(TorchDispatchMode):
                 r = self._range(t, aid)
                 if r is None:
                     continue
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
                 if mutated:
                     rows[(aid, r[0], r[1], True)] = None
                     if inplace_reads and name != "out":
                         rows[(aid, r[0], r[1], False)] = None
+                        operands.append(operands[-1])  # read and written: moved twice
                 else:
                     rows[(aid, r[0], r[1], False)] = None
         for t in outs:
@@ -245,14 +260,45 @@ class Recorder(TorchDispatchMode):
             r = self._range(t, aid)
             if r is not None:
                 rows[(aid, r[0], r[1], True)] = None
+                operands.append((tuple(t.shape), tuple(t.stride()), t.element_size(), r[1]))
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
+        stride_b, touched_b = strided_columns(operands)
+        self._add_kernel(
+            opname,
+            list(rows),
+            flops=estimate_flops(func, args, kwargs, out),
+            stride_bytes=stride_b,
+            touched_bytes=touched_b,
+        )
+
+    def record_call(self, name: str, spans: list[tuple[torch.Tensor, int, int, bool]], **columns: Any) -> None:
+        """One row that is not an aten op: a workload program's API call, host access or declared kernel
+        (workloads.program). ``spans``: (tensor, byte offset within the tensor's span, bytes, is_write);
+        ``columns``: ``flops`` and optional kernel columns (uvmlab.trace.schema.KERNEL_OPTIONAL)."""
+        rows = []
+        for t, off, size, w in spans:
+            aid = self._track(t, "<external>")
+            if aid is None or size <= 0:
+                continue
+            base = t.storage_offset() * t.element_size()
+            rows.append((aid, base + off, max(0, min(size, self.a_size[aid] - base - off)), w))
+        if rows:
+            self._add_kernel(name, rows, **columns)
+
+    def _add_kernel(
+        self, name: str, rows: list[tuple[int, int, int, bool]], flops: float = 0.0, **columns: Any
+    ) -> None:
         kid = len(self.k_seq)
         self.k_seq.append(self._next())
-        self.k_name.append(opname)
+        self.k_name.append(name)
         self.k_phase.append(self.phase)
         self.k_iter.append(self.iteration)
-        self.k_flops.append(estimate_flops(func, args, kwargs, out))
+        self.k_flops.append(float(flops))
+        for col, value in columns.items():
+            if col not in KERNEL_OPTIONAL:
+                raise InvariantError(f"recorder: unknown kernel column {col!r}")
+            self.k_extra.setdefault(col, {})[kid] = value
         for aid, off, size, w in rows:
             self.x_kernel.append(kid)
             self.x_alloc.append(aid)
@@ -292,6 +338,9 @@ class Recorder(TorchDispatchMode):
                 "stream": [0] * len(self.k_seq),
             }
         )
+        for col, (_, default) in KERNEL_OPTIONAL.items():
+            given = self.k_extra.get(col, {})
+            kernels[col] = [given.get(k, default) for k in range(len(self.k_seq))]
         accesses = pd.DataFrame(
             {
                 "kernel_id": self.x_kernel,
@@ -304,6 +353,8 @@ class Recorder(TorchDispatchMode):
         out = {"allocations": allocations, "kernels": kernels, "accesses": accesses}
         # through Arrow with the schema, so a fresh capture has exactly the dtypes read_trace gives
         return {
-            name: pa.Table.from_pandas(df, schema=SCHEMAS[name], preserve_index=False).to_pandas()
+            name: pa.Table.from_pandas(
+                df, schema=kernel_schema() if name == "kernels" else SCHEMAS[name], preserve_index=False
+            ).to_pandas()
             for name, df in out.items()
         }

@@ -36,8 +36,9 @@ from uvmlab.files.owned import OwnedFolder
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
 """Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
-PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad")
-"""Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration."""
+PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad", "compute")
+"""Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration; ``compute`` is an
+iteration of a workload program (workloads.program), which has no forward/backward/optimizer."""
 NEVER_FREED = -1
 """``free_seq`` of an allocation still live at the end of the trace."""
 
@@ -74,6 +75,32 @@ ACCESSES_SCHEMA = pa.schema(
         pa.field("is_write", pa.bool_(), nullable=False),
     ]
 )
+KERNEL_OPTIONAL: dict[str, tuple[pa.DataType, Any]] = {
+    "api": (pa.string(), ""),
+    "api_arg": (pa.string(), ""),
+    "touched_bytes": (pa.float64(), float("nan")),
+    "host_ns": (pa.float64(), float("nan")),
+    "order": (pa.string(), ""),
+    "threads": (pa.int64(), 0),
+    "warp_size": (pa.int32(), 0),
+    "stride_bytes": (pa.int64(), 0),
+    "seed": (pa.int64(), 0),
+}
+"""Optional kernel columns, (Arrow type, default): every write stores them (defaults filled), a read of an older
+trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host access between kernels
+("prefetch", "advise", "host_write", "host_read": a workload program's calls, workloads/program.py; "memcpy_htod",
+"memcpy_dtoh", "host", "host_async": uvmlab.trace.offload); ``api_arg``: "gpu"/"cpu" for a prefetch, one of
+``uvmlab.sim.uvm.advice.ADVICE`` for an advise; ``touched_bytes``: DRAM bytes the kernel really moves (NaN: the sum
+of its access sizes); ``host_ns``: host time of ``host``/``host_async`` rows; ``order`` and the launch shape
+(``threads``, ``warp_size``, ``stride_bytes``, ``seed``; 0: derived) say in which order the kernel's threads touch
+its ranges (ACCESS_ORDERS; "" derives it from the op, docs/uvm-sim.md)."""
+ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")
+"""Values of the ``order`` column: "" derived from the op by the replay; "address" every range in address order;
+"sequential" / "strided" each thread its own contiguous chunk of every range, ascending, one access every
+``stride_bytes`` (warps in lockstep); "random" a seeded permutation of each chunk's pages; "lcg" uvmbench-style
+linear congruential page order (gpu_ext ``rand_chunk_kernel``); "gather" / "scatter" the indexed operand in index
+order (the index is data: on meta, a seeded uniform random order); "tiled" a GEMM or convolution's operands tile by
+tile (uvmlab.sim.uvm.streams, uvmlab.sim.uvm.replay)."""
 SCHEMAS: dict[str, pa.Schema] = {
     "allocations": ALLOCATIONS_SCHEMA,
     "kernels": KERNELS_SCHEMA,
@@ -100,6 +127,27 @@ class TraceFolder(OwnedFolder):
 def empty_table(name: str) -> pd.DataFrame:
     """An empty DataFrame with the columns and dtypes of table ``name``."""
     return SCHEMAS[name].empty_table().to_pandas()
+
+
+def with_optional_columns(kernels: pd.DataFrame) -> pd.DataFrame:
+    """``kernels`` with every KERNEL_OPTIONAL column present (absent ones, and missing values, get the default)."""
+    out = kernels.copy()
+    for col, (_, default) in KERNEL_OPTIONAL.items():
+        if col not in out.columns:
+            out[col] = default
+        elif isinstance(default, str):
+            out[col] = out[col].fillna(default).astype(str)
+        elif isinstance(default, int):
+            out[col] = out[col].fillna(default).astype("int64")
+        else:
+            out[col] = out[col].astype("float64")
+    return out
+
+
+def kernel_schema() -> pa.Schema:
+    """The kernels table's full schema: KERNELS_SCHEMA plus the KERNEL_OPTIONAL columns."""
+    extra = [pa.field(c, t, nullable=pa.types.is_floating(t)) for c, (t, _) in KERNEL_OPTIONAL.items()]
+    return pa.schema([*KERNELS_SCHEMA, *extra])  # NaN (a float default) is stored as null
 
 
 @dataclass
@@ -134,6 +182,10 @@ class Trace:
         unknown = set(a["category"]) - set(CATEGORIES)
         if unknown:
             raise InputError(f"{source}: unknown categories {sorted(unknown)}; known: {CATEGORIES}")
+        if "order" in self.kernels.columns:
+            bad_orders = set(self.kernels["order"].fillna("")) - set(ACCESS_ORDERS)
+            if bad_orders:
+                raise InputError(f"{source}: unknown access orders {sorted(bad_orders)}; known: {ACCESS_ORDERS[1:]}")
 
     def events(self) -> pd.DataFrame:
         """Allocation and free events in sequence order: columns seq, alloc_id, size_bytes, is_alloc, stream."""
@@ -187,7 +239,10 @@ def write_trace(trace: Trace, directory: str | Path | TraceFolder, durable: bool
     write_id = uuid.uuid4().hex
     tables = {}
     for name, schema in SCHEMAS.items():
-        table = _to_arrow(getattr(trace, name), schema, name)
+        df = getattr(trace, name)
+        if name == "kernels":
+            df, schema = with_optional_columns(df), kernel_schema()
+        table = _to_arrow(df, schema, name)
         tables[name] = table.replace_schema_metadata({**(table.schema.metadata or {}), WRITE_ID_KEY: write_id})
     rows = {name: t.num_rows for name, t in tables.items()}
     header = {**trace.header, "schema_version": SCHEMA_VERSION, "write_id": write_id, "rows": rows}
@@ -244,6 +299,7 @@ def read_trace(directory: str | Path) -> Trace:
             )
         _check_same_write(header, name, table, path)
         tables[name] = table.to_pandas()
+    tables["kernels"] = with_optional_columns(tables["kernels"])
     _check_rows(tables, src)
     trace = Trace(header=header, **tables)
     trace.validate(str(src))

@@ -231,6 +231,8 @@ def result_dict(
             "hint_api_calls": {k: v for k, v in res.api_calls.items() if k not in ("cudaMallocManaged", "cudaFree")},
             "skipped_accesses": res.skipped_accesses,
             "knobs": knobs.to_dict(),
+            "sim_scale": res.sim_scale,
+            "stream_kernels": res.stream_kernels,
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
             "cost_params_source": costs_source,
         }

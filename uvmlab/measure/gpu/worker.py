@@ -1,5 +1,9 @@
 """The child process of a GPU run: ``python -m uvmlab.measure.gpu.worker RUNDIR --role run|baseline|calibrate``.
 
+A program file (one defining ``program(uvm, cfg, options)``, IFACE.md B) runs its own loop instead, through
+``workloads.program.run_program`` with :class:`uvmlab.measure.gpu.program_backend.CudaProgramBackend` (hints, host
+accesses and kernels done for real; :func:`run_program_job`); the rest of this paragraph is about training workloads.
+
 It reads ``RUNDIR/config.json`` (the RunConfig the parent wrote), builds the workload on the device, and runs
 ``workloads.train.train_step`` (the same loop trace capture uses) with NVTX ranges ``iteration N`` around each
 iteration and one range per phase (data, forward, backward, optimizer, zero_grad), so an nsys export lines up
@@ -40,6 +44,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -235,31 +241,36 @@ def run_worker(rundir: Path, role: str, iterations: int | None = None, device: s
         fraction = apply_memory_fraction(torch)
     t_build = time.monotonic_ns()
     try:
-        workload = load_workload(wcfg.workload).build(wcfg, device)
-        if wcfg.checkpoint:  # policy checkpoint-activations (workloads.checkpointing)
-            from workloads.checkpointing import apply_checkpointing
+        spec = load_workload(wcfg.workload)
+        runner = program_runner(spec)
+        if runner is not None:  # a program file (IFACE.md B): its own loop, no model and no optimizer
+            its = run_program_job(runner, spec, replace(wcfg, iterations=n_iter), device, sync, sample)
+        else:  # a training workload: build, optimizer, hints, the training loop
+            workload = spec.build(wcfg, device)
+            if wcfg.checkpoint:  # policy checkpoint-activations (workloads.checkpointing)
+                from workloads.checkpointing import apply_checkpointing
 
-            apply_checkpointing(workload, wcfg.checkpoint)
-        optimizer = make_optimizer(workload.model, wcfg)
-        hints = _hints(is_cuda, torch)
-        if hints is not None:  # per-tensor UVM hint policies (uvmlab.measure.gpu.hints)
-            hints.on_built(workload.model)
-            hints.on_optimizer(optimizer)
-        sync()
-        sample("built", -1)
-        for it in range(n_iter):
-            start = time.monotonic_ns()
-            nvtx.push(f"iteration {it}")
-            train_step(workload, optimizer, wcfg, hook, it)
-            if hints is not None:
-                hints.after_step(optimizer, it)
-            if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
-                torch.cuda.empty_cache()
+                apply_checkpointing(workload, wcfg.checkpoint)
+            optimizer = make_optimizer(workload.model, wcfg)
+            hints = _hints(is_cuda, torch)
+            if hints is not None:  # per-tensor UVM hint policies (uvmlab.measure.gpu.hints)
+                hints.on_built(workload.model)
+                hints.on_optimizer(optimizer)
             sync()
-            while nvtx.depth:
-                nvtx.pop()
-            end = time.monotonic_ns()
-            its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
+            sample("built", -1)
+            for it in range(n_iter):
+                start = time.monotonic_ns()
+                nvtx.push(f"iteration {it}")
+                train_step(workload, optimizer, wcfg, hook, it)
+                if hints is not None:
+                    hints.after_step(optimizer, it)
+                if release_each_iteration:  # policy release-each-iteration (uvmlab.advise.policies)
+                    torch.cuda.empty_cache()
+                sync()
+                while nvtx.depth:
+                    nvtx.pop()
+                end = time.monotonic_ns()
+                its.append({"iteration": it, "start_ns": start, "end_ns": end, "duration_ns": end - start})
     except torch.OutOfMemoryError as exc:
         outcome, error = "oom", str(exc).splitlines()[0]
     while nvtx.depth:
@@ -316,6 +327,56 @@ _RECORDED_ENV = (
     MEMORY_FRACTION_ENV,
     REQUIRE_CONCURRENT_MANAGED_ENV,
 )
+
+
+def program_runner(spec: Any) -> Callable[..., Any] | None:
+    """``workloads.program.run_program`` when ``spec`` is a program file's (a file defining ``program(uvm, cfg,
+    options)``: ``WorkloadSpec.is_program``), else None."""
+    if not getattr(spec, "is_program", False):
+        return None
+    from workloads.program import run_program
+
+    return run_program
+
+
+def program_backend(is_cuda: bool, env: Any = None) -> Any:
+    """The backend a program runs with: on a GPU :class:`uvmlab.measure.gpu.program_backend.CudaProgramBackend`
+    (``managed=False`` in a baseline step, whose shim is in passthrough mode: no unified memory), else
+    ``workloads.program.NullBackend`` (``--device cpu``: nothing happens for real)."""
+    env = os.environ if env is None else env
+    if is_cuda:
+        from uvmlab.measure.gpu.program_backend import CudaProgramBackend
+
+        return CudaProgramBackend(managed=env.get("UVMLAB_SHIM_MODE") != "passthrough")
+    from workloads.program import NullBackend
+
+    return NullBackend()
+
+
+def run_program_job(
+    runner: Callable[..., Any],
+    spec: Any,
+    wcfg: Any,
+    device: str,
+    sync: Callable[[], None],
+    sample: Callable[[str, int], None],
+    backend: Any = None,
+) -> list[dict[str, Any]]:
+    """Run a program file on ``device`` with its backend; returns the iteration times.
+
+    They come from the backend's marks (``CudaProgramBackend.mark_iteration``, called by ``Program.iterations()``
+    as each iteration starts); when the program made none, the whole program is one iteration 0 (its setup
+    included: an approximation, said by the iteration count of 1)."""
+    backend = program_backend(device.startswith("cuda")) if backend is None else backend
+    sync()
+    sample("built", -1)
+    start = time.monotonic_ns()
+    runner(spec, wcfg, device, backend)
+    sync()
+    end = time.monotonic_ns()
+    its = backend.iteration_times() if hasattr(backend, "iteration_times") else []
+    sample("end", its[-1]["iteration"] if its else 0)
+    return its or [{"iteration": 0, "start_ns": start, "end_ns": end, "duration_ns": end - start}]
 
 
 def _hints(is_cuda: bool, torch: Any) -> Any:

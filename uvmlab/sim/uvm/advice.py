@@ -125,9 +125,26 @@ class AdviceService:
         self._hinted = True
 
     def _update_pol_any(self, s: int) -> None:
+        """Slot ``s`` takes the policy fault path while it has a policy bit, or a remote GPU mapping left by an
+        unset accessed-by (``uvm_va_range_unset_accessed_by`` keeps mappings until the pages move): the plain path
+        would fault those mapped pages over."""
         self._pol_any[s] = bool(
-            self._rm[s].any() or self._plg[s].any() or self._plc[s].any() or self._abg[s].any() or self._abc[s].any()
+            self._rm[s].any()
+            or self._plg[s].any()
+            or self._plc[s].any()
+            or self._abg[s].any()
+            or self._abc[s].any()
+            or self._gmap[s].any()
         )
+
+    def advised(self, accesses: list[tuple[int, int, int, bool]]) -> bool:
+        """True when a ``cudaMemAdvise`` policy (read-mostly, a preferred location or accessed-by) covers a VA block
+        the accesses touch: the replay then takes the per-block path that models the policies (uvmlab.sim.uvm.replay
+        ``_Replayer._access``)."""
+        pol = self._pol_any
+        if pol is None:
+            return False
+        return any(pol[s] for r, o, n, _ in accesses for s, _, _ in self._segments(int(r), int(o), int(n)))
 
     # -- cudaMemAdvise -------------------------------------------------------------------------
     def advise(self, range_id: int, offset: int, size: int, advice: str) -> UvmCounters:

@@ -136,6 +136,9 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         # conservation ledger (bytes): what has been made GPU-resident vs what left by DtoH
         self.populated_gpu_bytes = 0
         self.peak_used_bytes = 0
+        self.scale = 1
+        """A scaled replay (uvmlab.sim.uvm.order): the caller divided capacity, ranges and accesses by it; every
+        call's counters are multiplied back by it (``_flush_kernel_counters``)."""
 
     # -- slots ---------------------------------------------------------------------------------
     _SLOT_DEFAULTS = (
@@ -438,8 +441,20 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             self._count_remote(accesses)  # type: ignore[arg-type]
         return self._flush_kernel_counters()
 
-    def _flush_kernel_counters(self) -> UvmCounters:
+    def resident(self, accesses: Iterable[Access]) -> bool:
+        """True when every page of ``accesses`` is GPU-resident (a kernel over them cannot fault)."""
+        gpu = self._gpu
+        for range_id, offset, size, _ in accesses:
+            for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
+                if not gpu[s, lo:hi].all():
+                    return False
+        return True
+
+    def _flush_kernel_counters(self, stream: bool = False) -> UvmCounters:
+        """The counters of the call that just ended (reset for the next one), multiplied by ``scale`` in a scaled
+        replay (``stream``: a stream kernel, whose batch count is already the real one)."""
         k = self._k
+        k.scale(self.scale, batches=not stream)
         self.totals.add(k)
         self._k = UvmCounters()
         return k
@@ -482,5 +497,5 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         hint_error = self.check_hint_invariants() or self.check_advice_invariants()
         if hint_error:
             raise InvariantError(hint_error)
-        if self.totals.dtoh_bytes > self.populated_gpu_bytes:
+        if self.totals.dtoh_bytes > self.populated_gpu_bytes * self.scale:  # totals are multiplied back by scale
             raise InvariantError("more bytes left the GPU than were ever made resident there")

@@ -64,6 +64,16 @@ class UvmCounters:
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def scale(self, factor: int, batches: bool = True) -> None:
+        """Multiply every count, byte and time by ``factor`` (a scaled replay, uvmlab.sim.uvm.order); the fault
+        batch count too unless ``batches`` is False (a stream kernel's scaled run already counts the real batches:
+        each holds ``fault_batch_count / factor`` sampled entries, uvmlab.sim.uvm.streams)."""
+        if factor == 1:
+            return
+        for f in fields(self):
+            if f.name != "fault_batch_count" or batches:
+                setattr(self, f.name, getattr(self, f.name) * factor)
+
 
 @dataclass
 class FaultPlan:

@@ -125,6 +125,7 @@ class _Builder:
                 "stream": 0,
                 "touched_bytes": float(touched if touched is not None else sum(s for _, _, s, _ in acc)),
                 "api": "",
+                "order": "address",  # the replica's calibrated model (uvmlab.sim.uvm.order derives no order for it)
             }
         )
         for a, off, size, w in acc:

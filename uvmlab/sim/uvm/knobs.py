@@ -123,6 +123,16 @@ class UvmKnobs:
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
     within the kernel fault again; 0 = every kernel touches each page once (the model before issue 11's re-reads)."""
 
+    sim_scale: int = 0
+    """MODEL parameter (cost, not physics): replay at 1/``sim_scale`` of the memory (uvmlab.sim.uvm.order,
+    docs/uvm-sim.md "Scaled replay"): GPU capacity, managed ranges and accesses divided by it, stream kernels run
+    ``threads / sim_scale`` sampled threads, every count, byte and time of the result multiplied back. 0 = auto
+    (``order.auto_scale``: 1 unless every accessed allocation is at least ``scale x 64 x 2 MiB``); 1 = exact."""
+    derived_orders: bool = True
+    """MODEL parameter: give traced torch kernels (trace column ``order`` "") the access order of their op
+    (uvmlab.sim.uvm.order: page-strided elementwise kernels as interleaved streams, index ops in a seeded random
+    index order); 0 = every such kernel in address order (the model before issue 24)."""
+
     # -- uvmlab hint policies (issue 16): not driver parameters; modelled by uvmlab.sim.uvm.hints ------------------
     advise_remote: str = ""
     """Trace categories (comma-separated, e.g. ``optimizer_state``) whose tensors are advised
@@ -175,6 +185,10 @@ class UvmKnobs:
             raise InputError(f"batch_unique_pages must be >= 1, not {self.batch_unique_pages!r}")
         if self.gemm_rereads not in (0, 1):  # True/False and 0/1 (--sim-option values are parsed as JSON)
             raise InputError(f"gemm_rereads must be 0 or 1, not {self.gemm_rereads!r}")
+        if isinstance(self.sim_scale, bool) or not isinstance(self.sim_scale, int) or self.sim_scale < 0:
+            raise InputError(f"sim_scale must be an integer >= 0 (0 = auto), not {self.sim_scale!r}")
+        if self.derived_orders not in (0, 1):
+            raise InputError(f"derived_orders must be 0 or 1, not {self.derived_orders!r}")
         if self.stream_priority not in ("lowest", "rotate", "random"):
             raise InputError(f"stream_priority must be 'lowest', 'rotate' or 'random', not {self.stream_priority!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:

@@ -33,6 +33,19 @@ from uvmlab.sim.uvm.advice import ADVICE, remote_ns
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
+from uvmlab.sim.uvm.order import (
+    SECTOR_BYTES,
+    STREAM_ORDERS,
+    STREAM_PLAN_ORDERS,
+    OrderPlan,
+    auto_scale,
+    index_touched_bytes,
+    plan_orders,
+    scale_rows,
+    scaled_bytes,
+    stream_kernel,
+    strided_sector_bytes,
+)
 from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes, occupancy
 from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
@@ -93,6 +106,10 @@ class ReplayResult:
     peak_resident_bytes: int
     skipped_accesses: int = 0
     api_calls: dict[str, int] = field(default_factory=dict)
+    sim_scale: int = 1
+    """The scale the replay ran at (uvmlab.sim.uvm.order, ``UvmKnobs.sim_scale``; 1 = exact)."""
+    stream_kernels: int = 0
+    """Kernels replayed through the stream path (a given or derived access order, not all pages resident)."""
 
 
 def copy_kernels(trace: Trace) -> np.ndarray:
@@ -170,14 +187,28 @@ class _KernelStatics:
     remote_scale: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Per kernel: ``touched_bytes`` / accessed bytes when the trace gives ``touched_bytes`` (a strided or gathering
     kernel moves only part of the ranges it accesses), else 1: scales the bytes of its remote accesses."""
+    plans: list[OrderPlan | None] = field(default_factory=list)  # access order of each kernel (uvm_order)
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
 
     def __post_init__(self) -> None:
         self.is_gemm = [op_base(n) in GEMM_OPS for n in self.names]
 
 
-def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostParams, dtype: str) -> _KernelStatics:
+def kernel_statics(
+    trace: Trace,
+    kern: pd.DataFrame,
+    gpu: GpuSpec,
+    costs: CostParams,
+    dtype: str,
+    knobs: UvmKnobs | None = None,
+    acc: _Accesses | None = None,
+) -> _KernelStatics:
     """Step 2: native times, touched bytes, live bytes, copy and API flags of the kernels (in seq order).
+
+    Access orders (uvmlab.sim.uvm.order, given by the optional columns ``order`` ... ``seed`` or derived from the
+    op): a gather / scatter without ``touched_bytes`` moves the rows (``order.index_touched_bytes``); a strided
+    stream kernel moves lone 32 B sectors (``order.strided_sector_bytes``) at the sector efficiency. ``acc``
+    (step 1's rows) is needed for both; without it no order rule changes the native times.
 
     A GEMM-like kernel too small to fill the GPU computes at its occupancy (``uvmlab.sim.uvm.reread.occupancy``).
 
@@ -204,7 +235,13 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
     flops = kern["flops"].to_numpy(dtype=float)
     gemm = np.array([op_base(n) in GEMM_OPS for n in names], dtype=bool)
     occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu.name)
+    plans = plan_orders(kern, gpu.name, knobs or UvmKnobs())
+    sector = _order_bytes(plans, acc, touched_b, remote_scale, kern)
     native_ns = kernel_time_ns(flops, touched_b, gpu, costs, dtype, occ)
+    if sector.any():
+        native_ns[sector] = kernel_time_ns(
+            flops[sector], touched_b[sector], gpu, costs.for_scattered_sectors(), dtype, occ[sector]
+        )
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
@@ -223,7 +260,43 @@ def kernel_statics(trace: Trace, kern: pd.DataFrame, gpu: GpuSpec, costs: CostPa
         names=names,
         flops=flops,
         remote_scale=remote_scale,
+        plans=plans,
     )
+
+
+def _order_bytes(
+    plans: list[OrderPlan | None],
+    acc: _Accesses | None,
+    touched_b: np.ndarray,
+    remote_scale: np.ndarray,
+    kern: pd.DataFrame,
+) -> np.ndarray:
+    """The access-order rules of the native bytes (uvmlab.sim.uvm.order module docstring), in place on
+    ``touched_b`` and ``remote_scale``; return the kernels costed at the lone-sector efficiency."""
+    sector = np.zeros(len(plans), dtype=bool)
+    if acc is None:
+        return sector
+    given = (
+        np.isfinite(kern["touched_bytes"].to_numpy(dtype=float))
+        if "touched_bytes" in kern.columns
+        else np.zeros(len(plans), dtype=bool)
+    )
+    for i, p in enumerate(plans):
+        if p is None:
+            continue
+        rows = acc.rows[acc.lo[i] : acc.hi[i]]
+        accessed = float(sum(r[2] for r in rows))
+        if p.order in ("gather", "scatter"):
+            b = None if given[i] else index_touched_bytes(p, rows)
+        elif p.stride_bytes >= 2 * SECTOR_BYTES and p.order in STREAM_ORDERS.values():
+            sector[i] = True
+            b = None if given[i] else strided_sector_bytes(rows, p.stride_bytes)
+        else:
+            b = None
+        if b is not None:
+            touched_b[i] = b
+            remote_scale[i] = b / accessed if accessed > 0 else 1.0
+    return sector
 
 
 def _check_api_rows(api: list[str], api_arg: list[str]) -> None:
@@ -310,6 +383,8 @@ class _Replayer:
         self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm.hints), None when off
         self.host_until = 0.0  # when the CPU work of the last ``host_async`` event ends
         self.hint_pos = 0  # next of ``hints.events``
+        self.scale = sim.scale  # a scaled replay (uvmlab.sim.uvm.order): rows and ranges are already divided
+        self.stream_kernels = 0
 
     def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
         """A compute kernel's faults: one pass, or the passes of a tiled GEMM whose operands may not stay resident.
@@ -318,6 +393,12 @@ class _Replayer:
         memory available to UVM; otherwise none of its pages can be evicted during it and one pass is the same.
         """
         sim = self.sim
+        plan = st.plans[i] if st.plans else None
+        # fast path: all resident, nothing to order; advised ranges: the per-block path, which models the
+        # cudaMemAdvise policies (remote mappings, read duplicates) that the stream path does not
+        if plan is not None and rows and not sim.resident(rows) and not sim.advised(rows):
+            self.stream_kernels += 1
+            return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale))
         if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
             passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
             if passes is not None:
@@ -377,7 +458,8 @@ class _Replayer:
                 if r[3]:
                     c.add(sim.memcpy_htod(r[0], r[1], r[2]))
             if c.memcpy_htod_count:
-                st.native_ns[i] = transfer_time_ns(np.array([r[2] for r in rows if r[3]]), self.costs.link_bytes_per_s)
+                sizes = np.array([r[2] * self.scale for r in rows if r[3]])  # the real sizes in a scaled replay
+                st.native_ns[i] = transfer_time_ns(sizes, self.costs.link_bytes_per_s)
                 dur = c.stall_ns
             else:
                 dur = float(st.native_ns[i])
@@ -398,8 +480,8 @@ class _Replayer:
             self.cols[col][i] = getattr(c, col)
         for col in self.extra:
             self.extra[col][i] = getattr(c, col)
-        self.reserved[i] = sim.mapped_bytes
-        self.resident[i] = sim.used_bytes
+        self.reserved[i] = sim.mapped_bytes * self.scale
+        self.resident[i] = sim.used_bytes * self.scale
         return dur
 
     def _api_call(self, kind: str, arg: str, rows: list[tuple[int, int, int, bool]]) -> UvmCounters:
@@ -487,14 +569,22 @@ def replay(
     """Simulate the trace under UVM with ``capacity_bytes`` of GPU memory; return the run tables.
 
     Steps: translate accesses (1), per-kernel statics (2), range events (3), the serial replay (4), tables (5).
+    A scaled replay (``knobs.sim_scale``, uvmlab.sim.uvm.order) divides capacity, ranges and rows by the scale.
     """
     costs = (costs or CostParams()).for_gpu(gpu)
-    sim = UvmSim(capacity_bytes, knobs, costs, gpu)
+    knobs = knobs or UvmKnobs()
     kern = trace.kernels.sort_values("seq", kind="stable").reset_index(drop=True)
     kid = kern["kernel_id"].to_numpy()
     acc = translate_accesses(trace, placement, kid)
-    st = kernel_statics(trace, kern, gpu, costs, dtype)
+    st = kernel_statics(trace, kern, gpu, costs, dtype, knobs, acc)
+    streams = any(p is not None and p.order in STREAM_PLAN_ORDERS for p in st.plans)
+    scale = auto_scale(placement.ranges, capacity_bytes, knobs, streams)
+    sim = UvmSim(capacity_bytes // scale, knobs, costs, gpu)
+    sim.scale = scale
     events = range_events(placement.ranges)
+    if scale > 1:
+        events = [(q, m, r, scaled_bytes(size, scale)) for q, m, r, size in events]
+        acc.rows = scale_rows(acc.rows, scale)
     n = len(kern)
     rp = _Replayer(sim, costs, n, dtype, gpu.name)
     skipped = acc.skipped
@@ -571,9 +661,11 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
         totals=rp.sim.totals,
         baseline_iteration_ns=baseline,
         total_time_ns=rp.t,
-        peak_resident_bytes=rp.sim.peak_used_bytes,
+        peak_resident_bytes=rp.sim.peak_used_bytes * rp.scale,
         skipped_accesses=skipped,
         api_calls=rp.api,
+        sim_scale=rp.scale,
+        stream_kernels=rp.stream_kernels,
     )
 
 

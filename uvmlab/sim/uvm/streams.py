@@ -9,7 +9,9 @@ not from one block after the other in address order. This module models that:
   chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
   (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
   the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
-  (uvmbench's ``rand_chunk_kernel``, below) or ``visits`` (pages of the range the caller lists per thread and
+  (uvmbench's ``rand_chunk_kernel``, below) or ``shuffled`` (the range's pages in one seeded random permutation,
+  dealt to the threads in chunks: a thread's pages are spread over the whole range, as the rows an index of
+  unknown content selects, uvmlab.sim.uvm.order) or ``visits`` (pages of the range the caller lists per thread and
   step, e.g. a pointer chase; no chunking). A thread uses the same page order in every range it walks (the
   kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
 * ``lcg`` reproduces ``rand_chunk_kernel`` of gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (3f4cc2d): thread
@@ -66,7 +68,7 @@ from uvmlab.errors import InputError, SimulationStalledError
 from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
-ORDERS = ("sequential", "random", "lcg", "visits")
+ORDERS = ("sequential", "random", "lcg", "visits", "shuffled")
 LCG_A, LCG_C = 1664525, 1013904223
 """``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
 SCAN_WINDOW = 16
@@ -98,6 +100,10 @@ class StreamKernel:
     multiplies the stall by the scale), so a batch serves the same share of the threads as in the real run."""
     warp_size: int = 1
     """Threads per SIMT warp: a warp's threads execute each load/store together (module docstring)."""
+    access_orders: tuple[str, ...] = ()
+    """Per access, its own order ("sequential", "random", "lcg" or "shuffled"), overriding ``order`` (empty:
+    every access takes ``order``): e.g. a gather walks the indexed operand in a random order and its index and
+    output in sequence (uvmlab.sim.uvm.order). Not with order ``visits``."""
     visits: np.ndarray | None = field(default=None, compare=False)
     """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
     (-1: nothing), e.g. a pointer chase whose addresses the caller computed (``uvmlab.sim.uvm.bench``); the ranges
@@ -110,6 +116,12 @@ class StreamKernel:
             raise InputError("order 'visits' needs a visits array, and only it takes one")
         if self.visits is not None and (self.visits.ndim != 2 or self.visits.shape[0] != self.n_streams):
             raise InputError(f"visits must be (n_streams, steps), not {self.visits.shape}")
+        if self.access_orders and (
+            len(self.access_orders) != len(self.accesses)
+            or self.order == "visits"
+            or not set(self.access_orders) <= {"sequential", "random", "lcg", "shuffled"}
+        ):
+            raise InputError("access_orders needs one of sequential/random/lcg per access (not with visits)")
         if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
             raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
 
@@ -146,8 +158,10 @@ class StreamService:
         rng = np.random.default_rng(kern.seed)
         stride_pages = max(1, kern.stride_bytes // PAGE_BYTES)
         per_range = []
-        orders: dict[tuple[int, bytes], np.ndarray] = {}  # one page order per thread, shared by its ranges
-        for range_id, offset, size, is_write in kern.accesses:
+        orders: dict[tuple[str, int, bytes], np.ndarray] = {}
+        perms: dict[tuple[int, int, int], np.ndarray] = {}  # one page order per thread, shared by its ranges
+        for a, (range_id, offset, size, is_write) in enumerate(kern.accesses):
+            order = kern.access_orders[a] if kern.access_orders else kern.order
             segs = self._segments(int(range_id), int(offset), int(size))
             if not segs:
                 continue
@@ -157,16 +171,21 @@ class StreamService:
                     raise InputError(f"visits index a page past the range's {len(gids)} pages")
                 per_range.append((np.where(kern.visits >= 0, gids[np.maximum(kern.visits, 0)], -1), bool(is_write)))
                 continue
+            if order == "shuffled":  # one seeded permutation of the whole range, dealt to the threads in chunks
+                key_r = (int(range_id), int(offset), int(size))  # the same permutation for a read and a write
+                if key_r not in perms:
+                    perms[key_r] = rng.permutation(len(gids))
+                gids = gids[perms[key_r]]
             chunk = _chunk_pages(len(gids), kern.n_streams)
             pad = kern.n_streams * chunk - len(gids)
             grid = np.concatenate([gids, np.full(pad, -1, dtype=np.int64)]).reshape(kern.n_streams, chunk)
             grid = grid[:, ::stride_pages]
-            if kern.order != "sequential":
+            if order not in ("sequential", "shuffled"):
                 n_valid = (grid >= 0).sum(axis=1)
-                key = (grid.shape[1], n_valid.tobytes())
+                key = (order, grid.shape[1], n_valid.tobytes())
                 idx = orders.get(key)
                 if idx is None:
-                    if kern.order == "random":
+                    if order == "random":
                         idx = rng.permuted(np.tile(np.arange(grid.shape[1]), (len(grid), 1)), axis=1)
                     else:
                         idx = lcg_page_order(n_valid, grid.shape[1], kern.seed, kern.tid_stride)
@@ -195,7 +214,7 @@ class StreamService:
         """
         pages, writes = self._stream_pages(kern)
         if pages.size == 0:
-            return self._flush_kernel_counters()
+            return self._flush_kernel_counters(stream=True)
         w_size = int(kern.warp_size)
         n_w = -(-pages.shape[0] // w_size)
         pad = n_w * w_size - pages.shape[0]
@@ -234,7 +253,7 @@ class StreamService:
             out = np.full(len(warps), length, dtype=np.int64)
             todo = np.arange(len(warps))
             start = pos[warps].copy()
-            width = SCAN_WINDOW
+            width = min(SCAN_WINDOW, length)  # a short kernel: no window past its last step
             while todo.size:
                 steps = start[todo][:, None] + np.arange(width)[None, :]
                 blocked = pending(warps[todo], steps).any(axis=1)
@@ -306,4 +325,4 @@ class StreamService:
                         f"kernel ({active.size} warps stalled, GPU capacity {self.capacity_bytes} bytes): "
                         "this is a bug in uvmlab's forward-progress rule, please report it"
                     )
-        return self._flush_kernel_counters()
+        return self._flush_kernel_counters(stream=True)

@@ -25,6 +25,12 @@
 #define UVMLAB_CUDA_ATTR_FUNCTIONS(X, ERR, ATTR) \
   X(cudaDeviceGetAttribute, ERR, (int*, ATTR, int))
 
+// Functions uvmlab's Python side calls through ctypes (uvmlab/measure/gpu/program_backend.py), not the shim; listed
+// here so that their signatures are checked too (PATTR = struct cudaPointerAttributes). The same in CUDA 12 and 13.
+#define UVMLAB_CUDA_PYTHON_FUNCTIONS(X, ERR, PATTR)              \
+  X(cudaPointerGetAttributes, ERR, (PATTR*, const void*))        \
+  X(cudaGetErrorName, const char*, (ERR))
+
 // CUDA >= 13.0: cudaMemAdvise / cudaMemPrefetchAsync take a struct cudaMemLocation by value (ADV = the advice
 // enum, LOC = struct cudaMemLocation, STREAM = cudaStream_t).
 #define UVMLAB_CUDA13_FUNCTIONS(X, ERR, ADV, LOC, STREAM)              \
@@ -45,6 +51,12 @@
   C(kCudaMemAdviseSetReadMostly, cudaMemAdviseSetReadMostly)        \
   C(kCudaMemAdviseSetPreferredLocation, cudaMemAdviseSetPreferredLocation) \
   C(kCudaMemAdviseSetAccessedBy, cudaMemAdviseSetAccessedBy)        \
+  C(kCudaMemAdviseUnsetReadMostly, cudaMemAdviseUnsetReadMostly)    \
+  C(kCudaMemAdviseUnsetPreferredLocation, cudaMemAdviseUnsetPreferredLocation) \
+  C(kCudaMemAdviseUnsetAccessedBy, cudaMemAdviseUnsetAccessedBy)    \
+  C(kCudaMemoryTypeUnregistered, cudaMemoryTypeUnregistered)        \
+  C(kCudaMemoryTypeDevice, cudaMemoryTypeDevice)                    \
+  C(kCudaMemoryTypeManaged, cudaMemoryTypeManaged)                  \
   C(kCudaCpuDeviceId, cudaCpuDeviceId)                              \
   C(kCudaDevAttrPageableMemoryAccess, cudaDevAttrPageableMemoryAccess) \
   C(kCudaDevAttrConcurrentManagedAccess, cudaDevAttrConcurrentManagedAccess)
@@ -73,9 +85,25 @@ constexpr unsigned kCudaMemAttachGlobal = 0x01;
 constexpr int kCudaMemAdviseSetReadMostly = 1;
 constexpr int kCudaMemAdviseSetPreferredLocation = 3;
 constexpr int kCudaMemAdviseSetAccessedBy = 5;
+constexpr int kCudaMemAdviseUnsetReadMostly = 2;           // program_backend.py ADVICE_CODES
+constexpr int kCudaMemAdviseUnsetPreferredLocation = 4;
+constexpr int kCudaMemAdviseUnsetAccessedBy = 6;
+constexpr int kCudaMemoryTypeUnregistered = 0;  // enum cudaMemoryType (program_backend.py MEMORY_TYPE_*)
+constexpr int kCudaMemoryTypeDevice = 2;
+constexpr int kCudaMemoryTypeManaged = 3;
 constexpr int kCudaCpuDeviceId = -1;
 constexpr int kCudaDevAttrPageableMemoryAccess = 88;     // uvmlab/measure/gpu/cudart.py DEV_ATTR_PAGEABLE_MEMORY_ACCESS
 constexpr int kCudaDevAttrConcurrentManagedAccess = 89;  // uvmlab/measure/gpu/cudart.py DEV_ATTR_CONCURRENT_MANAGED_ACCESS
+// The members of struct cudaPointerAttributes uvmlab reads (CUDA 12 and 13 driver_types.h; CUDA 13 appends
+// long reserved[8], so callers pass a buffer of CUDA 13's size). program_backend.py's ctypes mirror has this layout.
+struct cudaPointerAttributesHead {
+  int type;  // enum cudaMemoryType
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+constexpr size_t kCudaPointerAttributesBufferBytes = 128;  // program_backend.py POINTER_ATTRIBUTES_BUFFER_BYTES
+
 constexpr int kCudaMemLocationTypeDevice = 1;
 constexpr int kCudaMemLocationTypeHost = 2;
 constexpr int kCuda13Version = 13000;  // cudaRuntimeGetVersion of CUDA 13.0 (CUDART_VERSION)

@@ -14,6 +14,8 @@
 //   UVMLAB_ADVISE             comma list of preferred_location_gpu, preferred_location_cpu, accessed_by,
 //                             read_mostly: cudaMemAdvise issued on every managed allocation
 //   UVMLAB_PREFETCH           off (default) | on_alloc: cudaMemPrefetchAsync(ptr, size, device, stream 0)
+//                             after every managed allocation; uvmlab_prefetch_on_alloc(on) switches it at run
+//                             time (a program's uvm.prefetch_new_allocations: the variable is read once, at load)
 //   UVMLAB_BALLOON_BYTES      reserve this many bytes of device memory with the REAL cudaMalloc
 //   UVMLAB_BALLOON_LEAVE_BYTES  or: reserve (free - this) bytes, free measured with the real cudaMemGetInfo
 //                             (rounded down to 2 MiB). The balloon is inflated at the first intercepted call
@@ -96,7 +98,7 @@ enum Op : uint16_t {
 struct Config {
   bool managed = true;
   bool advise_pref_gpu = false, advise_pref_cpu = false, advise_accessed_by = false, advise_read_mostly = false;
-  bool prefetch_on_alloc = false;
+  std::atomic<bool> prefetch_on_alloc{false};  // also switched at run time by uvmlab_prefetch_on_alloc()
   long long balloon_bytes = -1;        // -1: not set
   long long balloon_leave_bytes = -1;  // -1: not set
   std::string balloon_claim;          // UVMLAB_BALLOON_CLAIM ("" = no claim file)
@@ -682,6 +684,12 @@ __attribute__((visibility("default"))) size_t uvmlab_live_managed_bytes(void) {
   Live& l = live_instance();
   std::lock_guard<std::mutex> lock(l.mu);
   return l.bytes;
+}
+
+/** Switch the prefetch after every managed allocation (UVMLAB_PREFETCH=on_alloc) on (on != 0) or off from now on;
+ * returns the previous setting (1/0). Used by uvmlab.measure.gpu.program_backend (uvm.prefetch_new_allocations). */
+__attribute__((visibility("default"))) int uvmlab_prefetch_on_alloc(int on) {
+  return g_cfg.prefetch_on_alloc.exchange(on != 0) ? 1 : 0;
 }
 
 /** Release the balloon now (it is otherwise released at exit). */

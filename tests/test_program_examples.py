@@ -1,0 +1,101 @@
+"""The program examples of docs/workloads.md ("Programs: more than a training loop") run under ``uvmlab run FILE
+-n 2`` and ``uvmlab trace FILE``, and record what their text says they do."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from uvmlab.cli import main
+from uvmlab.files.rundir import RunDir
+from uvmlab.sim.uvm.advice import ADVICE
+from uvmlab.trace.schema import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "docs" / "examples" / "programs"
+NAMES = sorted(p.stem for p in EXAMPLES.glob("*.py"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def test_every_example_is_in_the_docs() -> None:
+    doc = (REPO / "docs" / "workloads.md").read_text()
+    assert "## Programs: more than a training loop" in doc
+    linked = set(re.findall(r"examples/programs/(\w+)\.py", doc))
+    assert set(NAMES) == linked and len(NAMES) == 6
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_docs_show_each_example_as_it_is(name: str) -> None:
+    """docs/workloads.md shows each file from its first constant (docstring left out) to its end, verbatim."""
+    doc = (REPO / "docs" / "workloads.md").read_text()
+    text = (EXAMPLES / f"{name}.py").read_text()
+    start = min(i for i in (text.find("DEFAULT_BATCH_SIZE"), text.find("OPTIONS")) if i >= 0)
+    assert f"```python\n{text[start:].rstrip()}\n```" in doc
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_runs_and_traces(name: str, tmp_path: Path) -> None:
+    f = str(EXAMPLES / f"{name}.py")
+    out = tmp_path / "run"
+    assert main(["run", f, "-n", "2", "--mode", "sim", "-o", str(out)]) == 0
+    result = RunDir(out).read_result()
+    assert result["outcome"] == "ok" and result["iterations"] == 2
+    assert main(["trace", f, "-n", "2", "-o", str(tmp_path / "trace")]) == 0
+    trace = read_trace(tmp_path / "trace")
+    k = trace.kernels
+    assert set(k.loc[k["phase"] != "setup", "iteration"]) == {0, 1}
+    CHECKS[name](k, result)
+
+
+def _host_data(k, result) -> None:
+    assert result["hint_api_calls"] == {"host_write": 3, "host_read": 3}
+    assert result["dtoh_bytes"] > 0 and result["htod_bytes"] > 0
+
+
+def _hints(k, result) -> None:
+    advised = set(k.loc[k["api"] == "advise", "api_arg"])
+    assert advised == set(ADVICE)  # every cudaMemAdvise, set and unset
+    assert (k.loc[k["api"] == "advise", "phase"] == "compute").sum() == 4  # the mid-run ones
+    assert result["remote_bytes"] > 0  # staging read over the link
+
+
+def _inference(k, result) -> None:
+    assert "aten::addmm" in set(k["name"]) and not k["name"].str.contains("backward").any()
+    assert result["hint_api_calls"]["cudaMemPrefetchAsync"] == 8  # 4 layers, weight and bias each
+
+
+def _solver(k, result) -> None:
+    assert result["hint_api_calls"]["cudaMemAdvise"] == 1
+    # the residual each step, then x after the loop (labelled with the last iteration)
+    assert (k.loc[k["phase"] == "compute", "api"] == "host_read").sum() == 3
+
+
+def _custom_kernels(k, result) -> None:
+    orders = set(k.loc[k["api"] == "", "order"]) - {""}
+    assert orders == {"sequential", "strided", "random", "lcg", "gather", "scatter", "tiled"}
+    seq = k[k["name"] == "seq_stream"].iloc[0]
+    assert (seq["threads"], seq["stride_bytes"]) == (65536, 4096)
+
+
+def _prefetching_allocator(k, result) -> None:
+    pf = k[k["api"] == "prefetch"]
+    assert len(pf) > 0 and set(pf["phase"]) == {"compute"}  # the activations of the loop, not features/scratch
+
+
+CHECKS = {
+    "host_data": _host_data,
+    "hints": _hints,
+    "inference": _inference,
+    "solver": _solver,
+    "custom_kernels": _custom_kernels,
+    "prefetching_allocator": _prefetching_allocator,
+}

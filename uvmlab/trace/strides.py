@@ -1,0 +1,50 @@
+"""Strided views of a kernel's operands: the trace columns ``stride_bytes`` and ``touched_bytes`` (IFACE.md table A).
+
+A kernel over a strided view (``x[::1024]``) touches one element every ``stride`` bytes of the range the recorder
+records (the view's whole extent, uvmlab.trace.recorder). Two facts follow, both used by the replay
+(uvmlab.sim.uvm.order):
+
+* ``stride_bytes``: the largest innermost stride, in bytes, of the kernel's operands whose innermost stride (the
+  smallest ``|stride|`` over dimensions of size > 1) is larger than one element; 0 when every operand is dense
+  along its innermost dimension. A stride of a page or more makes every element its own page: the replay then
+  faults the kernel as interleaved streams.
+* ``touched_bytes``: the DRAM bytes the kernel moves when an operand is strided by at least two 32 B sectors: such
+  an operand moves one 32 B sector per element (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory":
+  a warp's scattered 4 B accesses are served one 32 B sector each), a dense operand its recorded range; NaN
+  (= the sum of the recorded ranges) when no operand is strided that far.
+
+Approximations: a view strided along several dimensions is charged by its innermost stride only; two elements of a
+strided operand that share a sector are charged two sectors.
+"""
+
+from __future__ import annotations
+
+import math
+
+SECTOR_BYTES = 32
+"""L2 / DRAM sector (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory")."""
+
+
+def inner_stride_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    """Smallest ``|stride|`` in bytes over the dimensions of size > 1 (``itemsize`` for a scalar or a 1-element
+    tensor)."""
+    st = [abs(s) for n, s in zip(shape, stride, strict=True) if n > 1]
+    return (min(st) if st else 1) * itemsize
+
+
+def strided_columns(operands: list[tuple[tuple[int, ...], tuple[int, ...], int, int]]) -> tuple[int, float]:
+    """(stride_bytes, touched_bytes) of a kernel (module docstring) from its operands, each ``(shape, stride,
+    itemsize, recorded range bytes)``."""
+    widest = 0
+    touched = 0.0
+    sparse = False
+    for shape, stride, item, span in operands:
+        inner = inner_stride_bytes(shape, stride, item)
+        if inner > item:
+            widest = max(widest, inner)
+        if inner >= 2 * SECTOR_BYTES:
+            sparse = True
+            touched += math.prod(shape) * SECTOR_BYTES
+        else:
+            touched += span
+    return widest, (touched if sparse else math.nan)
