@@ -1,6 +1,7 @@
 """Every model name uvmlab accepts, traced and estimated at one batch size: status, CPU seconds, device peak.
 
-For each name of ``timm.list_models()`` (``--family timm``) or each Hugging Face language-model architecture
+For each name of ``timm.list_models()`` (``--family timm``), of torchvision's classification models
+(``--family torchvision``, at each model's default image size) or each Hugging Face language-model architecture
 uvmlab builds (``--family hf``: every ``model_type`` transformers maps to a causal or masked LM class, from its
 default config, ``workloads.hf_models.hf_type_names``), ``uvmlab.memory.estimate.estimate`` runs at batch
 ``-b`` on an A100-40GB (``-n`` iterations, default 2: the peak is reached in the second). A result is one of
@@ -43,12 +44,17 @@ HF_SEQ_LEN = 128
 
 
 def family_names(family: str) -> list[str]:
-    """The names of one family, as ``uvmlab estimate`` takes them (``timm:NAME`` / ``hf:TYPE``)."""
+    """The names of one family, as ``uvmlab estimate`` takes them (``timm:NAME``, ``torchvision:NAME``,
+    ``hf:TYPE``)."""
     sys.path.insert(0, str(REPO))
     if family == "timm":
         from workloads.timm_models import list_timm_models
 
         return [f"timm:{n}" for n in list_timm_models()]
+    if family == "torchvision":
+        from workloads.torchvision_models import list_torchvision_models
+
+        return [f"torchvision:{n}" for n in list_torchvision_models()]
     from workloads.hf_models import hf_type_names
 
     return [f"hf:{n}" for n in hf_type_names()]
@@ -149,7 +155,7 @@ def write_table(
 
 
 @click.command()
-@click.option("--family", type=click.Choice(["timm", "hf"]), default="timm", show_default=True)
+@click.option("--family", type=click.Choice(["timm", "torchvision", "hf"]), default="timm", show_default=True)
 @click.option("--names", default="", help="Comma-separated names (without the family prefix) instead of all.")
 @click.option("-b", "--batch", default=8, show_default=True)
 @click.option("-n", "--iterations", default=2, show_default=True)
