@@ -122,6 +122,7 @@ def test_bad_input_exits_2_with_one_sentence(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # bad input makes no output folder
 
 
 def test_trace_show_refuses_broken_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

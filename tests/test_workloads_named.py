@@ -101,7 +101,7 @@ def test_tuple_outputs_add_the_auxiliary_losses() -> None:
         assert loss.dim() == 0
 
 
-def test_named_model_options_and_cli_shortcuts(capsys: pytest.CaptureFixture[str]) -> None:
+def test_named_model_options_and_cli_shortcuts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     spec = load_workload("torchvision:ResNet18")
     assert spec.name == "torchvision:resnet18" and spec.options == {"image_size": 224, "num_classes": 1000}
     wl = spec.build(WorkloadConfig("torchvision:resnet18", batch_size=3, options={"num_classes": 7}), "meta")
@@ -112,11 +112,13 @@ def test_named_model_options_and_cli_shortcuts(capsys: pytest.CaptureFixture[str
     assert vit.model.image_size == 384
     with pytest.raises(InputError, match="did you mean vgg19, vgg16"):
         load_workload("torchvision:vgg17").build(WorkloadConfig("torchvision:vgg17"), "meta")
-    argv = ["trace", "torchvision:resnet18", "-o", "X", "--seq-len", "5"]
+    out = str(tmp_path / "X")
+    argv = ["trace", "torchvision:resnet18", "-o", out, "--seq-len", "5"]
     assert main(argv) == 2
     assert "has no option seq_len" in capsys.readouterr().err
-    assert main(["trace", "hf:gpt2", "-o", "X", "--seq-len", "8", "--option", "seq_len=9"]) == 2
+    assert main(["trace", "hf:gpt2", "-o", out, "--seq-len", "8", "--option", "seq_len=9"]) == 2
     assert "contradicts" in capsys.readouterr().err
+    assert not (tmp_path / "X").exists()  # bad input makes no output folder
 
 
 def test_regnet_builds_on_meta() -> None:

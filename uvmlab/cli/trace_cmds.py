@@ -114,9 +114,11 @@ def trace_capture(
     from uvmlab.trace.capture import capture_trace
     from uvmlab.trace.schema import TraceFolder, write_trace
     from uvmlab.trace.summary import summarize
+    from workloads.registry import load_workload
 
     cfg = workload_config(workload, **kw)
     refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
+    load_workload(cfg.workload).resolve_options(cfg)  # a bad name or option is refused before -o DIR is made
     with TraceFolder.for_writing(out_dir, force) as folder:  # the writer's lock, held until the header is written
         with progress_bar(disable=fmt != "table") as bar:
             task = bar.add_task(plain(f"capturing {workload} on {device}"), total=cfg.iterations)
