@@ -305,7 +305,7 @@ def test_the_kit_runs_end_to_end_against_the_stub_and_validate_reads_it(
         factors=(0.03125, 0.0625),
         stream_iterations=2,
         gcn_chunk_edges=2_000,
-        gcn_factors=(0.03125,),
+        gcn_factors=(0.0625,),  # the torch file at 1,000 nodes needs 17.3 MB (its chunk temporaries)
         gcn_epochs=2,
         link_sizes=(2 * MiB, 8 * MiB),
         python=str(fake),
@@ -405,3 +405,20 @@ def test_the_stream_chunks_are_uvmbench_s() -> None:
 
     total = 33_669_316_608
     assert [chunk_elems(int(f * total) // 2 // 4) // PAGE_ELEMS for f in (1.0, 1.25, 1.5)] == [63, 79, 95]
+
+
+def test_gcn_footprint_is_affine_in_the_nodes_once_a_chunk_is_full() -> None:
+    """gcn_nodes_for reads the node count off the line through two traces: a third trace lies on it (to 0.1 %),
+    and the answer fits its target while 1,000 more nodes do not."""
+    pytest.importorskip("torch")
+    from uvmlab.measure.gpu.kit.plan import gcn_nodes_for, gcn_peak_bytes
+
+    chunk = 21_000  # full from 1,000 nodes on
+    n1 = 2_000
+    p1, p2 = gcn_peak_bytes(n1, chunk), gcn_peak_bytes(2 * n1, chunk)
+    line = p1 + (p2 - p1) / n1 * (9_000 - n1)
+    assert gcn_peak_bytes(9_000, chunk) == pytest.approx(line, rel=1e-3)
+    target = (gcn_peak_bytes(7_000, chunk) + gcn_peak_bytes(8_000, chunk)) // 2
+    n = gcn_nodes_for(target, chunk)
+    assert n == 7_000
+    assert gcn_nodes_for(gcn_peak_bytes(1_000, chunk) - 1, chunk) is None

@@ -1,30 +1,48 @@
-"""uvmbench's modes (uvmlab.sim.uvm.bench: device, prefetch, cudaMemAdvise hints) and the lone-sector efficiency."""
+"""uvmbench's modes (workloads/files/uvmbench.py: device, prefetch, cudaMemAdvise hints) run as ``uvmlab run`` runs
+the file, and the lone-sector efficiency."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS
-from uvmlab.measure.profile_fit import SECTOR_FIT, bench_measured
-from uvmlab.sim.uvm.bench import MODES, RTX5090_TOTAL_BYTES, SECTOR_BYTES, THREADS, simulate_uvmbench
-from uvmlab.sim.uvm.hints import remote_link_ns
-from uvmlab.sim.uvm.knobs import PAGE_BYTES
+from uvmlab.measure.profile_fit import RTX5090_TOTAL_BYTES, SECTOR_FIT, bench_measured, bench_ms
 from uvmlab.sim.uvm.profile import load_profile
 from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
 
 GPU = GPUS["RTX5090"]
 COSTS = replace(CostParams(sector_memory_efficiency=0.125), link_bytes_per_s=10e9)
 SCALE = 64
+THREADS = 256 * 256
+SECTOR_BYTES = 32
+PAGE_BYTES = 4096
+LAUNCHES = ("seq_chunk_kernel", "rand_chunk_kernel", "pointer_chunk_kernel")
+
+
+def _run(kernel: str, factor: float, mode: str, costs: CostParams = COSTS, iterations: int = 3) -> dict[str, Any]:
+    """result.json of the file at 1/SCALE of the memory, plus ``launch_ms`` (warm-ups, then the timed launches)."""
+    opts = {"kernel": kernel, "mode": mode, "size_factor": factor, "total_bytes": RTX5090_TOTAL_BYTES}
+    cfg = shipped_config(
+        "uvmbench", opts, "RTX5090", RTX5090_TOTAL_BYTES, iterations=iterations, sim_options={"sim_scale": SCALE}
+    )
+    _, res, result = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
+    k = res.kernels
+    result["launch_ms"] = (k.loc[k["name"].isin(LAUNCHES), "duration_ns"].to_numpy() / 1e6).tolist()
+    result["median_ms"] = float(np.median(result["launch_ms"][2:]))
+    return result
 
 
 def _sector_bytes_per_array(factor: float) -> float:
-    """Lone-sector bytes one launch touches in one seq/rand array at full scale (one 4 B element per page)."""
-    array = int(RTX5090_TOTAL_BYTES * factor) // 2 // SCALE
-    return -(-array // PAGE_BYTES) * SECTOR_BYTES * SCALE
+    """Lone-sector bytes one launch touches in one seq/rand array (one 4 B element per page)."""
+    array = int(RTX5090_TOTAL_BYTES * factor) // 2
+    return -(-array // PAGE_BYTES) * SECTOR_BYTES
 
 
 def _native_ms(nbytes: float, costs: CostParams = COSTS) -> float:
@@ -32,9 +50,9 @@ def _native_ms(nbytes: float, costs: CostParams = COSTS) -> float:
 
 
 def test_device_mode_is_the_lone_sector_roofline() -> None:
-    r = simulate_uvmbench("seq_stream", 0.5, mode="device", costs=COSTS, scale=SCALE)
-    assert r.median_ms == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.5)), rel=1e-9)
-    assert r.fault_count == r.htod_bytes == r.remote_bytes == 0
+    r = _run("seq_stream", 0.5, "device")
+    assert r["median_ms"] == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.5)), rel=1e-6)
+    assert r["fault_count"] == r["htod_bytes"] == r["remote_bytes"] == 0
 
 
 def test_sector_efficiency_defaults_to_the_memory_efficiency() -> None:
@@ -42,8 +60,8 @@ def test_sector_efficiency_defaults_to_the_memory_efficiency() -> None:
     assert plain.sector_memory_efficiency is None
     assert plain.for_scattered_sectors().memory_efficiency == plain.memory_efficiency
     assert COSTS.for_scattered_sectors().memory_efficiency == 0.125
-    r = simulate_uvmbench("seq_stream", 0.5, mode="device", costs=plain, scale=SCALE)
-    assert r.median_ms == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.5), plain), rel=1e-9)
+    r = _run("seq_stream", 0.5, "device", costs=plain)
+    assert r["median_ms"] == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.5), plain), rel=1e-6)
     with pytest.raises(InputError, match="sector_memory_efficiency"):
         CostParams(sector_memory_efficiency=0.0)
 
@@ -51,47 +69,38 @@ def test_sector_efficiency_defaults_to_the_memory_efficiency() -> None:
 @pytest.mark.parametrize("kernel", ["seq_stream", "rand_stream"])
 @pytest.mark.parametrize("mode", ["uvm", "uvm_prefetch", "uvm_advise_pref_gpu", "uvm_advise_read"])
 def test_undersubscribed_local_modes_run_native_after_the_warmups(kernel: str, mode: str) -> None:
-    r = simulate_uvmbench(kernel, 0.25, mode=mode, costs=COSTS, scale=SCALE)
-    assert r.fault_count == r.htod_bytes == r.dtoh_bytes == r.eviction_count == 0
-    assert r.median_ms == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.25)), rel=1e-9)
+    r = _run(kernel, 0.25, mode)
+    assert r["fault_count"] == r["htod_bytes"] == r["dtoh_bytes"] == r["eviction_count"] == 0
+    assert r["median_ms"] == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.25)), rel=1e-6)
 
 
 def test_prefetch_moves_the_data_before_the_first_launch() -> None:
-    plain = simulate_uvmbench("seq_stream", 0.25, mode="uvm", costs=COSTS, scale=SCALE)
-    pre = simulate_uvmbench("seq_stream", 0.25, mode="uvm_prefetch", costs=COSTS, scale=SCALE)
-    assert plain.times_ns[0] > 10 * plain.times_ns[-1]  # the first warm-up faults everything in
-    assert pre.times_ns[0] == pytest.approx(pre.times_ns[-1])  # nothing left to fault
+    plain = _run("seq_stream", 0.25, "uvm")["launch_ms"]
+    pre = _run("seq_stream", 0.25, "uvm_prefetch")["launch_ms"]
+    assert plain[0] > 10 * plain[-1]  # the first warm-up faults everything in
+    assert pre[0] == pytest.approx(pre[-1])  # nothing left to fault
 
 
 def test_preferred_location_cpu_reads_and_writes_every_sector_remotely() -> None:
-    r = simulate_uvmbench("seq_stream", 0.25, mode="uvm_advise_pref_cpu", costs=COSTS, scale=SCALE, iterations=3)
-    per = _sector_bytes_per_array(0.25)
-    assert r.remote_bytes == int(2 * per * 3)
-    assert r.median_ms == pytest.approx(remote_link_ns(per, per, 10e9) / 1e6, rel=1e-9)
-    assert r.fault_count == 0
+    r = _run("seq_stream", 0.25, "uvm_advise_pref_cpu")
+    assert r["fault_count"] == 0 and r["remote_bytes"] > 0
+    assert r["median_ms"] > 2 * _native_ms(2 * _sector_bytes_per_array(0.25))  # the link, not the DRAM, sets it
 
 
 def test_accessed_by_reads_the_host_written_array_remotely_and_keeps_the_rest_local() -> None:
-    per = _sector_bytes_per_array(0.25)
-    r = simulate_uvmbench("rand_stream", 0.25, mode="uvm_advise_access", costs=COSTS, scale=SCALE, iterations=1)
-    assert r.remote_bytes == int(per)  # input only: the output is populated on the faulting GPU
-    assert r.median_ms == pytest.approx(max(_native_ms(per), remote_link_ns(per, 0, 10e9) / 1e6), rel=1e-9)
-    chase = simulate_uvmbench("pointer_chase", 0.25, mode="uvm_advise_access", costs=COSTS, scale=SCALE)
-    assert chase.remote_bytes == 0  # its nodes are written by a GPU kernel, so they live on the GPU
-    remote = simulate_uvmbench("pointer_chase", 0.25, mode="uvm_advise_pref_cpu", costs=COSTS, scale=SCALE)
-    assert remote.remote_bytes == THREADS * 9 * SECTOR_BYTES * 3  # 8 chased nodes and 1 output float per thread
+    access = _run("rand_stream", 0.25, "uvm_advise_access")
+    pref_cpu = _run("rand_stream", 0.25, "uvm_advise_pref_cpu")
+    assert 0 < access["remote_bytes"] < pref_cpu["remote_bytes"]  # input only: the output is populated on the GPU
+    chase = _run("pointer_chase", 0.25, "uvm_advise_access")
+    assert chase["remote_bytes"] == 0  # its nodes are written by a GPU kernel, so they live on the GPU
 
 
-def test_hint_modes_are_refused_under_oversubscription_and_unknown_modes_always() -> None:
-    for mode in ("uvm_advise_read", "uvm_advise_pref_gpu", "uvm_advise_pref_cpu", "uvm_advise_access"):
-        with pytest.raises(InputError, match="fits the GPU"):
-            simulate_uvmbench("seq_stream", 1.25, mode=mode, scale=SCALE)
-    assert simulate_uvmbench("seq_stream", 1.25, mode="uvm_prefetch", scale=SCALE).median_ms > 0
+def test_bad_modes_and_device_mode_above_0_8_are_refused_by_the_file() -> None:
+    assert bench_ms("seq_stream", 1.25, COSTS, mode="uvm_prefetch") > 0
     with pytest.raises(InputError, match=r"device mode above size_factor 0\.8"):
-        simulate_uvmbench("seq_stream", 0.9, mode="device", scale=SCALE)
+        _run("seq_stream", 0.9, "device")
     with pytest.raises(InputError, match="unknown uvmbench mode"):
-        simulate_uvmbench("seq_stream", 0.25, mode="uvm_advise_magic", scale=SCALE)
-    assert len(MODES) == 7
+        _run("seq_stream", 0.25, "uvm_advise_magic")
 
 
 def test_the_shipped_profile_reproduces_its_sector_fit_point(real_data: Path) -> None:
@@ -103,6 +112,4 @@ def test_the_shipped_profile_reproduces_its_sector_fit_point(real_data: Path) ->
     measured = bench_measured(uvm, "seq_stream", factor, mode=mode)
     costs = load_profile("RTX5090")
     assert costs.sector_memory_efficiency is not None
-    assert simulate_uvmbench("seq_stream", factor, mode=mode, costs=costs).median_ms == pytest.approx(
-        measured, rel=1e-9
-    )
+    assert bench_ms("seq_stream", factor, costs, mode=mode) == pytest.approx(measured, rel=1e-4)  # ns rounding

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ from uvmlab.trace.strides import strided_columns
 
 MiB = 1 << 20
 GPU = GPUS["A100-80GB"]
+
+REPLICA_PROFILE = Path(__file__).parent / "golden" / "rtx5090_profile_11fbf57.json"
+"""The RTX 5090 profile the hand-built uvmbench replica's times below were computed with (main at 11fbf57)."""
 
 
 def _stream_program(arr: int, threads: int, order: str = "sequential", launches: int = 3, **cols: object) -> Program:
@@ -97,25 +101,33 @@ def test_gather_and_scatter_touched_bytes() -> None:
     assert k.iloc[0]["native_ns"] > 10 * kernel_time_ns(np.zeros(1), np.array([out + idx]), GPU, fast)[0]
 
 
-def test_gather_faults_in_random_index_order() -> None:
-    """A gather over a CPU-resident table faults its pages in a seeded random order (full batches of sparse pages,
-    spread over every block) rather than in address order (``batch_unique_pages`` per batch); a resident table
-    takes the fast path (no stream kernel)."""
+def test_declared_gather_faults_in_random_index_order_derived_in_address_order() -> None:
+    """A gather declared ``order="gather"`` over a CPU-resident table faults its pages in a seeded random order
+    (full batches of sparse pages, spread over every block); a traced ``index_select`` (derived plan: index order
+    unknown) faults in address order (``batch_unique_pages`` per batch) but keeps its rows-moved native bytes; a
+    resident table takes the fast path (no stream kernel)."""
     table, out, idx = 256 * MiB, 4 * MiB, 64 * 1024
-    p = Program({"table": table, "idx": idx, "out": out})
-    p.api("host_write", "table")
-    k = p.kernel(reads=("table", "idx"), writes=("out",))
-    p.kernels[k]["name"] = "aten.index_select.default"
-    k2 = p.kernel(reads=("table", "idx"), writes=("out",))
-    p.kernels[k2]["name"] = "aten.index_select.default"
-    res, kk = p.run(4 * table)
+
+    def gathers(order: str) -> Program:
+        p = Program({"table": table, "idx": idx, "out": out})
+        p.api("host_write", "table")
+        for _ in range(2):
+            k = p.kernel(reads=("table", "idx"), writes=("out",))
+            p.kernels[k].update(name="aten.index_select.default", order=order)
+        return p
+
+    res, kk = gathers("gather").run(4 * table)
     assert res.stream_kernels == 1  # the second gather finds every page resident
-    res_a, ka = p.run(4 * table, knobs=UvmKnobs(derived_orders=False))
-    assert res_a.stream_kernels == 0
+    res_d, kd = gathers("").run(4 * table)
+    assert res_d.stream_kernels == 0
     per_batch = kk.iloc[1]["fault_count"] / kk.iloc[1]["fault_batch_count"]
-    assert per_batch > 4 * ka.iloc[1]["fault_count"] / ka.iloc[1]["fault_batch_count"]
+    assert per_batch > 4 * kd.iloc[1]["fault_count"] / kd.iloc[1]["fault_batch_count"]
     assert per_batch == pytest.approx(UvmKnobs().fault_batch_count, rel=0.1)
     assert kk.iloc[1]["htod_bytes"] >= table  # every page of the table still comes over
+    assert kd.iloc[1]["htod_bytes"] >= table
+    assert kd.iloc[2]["native_ns"] == pytest.approx(kk.iloc[2]["native_ns"])  # rows moved in both
+    _, ka = gathers("").run(4 * table, knobs=UvmKnobs(derived_orders=False))
+    assert ka.iloc[2]["native_ns"] > 10 * kd.iloc[2]["native_ns"]  # off: the whole table
 
 
 def test_page_strided_view_is_a_stream_and_resident_kernels_take_the_fast_path() -> None:
@@ -292,25 +304,30 @@ def test_recorder_records_strides() -> None:
 def test_general_path_reproduces_the_uvmbench_replica() -> None:
     """uvmbench seq_stream and rand_stream written as trace rows (host write, order sequential / lcg, 65,536
     threads, warps of 32, page stride) through the general replay with the automatic scale (16) give the launch
-    times of uvmlab.sim.uvm.bench's hand-built replica exactly (what lets bench.py go)."""
+    times of the hand-built replica that was uvmlab/sim/uvm/bench.py (``simulate_uvmbench(kernel, factor,
+    costs=load_profile("RTX5090"), iterations=1).times_ns`` on main at 11fbf57, with the profile of that commit)."""
     from tests.uvm_synth import nocache_placement
-    from uvmlab.sim.uvm.bench import RAND_BASE_SEED, RTX5090_TOTAL_BYTES, THREADS, simulate_uvmbench
-    from uvmlab.sim.uvm.profile import load_profile
     from uvmlab.sim.uvm.replay import replay
+    from uvmlab.sim.uvm.timing import CostParams
 
+    replica = {
+        ("seq_stream", 1.0): [3343527479.9, 167887056.0, 167763930.2],
+        ("rand_stream", 1.25): [4250393695.2, 1791203805.4, 1784912787.6],
+    }
+    total = 33_669_316_608
     gpu = GPUS["RTX5090"]
-    costs = load_profile("RTX5090")
-    for kernel, order, factor in (("seq_stream", "sequential", 1.0), ("rand_stream", "lcg", 1.25)):
-        arr = int(RTX5090_TOTAL_BYTES * factor) // 2
+    costs = CostParams.from_file(REPLICA_PROFILE)
+    for (kernel, factor), want in replica.items():
+        arr = int(total * factor) // 2
         p = Program({"in": arr, "out": arr})
         p.api("host_write", "in")
         for _ in range(3):
             k = p.kernel(reads=("in",), writes=("out",))
-            p.kernels[k].update(order=order, threads=THREADS, warp_size=32, stride_bytes=4096, seed=RAND_BASE_SEED)
+            order = "sequential" if kernel == "seq_stream" else "lcg"
+            p.kernels[k].update(order=order, threads=65536, warp_size=32, stride_bytes=4096, seed=0x12345678)
         tr = p.trace()
-        res = replay(tr, nocache_placement(tr), RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, UvmKnobs(), costs)
+        res = replay(tr, nocache_placement(tr), total - gpu.context_bytes, gpu, UvmKnobs(), costs)
         assert res.sim_scale == 16
-        want = simulate_uvmbench(kernel, factor, costs=costs, iterations=1).times_ns
         got = res.kernels["duration_ns"].to_numpy()[1:]
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kernel)  # ns rounding of the native time
 

@@ -8,8 +8,6 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.gpus import GPUS
-from uvmlab.sim.allocator.placement import place
-from uvmlab.sim.uvm.gcn import gcn_trace
 from uvmlab.sim.uvm.replay import kernel_statics, range_events, replay, translate_accesses
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.schema import NEVER_FREED
@@ -55,28 +53,37 @@ def test_translate_accesses_offsets_within_ranges() -> None:
     assert acc.rows[acc.lo[1] : acc.hi[1]] == [(0, 4, 8, False)]
 
 
+def _file_trace(name: str, options: dict, iterations: int = 2):
+    """(trace, placement) of a shipped program file as ``uvmlab run FILE --pca off`` prepares them."""
+    from uvmlab.uvm.simulate import prepare, shipped_config
+
+    prep = prepare(shipped_config(name, options, "RTX5090", iterations=iterations))
+    return prep.trace, prep.placement
+
+
 def test_kernel_statics_honour_touched_bytes_and_api() -> None:
-    tr = gcn_trace(100_000, epochs=1, with_prefetch=True)
+    tr, _ = _file_trace("gcn", {"nodes": 100_000, "prefetch": True}, iterations=1)
     kern = tr.kernels.sort_values("seq").reset_index(drop=True)
     st = kernel_statics(tr, kern, GPU, CostParams().for_gpu(GPU), "fp32")
     assert st.api.count("prefetch") == (kern["api"] == "prefetch").sum() > 0
-    plain = kern.drop(columns=["touched_bytes"])
-    st2 = kernel_statics(tr, plain, GPU, CostParams().for_gpu(GPU), "fp32")
-    gather = (kern["name"] == "index").to_numpy()
-    # a gather's roofline uses the rows it moves (touched_bytes), not the byte span of the indexed table
-    assert not np.allclose(st.native_ns[gather], st2.native_ns[gather])
+    bench, _ = _file_trace("uvmbench", {"size_factor": 0.01})
+    kern = bench.kernels.sort_values("seq").reset_index(drop=True)
+    st = kernel_statics(bench, kern, GPU, CostParams().for_gpu(GPU), "fp32")
+    st2 = kernel_statics(bench, kern.assign(touched_bytes=np.nan), GPU, CostParams().for_gpu(GPU), "fp32")
+    launch = (kern["api"] == "").to_numpy()
+    # a page-strided kernel's roofline uses the sectors it moves (touched_bytes), not the byte span of its arrays
+    assert (st.native_ns[launch] < st2.native_ns[launch]).all()
 
 
 def test_prefetch_kernels_remove_faults_and_host_writes_create_migrations() -> None:
-    tr = gcn_trace(100_000, epochs=2, with_prefetch=True)
-    pl = place(tr, "nocache")
+    tr, pl = _file_trace("gcn", {"nodes": 100_000, "prefetch": True})
     cap = 1 << 34
     with_p = replay(tr, pl, cap, GPU)
-    plain_tr = gcn_trace(100_000, epochs=2)
-    without = replay(plain_tr, place(plain_tr, "nocache"), cap, GPU)
+    plain_tr, plain_pl = _file_trace("gcn", {"nodes": 100_000})
+    without = replay(plain_tr, plain_pl, cap, GPU)
     assert with_p.totals.fault_count < 0.05 * without.totals.fault_count
     k = tr.kernels.copy()
-    k.loc[k["name"] == "randn", "api"] = "host_write"  # x written by the CPU instead of a kernel
+    k.loc[k["name"] == "aten::randn", "api"] = "host_write"  # x written by the CPU instead of a kernel
     tr2 = type(tr)(tr.allocations, k, tr.accesses, tr.header)
     hw = replay(tr2, pl, cap, GPU)
     assert hw.totals.htod_bytes > with_p.totals.htod_bytes  # x now comes from the host on first GPU use

@@ -49,11 +49,36 @@ def test_fast_subset_keeps_every_declared_band(
     hint_modes = [m for m in RQ4_MODES if m not in NATIVE_MODES]
     assert len(hint_modes) == 3
     assert s["validation_with_band"] >= s["validation_points"] - 2 - len(KNOWN_MISSES) - 2 * len(hint_modes)
+    _uvmbench_acceptance(payload["points"])
     # the run directory holds the same points
     rd = tmp_path / "run"
     assert json.loads((rd / "result.json").read_text())["validation_within_2x"] == s["validation_within_2x"]
     assert len(pd.read_parquet(rd / "tables" / "scorecard.parquet")) == s["points"]
     assert (rd / "figures" / "scorecard.png").stat().st_size > 10_000
+
+
+def _uvmbench_acceptance(points: list[dict]) -> None:
+    """Issue 11's acceptance on the fast subset's uvmbench points (run once there rather than a second time):
+    seq_stream 1.0x, 1.5x and rand_stream 1.0x, 1.25x within 2x, the 1.25x/1.0x ratio >= 5, rand_stream faster
+    than seq_stream at every factor (as measured); only seq_stream 1.25x fitted, pointer_chase validation only."""
+    pts = {(p["case"], p["quantity"]): p for p in points}
+    for f in ("1.0", "1.25", "1.5"):
+        seq, rand = (pts[(f"t0rq3_results: {k} uvm {f}x", "kernel_time")] for k in ("seq_stream", "rand_stream"))
+        assert rand["predicted"] < seq["predicted"] and rand["measured"] < seq["measured"], f
+    for case in (
+        "t0rq3_results: seq_stream uvm 1.0x",
+        "t0rq3_results: seq_stream uvm 1.5x",
+        "t0rq3_results: rand_stream uvm 1.0x",
+        "t0rq3_results: rand_stream uvm 1.25x",
+    ):
+        r = pts[(case, "kernel_time")]["ratio"]
+        assert r is not None and 0.5 <= r <= 2.0, case
+    for k in ("seq_stream", "rand_stream"):
+        assert pts[(f"t0rq3_results: {k}", "time_ratio_1.25x_over_1.0x")]["predicted"] >= 5
+    assert pts[("t0rq3_results: seq_stream uvm 1.25x", "kernel_time")]["fitted"]
+    assert not pts[("t0rq3_results: seq_stream uvm 1.5x", "kernel_time")]["fitted"]
+    chase = [pts[(f"t0rq3_results: pointer_chase uvm {f}x", "kernel_time")] for f in ("1.25", "1.5")]
+    assert not any(p["fitted"] for p in chase)  # validation only: nothing was fitted on pointer_chase
 
 
 @pytest.mark.real_data
@@ -77,17 +102,16 @@ def test_a_broken_prediction_lowers_the_count_and_fails(
 def test_a_uvm_model_regression_fails_the_titanv_check(
     real_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Split the warp's faults into 16-page batches (as a model that ignored the warp's concurrency would): the
-    per-kind VA blocks and the fault totals no longer match the logs."""
-    from uvmlab.sim.uvm.knobs import UvmKnobs
+    """Split the warp's faults into 16-entry batches (as a model that ignored the warp's concurrency would): the
+    per-kind VA blocks no longer match the logs."""
     from uvmlab.validate import titanv_checks
 
     original = titanv_checks.simulate_abc
 
-    def with_prefetch() -> tuple:
-        return original(knobs=UvmKnobs(prefetch_enable=False, batch_unique_pages=16))
+    def small_batches(**kwargs: object) -> tuple:
+        return original(sim_options={**titanv_checks.ABC_SIM_OPTIONS, "fault_batch_count": 16}, **kwargs)
 
-    monkeypatch.setattr(titanv_checks, "simulate_abc", with_prefetch)
+    monkeypatch.setattr(titanv_checks, "simulate_abc", small_batches)
     rc, bad = _run_json([str(real_data), "--check", "titanv-abc"], capsys)
     assert rc == 1
     assert bad["summary"]["validation_band_kept"] < bad["summary"]["validation_with_band"] == 24

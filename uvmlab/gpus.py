@@ -154,6 +154,11 @@ class GpuSpec:
         """The most any derived host-link rate may be for this GPU (its link's peak)."""
         return self.link_peak_bytes_per_s or self.link_bytes_per_s
 
+    @property
+    def catalog_name(self) -> str:
+        """The name in :data:`GPUS` (``--gpu``), without the capacity :meth:`with_memory` appends."""
+        return self.name.split(" (")[0]
+
     def with_memory(self, memory_bytes: int) -> GpuSpec:
         """The same GPU with a different capacity (``--gpu-memory``)."""
         if memory_bytes > MAX_MEMORY_BYTES:

@@ -36,7 +36,6 @@ from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
-from uvmlab.stats.schema import steady_mean
 
 FAULT_PATH = (
     "batch_turnaround_ns",
@@ -53,12 +52,14 @@ PREFETCH_PROBE_NS = 10_000.0
 SECTOR_FIT = ("device", 0.5)
 """The uvmbench point ``sector_memory_efficiency`` is fitted on: seq_stream, this mode and size factor (t0rq3)."""
 BENCH_SCALE = 16
+"""Memory scale-down of the simulated uvmbench runs (``--sim-option sim_scale``, docs/uvm-sim.md)."""
+GCN_CHUNK_EDGES = 2_000_000
+"""benchmark_gnn_uvm.py's ``--chunk_size`` default (workloads/files/gcn.py)."""
 RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
 RQ4_FACTOR = 0.25
 """rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
 RTX5090_TOTAL_BYTES = 33_669_316_608
 """``cudaMemGetInfo`` total of the RTX 5090 in gpu_ext's CSVs (``working_set_bytes`` at size_factor 1.0)."""
-"""Memory scale-down of the simulated uvmbench runs (uvmlab.sim.uvm.bench)."""
 
 
 def scaled(base: CostParams, s: float) -> CostParams:
@@ -88,28 +89,54 @@ def bench_measured(uvm_dir: Path, kernel: str, factor: float, mode: str = "uvm",
     return float(row["median_ms"].iloc[0])
 
 
-def gcn_epoch_s(nodes: int, costs: CostParams, prefetch: bool = False, knobs: Any = None) -> tuple[float, float, int]:
-    """Simulated (UVM epoch s, native epoch s, peak allocated bytes) of the GCN on the RTX 5090.
+def gcn_epoch_s(
+    nodes: int,
+    costs: CostParams | None,
+    prefetch: bool = False,
+    sim_options: dict[str, Any] | None = None,
+    gpu: str = "RTX5090",
+    total_bytes: int | None = RTX5090_TOTAL_BYTES,
+    chunk_edges: int = GCN_CHUNK_EDGES,
+) -> tuple[float, float, int]:
+    """Simulated (UVM epoch s, native epoch s, peak allocated bytes) of ``workloads/files/gcn.py`` at ``nodes``
+    (the mean of the epochs after the warm-up; native: the all-resident time, ``native_pca_time_ns``).
 
-    ``prefetch``: the script's own user-prefetch variant (prefetches in the trace); ``knobs``: UvmKnobs (e.g.
-    ``prefetch_on_alloc``, the advisor's policy of the same name)."""
-    from uvmlab.sim.allocator.placement import place
-    from uvmlab.sim.uvm.bench import RTX5090_TOTAL_BYTES
-    from uvmlab.sim.uvm.gcn import gcn_trace
-    from uvmlab.sim.uvm.replay import replay
+    ``prefetch``: the file's ``prefetch=true`` (the script's own prefetching allocator); ``sim_options``: simulator
+    knobs (e.g. ``prefetch_on_alloc``, the advisor's policy of the same name); ``costs``: None for the GPU's
+    profile."""
+    from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
 
-    gpu = GPUS["RTX5090"]
-    tr = gcn_trace(nodes, with_prefetch=prefetch)
-    pl = place(tr, "nocache")
-    r = replay(tr, pl, RTX5090_TOTAL_BYTES - gpu.context_bytes, gpu, knobs, costs)
-    return steady_mean(r.iterations["duration_ns"]) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
+    opts = {"nodes": int(nodes), "prefetch": bool(prefetch), "chunk_edges": int(chunk_edges)}
+    cfg = shipped_config("gcn", opts, gpu, total_bytes, sim_options=sim_options)
+    prep, _, result = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
+    return (
+        result["iteration_time_ns"] / 1e9,
+        result["native_pca_time_ns"] / 1e9,
+        int(prep.placement.peak_allocated_bytes),
+    )
 
 
-def bench_ms(kernel: str, factor: float, costs: CostParams, mode: str = "uvm") -> float:
-    """Simulated uvmbench median (ms)."""
-    from uvmlab.sim.uvm.bench import simulate_uvmbench
+def bench_ms(
+    kernel: str,
+    factor: float,
+    costs: CostParams | None,
+    mode: str = "uvm",
+    gpu: str = "RTX5090",
+    total_bytes: int = RTX5090_TOTAL_BYTES,
+    iterations: int = 3,
+) -> float:
+    """Simulated uvmbench median (ms) of the timed launches of ``workloads/files/uvmbench.py`` (``costs``: None for
+    the GPU's profile), replayed at 1 / ``BENCH_SCALE`` of the memory (``--sim-option sim_scale``)."""
+    import numpy as np
 
-    return simulate_uvmbench(kernel, factor, mode=mode, costs=costs, scale=BENCH_SCALE).median_ms
+    from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
+
+    opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
+    cfg = shipped_config(
+        "uvmbench", opts, gpu, total_bytes, iterations=iterations, sim_options={"sim_scale": BENCH_SCALE}
+    )
+    _, res, _ = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
+    return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
 
 
 def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostParams, dict[str, Any]]:

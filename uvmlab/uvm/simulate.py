@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.config import RunConfig
+from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.files.env import env_info
 from uvmlab.files.rundir import RunDir
@@ -266,10 +266,23 @@ def _native_columns(its: Any, prep: Prepared, pca: bool, costs: CostParams) -> A
     return its
 
 
-def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> tuple[ReplayResult, dict]:
-    """Step 5 on prepared inputs: replay and build result.json (no files written)."""
+def simulate_prepared(
+    cfg: RunConfig,
+    prep: Prepared,
+    progress: Any = None,
+    costs: CostParams | None = None,
+    record_events: bool = False,
+) -> tuple[ReplayResult, dict]:
+    """Step 5 on prepared inputs: replay and build result.json (no files written).
+
+    ``costs``: cost parameters to use instead of ``cfg``'s (``--params`` or the GPU's profile), e.g. a profile
+    being fitted (uvmlab.measure.profile_fit); ``record_events``: keep the driver's per-kernel events
+    (``ReplayResult.events``: fault batches, services, evictions)."""
     knobs = UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
-    costs, costs_source = costs_and_source(cfg)  # once: a profile is a file read and a pick
+    if costs is None:
+        costs, costs_source = costs_and_source(cfg)  # once: a profile is a file read and a pick
+    else:
+        costs_source = "given by the caller"
     t0 = time.perf_counter()
     res = replay(
         prep.trace,
@@ -280,11 +293,77 @@ def simulate_prepared(cfg: RunConfig, prep: Prepared, progress: Any = None) -> t
         costs,
         dtype=cfg.workload.dtype,
         progress=progress,
+        record_events=record_events,
     )
     res.iterations = _native_columns(res.iterations, prep, cfg.pca, costs)
     result = result_dict(cfg, prep, res, knobs, costs, costs_source)
     result["sim_wall_s"] = time.perf_counter() - t0
     return res, result
+
+
+def simulate(
+    cfg: RunConfig,
+    costs: CostParams | None = None,
+    record_events: bool = False,
+    available_bytes: int | None = None,
+) -> tuple[Prepared, ReplayResult, dict]:
+    """What ``uvmlab run --mode sim`` computes for ``cfg`` (workload name or file, options, GPU, oversubscription,
+    PCA, ``--sim-option`` knobs), without a run directory: (prepared inputs, replay, result.json content).
+    ``costs`` / ``record_events``: as :func:`simulate_prepared`; ``available_bytes``: the GPU memory UVM may use
+    instead of footprint / oversubscription (as :func:`prepare`; ``uvmlab advise`` fixes it so, the scorecard gives
+    the whole card of a real run: :func:`card_bytes`). A policy must arrive resolved (``cfg.applied``)."""
+    if cfg.policy and cfg.applied is None:
+        raise InvariantError(f"policy {cfg.policy!r} reached the simulator unresolved (resolve_policy)")
+    if available_bytes is None and cfg.applied is not None:
+        available_bytes = cfg.applied.available_bytes
+    prep = prepare(cfg, available_bytes=available_bytes)
+    res, result = simulate_prepared(cfg, prep, costs=costs, record_events=record_events)
+    return prep, res, result
+
+
+def shipped_config(
+    name: str,
+    options: dict[str, Any],
+    gpu: str,
+    gpu_memory_bytes: int | None = None,
+    *,
+    iterations: int = 3,
+    pca: bool = False,
+    prefetch: bool = True,
+    sim_options: dict[str, Any] | None = None,
+) -> RunConfig:
+    """The RunConfig of ``uvmlab run workloads/files/NAME.py --option K=V ... --gpu GPU --gpu-memory BYTES --pca off
+    --iterations N --sim-option K=V``. The scorecard runs the shipped program files with it (uvmlab/validate),
+    on the whole card (``simulate(cfg, available_bytes=card_bytes(cfg))``)."""
+    wl = WorkloadConfig(str(shipped_workload(name)), iterations=iterations, options=dict(options))
+    return RunConfig(
+        wl,
+        pca=pca,
+        mode="sim",
+        gpu=gpu,
+        gpu_memory_bytes=gpu_memory_bytes,
+        prefetch=prefetch,
+        sim_options=dict(sim_options or {}),
+    )
+
+
+def card_bytes(cfg: RunConfig) -> int:
+    """The memory UVM may use on the whole card of ``cfg`` (``--gpu`` / ``--gpu-memory`` less the context): what a
+    real run of a program that sizes its own arrays had, whatever its footprint."""
+    return run_gpu_spec(cfg).usable_bytes
+
+
+def shipped_workload(name: str) -> Path:
+    """The program file ``workloads/files/NAME.py`` that ships with uvmlab (package data; docs/workloads.md)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("workloads")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        path = Path(root) / "files" / f"{name}.py"
+        if path.is_file():
+            return path
+    raise InputError(f"no shipped workload file {name!r} (workloads/files/{name}.py) in this installation")
 
 
 def simulate_run(

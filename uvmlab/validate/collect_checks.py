@@ -11,9 +11,10 @@ absent). None promises a band yet: they are first measurements, tabulated so tha
 * ``collect-cudnn`` (``cudnn/uvmlab_collect``): per case, the largest allocation a cuDNN call made in the logged
   iteration (``workspaces.csv``; else the largest ``workSpaceSizeInBytes`` of ``calls.csv``) against the largest
   cuDNN workspace of uvmlab's trace under the default workspace model (docs/estimate.md).
-* ``collect-uvm`` (``uvm/uvmlab_collect``): each stream row against ``uvmlab.sim.uvm.bench.simulate_uvmbench`` with the
+* ``collect-uvm`` (``uvm/uvmlab_collect``): each stream row against the shipped ``workloads/files/uvmbench.py`` with the
   recorded total memory, the recorded GPU's spec and its cost profile (uvmlab.sim.uvm.profile.pick_profile); each GCN
-  run's epoch time (UVM and native) and peak managed bytes against the replay of ``uvmlab.sim.uvm.gcn.gcn_trace``.
+  run's epoch time (UVM and native) and peak managed bytes against ``workloads/files/gcn.py``; both run as
+  ``uvmlab run FILE`` runs them (``uvmlab.measure.profile_fit.bench_ms`` / ``gcn_epoch_s``).
 * ``collect-link`` (``link/uvmlab_collect/timings.csv``): each prefetch row's time against ``bytes /
   transfer_bandwidth(bytes, link)`` with the profile's (or the spec's) link bandwidth.
 
@@ -156,23 +157,10 @@ def check_cudnn(data_dir: Path) -> list[Point]:
     return points
 
 
-def gcn_times(nodes: int, chunk: int, spec: Any, costs: Any, total: int) -> tuple[float, float, int]:
-    """(UVM epoch s, native epoch s, peak managed bytes) of the simulated GCN on a card of ``total`` bytes."""
-    from uvmlab.sim.allocator.placement import place
-    from uvmlab.sim.uvm.gcn import gcn_trace
-    from uvmlab.sim.uvm.replay import replay
-    from uvmlab.stats.schema import steady_mean
-
-    tr = gcn_trace(nodes, chunk_edges=chunk)
-    pl = place(tr, "nocache")
-    r = replay(tr, pl, total - spec.context_bytes, spec, None, costs)
-    return steady_mean(r.iterations["duration_ns"]) / 1e9, r.baseline_iteration_ns / 1e9, int(pl.peak_allocated_bytes)
-
-
 @check("collect-uvm", needs=L.UVM_DIR)
 def check_uvm(data_dir: Path) -> list[Point]:
     """Streams and GCN runs against the UVM simulator on the recorded GPU."""
-    from uvmlab.sim.uvm.bench import simulate_uvmbench
+    from uvmlab.measure.profile_fit import bench_ms, gcn_epoch_s
     from uvmlab.sim.uvm.profile import pick_profile
 
     folder = data_dir / L.UVM_DIR
@@ -187,10 +175,10 @@ def check_uvm(data_dir: Path) -> list[Point]:
             factors = f"{float(r['free_factor']):g}x of free ({float(r['size_factor']):.3f}x of total)"
             case = f"{r['kernel']} {r['mode']} {factors}"
             try:
-                predicted: float | None = simulate_uvmbench(
-                    str(r["kernel"]), float(r["size_factor"]), mode=str(r["mode"]), total_bytes=total, gpu=spec,
-                    costs=costs,
-                ).median_ms  # fmt: skip
+                predicted: float | None = bench_ms(
+                    str(r["kernel"]), float(r["size_factor"]), costs, mode=str(r["mode"]), gpu=spec.catalog_name,
+                    total_bytes=total,
+                )  # fmt: skip
             except InputError as exc:  # a row the simulator does not model (it says which)
                 predicted, how = None, str(exc)
             points.append(Point(ds, case, "kernel_time", "ms", float(r["median_ms"]), predicted, note=f"{note}; {how}"))
@@ -202,7 +190,9 @@ def check_uvm(data_dir: Path) -> list[Point]:
         total = int(meta.get("gpu_total_bytes") or 0)
         spec, note = collected_gpu(meta, total or None)
         costs, how = pick_profile(spec)
-        t_uvm, t_native, peak = gcn_times(nodes, chunk, spec, costs, total or spec.memory_bytes)
+        t_uvm, t_native, peak = gcn_epoch_s(
+            nodes, costs, gpu=spec.catalog_name, total_bytes=total or spec.memory_bytes, chunk_edges=chunk
+        )
         case = f"{nodes:,} nodes"
         points.append(
             Point(ds, case, "uvm_epoch_time", "s", float(doc["avg_epoch_time_s"]), t_uvm, note=f"{note}; {how}")

@@ -2,10 +2,12 @@
 
 abc.cu (real-data/uvm README section 1): three managed 2 MiB arrays a, b, c; the CPU initialises the first 32
 pages of each; one warp of 32 threads does ``c[p] = a[p] + b[p]``, one page per thread; prefetcher off. Each of
-the four logs shows 96 faults: 56 + 8 reads (two VA blocks, then one) and 32 writes (one block). The model
-(:class:`uvmlab.sim.uvm.driver.UvmSim`) must give the same totals, read/write split and VA blocks (band 1.0). It has no
-arrival times, so it services the 64 reads in one batch: the log's consecutive same-kind batches are merged
-before the batch count is compared (docs/uvm-sim.md). The wall time of the fault handling is tabulated as a
+the four logs shows 96 faults: 56 + 8 reads (two VA blocks, then one) and 32 writes (one block). The shipped
+program file ``workloads/files/abc.py``, run as ``uvmlab run`` runs it (:func:`simulate_abc`), must give the same
+totals, read/write split and VA blocks (band 1.0). The model has no
+arrival times: its warp faults one access per step (a's 32 pages, b's, then c's: three batches), where the log
+splits the 64 reads 56 + 8 by arrival; consecutive same-kind batches are merged on both sides before the batch
+count is compared (docs/uvm-sim.md). The wall time of the fault handling is tabulated as a
 fitted point: the fault-path cost defaults come from these logs (a consistency check, not a validation). So is
 the default ``batch_unique_pages``: 256 entries minus the mean duplicate faults per batch of the cuBLAS log.
 """
@@ -57,26 +59,30 @@ def parse_abc(path: Path) -> dict[str, Any]:
     return {"batches": out, "blocks": {k: len(v) for k, v in blocks.items()}, "destroyed": destroyed, "wall_us": wall}
 
 
-def simulate_abc(knobs: Any = None) -> tuple[Any, list[tuple[str, int, int]]]:
-    """The simulated abc run and its batches (kind, faults, VA blocks). Default knobs: the logged driver's
-    (prefetcher off, uvm_perf_prefetch_enable=0 in genabcfaults.sh) and one warp: all its 64 loads are in flight
-    together, so the batch is not limited by concurrency (batch_unique_pages = the 256-entry batch)."""
-    from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
-    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+ABC_SIM_OPTIONS = {"batch_unique_pages": FAULT_BUFFER_ENTRIES}
+"""One warp: all its 64 loads are in flight together, so the batch is not limited by concurrency
+(``batch_unique_pages`` = the 256-entry batch); ``workloads/files/abc.py`` docstring."""
 
-    if knobs is None:
-        knobs = UvmKnobs(prefetch_enable=False, batch_unique_pages=256)
-    sim = UvmSim(64 * 1024 * 1024, knobs, record_events=True)
-    for r in range(3):
-        sim.map_range(r, VA_BLOCK_BYTES)
-        sim.host_write(r, 0, 32 * PAGE_BYTES)
-    sim.totals = UvmCounters()  # the logs time the GPU's fault handling, not the host's initialisation
-    accesses = []
-    for p in range(32):
-        accesses += [(0, p * PAGE_BYTES, 4, False), (1, p * PAGE_BYTES, 4, False), (2, p * PAGE_BYTES, 4, True)]
-    sim.access(accesses)
-    batches = [(e[1], e[2], e[3]) for e in sim.events if e[0] == "batch"]
-    return sim, batches
+
+def simulate_abc(
+    sim_options: dict[str, Any] | None = None, costs: Any = None
+) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
+    """``uvmlab run workloads/files/abc.py --gpu TitanV --pca off --no-prefetch --iterations 1 --sim-option
+    batch_unique_pages=256``: (result.json content, the fault batches (kind, faults, VA blocks) of its kernel).
+
+    The logged driver ran with the prefetcher off (``uvm_perf_prefetch_enable=0`` in genabcfaults.sh). The result's
+    fault counts and ``stall_ns`` are the kernel's (iteration 0): the logs time the GPU's fault handling, not the
+    host's initialisation (setup). ``costs``: cost parameters instead of the Titan V's profile (``--params``); the
+    scorecard passes the defaults of ``CostParams``, whose fault-path constants come from these logs."""
+    from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
+
+    opts = ABC_SIM_OPTIONS if sim_options is None else sim_options
+    cfg = shipped_config("abc", {}, "TitanV", iterations=1, prefetch=False, sim_options=opts)
+    _, res, result = simulate(cfg, costs=costs, record_events=True, available_bytes=card_bytes(cfg))
+    timed = set(res.kernels.loc[res.kernels["iteration"] >= 0, "kernel_id"].tolist())
+    batches = [(e[2], e[3], e[4]) for e in res.events or [] if e[1] == "batch" and e[0] in timed]
+    result["stall_ns"] = float(res.iterations["stall_ns"].sum())
+    return result, batches
 
 
 def merge_same_kind(batches: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
@@ -98,19 +104,20 @@ def _sim_blocks(batches: list[tuple[str, int, int]], kind: str) -> int:
 @check("titanv-abc", needs="uvm/uvm-eval_titanv_460.27.04", fast=True)
 def check_titanv(data_dir: Path) -> list[Point]:
     """The four abc logs against one simulated abc run."""
-    sim, sim_batches = simulate_abc()
-    t = sim.totals
+    from uvmlab.sim.uvm.timing import CostParams
+
+    t, sim_batches = simulate_abc(costs=CostParams())
     points: list[Point] = []
     for log in sorted((data_dir / "uvm" / "uvm-eval_titanv_460.27.04").glob(LOG_GLOB)):
         real = parse_abc(log)
         rb = real["batches"]
         pairs = [
-            ("GPU faults", sum(n for _, n, _ in rb), t.fault_count),
-            ("read faults", sum(n for k, n, _ in rb if k == "read"), t.read_fault_count),
-            ("write faults", sum(n for k, n, _ in rb if k == "write"), t.write_fault_count),
+            ("GPU faults", sum(n for _, n, _ in rb), t["fault_count"]),
+            ("read faults", sum(n for k, n, _ in rb if k == "read"), t["read_fault_count"]),
+            ("write faults", sum(n for k, n, _ in rb if k == "write"), t["write_fault_count"]),
             ("VA blocks faulted by reads", real["blocks"].get("read", 0), _sim_blocks(sim_batches, "read")),
             ("VA blocks faulted by writes", real["blocks"].get("write", 0), _sim_blocks(sim_batches, "write")),
-            ("fault batches (same-kind batches merged)", len(merge_same_kind(rb)), len(sim_batches)),
+            ("fault batches (same-kind batches merged)", len(merge_same_kind(rb)), len(merge_same_kind(sim_batches))),
         ]
         points += [Point(DATASET, log.stem, q, "count", float(m), float(p), band=1.0) for q, m, p in pairs]
         points.append(
@@ -120,7 +127,7 @@ def check_titanv(data_dir: Path) -> list[Point]:
                 "fault handling wall time",
                 "s",
                 real["wall_us"] / 1e6,
-                t.stall_ns / 1e9,
+                t["stall_ns"] / 1e9,
                 fitted=True,
                 note="the fault-path cost defaults come from these logs (printk of every fault inflates them)",
             )

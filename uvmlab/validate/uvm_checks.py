@@ -1,19 +1,25 @@
 """Scorecard checks of the UVM simulator on the real RTX 5090 data (real-data/uvm); registered on import.
 
-* ``uvm/gcn-rtx5090``: the PyTorch GCN of noob512/uvm (``uvmlab.sim.uvm.gcn``), with and without user prefetch:
+Every simulated point is a shipped program file (``workloads/files``) run as ``uvmlab run FILE --option ... --gpu
+RTX5090 --gpu-memory 33669316608 --pca off`` runs it (``uvmlab.measure.profile_fit.file_config``, then
+``uvmlab.uvm.simulate.simulate``: the path of ``uvmlab run``):
+
+* ``uvm/gcn-rtx5090``: the PyTorch GCN of noob512/uvm (``workloads/files/gcn.py``), with and without user prefetch:
   UVM and native epoch times, slowdown, peak allocated bytes, and the user-prefetch speedup (issue 16 needs it):
-  both the script's own prefetching allocator (every tensor prefetched at allocation, in the trace) and
+  both the script's own prefetching allocator (the file's ``prefetch=true``: every tensor prefetched at
+  allocation, in the trace) and
   ``uvmlab advise``'s generic ``prefetch-on-alloc`` policy (every new range prefetched,
   ``UvmKnobs.prefetch_on_alloc``) against the measured speedup of the with-user-prefetch runs (band 1.5x). The
   allocator of those runs: noob512/uvm ``workloads/pytorch/docs/UVM_EVALUATION.md`` section 2.4 and weiso131/schedcp
-  ``workloads/pytorch/uvm_allocator.c`` @8a8dccd (``uvmlab.sim.uvm.gcn`` docstring).
+  ``workloads/pytorch/uvm_allocator.c`` @8a8dccd (``workloads/files/gcn.py`` docstring).
 * ``uvm/uvmbench-rtx5090`` (fast): uvmbench t0rq3 seq_stream / rand_stream at 1.0x, 1.25x, 1.5x
-  (``uvmlab.sim.uvm.bench``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
+  (``workloads/files/uvmbench.py``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
   latency-bound case) at 1.25x and 1.5x.
 * ``uvm/uvmbench-rtx5090-modes`` (fast): the undersubscribed uvmbench runs, where no page moves after the warm-ups:
   the native time of the page-strided kernels (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x; seq_stream
   ``device`` 0.5x fits ``sector_memory_efficiency``) and the rq4 ``cudaMemPrefetchAsync`` / ``cudaMemAdvise`` modes
-  at 0.25x (``uvmlab.sim.uvm.bench`` module docstring says how each mode is modelled). Band 1.5 for the modes whose
+  at 0.25x (``workloads/files/uvmbench.py`` says how each mode is written, docs/uvm-sim.md how it is modelled).
+  Band 1.5 for the modes whose
   steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU); no band for read-mostly and the
   two remote-mapping modes, whose costs are the hint model's (``uvmlab.sim.uvm.hints``), not fitted and not
   validated before: they are tabulated with what they miss. pointer_chase is not scored (its native time is
@@ -94,14 +100,12 @@ GCN_TASK_S_PER_MNODE = 1.8
 def gcn_points(data_dir: Path) -> Plan:
     """GCN epoch times, slowdowns, footprints and the user-prefetch speedup (module docstring): one task per
     simulated (size, variant), 20 replays."""
-    from uvmlab.sim.uvm.knobs import UvmKnobs
-
     uvm = data_dir / "uvm"
     costs = load_profile("RTX5090")
     plain = sorted(set(GCN_SIZES) | set(NATIVE_SIZES))
     variants: list[tuple[str, int, dict[str, Any]]] = (
         [("plain", n, {}) for n in plain]
-        + [("policy", n, {"knobs": UvmKnobs(prefetch_on_alloc=True)}) for n in GCN_SIZES]
+        + [("policy", n, {"sim_options": {"prefetch_on_alloc": True}}) for n in GCN_SIZES]
         + [("prefetch", n, {"prefetch": True}) for n in PREFETCH_SIZES]
     )
     tasks = [Task(gcn_epoch_s, (n, costs), kw, cost=GCN_TASK_S_PER_MNODE * n / 1e6) for _, n, kw in variants]

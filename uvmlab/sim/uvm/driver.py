@@ -376,9 +376,9 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         pays ``block_service_ns``, and a block's first chunk since its range was created pays
         ``prefetch_first_block_ns`` instead of the fault path's ``block_first_gpu_ns`` (which includes the
         invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
-        ``prefetch_first_block_ns`` on the GCN 5M with-user-prefetch epoch (docs/uvm-sim.md). Pages of a read-mostly
-        range become read duplicates (``uvm_migrate.c`` ``uvm_va_block_migrate_locked``: the CPU keeps its copy).
-        ``to_cpu``: prefetch to the CPU instead (``uvmlab.sim.uvm.host``).
+        ``prefetch_first_block_ns`` on a fit point of the RTX 5090 profile (docs/uvm-sim.md "Cost profiles"). Pages of
+        a read-mostly range become read duplicates (``uvm_migrate.c`` ``uvm_va_block_migrate_locked``: the CPU keeps
+        its copy). ``to_cpu``: prefetch to the CPU instead (``uvmlab.sim.uvm.host``).
         """
         if to_cpu:
             return self.prefetch_to_cpu(range_id, offset, size)

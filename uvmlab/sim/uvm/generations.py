@@ -70,7 +70,7 @@ GENERATIONS = (
         515,
         9999,
         "RTX5090",
-        "RTX 5090 with 575.57.08: GCN and uvmbench timings, uvmlab.measure.profile_fit",
+        "RTX 5090 with 575.57.08: workload timings, uvmlab.measure.profile_fit",
     ),
 )
 

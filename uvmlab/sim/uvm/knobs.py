@@ -115,9 +115,9 @@ class UvmKnobs:
     """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm.streams):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
     ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
-    order with no memory of age). The choice was made by looking at the uvmbench points (rotate makes seq_stream
-    1.5x cascade, 4.3x too slow; random cascades as well), so it is a structural choice informed by validation
-    data: docs/uvm-sim.md reports all three."""
+    order with no memory of age). The choice was made by looking at the gpu_ext microbench points (rotate makes
+    seq_stream 1.5x cascade, 4.3x too slow; random cascades as well), so it is a structural choice informed by
+    validation data: docs/uvm-sim.md reports all three."""
     gemm_rereads: bool = True
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted

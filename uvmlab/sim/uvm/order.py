@@ -9,9 +9,9 @@ rows through an index. This module decides, per kernel, which path it takes (:fu
 **Given orders** (trace kernel column ``order``, written by a workload program's ``uvm.kernel``): ``address``
 (``UvmSim.access``, the old model), ``sequential`` / ``strided`` (each of ``threads`` threads walks its own
 contiguous chunk of every range, one access every ``stride_bytes``), ``random`` (each thread its chunk's pages in a
-seeded random order), ``lcg`` (uvmbench's ``rand_chunk_kernel`` generator, ``seed`` its base seed), ``gather`` /
-``scatter`` (the indexed operand - the kernel's first read for a gather, its first write for a scatter - in the
-index's order; the index is data, unknown on the meta device, so its pages are taken in one seeded uniform random
+seeded random order), ``lcg`` (gpu_ext microbench's ``rand_chunk_kernel`` generator, ``seed`` its base seed),
+``gather`` / ``scatter`` (the indexed operand - the kernel's first read for a gather, its first write for a scatter -
+in the index's order; the index is data, unknown on the meta device, so its pages are taken in one seeded uniform random
 permutation dealt to the threads, StreamKernel per-access order ``shuffled``; the other operands in sequence) and
 ``tiled`` (the GEMM passes of uvmlab.sim.uvm.reread when the kernel's bytes exceed the GPU, else address order).
 Defaults: ``threads`` 0 -> derived (below), ``warp_size`` 0 -> 32 (CUDA's warp), ``stride_bytes`` 0 -> 4096 (one
@@ -20,7 +20,14 @@ access per page).
 **Derived orders** (column ``order`` "", traced torch ops; ``UvmKnobs.derived_orders``):
 
 * GEMM / convolution (``reread.GEMM_OPS``): tile by tile, i.e. ``tiled`` (reread.py's passes; not duplicated).
-* index ops (:data:`GATHER_OPS`, :data:`SCATTER_OPS`): ``gather`` / ``scatter`` as above. Their DRAM traffic is
+* index ops (:data:`GATHER_OPS`, :data:`SCATTER_OPS`): ``gather`` / ``scatter`` plans whose pages fault in
+  *address* order (:attr:`OrderPlan.streams` is False): the index is data that a meta-device trace does not have,
+  so the order its rows arrive in is unknown, and the seeded uniform permutation of a declared ``gather`` would be
+  an invention here (real indices are often sorted or clustered: a CSR graph's edges, a sorted vocabulary batch);
+  over a table whose pages nearly all hold an indexed row (2M random rows of a 5M-row table miss ~4 % of its
+  pages) address order faults the same pages. A program that knows its index is random declares
+  ``pattern="gather"``. [approximation: fault batching of a random index is not modelled for traced ops; the
+  stream model of a random gather costs ~100x the CPU time on multi-GB tables]. Their DRAM traffic is
   the rows moved, not the whole indexed tensor (:func:`index_touched_bytes`): a gather moves its output and its
   index (every byte of the other operands); a scatter(-add) reads its source and read-modify-writes the rows it
   lands on: twice the largest other read (the source) plus the other operands [approximation: rows are read once,
@@ -34,10 +41,10 @@ access per page).
   fault as a dense sweep and address order is the right model (and the cheap path). When the trace gives the
   kernel a ``stride_bytes`` of at least a page (the recorder's innermost stride of a strided view, e.g.
   ``x[::1024]`` of fp32: 4096 B), every element is its own page and the front spans GBs (5.7 GB on the RTX 5090):
-  the front's threads fault one page each, interleaved, as uvmbench's threads do; the kernel is replayed as a
-  ``sequential`` stream kernel of ``min(elements / 4, front threads)`` threads, each a contiguous chunk [approx-
-  imation: the real blocks retire and are replaced in blockIdx order, so the front is a moving window rather than
-  fixed chunks; both keep the front's concurrency, which is what decides the fault arrival].
+  the front's threads fault one page each, interleaved, as a page-strided microbenchmark's threads do; the kernel is
+  replayed as a ``sequential`` stream kernel of ``min(elements / 4, front threads)`` threads, each a contiguous chunk
+  [approximation: the real blocks retire and are replaced in blockIdx order, so the front is a moving window rather
+  than fixed chunks; both keep the front's concurrency, which is what decides the fault arrival].
 
 Fast path: a kernel whose pages are all GPU-resident cannot fault, so it is replayed through ``UvmSim.access``
 whatever its order (no stream machinery: GPT-2's speed stays).
@@ -45,7 +52,7 @@ whatever its order (no stream machinery: GPT-2's speed stays).
 **Native time of a strided kernel** (``kernel_statics``): a stream kernel (given or derived order sequential,
 strided, random, lcg) whose ``stride_bytes`` is at least two 32 B sectors and whose ``touched_bytes`` the trace
 does not give moves one lone 32 B L2 sector per access, ``ceil(size / stride_bytes)`` accesses per range, at
-``CostParams.sector_memory_efficiency`` (what the uvmbench replica charged: RTX 5090 profile fit on seq_stream,
+``CostParams.sector_memory_efficiency`` (the lone-sector rate: RTX 5090 profile fit on seq_stream,
 timing.py). A trace ``touched_bytes`` of such a kernel is costed at the same efficiency.
 
 **Scaled replay** (``UvmKnobs.sim_scale`` S; :func:`auto_scale`, :func:`scale_rows`): GPU capacity, every
@@ -61,12 +68,14 @@ average, not per kernel); the prefetcher's tree sees 1/S of the blocks. tests/te
 invariance of a stream program (fault counts, bytes and time within 15 % of S = 1 at S = 2 and 4).
 Auto (S = 0): 1 for a trace without stream kernels (sequential, random or lcg plans: the only kernels whose
 replay cost grows with their thread count; gathers, scatters and address-order kernels replay exactly), else the
-largest power of two <= :data:`SCALE_MAX` such that the scaled capacity is at least
-``SCALE_MIN_BLOCKS`` blocks and the most managed ranges shorter than ``S x SCALE_MIN_BLOCKS x 2 MiB`` live at one
+largest power of two <= :data:`SCALE_MAX` such that the scaled capacity and the largest scaled managed range are
+at least ``SCALE_MIN_BLOCKS`` blocks each (a program of small arrays, e.g. three 2 MiB arrays, replays at 1: its
+fault counts are exact) and the most managed ranges shorter than ``S x SCALE_MIN_BLOCKS x 2 MiB`` live at one
 time, each of which may round up by one scaled block (S x 2 MiB), could take at most
 :data:`SCALE_ROUNDING_SHARE` of the capacity; with per-tensor hint policies (uvmlab.sim.uvm.hints) S = 1. A
 training trace keeps hundreds of small tensors live (parameters, gradients, optimizer state), so it replays at
-S = 1; a program of a few multi-GB arrays and a few small temporaries (a user's torch uvmbench) scales.
+S = 1; a program of a few multi-GB arrays and a few small temporaries (a page-strided microbenchmark written in
+torch) scales.
 """
 
 from __future__ import annotations
@@ -131,7 +140,7 @@ SECTOR_BYTES = 32
 """DRAM / L2 access granularity of a lone strided element (one 32 B sector, CUDA C++ Best Practices Guide,
 "Coalesced Access to Global Memory")."""
 SCALE_MAX = 16
-"""Largest automatic ``sim_scale`` (the uvmbench replica ran at 16)."""
+"""Largest automatic ``sim_scale`` (the page-strided microbenchmark of the scorecard runs at 16)."""
 SCALE_MIN_BLOCKS = 64
 """A range this many 2 MiB blocks long or longer (scaled) loses < 2 % to page rounding; the GPU keeps at least this
 many blocks after auto scaling."""
@@ -154,6 +163,12 @@ class OrderPlan:
     stride_bytes: int
     seed: int
     derived: bool = False
+
+    @property
+    def streams(self) -> bool:
+        """Replayed through the stream model when some pages are missing; a derived gather / scatter is not (its
+        index order is unknown: module docstring) and faults in address order, keeping its rows-moved bytes."""
+        return not (self.derived and self.order in ("gather", "scatter"))
 
 
 def _col(kern: pd.DataFrame, name: str, default: object) -> np.ndarray:
@@ -288,9 +303,11 @@ def auto_scale(ranges: Any, capacity_bytes: int, knobs: UvmKnobs, streams: bool 
     if knobs.any_hint or len(ranges) == 0 or not streams:
         return 1
     s = 1
+    largest = int(ranges["size_bytes"].max())
     while (
         s * 2 <= SCALE_MAX
         and capacity_bytes // (s * 2) >= SCALE_MIN_BLOCKS * VA_BLOCK_BYTES
+        and largest // (s * 2) >= SCALE_MIN_BLOCKS * VA_BLOCK_BYTES
         and _max_live_small(ranges, s * 2) * s * 2 * VA_BLOCK_BYTES <= SCALE_ROUNDING_SHARE * capacity_bytes
     ):
         s *= 2

@@ -77,7 +77,7 @@ def pick_profile(gpu: GpuSpec) -> tuple[CostParams, str]:
     """(costs, why) for ``gpu`` under its driver, by the module's rule."""
     docs = profile_docs()
     gen = generation(gpu.driver)
-    base_name = gpu.name.split(" (")[0]
+    base_name = gpu.catalog_name
     own = docs.get(base_name)
     if own is not None and generation(profile_driver(own)) == gen:
         return cap_link(load_profile(base_name), gpu), f"profile {base_name} ({own['path']}; driver {gpu.driver})"

@@ -110,6 +110,11 @@ class ReplayResult:
     """The scale the replay ran at (uvmlab.sim.uvm.order, ``UvmKnobs.sim_scale``; 1 = exact)."""
     stream_kernels: int = 0
     """Kernels replayed through the stream path (a given or derived access order, not all pages resident)."""
+    events: list[tuple] | None = None
+    """With ``replay(record_events=True)``: the driver's events (``UvmSim.events``: ``("batch", kind, faults,
+    blocks)``, ``("service", ...)``, ``("evict", ...)``, ``("destroy", ...)``), each prefixed by the ``kernel_id``
+    of the trace row it happened in (a ``cudaMalloc``/``cudaFree`` between two rows: the next row's); else None.
+    In a scaled replay (``sim_scale`` > 1) the events are those of the scaled-down run."""
 
 
 def copy_kernels(trace: Trace) -> np.ndarray:
@@ -212,9 +217,9 @@ def kernel_statics(
 
     A GEMM-like kernel too small to fill the GPU computes at its occupancy (``uvmlab.sim.uvm.reread.occupancy``).
 
-    Optional kernels columns: ``touched_bytes`` (DRAM bytes a gather/scatter really moves, for the roofline;
-    uvmlab.sim.uvm.gcn) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed ranges to the GPU) or
-    "host_write" (the CPU writes them) - what a workload can say besides kernels (issue 11 item 4).
+    Optional kernels columns: ``touched_bytes`` (DRAM bytes a kernel really moves, for the roofline; e.g. a
+    program's declared kernel, workloads.program) and ``api``: "prefetch" (cudaMemPrefetchAsync of the accessed
+    ranges to the GPU) or "host_write" (the CPU writes them) - what a workload can say besides kernels.
     """
     kid = kern["kernel_id"].to_numpy()
     sizes = trace.allocations.set_index("alloc_id")["size_bytes"]
@@ -396,7 +401,7 @@ class _Replayer:
         plan = st.plans[i] if st.plans else None
         # fast path: all resident, nothing to order; advised ranges: the per-block path, which models the
         # cudaMemAdvise policies (remote mappings, read duplicates) that the stream path does not
-        if plan is not None and rows and not sim.resident(rows) and not sim.advised(rows):
+        if plan is not None and plan.streams and rows and not sim.resident(rows) and not sim.advised(rows):
             self.stream_kernels += 1
             return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale))
         if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
@@ -565,21 +570,24 @@ def replay(
     dtype: str = "fp32",
     progress: Callable[[int, int], None] | None = None,
     check_every: int = 0,
+    record_events: bool = False,
 ) -> ReplayResult:
     """Simulate the trace under UVM with ``capacity_bytes`` of GPU memory; return the run tables.
 
     Steps: translate accesses (1), per-kernel statics (2), range events (3), the serial replay (4), tables (5).
     A scaled replay (``knobs.sim_scale``, uvmlab.sim.uvm.order) divides capacity, ranges and rows by the scale.
+    ``record_events``: keep the driver's events, each tagged with its kernel (``ReplayResult.events``).
     """
     costs = (costs or CostParams()).for_gpu(gpu)
     knobs = knobs or UvmKnobs()
+    tagged: list[tuple] | None = [] if record_events else None
     kern = trace.kernels.sort_values("seq", kind="stable").reset_index(drop=True)
     kid = kern["kernel_id"].to_numpy()
     acc = translate_accesses(trace, placement, kid)
     st = kernel_statics(trace, kern, gpu, costs, dtype, knobs, acc)
     streams = any(p is not None and p.order in STREAM_PLAN_ORDERS for p in st.plans)
     scale = auto_scale(placement.ranges, capacity_bytes, knobs, streams)
-    sim = UvmSim(capacity_bytes // scale, knobs, costs, gpu)
+    sim = UvmSim(capacity_bytes // scale, knobs, costs, gpu, record_events=record_events)
     sim.scale = scale
     events = range_events(placement.ranges)
     if scale > 1:
@@ -614,12 +622,19 @@ def replay(
                 ahead = prefetch_rows(hints, acc.rows[sl], acc.alloc_ids[sl], kseq[i], rp.mapped)
                 if ahead:
                     rp.prefetch_ahead(ahead, float(st.native_ns[i]))
+        if tagged is not None and sim.events:
+            kid_i = int(kid[i])
+            tagged += [(kid_i, *ev) for ev in sim.events]
+            sim.events.clear()
         if check_every and i % check_every == 0:
             sim.check_invariants()
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     sim.check_invariants()
-    return _result(kern, st, rp, skipped)
+    res = _result(kern, st, rp, skipped)
+    if tagged is not None:
+        res.events = tagged
+    return res
 
 
 def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int) -> ReplayResult:

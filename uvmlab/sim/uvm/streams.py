@@ -1,6 +1,6 @@
 """Kernels whose threads each walk their own share of memory: interleaved fault arrival (mixed into UvmSim).
 
-A CUDA kernel's warps run together. When every thread scans its own contiguous chunk (uvmbench's
+A CUDA kernel's warps run together. When every thread scans its own contiguous chunk (gpu_ext microbench's
 ``seq_chunk_kernel`` / ``rand_chunk_kernel``, eunomia-bpf/gpu_ext ``microbench/memory/kernels/synthetic.cuh``),
 the faults that reach the driver at any moment come from *all* the chunks at once, one page per stalled thread,
 not from one block after the other in address order. This module models that:
@@ -9,8 +9,8 @@ not from one block after the other in address order. This module models that:
   chunk ``i`` of every range in step (``input[i]`` then ``output[i]``), touching one page every ``stride_bytes``
   (page-strided views are charged by the pages they touch, not by their byte span). ``order`` is a property of
   the kernel: ``sequential`` (ascending pages), ``random`` (a per-stream permutation of its pages) or ``lcg``
-  (uvmbench's ``rand_chunk_kernel``, below) or ``shuffled`` (the range's pages in one seeded random permutation,
-  dealt to the threads in chunks: a thread's pages are spread over the whole range, as the rows an index of
+  (gpu_ext microbench's ``rand_chunk_kernel``, below) or ``shuffled`` (the range's pages in one seeded random
+  permutation, dealt to the threads in chunks: a thread's pages are spread over the whole range, as the rows an index of
   unknown content selects, uvmlab.sim.uvm.order) or ``visits`` (pages of the range the caller lists per thread and
   step, e.g. a pointer chase; no chunking). A thread uses the same page order in every range it walks (the
   kernels read ``input[i]`` and write ``output[i]`` at the same ``i``).
@@ -19,14 +19,14 @@ not from one block after the other in address order. This module models that:
   visits page ``(offset + p * step) % P`` for ``p < P`` (``P`` its chunk's pages, ``lcg(x) = 1664525 x +
   1013904223`` mod 2^32). The code comment calls it a permutation, but ``step`` is only guaranteed odd: when
   ``g = gcd(step, P) > 1`` the thread visits ``P / g`` distinct pages ``g`` times each and never touches the rest.
-  With uvmbench's chunk sizes (P = 63 pages at 1.0x, 79 at 1.25x, 95 at 1.5x) that leaves 66 %, 99 % and 80 % of
-  the pages touched: this, not the order itself, is why rand_stream beats seq_stream at 1.0x and 1.5x. Stream
-  ``i`` of a scaled-down run stands for thread ``i * tid_stride`` (``uvmlab.sim.uvm.bench``); ``seed`` is
+  With that microbenchmark's chunk sizes (P = 63 pages at 1.0x, 79 at 1.25x, 95 at 1.5x) that leaves 66 %, 99 % and 80
+  % of the pages touched: this, not the order itself, is why rand_stream beats seq_stream at 1.0x and 1.5x. Stream
+  ``i`` of a scaled-down run stands for thread ``i * tid_stride`` (uvmlab.sim.uvm.order); ``seed`` is
   ``base_seed``.
-* Threads run in warps of ``warp_size`` lanes (SIMT: the lanes execute each load and store together; uvmbench's
-  lanes have equal loop trip counts, ``pages_in_chunk``). A warp whose lanes' pages at its current step are all
-  resident runs on at no cost (its time is the kernel's native time); a warp with a lane whose page is missing
-  stalls on that step and raises one fault per missing lane (uvm.md 1.3: the warp stalls, the uTLB writes an
+* Threads run in warps of ``warp_size`` lanes (SIMT: the lanes execute each load and store together; the
+  microbenchmark's lanes have equal loop trip counts, ``pages_in_chunk``). A warp whose lanes' pages at its current
+  step are all resident runs on at no cost (its time is the kernel's native time); a warp with a lane whose page is
+  missing stalls on that step and raises one fault per missing lane (uvm.md 1.3: the warp stalls, the uTLB writes an
   entry per missing page); it moves to its next step when every lane has completed that step. ``warp_size`` 1
   is the independent-thread model.
 * Replays complete lanes one by one (forward progress): the replay that ends a batch retries every faulting
@@ -106,7 +106,7 @@ class StreamKernel:
     output in sequence (uvmlab.sim.uvm.order). Not with order ``visits``."""
     visits: np.ndarray | None = field(default=None, compare=False)
     """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
-    (-1: nothing), e.g. a pointer chase whose addresses the caller computed (``uvmlab.sim.uvm.bench``); the ranges
+    (-1: nothing), e.g. a pointer chase whose addresses the caller computed; the ranges
     are not cut into chunks."""
 
     def __post_init__(self) -> None:
@@ -307,6 +307,9 @@ class StreamService:
             k.read_fault_count += n - n_wr
             k.raw_fault_entries += n
             k.stall_ns += turnaround + self.costs.fault_entry_ns * n
+            if self.events is not None:  # as FaultService._close_batch: (kind, faults, VA blocks)
+                kind = "write" if n_wr == n else "read" if n_wr == 0 else "mixed"
+                self.events.append(("batch", kind, n, len(bounds) + 1))
             self._open_faults = 0
             self._open_blocks = 0
             # The replay: every stalled lane whose page is resident now completes its access.

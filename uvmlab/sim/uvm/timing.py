@@ -60,7 +60,7 @@ class CostParams:
     (``uvm_migrate.c`` ``uvm_va_block_migrate_locked`` -> ``uvm_va_block_make_resident``: chunk from PMM/PMA, CE
     memset push ``block_zero_new_gpu_chunk`` and tracker wait, then ``block_migrate_add_mappings``: PTE writes);
     no fault-buffer round trips. Default 0 [U] (the API path pays only ``block_service_ns`` and the zero-fill);
-    the RTX 5090 profile fits it on the GCN 5M with-user-prefetch epoch (``uvmlab.measure.profile_fit``)."""
+    the RTX 5090 profile fits it on a with-user-prefetch training epoch (``uvmlab.measure.profile_fit``)."""
     evict_fixed_ns: float = 20_000.0
     """Fixed cost of evicting one root chunk besides its DtoH copy (unmap, PMM bookkeeping) [U]."""
     link_bytes_per_s: float | None = None
@@ -98,9 +98,10 @@ class CostParams:
     """Achieved share of peak HBM bandwidth for a memory-bound kernel [U: STREAM-like kernels reach 70-90 %]."""
     sector_memory_efficiency: float | None = None
     """Achieved share of peak DRAM bandwidth when every access is a lone 32 B sector in its own 4 KiB page (a
-    page-strided stream: uvmbench ``--stride_bytes=4096``, one DRAM row and one TLB entry per access); None:
-    ``memory_efficiency``. The RTX 5090 profile fits it on uvmbench seq_stream in ``device`` mode at 0.5x (t0rq3:
-    0.568 ms for 4.11 M sectors: 13 % of peak, against ~49-70 % for dense streams) [F: uvmlab.measure.profile_fit]."""
+    page-strided stream: gpu_ext microbench ``--stride_bytes=4096``, one DRAM row and one TLB entry per access); None:
+    ``memory_efficiency``. The RTX 5090 profile fits it on the microbenchmark's seq_stream in ``device`` mode at 0.5x
+    (t0rq3: 0.568 ms for 4.11 M sectors: 13 % of peak, against ~49-70 % for dense streams) [F:
+    uvmlab.measure.profile_fit]."""
     kernel_min_ns: float = 4_000.0
     """Floor of any kernel's time: launch + tail (~3-5 µs for back-to-back launches on A100) [U]."""
     fault_overlap: float = 0.0

@@ -3,7 +3,7 @@
 ``python -m uvmlab.measure.gpu.kit.gcn OUT --nodes N [--epochs 3] [--chunk-edges 2000000] [--variant uvm|native]
 [--device cuda]``
 
-The program follows uvmlab.sim.uvm.gcn, the tensor-by-tensor account of noob512/uvm
+The program is the one of workloads/files/gcn.py, noob512/uvm
 ``workloads/pytorch/benchmark_gnn_uvm.py`` at 5a9f2f2 (``--dataset random --prop chunked``; features 128, hidden 256,
 10 classes, 10 edges per node, chunks of 2,000,000 edges, Adam): a random graph, symmetrised with self loops and
 ``1 / sqrt(deg_src deg_dst)`` edge weights; per epoch ``lin1``, a chunked weighted aggregation (``g = x[src]``,
@@ -31,7 +31,7 @@ from typing import Any
 from uvmlab.errors import UvmlabError
 
 FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE, CHUNK_EDGES = 128, 256, 10, 10, 2_000_000
-"""benchmark_gnn_uvm.py defaults (uvmlab.sim.uvm.gcn)."""
+"""benchmark_gnn_uvm.py defaults (workloads/files/gcn.py)."""
 DROPOUT = 0.5
 VARIANTS = ("uvm", "native")
 

@@ -23,6 +23,7 @@ Safety: a factor above :data:`MAX_SAFE_FACTOR` (0.9) of the free memory asks a s
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -190,25 +191,43 @@ class KitPlan:
         return sum(s.seconds for s in self.steps)
 
 
+GCN_EDGES_PER_NODE = 21
+"""Edges of the symmetrised graph per node (10 random edges each way plus a self loop: workloads/files/gcn.py)."""
+
+
+@functools.lru_cache(maxsize=64)
+def gcn_peak_bytes(nodes: int, chunk_edges: int) -> int:
+    """Simulated peak allocated bytes of ``workloads/files/gcn.py`` at ``nodes`` as ``uvmlab run FILE --pca off``
+    prepares it (every tensor its own managed range)."""
+    from uvmlab.uvm.simulate import prepare, shipped_config
+
+    cfg = shipped_config("gcn", {"nodes": nodes, "chunk_edges": chunk_edges}, "RTX5090", iterations=2)
+    return int(prepare(cfg).placement.peak_allocated_bytes)
+
+
 def gcn_nodes_for(target_bytes: int, chunk_edges: int) -> int | None:
-    """The largest node count whose simulated GCN footprint (uvmlab.sim.uvm.gcn, every tensor its own managed range)
-    is at most ``target_bytes``; None when even 1,000 nodes need more (the chunk temporaries alone)."""
-    from uvmlab.sim.allocator.placement import place
-    from uvmlab.sim.uvm.gcn import gcn_trace
+    """The largest node count (a multiple of 1,000) whose simulated GCN footprint (:func:`gcn_peak_bytes`) is at most
+    ``target_bytes``; None when even 1,000 nodes need more (the chunk temporaries alone).
 
-    def peak(n: int) -> int:
-        return int(place(gcn_trace(n, chunk_edges=chunk_edges), "nocache").peak_allocated_bytes)
-
+    Once a chunk holds ``chunk_edges`` edges (``21 x nodes >= chunk_edges``, node count ``n1``) every tensor the
+    file allocates is either fixed (the chunk temporaries, the two layers and Adam's state) or proportional to the
+    node count, so the footprint is affine in it: the traces at ``n1`` and ``2 n1`` give the line (the same for
+    every factor of a plan) and the answer is read off it [approximation: allocation rounding, under 1 KiB a tensor;
+    tests/test_gpu_collect.py checks the line against a third trace; the step records the real peak]. Below ``n1``
+    the chunk grows with the graph and the count is bisected to 1 %."""
     lo = 1_000
-    if peak(lo) > target_bytes:
+    if gcn_peak_bytes(lo, chunk_edges) > target_bytes:
         return None
-    hi = lo * 2
-    while peak(hi) <= target_bytes:
-        lo, hi = hi, hi * 2
-    while hi - lo > max(1_000, lo // 100):  # 1 % is enough: the step records the real peak
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if peak(mid) <= target_bytes else (lo, mid)
-    return lo // 1_000 * 1_000
+    n1 = max(lo, -(-chunk_edges // GCN_EDGES_PER_NODE) // 1_000 * 1_000 + 1_000)
+    p1 = gcn_peak_bytes(n1, chunk_edges)
+    if p1 > target_bytes:  # inside the region where the chunk grows with the graph
+        hi = n1
+        while hi - lo > max(1_000, lo // 100):
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if gcn_peak_bytes(mid, chunk_edges) <= target_bytes else (lo, mid)
+        return lo // 1_000 * 1_000
+    per_node = (gcn_peak_bytes(2 * n1, chunk_edges) - p1) / n1
+    return n1 if per_node <= 0 else int(n1 + (target_bytes - p1) / per_node) // 1_000 * 1_000
 
 
 def _memory_info(status: GpuStatus, opts: CollectOptions) -> tuple[str, str, int, int]:

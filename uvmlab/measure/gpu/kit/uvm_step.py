@@ -4,7 +4,8 @@
 [--modes device,uvm] [--iterations 5]``
 
 The program is uvmbench's (eunomia-bpf/gpu_ext ``microbench/memory``: ``main.cu``, ``kernels/synthetic.cuh``
-``seq_chunk_kernel`` / ``rand_chunk_kernel``, as uvmlab.sim.uvm.bench describes it), so the scorecard compares it with
+``seq_chunk_kernel`` / ``rand_chunk_kernel``, as workloads/files/uvmbench.py describes it), so the scorecard compares
+it with
 the same simulation it already runs for the RTX 5090 data: two float arrays ``input`` and ``output`` of ``W / 2``
 each, the CPU writes every element of ``input`` (its pages start on the host), 256 x 256 threads, thread ``t`` owns
 chunk ``t`` (``ceil(N / T)`` elements rounded up to a page) and reads ``input[i]`` then writes ``output[i]`` at the
@@ -35,13 +36,14 @@ from uvmlab.errors import UnavailableError, UvmlabError
 
 THREADS_PER_BLOCK = 256
 BLOCKS = 256
-"""``numBlocks`` x ``blockSize`` of synthetic.cuh's ``run_seq_stream`` / ``run_rand_stream`` (uvmlab.sim.uvm.bench)."""
+"""``numBlocks`` x ``blockSize`` of synthetic.cuh's ``run_seq_stream`` / ``run_rand_stream``
+(workloads/files/uvmbench.py)."""
 PAGE_ELEMS = 1024
 """Floats per 4 KiB page: the stride of t0rq3's one element per page."""
 WARMUP = 2
 """uvmbench times after two warm-up launches (``time_kernel(launch, 2, ...)``)."""
 RAND_BASE_SEED = 0x12345678
-"""``base_seed`` of ``run_rand_stream`` (uvmlab.sim.uvm.bench.RAND_BASE_SEED)."""
+"""``base_seed`` of ``run_rand_stream`` (workloads/files/uvmbench.py RAND_BASE_SEED)."""
 DEVICE_MAX_FACTOR = 0.8
 KERNELS = ("seq_stream", "rand_stream")
 MODES = ("uvm", "device")
