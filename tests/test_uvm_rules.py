@@ -49,13 +49,13 @@ def test_prefetch_off_migrates_only_faulted_pages() -> None:
 
 def test_threshold_is_strict_half_full_subtree_does_not_trigger() -> None:
     """A subtree exactly 50 % marked does not qualify (strict '>' against 51)."""
-    res = np.zeros((1, 512), dtype=bool)
-    res[0, :16] = True  # big page 0 resident
-    f = np.zeros((1, 512), dtype=bool)
-    f[0, 16] = True  # marks big page 1: 32/32 of the 128 KiB subtree, 32/64 = 50 % of the 256 KiB one
-    extra = prefetch_pages(res, f, np.array([512]), 51)
-    assert np.flatnonzero(extra[0]).tolist() == list(range(17, 32))
-    assert not prefetch_pages(res, f, np.array([512]), 100)[0, 32:].any()
+    res = np.zeros(512, dtype=bool)
+    res[:16] = True  # big page 0 resident
+    f = np.zeros(512, dtype=bool)
+    f[16] = True  # marks big page 1: 32/32 of the 128 KiB subtree, 32/64 = 50 % of the 256 KiB one
+    extra = prefetch_pages(res, f, 512, 51)
+    assert np.flatnonzero(extra).tolist() == list(range(17, 32))
+    assert not prefetch_pages(res, f, 512, 100)[32:].any()
 
 
 def test_many_faults_in_one_batch_migrate_the_whole_block() -> None:
@@ -208,3 +208,36 @@ def test_memoized_plan_matches_general_path() -> None:
         return d
 
     assert run(events=True) == run(events=False)
+
+
+@pytest.mark.parametrize("capacity_blocks", [16, 5])
+@pytest.mark.parametrize("host_written", [False, True])
+def test_whole_block_prefetch_path_equals_the_general_loop(
+    capacity_blocks: int, host_written: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cudaMemPrefetchAsync of whole never-populated or CPU-resident blocks takes a shortcut; with it off, every
+    counter, bitmap and the LRM order come out identical (new ranges, host-written ranges, a partial last block,
+    a partly resident block, and evictions when the capacity is short; a host write creates the mapping bitmaps)."""
+    import dataclasses
+
+    def run() -> tuple:
+        sim = UvmSim(capacity_blocks * BLOCK, UvmKnobs(), record_events=False)
+        sim.map_range(0, 3 * BLOCK + 5 * PAGE_BYTES)  # a partial last block
+        sim.map_range(1, 4 * BLOCK)
+        if host_written:
+            sim.host_write(1, 0, 4 * BLOCK)
+        sim.map_range(2, 2 * BLOCK)
+        sim.access([(2, 0, 7 * PAGE_BYTES, False)])  # partly resident: the general loop
+        sizes = ((0, 3 * BLOCK + 5 * PAGE_BYTES), (1, 4 * BLOCK), (2, 2 * BLOCK))
+        out = [sim.prefetch(r, 0, size) for r, size in sizes]
+        out.append(sim.prefetch(1, 0, 4 * BLOCK))  # all resident (or re-fetched after evictions)
+        sim.check_invariants()
+        maps = [getattr(sim, n).copy() for n in ("_gpu", "_cpu", *sim._hint_arrays)]
+        return [dataclasses.asdict(c) for c in out], dataclasses.asdict(sim.totals), list(sim._lrm), maps
+
+    fast = run()
+    monkeypatch.setattr(UvmSim, "whole_block_fast_path", False)
+    slow = run()
+    assert fast[0] == slow[0] and fast[1] == slow[1] and fast[2] == slow[2]
+    assert len(fast[3]) == len(slow[3]) == (9 if host_written else 2)
+    assert all(np.array_equal(a, b) for a, b in zip(fast[3], slow[3], strict=True))

@@ -15,7 +15,7 @@ import pytest
 
 from uvmlab.cli import main
 from uvmlab.validate.scorecard import load_checks
-from uvmlab.validate.uvm_checks import KNOWN_MISSES, NATIVE_MODES, RQ4_MODES
+from uvmlab.validate.uvm_checks import KNOWN_MISSES, NATIVE_MODES, RQ4_MODES, TORCH_BENCH, TORCH_BENCH_FACTORS
 
 FAST_CHECKS = sorted(n for n, c in load_checks().items() if c.fast)
 
@@ -73,8 +73,11 @@ def _uvmbench_acceptance(points: list[dict]) -> None:
     ):
         r = pts[(case, "kernel_time")]["ratio"]
         assert r is not None and 0.5 <= r <= 2.0, case
-    for k in ("seq_stream", "rand_stream"):
+    for k in ("seq_stream", "rand_stream", TORCH_BENCH):
         assert pts[(f"t0rq3_results: {k}", "time_ratio_1.25x_over_1.0x")]["predicted"] >= 5
+    for f in TORCH_BENCH_FACTORS:  # issue 24: the user-written torch uvmbench, every t0rq3 time within 2x
+        p = pts[(f"t0rq3_results: seq_stream uvm {f}x, {TORCH_BENCH}", "kernel_time")]
+        assert not p["fitted"] and 0.5 <= p["ratio"] <= 2.0, p
     assert pts[("t0rq3_results: seq_stream uvm 1.25x", "kernel_time")]["fitted"]
     assert not pts[("t0rq3_results: seq_stream uvm 1.5x", "kernel_time")]["fitted"]
     chase = [pts[(f"t0rq3_results: pointer_chase uvm {f}x", "kernel_time")] for f in ("1.25", "1.5")]

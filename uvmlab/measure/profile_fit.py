@@ -127,14 +127,26 @@ def bench_ms(
 ) -> float:
     """Simulated uvmbench median (ms) of the timed launches of ``workloads/files/uvmbench.py`` (``costs``: None for
     the GPU's profile), replayed at 1 / ``BENCH_SCALE`` of the memory (``--sim-option sim_scale``)."""
+    opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
+    return _median_iteration_ms("uvmbench", opts, costs, gpu, total_bytes, iterations)
+
+
+def torch_bench_ms(factor: float, costs: CostParams | None, gpu: str = "RTX5090", iterations: int = 3) -> float:
+    """Simulated median (ms) of the timed launches of ``workloads/files/uvmbench_torch.py`` (seq_stream written in
+    torch, with no kernel declaration), at the scale of :func:`bench_ms`."""
+    opts = {"size_factor": float(factor), "total_bytes": RTX5090_TOTAL_BYTES}
+    return _median_iteration_ms("uvmbench_torch", opts, costs, gpu, RTX5090_TOTAL_BYTES, iterations)
+
+
+def _median_iteration_ms(
+    workload: str, opts: dict[str, Any], costs: CostParams | None, gpu: str, total_bytes: int, iterations: int
+) -> float:
     import numpy as np
 
     from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
 
-    opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
-    cfg = shipped_config(
-        "uvmbench", opts, gpu, total_bytes, iterations=iterations, sim_options={"sim_scale": BENCH_SCALE}
-    )
+    scale = {"sim_scale": BENCH_SCALE}
+    cfg = shipped_config(workload, opts, gpu, total_bytes, iterations=iterations, sim_options=scale)
     _, res, _ = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
     return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
 

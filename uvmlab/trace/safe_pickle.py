@@ -158,56 +158,84 @@ def scan_opcodes(data: bytes, max_opcodes: int = MAX_OPCODES) -> int:
     return ops
 
 
+_CONTAINERS = frozenset((dict, list, tuple))
+_ALLOWED = frozenset(ALLOWED_TYPES)
+_TEXT = frozenset((str, bytes))
+
+
+def _check_leaves(values: list[Any] | tuple[Any, ...], types: set[type]) -> None:
+    """Check the scalars among ``values`` (``types``: the types present, containers included): allowed types only,
+    no str/bytes over MAX_STRING_BYTES, no int over MAX_INT_BITS bits. Each test runs over the whole list in C when
+    the list holds one kind (a dict's keys, a list of ints) and filters in Python only when kinds are mixed."""
+    for kind in types:
+        if kind not in _ALLOWED:
+            raise TypeError(kind.__name__)
+    if not types.isdisjoint(_TEXT):
+        texts = values if types <= _TEXT else [v for v in values if type(v) is str or type(v) is bytes]
+        longest = max(map(len, texts))
+        if longest > MAX_STRING_BYTES:
+            raise ValueError(f"a string of {longest:,} characters (the limit is {MAX_STRING_BYTES:,})")
+    if int in types:
+        ints = values if len(types) == 1 else [v for v in values if type(v) is int]
+        widest = max(map(int.bit_length, ints))
+        if widest > MAX_INT_BITS:
+            raise ValueError(f"an integer of {widest} bits (the limit is {MAX_INT_BITS})")
+
+
 def _check_tree(obj: Any, max_objects: int = MAX_EXPANDED_OBJECTS, max_depth: int = MAX_DEPTH) -> int:
     """Check types and limits of ``obj``; return its expanded object count (shared objects counted per use).
 
-    Raises TypeError (a refused type), or ValueError (a limit; the message says which). Iterative post-order walk:
-    each distinct container is visited once and its expanded size memoized, so a shared list counts at every use
-    without being walked again; a container met again while still open is a cycle.
+    Raises TypeError (a refused type), or ValueError (a limit; the message says which). Iterative post-order walk
+    over the containers: each distinct container is visited once, its scalars are checked in bulk
+    (:func:`_check_leaves`) and its expanded size memoized, so a shared list counts at every use without being
+    walked again; a container met again while still open is a cycle.
     """
+    if type(obj) not in _CONTAINERS:
+        _check_leaves([obj], {type(obj)})
+        return 1
     sizes: dict[int, int] = {}
     open_: set[int] = set()
-    stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
-    total = 0
+    # (container, depth, its container children once visited (None before), its scalar count)
+    stack: list[tuple[Any, int, list[Any] | None, int]] = [(obj, 0, None, 0)]
     while stack:
-        item, depth, done = stack.pop()
-        kind = type(item)
-        if kind not in ALLOWED_TYPES:
-            raise TypeError(kind.__name__)
-        if kind is str or kind is bytes:
-            if len(item) > MAX_STRING_BYTES:
-                raise ValueError(f"a string of {len(item):,} characters (the limit is {MAX_STRING_BYTES:,})")
-            continue
-        if kind is int and item.bit_length() > MAX_INT_BITS:
-            raise ValueError(f"an integer of {item.bit_length()} bits (the limit is {MAX_INT_BITS})")
-        if kind not in (dict, list, tuple):
-            continue
+        item, depth, kids, n_scalars = stack.pop()
         key = id(item)
-        children = list(item.keys()) + list(item.values()) if kind is dict else item
-        if done:
-            n = 1 + sum(sizes.get(id(c), 1) for c in children)
-            sizes[key] = n
-            open_.discard(key)
-            if depth == 0:
-                total = n
+        if kids is not None:
+            n = 1 + n_scalars + sum(map(sizes.__getitem__, map(id, kids)))
             if n > max_objects:
                 raise ValueError(
                     f"it expands to more than {max_objects:,} objects (shared references count at every use)"
                 )
+            sizes[key] = n
+            open_.discard(key)
             continue
         if key in sizes:
-            if depth == 0:
-                total = sizes[key]
             continue
         if key in open_:
             raise ValueError("it contains a cycle (an object that contains itself)")
         if depth > max_depth:
             raise ValueError(f"it nests deeper than {max_depth} levels")
+        if type(item) is dict:
+            keys, values = list(item), list(item.values())
+            key_types, value_types = set(map(type, keys)), set(map(type, values))
+            _check_leaves(keys, key_types)
+            _check_leaves(values, value_types)
+            types = key_types | value_types
+            children = keys + values
+        else:
+            children = item
+            types = set(map(type, children))
+            _check_leaves(children, types)
+        if types.isdisjoint(_CONTAINERS):
+            kids = []
+        elif types <= _CONTAINERS:
+            kids = list(children)
+        else:
+            kids = [c for c in children if type(c) in _CONTAINERS]
         open_.add(key)
-        stack.append((item, depth, True))
-        stack.extend((c, depth + 1, False) for c in children if type(c) in (dict, list, tuple) and id(c) not in sizes)
-        stack.extend((c, depth + 1, False) for c in children if type(c) not in (dict, list, tuple))
-    return total if sizes else 1
+        stack.append((item, depth, kids, len(children) - len(kids)))
+        stack.extend([(c, depth + 1, None, 0) for c in kids])
+    return sizes[id(obj)]
 
 
 def safe_loads(data: bytes, source: str = "<bytes>") -> Any:

@@ -14,7 +14,8 @@ RTX5090 --gpu-memory 33669316608 --pca off`` runs it (``uvmlab.measure.profile_f
   ``workloads/pytorch/uvm_allocator.c`` @8a8dccd (``workloads/files/gcn.py`` docstring).
 * ``uvm/uvmbench-rtx5090`` (fast): uvmbench t0rq3 seq_stream / rand_stream at 1.0x, 1.25x, 1.5x
   (``workloads/files/uvmbench.py``) and the 1.25x / 1.0x ratio; pointer_chase (8 dependent loads per thread, the
-  latency-bound case) at 1.25x and 1.5x.
+  latency-bound case) at 1.25x and 1.5x; seq_stream again at the three factors through ``uvmbench_torch.py`` (the
+  same kernel written as ``torch.mul(..., out=...)`` with no kernel declaration), band 2x, and its ratio.
 * ``uvm/uvmbench-rtx5090-modes`` (fast): the undersubscribed uvmbench runs, where no page moves after the warm-ups:
   the native time of the page-strided kernels (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x; seq_stream
   ``device`` 0.5x fits ``sector_memory_efficiency``) and the rq4 ``cudaMemPrefetchAsync`` / ``cudaMemAdvise`` modes
@@ -46,6 +47,7 @@ from uvmlab.measure.profile_fit import (
     bench_ms,
     gcn_epoch_s,
     gcn_measured,
+    torch_bench_ms,
 )
 from uvmlab.sim.uvm.profile import load_profile
 from uvmlab.validate.points import Plan, Point, Task, check, planned_check
@@ -58,6 +60,9 @@ BENCH_POINTS = (
     ("pointer_chase", 1.25),
     ("pointer_chase", 1.5),
 )
+TORCH_BENCH = "uvmbench_torch.py"
+"""The seq_stream points again through ``workloads/files/uvmbench_torch.py`` (issue 24's user-written uvmbench)."""
+TORCH_BENCH_FACTORS = (1.0, 1.25, 1.5)
 """pointer_chase at 1.0x is not scored: nothing faults, so its time is the native kernel's (0.009 ms), latency-bound
 and L2-resident, which the native roofline does not model (microbench_checks.py)."""
 KNOWN_MISSES = {
@@ -176,7 +181,12 @@ def uvmbench_points(data_dir: Path) -> list[Point]:
         miss = KNOWN_MISSES.get((k, f), "")
         band = None if fit or miss else 2.0
         pts.append(Point(ds, f"t0rq3_results: {k} uvm {f}x", "kernel_time", "ms", m, s, fit, note=miss, band=band))
-    for k in ("seq_stream", "rand_stream"):
+    for f in TORCH_BENCH_FACTORS:  # the same program written in plain torch: no kernel declaration
+        m = got[("seq_stream", f)][0]
+        got[(TORCH_BENCH, f)] = (m, torch_bench_ms(f, costs))
+        pts.append(Point(ds, f"t0rq3_results: seq_stream uvm {f}x, {TORCH_BENCH}", "kernel_time", "ms", m,
+                         got[(TORCH_BENCH, f)][1], False, band=2.0))  # fmt: skip
+    for k in ("seq_stream", "rand_stream", TORCH_BENCH):
         (m1, s1), (m2, s2) = got[(k, 1.0)], got[(k, 1.25)]
         pts.append(
             Point(

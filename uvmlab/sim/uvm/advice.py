@@ -266,9 +266,8 @@ class AdviceService:
                 valid = np.arange(PAGES_PER_BLOCK) < self._npages[s]
                 extra = valid & self._plg[s] & ~to_gpu  # first touch at the preferred location: the whole block
             elif knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
-                npg = np.array([self._npages[s]])
-                extra = prefetch_pages(gpu[None, :], to_gpu[None, :], npg, knobs.prefetch_threshold)[0]
-                extra &= ~(self._gmap[s] & cpu)  # pages the GPU maps remotely stay where they are
+                extra = prefetch_pages(gpu, to_gpu, self._npages[s], knobs.prefetch_threshold)
+                extra = extra & ~(self._gmap[s] & cpu)  # pages the GPU maps remotely stay where they are
                 if self.prefetch_honours_preferred:
                     extra &= ~self._plc[s]  # not out of a CPU preference (R590+)
             make_dup = make_dup | (extra & rm & cpu)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -64,6 +64,9 @@ Access = tuple[int, int, int, bool]
 
 class UvmSim(FaultService, StreamService, HintService, AdviceService, HostService):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
+
+    whole_block_fast_path: ClassVar[bool] = True
+    """:meth:`prefetch` takes :meth:`_prefetch_whole_block` where it applies (tests turn it off to compare)."""
 
     def __init__(
         self,
@@ -384,6 +387,13 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             return self.prefetch_to_cpu(range_id, offset, size)
         k = self._k
         for s, lo, hi in self._segments(range_id, offset, size):
+            npages = self._npages[s]
+            if self._res_count[s] >= npages:
+                continue  # every page resident already
+            whole = lo == 0 and hi == npages and self._res_count[s] == 0 and self._cpu_count[s] in (0, npages)
+            if whole and self.whole_block_fast_path and (not self._hint_arrays or not self._pol_any[s]):
+                self._prefetch_whole_block(s)
+                continue
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
             mask[lo:hi] = True
             mask &= ~self._gpu[s]
@@ -402,6 +412,35 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             k.zero_fill_bytes += zero * PAGE_BYTES
             k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
         return self._flush_kernel_counters()
+
+    def _prefetch_whole_block(self, s: int) -> None:
+        """:meth:`prefetch` of a whole block with no GPU-resident page and no cudaMemAdvise policy that is either
+        never populated or entirely on the CPU, without bitmaps to intersect: the same state changes and counters
+        as the general loop (the tests compare both), in the same order of additions. A prefetched new allocation
+        takes this path."""
+        k = self._k
+        npages = self._npages[s]
+        n_h = int(self._cpu_count[s])
+        self._ensure_chunk(s, fault_path=False)
+        self._gpu[s, :npages] = True
+        if n_h:
+            self._cpu[s, :npages] = False
+            self._cpu_count[s] = 0
+        if self._hint_arrays:  # no policy bit on the block (the caller checks): _after_gpu_populate's unmapping
+            self._gmap[s, :npages] = False
+            self._cmap[s, :npages] = False
+        self._res_count[s] = npages
+        self._lrm.move_to_end(s)
+        self.populated_gpu_bytes += npages * PAGE_BYTES
+        if n_h:
+            k.htod_count += 1
+            k.htod_bytes += n_h * PAGE_BYTES
+            k.stall_ns += self._transfer_ns(n_h)
+            k.htod_records += 1
+            k.prefetch_htod_bytes += n_h * PAGE_BYTES
+        zero = npages - n_h
+        k.zero_fill_bytes += zero * PAGE_BYTES
+        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
 
     # -- kernels -------------------------------------------------------------------------------
     def access(self, accesses: Iterable[Access]) -> UvmCounters:

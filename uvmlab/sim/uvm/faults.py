@@ -221,9 +221,7 @@ class FaultService:
         self._ensure_chunk(s)  # may evict (never this block: it is being serviced)
         row = self._gpu[s]
         if knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
-            npg = np.array([self._npages[s]])
-            extra = prefetch_pages(row[None, :], faulted[None, :], npg, knobs.prefetch_threshold)[0]
-            mask = faulted | extra
+            mask = faulted | prefetch_pages(row, faulted, self._npages[s], knobs.prefetch_threshold)
         else:
             mask = faulted & ~row
         cpu_m = self._cpu[s] & mask
@@ -243,19 +241,18 @@ class FaultService:
         if hit is not None:
             return hit
         knobs, per_batch = self.knobs, self._per_batch
-        res = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
-        npg = np.array([npages])
+        res = np.zeros(PAGES_PER_BLOCK, dtype=bool)
         subs = []
         p = lo
         while p < hi:
-            idx = np.flatnonzero(~res[0, p:hi])
+            idx = np.flatnonzero(~res[p:hi])
             if idx.size == 0:
                 break
             take = p + idx[:budget]
-            f = np.zeros((1, PAGES_PER_BLOCK), dtype=bool)
-            f[0, take] = True
+            f = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+            f[take] = True
             if knobs.prefetch_enable:
-                m = f | prefetch_pages(res, f, npg, knobs.prefetch_threshold)
+                m = f | prefetch_pages(res, f, npages, knobs.prefetch_threshold)
             else:
                 m = f
             res |= m
@@ -263,7 +260,7 @@ class FaultService:
             closes = budget == 0
             if closes:
                 budget = per_batch
-            subs.append((int(take.size), closes, m[0], f[0], run_lengths(m[0])))
+            subs.append((int(take.size), closes, m, f, run_lengths(m)))
             p = int(take[-1]) + 1
             if not closes:
                 break
@@ -278,8 +275,8 @@ class FaultService:
             tail_faults=sum(x[0] for x in subs[last + 1 :]),
             subs=subs,
             steps=[(x[0], x[1], int(x[2].sum())) for x in subs],
-            union=res[0],
-            rest=(np.arange(PAGES_PER_BLOCK) < npages) & ~res[0],
+            union=res,
+            rest=(np.arange(PAGES_PER_BLOCK) < npages) & ~res,
             budget_out=budget,
             n_faults=sum(x[0] for x in subs),
             n_pages=int(res.sum()),

@@ -96,10 +96,9 @@ class HostService:
                         region = valid & self._plc[s]  # first touch at the preferred location: the whole block
                     else:
                         resident = self._cpu[s] | self._dup[s]
-                        mapped = (resident & self._cmap[s])[None, :]
-                        npg = np.array([self._npages[s]])
+                        mapped = resident & self._cmap[s]
                         thr = knobs.prefetch_threshold
-                        region = faulted | prefetch_pages(resident[None, :], faulted[None, :], npg, thr, mapped)[0]
+                        region = faulted | prefetch_pages(resident, faulted, self._npages[s], thr, mapped)
                     n_faults = 1
                 else:
                     faulted = need & (no_prefetch if knobs.prefetch_enable else need)

@@ -1,4 +1,4 @@
-"""The UVM tree prefetcher (``uvm_perf_prefetch.c``, uvm.md 1.5), vectorized over the VA blocks of one batch.
+"""The UVM tree prefetcher (``uvm_perf_prefetch.c``, uvm.md 1.5), one VA block of a fault batch at a time.
 
 For each faulted VA block the driver builds a binary tree over the block's 512 pages. A page is *marked* if it
 is resident on the destination, faulted in this batch, or shares a 64 KiB big page with a faulted page
@@ -7,8 +7,8 @@ which strictly more than ``threshold`` percent of the pages are marked, and migr
 
 Implementation note: the union over faulted pages of "largest qualifying ancestor" equals the union of *every*
 qualifying subtree that contains at least one faulted page (a qualifying subtree containing page p lies inside
-p's largest qualifying ancestor). That turns the per-page walk into 10 reshape-and-sum steps over a (B, 512)
-array, one per tree level.
+p's largest qualifying ancestor). That turns the per-page walk into lookups of each faulted page's 10 aligned
+ancestors in a prefix sum of the marked pages.
 
 Partial blocks (a range's last block, shorter than 2 MiB) keep a 512-leaf tree; pages past the block's end are
 never marked and a subtree's size is clipped at the block end (as the driver clips its bitmap tree at
@@ -22,55 +22,80 @@ import numpy as np
 
 from uvmlab.sim.uvm.knobs import PAGES_PER_BIG_PAGE, PAGES_PER_BLOCK
 
-_LEVEL_SIZES = tuple(1 << k for k in range(PAGES_PER_BLOCK.bit_length()))  # 1, 2, 4, ..., 512 pages
-_SIZES = np.array(_LEVEL_SIZES)[None, :]
-_PAGE_INDEX = np.arange(PAGES_PER_BLOCK)
+_SIZES = np.array([1 << k for k in range(PAGES_PER_BLOCK.bit_length())])  # 1, 2, 4, ..., 512 pages
+_ALIGN = ~(_SIZES - 1)  # page & _ALIGN[k]: the first page of the page's level-k subtree
+_LEVELS = _SIZES.size
+_MEMO_LIMIT = 16384  # decisions kept (about 6 MiB); the memo is emptied when full
+_memo: dict[tuple[bytes, bytes, bytes | None, int, int], np.ndarray] = {}
 
 
 def grow_to_big_pages(faulted: np.ndarray) -> np.ndarray:
-    """Mark the whole 64 KiB big page around every faulted page: (B, 512) bool -> (B, 512) bool."""
-    b = faulted.shape[0]
-    big = faulted.reshape(b, PAGES_PER_BLOCK // PAGES_PER_BIG_PAGE, PAGES_PER_BIG_PAGE).any(axis=2)
-    return np.repeat(big, PAGES_PER_BIG_PAGE, axis=1)
+    """Mark the whole 64 KiB big page around every faulted page: (512,) bool -> (512,) bool."""
+    big = faulted.reshape(PAGES_PER_BLOCK // PAGES_PER_BIG_PAGE, PAGES_PER_BIG_PAGE).any(axis=1)
+    return np.repeat(big, PAGES_PER_BIG_PAGE)
 
 
 def prefetch_pages(
     resident: np.ndarray,
     faulted: np.ndarray,
-    npages: np.ndarray,
+    npages: int,
     threshold_percent: int,
     exclude: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Pages the prefetcher adds to a batch's faults, per block.
+    """Pages the prefetcher adds to one VA block's faults of a batch.
 
-    ``resident``: (B, 512) pages already resident on the GPU; ``faulted``: (B, 512) pages faulted in this batch;
-    ``npages``: (B,) valid pages per block. Returns (B, 512) bool: pages to migrate in addition to the faulted
-    ones (never resident, never faulted, never past the block end). ``exclude``: the pages never to return, when
-    they differ from ``resident`` (a CPU fault marks every CPU-resident page but skips only those the CPU already
-    maps: ``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c).
+    ``resident``: (512,) pages already resident on the destination; ``faulted``: (512,) pages faulted in this
+    batch; ``npages``: the block's valid pages. Returns a read-only (512,) bool: pages to migrate in addition to the
+    faulted ones (never resident, never faulted, never past the block end). ``exclude``: the pages never to return,
+    when they differ from ``resident`` (a CPU fault marks every CPU-resident page but skips only those the CPU
+    already maps: ``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c).
+
+    The decision depends on nothing but its arguments, and a replay meets the same block states again and again
+    (a sweep's blocks fault the same way), so decisions are memoized on the packed bitmaps.
+    """
+    key = (
+        np.packbits(resident).tobytes(),
+        np.packbits(faulted).tobytes(),
+        None if exclude is None else np.packbits(exclude).tobytes(),
+        int(npages),
+        int(threshold_percent),
+    )
+    hit = _memo.get(key)
+    if hit is None:
+        if len(_memo) >= _MEMO_LIMIT:
+            _memo.clear()
+        hit = _decide(resident, faulted, int(npages), int(threshold_percent), exclude)
+        hit.flags.writeable = False
+        _memo[key] = hit
+    return hit
+
+
+def _decide(
+    resident: np.ndarray, faulted: np.ndarray, npages: int, threshold_percent: int, exclude: np.ndarray | None
+) -> np.ndarray:
+    """:func:`prefetch_pages` without the memo.
 
     Only the 10 ancestors of each faulted page can qualify (module docstring), so their marked-page counts are
     read off a prefix sum of the marked pages, and each faulted page's largest qualifying ancestor is added to
     the region through a difference array: the cost grows with the faulted pages, not with the tree's levels.
     """
-    b = resident.shape[0]
-    npg = npages[:, None]
-    valid = _PAGE_INDEX[None, :] < npg
-    marked = (resident | grow_to_big_pages(faulted)) & valid
-    prefix = np.zeros((b, PAGES_PER_BLOCK + 1), dtype=np.int32)
-    np.cumsum(marked, axis=1, out=prefix[:, 1:])
-    blk, page = np.nonzero(faulted)
-    starts = (page[:, None] // _SIZES) * _SIZES  # (F, levels): each faulted page's aligned ancestors
+    partial = npages < PAGES_PER_BLOCK
+    marked = resident | grow_to_big_pages(faulted)
+    if partial:
+        marked[npages:] = False
+    prefix = np.zeros(PAGES_PER_BLOCK + 1, dtype=np.int32)
+    np.cumsum(marked, out=prefix[1:])
+    page = np.flatnonzero(faulted)
+    starts = page[:, None] & _ALIGN  # (F, levels): each faulted page's aligned ancestors
     ends = starts + _SIZES
-    rows = blk[:, None]
-    counts = prefix[rows, ends] - prefix[rows, starts]
-    eff = np.minimum(np.maximum(npages[blk][:, None] - starts, 0), _SIZES)  # subtree size clipped at the block end
+    counts = prefix[ends] - prefix[starts]
+    eff = np.minimum(np.maximum(npages - starts, 0), _SIZES) if partial else _SIZES  # clipped at the block end
     qualifies = counts * 100 > eff * threshold_percent  # counts <= eff, so eff > 0 here
-    has = qualifies.any(axis=1)
-    top = _SIZES.size - 1 - np.argmax(qualifies[:, ::-1], axis=1)  # the largest qualifying ancestor
-    edges = np.zeros((b, PAGES_PER_BLOCK + 1), dtype=np.int32)
-    sel = np.flatnonzero(has)
-    np.add.at(edges, (blk[sel], starts[sel, top[sel]]), 1)
-    np.add.at(edges, (blk[sel], ends[sel, top[sel]]), -1)
-    region = np.cumsum(edges[:, :PAGES_PER_BLOCK], axis=1) > 0
-    return region & ~(resident if exclude is None else exclude) & ~faulted & valid
+    top = _LEVELS - 1 - np.argmax(qualifies[:, ::-1], axis=1)  # the largest qualifying ancestor
+    rows = np.flatnonzero(qualifies[np.arange(page.size), top])
+    lo, hi = starts[rows, top[rows]], ends[rows, top[rows]]
+    edges = np.bincount(lo, minlength=PAGES_PER_BLOCK + 1) - np.bincount(hi, minlength=PAGES_PER_BLOCK + 1)
+    region = np.cumsum(edges[:PAGES_PER_BLOCK]) > 0
+    if partial:
+        region[npages:] = False
+    return region & ~(resident if exclude is None else exclude) & ~faulted

@@ -266,9 +266,10 @@ class StreamService:
             return out
 
         active = np.arange(n_w)
+        scan = active  # the warps whose first pending step may have moved (every warp before the first batch)
         while True:
-            first = np.full(n_w, length, dtype=np.int64)
-            first[active] = first_pending(active)
+            first = pos.copy()
+            first[scan] = first_pending(scan)
             moved = first != pos
             done[moved] = False  # a warp that moved on starts its new step with no lane done
             progressed = bool(moved.any())
@@ -318,6 +319,9 @@ class StreamService:
             now = flat_gpu[safe[lane_rows, at]] | invalid[lane_rows, at]
             newly = now & ~done[stalled]
             done[stalled] |= now
+            # After the replay a lane not done waits for a page that is still missing, so a warp with one such
+            # lane stays on its step: only warps with every lane done can move (the same result as rescanning all).
+            scan = stalled[done[stalled].all(axis=1)]
             if progressed or newly.any():
                 idle_batches = 0
             else:
