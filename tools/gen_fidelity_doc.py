@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     plt.close(fig)
     atomic_write_text(DOC, text)
     print(f"Wrote {DOC.relative_to(REPO)} and {FIGURE.relative_to(REPO)} ({len(card.points)} points)")
+    print(f"time: {card.wall_seconds:.1f} s wall, {card.cpu_seconds:.1f} s CPU (with worker processes); per check:")
+    for name, (wall, cpu) in card.timings.items():
+        print(f"  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU")
     return 0
 
 
