@@ -65,7 +65,7 @@ class Applicability:
 
 _GCN = (
     "RTX 5090 PyTorch GCN with a prefetching allocator (real-data/uvm/noob512-uvm_rtx5090_pytorch_gcn, validate check "
-    "uvm/gcn-rtx5090): predicted / measured speedup 0.92-1.05 over 10 validation points (7M-15M nodes; 5M fitted)"
+    "uvm/gcn-rtx5090): predicted / measured speedup 0.91-0.98 over 10 validation points (7M-15M nodes; 5M fitted)"
 )
 _ALLOC = (
     "modelled from PyTorch's CUDACachingAllocator source; the allocator model replays 41 real snapshots exactly "
