@@ -58,11 +58,12 @@ class UvmCounters:
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
 
     def add(self, other: UvmCounters) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        mine, theirs = self.__dict__, other.__dict__  # a replay adds one kernel's counters per kernel: no fields()
+        for name in COUNTER_NAMES:
+            mine[name] += theirs[name]
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: self.__dict__[name] for name in COUNTER_NAMES}
 
     def scale(self, factor: int, batches: bool = True) -> None:
         """Multiply every count, byte and time by ``factor`` (a scaled replay, uvmlab.sim.uvm.order); the fault
@@ -70,9 +71,14 @@ class UvmCounters:
         each holds ``fault_batch_count / factor`` sampled entries, uvmlab.sim.uvm.streams)."""
         if factor == 1:
             return
-        for f in fields(self):
-            if f.name != "fault_batch_count" or batches:
-                setattr(self, f.name, getattr(self, f.name) * factor)
+        mine = self.__dict__
+        for name in COUNTER_NAMES:
+            if name != "fault_batch_count" or batches:
+                mine[name] *= factor
+
+
+COUNTER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(UvmCounters))
+"""The fields of :class:`UvmCounters`, in order."""
 
 
 @dataclass
@@ -293,12 +299,13 @@ class FaultService:
 
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
         npages = self._npages[s]
-        plan = self._plan(lo, hi, budget, npages)
+        plan = self._plans.get((lo, hi, budget, npages)) or self._plan(lo, hi, budget, npages)
         if not plan.subs:
             return budget
         n_cpu = self._cpu_count[s]
         full_cpu = n_cpu == npages
-        self._ensure_chunk(s)
+        if not self._has_chunk[s]:
+            self._ensure_chunk(s)
         if self.events is None and (n_cpu == 0 or full_cpu):
             # fast cases: never populated (all zero-fill) or entirely on the CPU (all HtoD)
             k = self._k
