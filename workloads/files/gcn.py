@@ -49,7 +49,10 @@ def _flag(value):
     return bool(value)
 
 
-def _aggregate(torch):
+def aggregate(torch):
+    """``ChunkedIndexAddWeightedFunction.apply`` of the script, built on ``torch`` (the file imports torch lazily);
+    uvmlab's GPU evidence kit runs the same function (``uvmlab.measure.gpu.kit.gcn``)."""
+
     class ChunkedIndexAddWeighted(torch.autograd.Function):
         """out[dst] += x[src] * w, chunk by chunk; the backward gathers by dst and scatters by src."""
 
@@ -106,7 +109,7 @@ def program(uvm, cfg, options):
     lin1 = torch.nn.Linear(FEATURES, HIDDEN, device=dev)
     lin2 = torch.nn.Linear(HIDDEN, CLASSES, device=dev)
     opt = torch.optim.Adam([*lin1.parameters(), *lin2.parameters()], lr=LR)
-    agg = _aggregate(torch)
+    agg = aggregate(torch)
 
     def forward():
         """The model's forward (a function: its activations are held by autograd only, as in the script's

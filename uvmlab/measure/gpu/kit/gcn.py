@@ -29,41 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import UvmlabError
+from workloads.files.gcn import CLASSES, DROPOUT, EDGES_PER_NODE, FEATURES, HIDDEN, LR, OPTIONS, aggregate
 
-FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE, CHUNK_EDGES = 128, 256, 10, 10, 2_000_000
-"""benchmark_gnn_uvm.py defaults (workloads/files/gcn.py)."""
-DROPOUT = 0.5
+CHUNK_EDGES = OPTIONS["chunk_edges"]
+"""The model, its sizes and the chunked aggregation are the shipped file's (workloads/files/gcn.py): what the kit
+measures on a GPU is the program ``uvmlab validate`` simulates."""
 VARIANTS = ("uvm", "native")
-
-
-def _aggregate_fn(torch: Any) -> Any:
-    class ChunkedIndexAddWeighted(torch.autograd.Function):
-        """out[dst] += x[src] * w, chunk by chunk; the backward gathers by dst and scatters by src."""
-
-        @staticmethod
-        def forward(ctx: Any, x: Any, src: Any, dst: Any, w: Any, chunk: int) -> Any:
-            ctx.save_for_backward(src, dst, w)
-            ctx.chunk, ctx.n = chunk, x.shape[0]
-            out = torch.zeros_like(x)
-            for s in range(0, src.numel(), chunk):
-                g = x[src[s : s + chunk]]
-                msg = g * w[s : s + chunk, None]
-                del g
-                out.index_add_(0, dst[s : s + chunk], msg)
-                del msg
-            return out
-
-        @staticmethod
-        def backward(ctx: Any, grad_out: Any) -> Any:
-            src, dst, w = ctx.saved_tensors
-            grad = torch.zeros_like(grad_out)
-            for s in range(0, src.numel(), ctx.chunk):
-                g = grad_out.index_select(0, dst[s : s + ctx.chunk]) * w[s : s + ctx.chunk, None]
-                grad.index_add_(0, src[s : s + ctx.chunk], g)
-                del g
-            return grad, None, None, None, None
-
-    return ChunkedIndexAddWeighted.apply
 
 
 def run_gcn(nodes: int, epochs: int = 3, chunk_edges: int = CHUNK_EDGES, device: str = "cuda") -> dict[str, Any]:
@@ -90,8 +61,8 @@ def run_gcn(nodes: int, epochs: int = 3, chunk_edges: int = CHUNK_EDGES, device:
     w = deg[src].rsqrt() * deg[dst].rsqrt()
     del deg
     lin1, lin2 = torch.nn.Linear(FEATURES, HIDDEN).to(dev), torch.nn.Linear(HIDDEN, CLASSES).to(dev)
-    opt = torch.optim.Adam([*lin1.parameters(), *lin2.parameters()], lr=0.01)
-    agg = _aggregate_fn(torch)
+    opt = torch.optim.Adam([*lin1.parameters(), *lin2.parameters()], lr=LR)
+    agg = aggregate(torch)
     sync()
     times = []
     for _epoch in range(epochs):
