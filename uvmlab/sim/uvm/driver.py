@@ -303,6 +303,49 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         if self.events is not None:
             self.events.append(("evict", self._slot_range[v], self._slot_bidx[v], n))
 
+    def _evict_front(self, victims: list[int]) -> None:
+        """Evict ``victims``, the first ``len(victims)`` chunks of the LRM list in its order, as ``_evict_one``
+        would one by one (plain rule only: the caller checks ``_hinted`` is off). ``used_bytes`` is the caller's.
+        Fully resident blocks (the common case) move back in one array operation."""
+        lrm, res_count, npages, cpu_count, has_chunk = (
+            self._lrm,
+            self._res_count,
+            self._npages,
+            self._cpu_count,
+            self._has_chunk,
+        )
+        full: list[int] = []
+        k = self._k
+        t_ns = 0.0
+        pages = 0
+        n_runs = 0
+        for v in victims:
+            lrm.popitem(last=False)
+            n = res_count[v]
+            cpu_count[v] += n
+            res_count[v] = 0
+            has_chunk[v] = False
+            pages += n
+            if n == npages[v]:
+                full.append(v)
+                n_runs += 1
+                t_ns += self._transfer_ns(n)
+            else:
+                row = self._gpu[v]
+                runs = run_lengths(row)
+                n_runs += len(runs)
+                t_ns += self._runs_ns(runs)
+                self._cpu[v] |= row
+                row[:] = False
+        if full:
+            idx = np.array(full, dtype=np.int64)
+            self._cpu[idx] = self._gpu[idx]
+            self._gpu[idx] = False
+        k.eviction_count += len(victims)
+        k.dtoh_bytes += pages * PAGE_BYTES
+        k.dtoh_count += n_runs
+        k.stall_ns += len(victims) * self.costs.evict_fixed_ns + t_ns
+
     def _runs_ns(self, runs: np.ndarray) -> float:
         """Time (ns) of serial transfers of ``runs`` pages each; few runs are summed from the per-size cache."""
         if runs.size > RUNS_CACHED:

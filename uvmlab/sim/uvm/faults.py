@@ -9,7 +9,7 @@ touched over one page interval use a memoized plan (the same rules, computed onc
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -122,22 +122,42 @@ def htod_record_count(moved: np.ndarray, faulted: np.ndarray) -> int:
 class FaultService:
     """The batch-servicing half of UvmSim (uses its state: bitmaps, per-slot lists, counters, LRM)."""
 
+    bulk_block_runs: ClassVar[bool] = True
+    """:meth:`_run_stage` services runs of never-touched blocks with :meth:`_apply_plan_run` (tests turn it off to
+    compare it with :meth:`_apply_plan` block by block)."""
+
     def _run_stage(self, touched: dict[int, Any], is_write: bool) -> None:
         """Fault in the missing touched pages, ``pages_per_batch`` unique pages per batch, block by block.
 
         Prefetch decisions are per VA block, so each block's share of a batch is serviced as soon as it is
         known (the batch's other blocks do not change it). Blocks with no GPU-resident page touched over one
-        interval use a memoized plan.
+        interval use a memoized plan; consecutive such blocks with no chunk are serviced as one run
+        (:meth:`_apply_plan_run`).
         """
         res_count, npages, gpu = self._res_count, self._npages, self._gpu
+        has_chunk, cpu_count = self._has_chunk, self._cpu_count
         per_batch = self._per_batch
         advised = self._pol_any  # per-slot "has a cudaMemAdvise policy" flags, None when never advised
         memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
+        bulk = memo_ok and self.bulk_block_runs and self.events is None
+        run: list[tuple[int, int, int]] = []  # pending blocks of the run path, in touch order
         self._open_faults = 0
         self._open_blocks = 0
         self._kind = "write" if is_write else "read"
         budget = per_batch
         for s, span in touched.items():
+            if (
+                bulk
+                and not has_chunk[s]  # so no page is GPU-resident and no eviction of the run can change it
+                and type(span) is tuple
+                and (advised is None or not advised[s])
+                and (cpu_count[s] == 0 or cpu_count[s] == npages[s])
+            ):
+                run.append((s, span[0], span[1]))
+                continue
+            if run:
+                budget = self._apply_plan_run(run, budget)
+                run = []
             if advised is not None and advised[s]:  # the policy path (uvmlab.sim.uvm.hints)
                 budget = self._policy_stage_block(s, span, is_write, budget)
                 continue
@@ -165,6 +185,8 @@ class FaultService:
                     break
                 self._close_batch()
                 budget = per_batch
+        if run:
+            self._apply_plan_run(run, budget)
         if self._open_faults:
             self._close_batch()
 
@@ -297,6 +319,130 @@ class FaultService:
         self._plans[key] = plan
         return plan
 
+    def _apply_plan_run(self, run: list[tuple[int, int, int]], budget: int) -> int:
+        """:meth:`_apply_plan` of consecutive ``(slot, lo, hi)`` blocks that hold no chunk and are never populated
+        or entirely on the CPU, with the same result (counters equal up to the order of float additions).
+
+        The blocks' chunks are allocated in their order: the evictions they need are the first chunks of the LRM
+        list (the run's blocks join its end), found before anything changes; if the run would evict its own
+        blocks (it is larger than the free memory plus every older chunk), each block takes ``_apply_plan``.
+        The batch accounting is summed, the bitmaps are written once per plan.
+        """
+        plans, npages, chunk = self._plans, self._npages, self._chunk_bytes
+        steps: list[tuple[int, FaultPlan]] = []
+        b = budget
+        for s, lo, hi in run:
+            n = npages[s]
+            plan = plans.get((lo, hi, b, n)) or self._plan(lo, hi, b, n)
+            if plan.subs:
+                steps.append((s, plan))
+                b = plan.budget_out
+        # chunks: the evictions, found without changing anything
+        cap, used = self.capacity_bytes, self.used_bytes
+        peak = self.peak_used_bytes
+        older = iter(self._lrm)
+        victims: list[int] = []
+        for s, _ in steps:
+            need = chunk[s]
+            while cap - used < need:
+                v = None if self._disc_fifo else next(older, None)
+                if v is None:  # discarded chunks go first, or the run would evict its own blocks: one by one
+                    for s2, lo, hi in run:
+                        budget = self._apply_plan(s2, lo, hi, budget)
+                    return budget
+                victims.append(v)
+                used -= chunk[v]
+            used += need
+            peak = max(peak, used)
+        if victims and self._hinted:
+            for _ in victims:
+                self._evict_one()  # the hinted rule, which picks the same chunks (no discarded chunk waits)
+        elif victims:
+            self._evict_front(victims)
+        self.used_bytes = used
+        self.peak_used_bytes = peak
+        # batches and transfers
+        k, costs, g = self._k, self.costs, self._g
+        fbc, rpf = float(self.knobs.fault_batch_count), costs.raw_entries_per_fault
+        cpu_count, res_count, has_chunk, had_gpu, lrm = (
+            self._cpu_count,
+            self._res_count,
+            self._has_chunk,
+            self._had_gpu,
+            self._lrm,
+        )
+        open_f, open_b = self._open_faults, self._open_blocks
+        n_closes = close_faults = n_full = 0
+        close_raw = stall = 0.0
+        zero_pages = htod_runs = htod_recs = htod_pages = fault_h = populated = 0
+        first_gpu = 0
+        rows: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): (plan, slots, CPU-resident slots)
+        for s, plan in steps:
+            if plan.n_closes == 0:
+                open_f += plan.n_faults
+            else:
+                n = -(-(open_f + plan.first_close_faults) // g)
+                n_closes += 1
+                close_faults += n
+                close_raw += min(fbc, n * rpf)
+                n_full += plan.n_closes - 1
+                open_f = plan.tail_faults
+                open_b = 0
+            open_b += 1
+            entry = rows.get(id(plan))
+            if entry is None:
+                entry = rows[id(plan)] = (plan, [], [])
+            entry[1].append(s)
+            n_pages = plan.n_pages
+            if cpu_count[s] == 0:
+                zero_pages += n_pages
+                stall += plan.zero_stall_ns
+            else:
+                entry[2].append(s)
+                htod_runs += plan.n_runs
+                htod_recs += plan.n_records
+                htod_pages += n_pages
+                fault_h += plan.n_faults
+                stall += plan.htod_stall_ns
+                cpu_count[s] = npages[s] - n_pages
+            if not had_gpu[s]:
+                had_gpu[s] = True
+                first_gpu += 1
+            has_chunk[s] = True
+            lrm[s] = None
+            res_count[s] = n_pages
+            populated += n_pages
+        for plan, slots, cpu_slots in rows.values():
+            self._gpu[slots] = plan.union
+            if cpu_slots:
+                self._cpu[cpu_slots] = plan.rest
+            if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
+                self._cmap[slots] &= ~plan.union
+        self._open_faults, self._open_blocks = open_f, open_b
+        self.populated_gpu_bytes += populated * PAGE_BYTES
+        nf = close_faults + n_full * (self._per_batch // g)
+        k.fault_batch_count += n_closes + n_full
+        k.fault_count += nf
+        if self._kind == "write":
+            k.write_fault_count += nf
+        else:
+            k.read_fault_count += nf
+        k.raw_fault_entries += close_raw + n_full * self._full_raw
+        k.zero_fill_bytes += zero_pages * PAGE_BYTES
+        k.htod_count += htod_runs
+        k.htod_records += htod_recs
+        k.htod_bytes += htod_pages * PAGE_BYTES
+        k.fault_htod_bytes += fault_h * PAGE_BYTES
+        k.prefetch_htod_bytes += (htod_pages - fault_h) * PAGE_BYTES
+        k.stall_ns += (
+            stall
+            + n_closes * costs.batch_turnaround_ns
+            + costs.fault_entry_ns * close_raw
+            + n_full * self._full_batch_ns
+            + first_gpu * costs.block_first_gpu_ns
+        )
+        return b
+
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
         npages = self._npages[s]
         plan = self._plans.get((lo, hi, budget, npages)) or self._plan(lo, hi, budget, npages)
@@ -348,6 +494,8 @@ class FaultService:
                 if closes:
                     self._close_batch()
         self._gpu[s] = plan.union
+        if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
+            self._cmap[s] &= ~plan.union
         if n_cpu:
             if full_cpu:
                 self._cpu[s] = plan.rest
