@@ -203,11 +203,10 @@ def test_memoized_plan_matches_general_path() -> None:
         for r in range(4):
             sim.access([(r, 0, 3 * BLOCK + 12345, False)])
         sim.check_invariants()
-        d = sim.totals.as_dict()
-        d["stall_ns"] = round(d["stall_ns"], 3)
-        return d
+        return sim.totals.as_dict()
 
-    assert run(events=True) == run(events=False)
+    # events turn the run path off (uvmlab.sim.uvm.faults): float sums may differ in their last bits
+    assert run(events=True) == pytest.approx(run(events=False), rel=1e-12)
 
 
 @pytest.mark.parametrize("capacity_blocks", [16, 5])

@@ -193,12 +193,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         slots = self._new_slots(nblocks)
         tail_chunk = rounded_tail_bytes(int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES, self.host_page_bytes)
         tail_pages = tail_chunk // PAGE_BYTES  # the driver's VA range ends at the rounded size (rounded_tail_bytes)
-        self._gpu[slots] = False
-        self._cpu[slots] = False
-        self._dup[slots] = False
-        self._disc[slots] = False
-        for name in self._hint_arrays:
-            getattr(self, name)[slots] = False
+        # a new slot's bitmaps are all False (``_grow``), and ``unmap_range`` clears a freed one's
         for b, slot in enumerate(slots.tolist()):
             last = b == nblocks - 1
             self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
@@ -233,10 +228,9 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             self._cpu_count[s] = 0
             self._slot_range[s] = -1
         self.used_bytes -= freed
-        self._gpu[slots] = False
-        self._cpu[slots] = False
-        self._dup[slots] = False
-        self._disc[slots] = False
+        rows = slot_list[0] if len(slot_list) == 1 else slots  # basic indexing is faster for the common one block
+        for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
+            getattr(self, name)[rows] = False
         self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
@@ -573,6 +567,10 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             raise InvariantError(f"resident chunks {self.used_bytes} B exceed capacity {self.capacity_bytes} B")
         if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):
             raise InvariantError("the LRM list and the set of allocated chunks differ")
+        free = ~live
+        for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
+            if getattr(self, name)[:n][free].any() or getattr(self, name)[n:].any():
+                raise InvariantError(f"a free slot's {name.strip('_')} bitmap is not clear (map_range relies on it)")
         valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
         if ((gpu | cpu) & ~valid).any():
             raise InvariantError("a page past the end of its block is resident")

@@ -324,47 +324,68 @@ class FaultService:
         or entirely on the CPU, with the same result (counters equal up to the order of float additions).
 
         The blocks' chunks are allocated in their order: the evictions they need are the first chunks of the LRM
-        list (the run's blocks join its end), found before anything changes; if the run would evict its own
-        blocks (it is larger than the free memory plus every older chunk), each block takes ``_apply_plan``.
-        The batch accounting is summed, the bitmaps are written once per plan.
+        list (the run's blocks join its end), found before anything changes (:meth:`_run_prefix`). A prefix whose
+        evictions are all known is committed at once (:meth:`_commit_run`); a run larger than the free memory plus
+        every older chunk goes on from there (its first blocks are then the oldest); a block that needs a chunk
+        while a discarded chunk waits (the PMM evicts it first) takes ``_apply_plan``.
         """
-        plans, npages, chunk = self._plans, self._npages, self._chunk_bytes
-        steps: list[tuple[int, FaultPlan]] = []
+        plans, npages = self._plans, self._npages
+        steps: list[tuple[int, int, int, int, FaultPlan]] = []  # slot, lo, hi, budget in, plan
         b = budget
         for s, lo, hi in run:
             n = npages[s]
             plan = plans.get((lo, hi, b, n)) or self._plan(lo, hi, b, n)
             if plan.subs:
-                steps.append((s, plan))
+                steps.append((s, lo, hi, b, plan))
                 b = plan.budget_out
-        # chunks: the evictions, found without changing anything
+        i = 0
+        while i < len(steps):
+            j, victims, used, peak = self._run_prefix(steps, i)
+            if j == i:  # a discarded chunk waits, or no chunk is evictable (``_ensure_chunk`` raises)
+                s, lo, hi, b_in, _ = steps[i]
+                self._apply_plan(s, lo, hi, b_in)
+                i += 1
+                continue
+            if victims and self._hinted:
+                for _ in victims:
+                    self._evict_one()  # the hinted rule, which picks the same chunks (no discarded chunk waits)
+            elif victims:
+                self._evict_front(victims)
+            self.used_bytes = used
+            self.peak_used_bytes = peak
+            self._commit_run(steps[i:j])
+            i = j
+        return b
+
+    def _run_prefix(self, steps: list[tuple[int, int, int, int, FaultPlan]], i: int) -> tuple[int, list[int], int, int]:
+        """From ``steps[i]`` on, the blocks whose chunks the LRM list's current chunks make room for, changing
+        nothing: (end of that prefix, the chunks to evict in order, used bytes and high-water mark after it)."""
+        chunk = self._chunk_bytes
         cap, used = self.capacity_bytes, self.used_bytes
         peak = self.peak_used_bytes
         older = iter(self._lrm)
         victims: list[int] = []
-        for s, _ in steps:
-            need = chunk[s]
+        waiting = bool(self._disc_fifo)
+        for j in range(i, len(steps)):
+            need = chunk[steps[j][0]]
+            mark = len(victims), used
             while cap - used < need:
-                v = None if self._disc_fifo else next(older, None)
-                if v is None:  # discarded chunks go first, or the run would evict its own blocks: one by one
-                    for s2, lo, hi in run:
-                        budget = self._apply_plan(s2, lo, hi, budget)
-                    return budget
+                v = None if waiting else next(older, None)
+                if v is None:
+                    del victims[mark[0] :]
+                    return j, victims, mark[1], peak
                 victims.append(v)
                 used -= chunk[v]
             used += need
             peak = max(peak, used)
-        if victims and self._hinted:
-            for _ in victims:
-                self._evict_one()  # the hinted rule, which picks the same chunks (no discarded chunk waits)
-        elif victims:
-            self._evict_front(victims)
-        self.used_bytes = used
-        self.peak_used_bytes = peak
-        # batches and transfers
+        return len(steps), victims, used, peak
+
+    def _commit_run(self, steps: list[tuple[int, int, int, int, FaultPlan]]) -> None:
+        """Service ``steps`` (their chunks are free now): the batch accounting summed, bitmaps once per plan."""
         k, costs, g = self._k, self.costs, self._g
         fbc, rpf = float(self.knobs.fault_batch_count), costs.raw_entries_per_fault
-        cpu_count, res_count, has_chunk, had_gpu, lrm = (
+        npages, cpu_count, res_count, has_chunk, had_gpu, lrm = (
+            self._npages,
             self._cpu_count,
             self._res_count,
             self._has_chunk,
@@ -377,7 +398,7 @@ class FaultService:
         zero_pages = htod_runs = htod_recs = htod_pages = fault_h = populated = 0
         first_gpu = 0
         rows: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): (plan, slots, CPU-resident slots)
-        for s, plan in steps:
+        for s, _, _, _, plan in steps:
             if plan.n_closes == 0:
                 open_f += plan.n_faults
             else:
@@ -441,7 +462,6 @@ class FaultService:
             + n_full * self._full_batch_ns
             + first_gpu * costs.block_first_gpu_ns
         )
-        return b
 
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
         npages = self._npages[s]
