@@ -1,7 +1,8 @@
 """Speed of the UVM simulator: one GPT-2 (batch 8) run of 10 iterations at factor 4, PCA off and on.
 
-Goal (issue 24): to_cuda + placement + simulation <= 3 s after the trace, PCA off and on. Prints wall and CPU seconds of each stage (the machine may be shared: CPU time
-is the simulator's own cost). The trace capture is cached (first run captures, later runs read the cache).
+Goal (issue 24): to_cuda + placement + simulation <= 3 s after the trace, PCA off and on. Prints wall and CPU
+seconds of each stage (the machine may be shared: CPU time is the simulator's own cost). The trace capture is
+cached (first run captures, later runs read the cache).
 
     python benchmarks/uvm_speed.py [--workload gpt2] [--iterations 10] [--oversub 4]
 """

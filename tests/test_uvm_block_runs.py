@@ -55,15 +55,16 @@ def run_program(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str) -> t
             sizes[next_id] = o[1]
             next_id += 1
             continue
-        live = sorted(sizes)
-        if not live:
+        if not sizes:
             continue
 
-        def rng(rid_i: int, off: int, size: int) -> tuple[int, int, int]:
+        def rng(rid_i: int, off: int, size: int, live: list[int] = sorted(sizes)) -> tuple[int, int, int]:
+            """A live range (by index), an offset in it and a size that ends in it."""
             rid = live[rid_i % len(live)]
             off %= sizes[rid]
             return rid, off, min(size, sizes[rid] - off)
 
+        live = sorted(sizes)
         if o[0] == "unmap":
             rid = live[o[1] % len(live)]
             sim.unmap_range(rid)
@@ -163,3 +164,17 @@ def test_the_run_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     sim.access([(0, 0, 10 * BLOCK, False)])
     assert calls == [10]
     assert sim.totals.eviction_count == 6
+
+
+def test_partly_resident_victims_keep_their_own_transfers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two partly resident blocks evicted by one run: the first ends and the second starts with resident pages,
+    which are two transfers, not one (the rows are evicted together)."""
+    ops = [
+        ("map", 2 * BLOCK),
+        ("kernel", [(0, BLOCK - 64 * PAGE_BYTES, 128 * PAGE_BYTES, False)]),  # pages 448-511 and 0-63
+        ("map", 4 * BLOCK),
+        ("kernel", [(1, 0, 4 * BLOCK, False)]),  # evicts both
+    ]
+    compare(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB", monkeypatch)
+    counters = run_program(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB")[0]
+    assert counters[-1]["eviction_count"] == 2 and counters[-1]["dtoh_count"] == 2

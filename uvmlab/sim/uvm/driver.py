@@ -300,7 +300,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
     def _evict_front(self, victims: list[int]) -> None:
         """Evict ``victims``, the first ``len(victims)`` chunks of the LRM list in its order, as ``_evict_one``
         would one by one (plain rule only: the caller checks ``_hinted`` is off). ``used_bytes`` is the caller's.
-        Fully resident blocks (the common case) move back in one array operation."""
+        The bitmaps move back in array operations (fully resident blocks, the common case, and the others)."""
         lrm, res_count, npages, cpu_count, has_chunk = (
             self._lrm,
             self._res_count,
@@ -308,33 +308,32 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             self._cpu_count,
             self._has_chunk,
         )
-        full: list[int] = []
-        k = self._k
-        t_ns = 0.0
-        pages = 0
-        n_runs = 0
-        for v in victims:
+        for _ in victims:
             lrm.popitem(last=False)
+        full: list[int] = []
+        part: list[int] = []
+        pages = 0
+        for v in victims:
             n = res_count[v]
+            pages += n
             cpu_count[v] += n
             res_count[v] = 0
             has_chunk[v] = False
-            pages += n
-            if n == npages[v]:
-                full.append(v)
-                n_runs += 1
-                t_ns += self._transfer_ns(n)
-            else:
-                row = self._gpu[v]
-                runs = run_lengths(row)
-                n_runs += len(runs)
-                t_ns += self._runs_ns(runs)
-                self._cpu[v] |= row
-                row[:] = False
-        if full:
-            idx = np.array(full, dtype=np.int64)
-            self._cpu[idx] = self._gpu[idx]
-            self._gpu[idx] = False
+            (full if n == npages[v] else part).append(v)
+        t_ns = 0.0
+        n_runs = len(full)
+        if full:  # one transfer each
+            t_ns += sum(self._transfer_ns(npages[v]) for v in full)
+            self._cpu[full] = self._gpu[full]
+            self._gpu[full] = False
+        if part:  # one transfer per contiguous run of resident pages, all blocks at once
+            rows = self._gpu[part]
+            runs = run_lengths(np.pad(rows, ((0, 0), (0, 1))).ravel())  # a False column keeps rows' runs apart
+            n_runs += runs.size
+            t_ns += self._runs_ns(runs)
+            self._cpu[part] |= rows
+            self._gpu[part] = False
+        k = self._k
         k.eviction_count += len(victims)
         k.dtoh_bytes += pages * PAGE_BYTES
         k.dtoh_count += n_runs

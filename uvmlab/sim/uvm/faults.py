@@ -4,6 +4,10 @@ Split from uvm.py to keep modules small. A kernel's missing pages are cut into b
 ``knobs.pages_per_batch`` unique pages (reads before writes); each VA block's share of a batch is serviced by
 the tree prefetcher, chunk allocation (eviction) and migration / zero-fill. Blocks with no GPU-resident page
 touched over one page interval use a memoized plan (the same rules, computed once per (interval, budget)).
+Consecutive such blocks that hold no chunk and are never populated or entirely on the CPU (the blocks of a tensor
+that is faulted in whole, the common case under oversubscription) are serviced as one run: the same result as
+block by block, their evictions found first and their counters summed (``_apply_plan_run``; the float sums may
+differ in their last bits, tests/test_uvm_block_runs.py compares the two).
 """
 
 from __future__ import annotations
@@ -381,66 +385,66 @@ class FaultService:
         return len(steps), victims, used, peak
 
     def _commit_run(self, steps: list[tuple[int, int, int, int, FaultPlan]]) -> None:
-        """Service ``steps`` (their chunks are free now): the batch accounting summed, bitmaps once per plan."""
+        """Service ``steps`` (their chunks are free now): the batch accounting summed, the per-slot state written in
+        tight loops, the bitmaps once per plan (a run's blocks share a few plans)."""
         k, costs, g = self._k, self.costs, self._g
         fbc, rpf = float(self.knobs.fault_batch_count), costs.raw_entries_per_fault
-        npages, cpu_count, res_count, has_chunk, had_gpu, lrm = (
-            self._npages,
-            self._cpu_count,
-            self._res_count,
-            self._has_chunk,
-            self._had_gpu,
-            self._lrm,
-        )
+        cpu_count, res_count, has_chunk, had_gpu = self._cpu_count, self._res_count, self._has_chunk, self._had_gpu
         open_f, open_b = self._open_faults, self._open_blocks
         n_closes = close_faults = n_full = 0
-        close_raw = stall = 0.0
-        zero_pages = htod_runs = htod_recs = htod_pages = fault_h = populated = 0
-        first_gpu = 0
-        rows: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): (plan, slots, CPU-resident slots)
-        for s, _, _, _, plan in steps:
-            if plan.n_closes == 0:
-                open_f += plan.n_faults
-            else:
+        close_raw = 0.0
+        groups: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): plan, new slots, CPU-resident
+        for s, _, _, _, plan in steps:  # the batches, in order
+            if plan.n_closes:
                 n = -(-(open_f + plan.first_close_faults) // g)
                 n_closes += 1
                 close_faults += n
                 close_raw += min(fbc, n * rpf)
                 n_full += plan.n_closes - 1
                 open_f = plan.tail_faults
-                open_b = 0
-            open_b += 1
-            entry = rows.get(id(plan))
-            if entry is None:
-                entry = rows[id(plan)] = (plan, [], [])
-            entry[1].append(s)
-            n_pages = plan.n_pages
-            if cpu_count[s] == 0:
-                zero_pages += n_pages
-                stall += plan.zero_stall_ns
+                open_b = 1
             else:
-                entry[2].append(s)
-                htod_runs += plan.n_runs
-                htod_recs += plan.n_records
-                htod_pages += n_pages
-                fault_h += plan.n_faults
-                stall += plan.htod_stall_ns
-                cpu_count[s] = npages[s] - n_pages
+                open_f += plan.n_faults
+                open_b += 1
+            e = groups.get(id(plan))
+            if e is None:
+                e = groups[id(plan)] = (plan, [], [])
+            e[2 if cpu_count[s] else 1].append(s)
+        self._open_faults, self._open_blocks = open_f, open_b
+        slots = [st[0] for st in steps]
+        first_gpu = 0
+        for s in slots:
             if not had_gpu[s]:
                 had_gpu[s] = True
                 first_gpu += 1
+        for s in slots:
             has_chunk[s] = True
-            lrm[s] = None
-            res_count[s] = n_pages
-            populated += n_pages
-        for plan, slots, cpu_slots in rows.values():
-            self._gpu[slots] = plan.union
-            if cpu_slots:
-                self._cpu[cpu_slots] = plan.rest
+        self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in touch order (none is on it)
+        stall = 0.0
+        zero_pages = htod_runs = htod_recs = htod_pages = fault_h = 0
+        for plan, new, on_cpu in groups.values():
+            n_pages = plan.n_pages
+            if new:
+                zero_pages += len(new) * n_pages
+                stall += len(new) * plan.zero_stall_ns
+                for s in new:
+                    res_count[s] = n_pages
+            if on_cpu:
+                m = len(on_cpu)
+                htod_runs += m * plan.n_runs
+                htod_recs += m * plan.n_records
+                htod_pages += m * n_pages
+                fault_h += m * plan.n_faults
+                stall += m * plan.htod_stall_ns
+                for s in on_cpu:
+                    res_count[s] = n_pages
+                    cpu_count[s] -= n_pages  # entirely on the CPU before: what the plan did not move stays
+                self._cpu[on_cpu] = plan.rest
+            rows = new + on_cpu
+            self._gpu[rows] = plan.union
             if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
-                self._cmap[slots] &= ~plan.union
-        self._open_faults, self._open_blocks = open_f, open_b
-        self.populated_gpu_bytes += populated * PAGE_BYTES
+                self._cmap[rows] &= ~plan.union
+        self.populated_gpu_bytes += (zero_pages + htod_pages) * PAGE_BYTES
         nf = close_faults + n_full * (self._per_batch // g)
         k.fault_batch_count += n_closes + n_full
         k.fault_count += nf
