@@ -324,15 +324,17 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         n_runs = len(full)
         if full:  # one transfer each
             t_ns += sum(self._transfer_ns(npages[v]) for v in full)
-            self._cpu[full] = self._gpu[full]
-            self._gpu[full] = False
+            idx = np.array(full, dtype=np.intp)
+            self._cpu[idx] = self._gpu[idx]
+            self._gpu[idx] = False
         if part:  # one transfer per contiguous run of resident pages, all blocks at once
-            rows = self._gpu[part]
+            idx = np.array(part, dtype=np.intp)
+            rows = self._gpu[idx]
             runs = run_lengths(np.pad(rows, ((0, 0), (0, 1))).ravel())  # a False column keeps rows' runs apart
             n_runs += runs.size
             t_ns += self._runs_ns(runs)
-            self._cpu[part] |= rows
-            self._gpu[part] = False
+            self._cpu[idx] |= rows
+            self._gpu[idx] = False
         k = self._k
         k.eviction_count += len(victims)
         k.dtoh_bytes += pages * PAGE_BYTES

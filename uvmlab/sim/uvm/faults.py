@@ -440,7 +440,7 @@ class FaultService:
                     res_count[s] = n_pages
                     cpu_count[s] -= n_pages  # entirely on the CPU before: what the plan did not move stays
                 self._cpu[on_cpu] = plan.rest
-            rows = new + on_cpu
+            rows = np.array(new + on_cpu, dtype=np.intp)
             self._gpu[rows] = plan.union
             if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
                 self._cmap[rows] &= ~plan.union
