@@ -178,3 +178,16 @@ def test_partly_resident_victims_keep_their_own_transfers(monkeypatch: pytest.Mo
     compare(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB", monkeypatch)
     counters = run_program(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB")[0]
     assert counters[-1]["eviction_count"] == 2 and counters[-1]["dtoh_count"] == 2
+
+
+@pytest.mark.parametrize("run_path", [True, False])
+def test_a_gpu_fault_unmaps_the_cpu_on_a_coherent_host(run_path: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages the GPU faults in lose their CPU mapping (``_after_gpu_populate``; only accessed-by CPU keeps it on a
+    coherent link), through the memoized plan and the run path too: the CPU's next read of them faults."""
+    monkeypatch.setattr(UvmSim, "bulk_block_runs", run_path)
+    sim = UvmSim(8 * BLOCK, UvmKnobs(), gpu=GPUS["GH200"])
+    sim.map_range(0, 2 * BLOCK)
+    sim.host_write(0, 0, 2 * BLOCK)  # the CPU populates and maps every page
+    sim.access([(0, 0, 2 * BLOCK, False)])  # entirely on the CPU: the plan path migrates the blocks
+    assert sim.host_read(0, 0, 2 * BLOCK).cpu_fault_count > 0
+    sim.check_invariants()
