@@ -183,6 +183,31 @@ def test_hf_config_file_and_num_layers(tmp_path: Path) -> None:
         load_workload("hf:llama-9")
 
 
+def test_auto_attention_is_transformers_own_choice(tmp_path: Path) -> None:
+    """``auto`` (the default): SDPA where the class has it (Llama), eager where it has not (BLOOM); asking for
+    ``sdpa`` on BLOOM is refused in one sentence, as transformers refuses it."""
+    tiny = {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 300}
+    configs = {
+        "llama": {**tiny, "model_type": "llama", "intermediate_size": 128, "num_hidden_layers": 1},
+        "bloom": {**tiny, "model_type": "bloom", "n_layer": 1, "n_head": 4},
+    }
+    built = {}
+    for name, fields in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(fields))
+        wl_name = f"hf:{tmp_path / name}"
+        built[name] = load_workload(wl_name).build(
+            WorkloadConfig(wl_name, batch_size=1, options={"seq_len": 16}), "meta"
+        )
+    assert WorkloadConfig("gpt2").attention == "auto"
+    assert (built["llama"].attention, built["bloom"].attention) == ("sdpa", "eager")
+    bloom = f"hf:{tmp_path / 'bloom'}"
+    with pytest.raises(ValueError, match="scaled_dot_product_attention"):
+        load_workload(bloom).build(
+            WorkloadConfig(bloom, batch_size=1, attention="sdpa", options={"seq_len": 16}), "meta"
+        )
+
+
 def test_cache_key_of_a_named_model_uses_its_resolved_options() -> None:
     from uvmlab.trace.cache import cache_key
 

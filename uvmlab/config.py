@@ -20,7 +20,10 @@ from uvmlab.units import parse_bytes
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ZERO_GRAD_POSITIONS = ("iteration_start", "before_backward")
-ATTENTION_IMPLS = ("sdpa", "eager")
+ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+"""``auto``: transformers' own choice, SDPA where the model class can dispatch it, else eager attention
+(``PreTrainedModel.get_correct_attn_implementation`` with no request, transformers 5.24); ``sdpa`` refuses a class
+without it."""
 DTYPES = ("fp32", "bf16")
 CAPTURE_DEVICES = ("meta", "cpu")
 MODES = ("sim", "gpu", "auto")
@@ -81,7 +84,7 @@ class WorkloadConfig:
     batch_size: int | None = None
     optimizer: str = "adam"
     zero_grad: str = "iteration_start"
-    attention: str = "sdpa"
+    attention: str = "auto"
     dtype: str = "fp32"
     iterations: int = 3
     options: dict[str, Any] = field(default_factory=dict)

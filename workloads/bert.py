@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, multiple_of, positive, token_lm_workload
+from workloads.base import Workload, hf_attention, multiple_of, positive, token_lm_workload
 
 BERT_OPTIONS: dict[str, Any] = {
     "seq_len": 512,
@@ -40,7 +40,7 @@ def build_bert(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
         num_attention_heads=opts["n_head"],
         intermediate_size=opts["intermediate_size"],
         max_position_embeddings=MAX_POSITIONS,
-        attn_implementation=cfg.attention,
+        attn_implementation=hf_attention(cfg),
     )
     dev = torch.device(device)
     with dev:

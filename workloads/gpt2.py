@@ -10,7 +10,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, multiple_of, positive, token_lm_workload
+from workloads.base import Workload, hf_attention, multiple_of, positive, token_lm_workload
 
 GPT2_OPTIONS: dict[str, Any] = {
     "seq_len": 1024,
@@ -37,7 +37,7 @@ def build_gpt2(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Worklo
         n_embd=opts["n_embd"],
         n_layer=opts["n_layer"],
         n_head=opts["n_head"],
-        attn_implementation=cfg.attention,
+        attn_implementation=hf_attention(cfg),
     )
     dev = torch.device(device)
     with dev:

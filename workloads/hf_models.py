@@ -19,7 +19,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, WorkloadSpec, positive, token_lm_workload
+from workloads.base import Workload, WorkloadSpec, hf_attention, positive, token_lm_workload
 
 DEFAULT_BATCH_SIZE = 8
 """Default batch size of an ``hf:`` model (the seed study's GPT-2 batch)."""
@@ -189,7 +189,7 @@ def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: st
             if "layer" in name and isinstance(value, list) and len(value) == before:
                 fields[name] = value[: opts["num_layers"]]
     hf_config = CONFIG_MAPPING[model_type].from_dict(fields)
-    hf_config._attn_implementation = cfg.attention
+    hf_config._attn_implementation = hf_attention(cfg)
     positions = _positions(config)
     if positions is not None and opts["seq_len"] > positions:
         raise InputError(f"{label} seq_len {opts['seq_len']} exceeds the model's {positions} positions")

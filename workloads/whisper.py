@@ -12,7 +12,7 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from workloads.base import Workload, multiple_of, positive
+from workloads.base import Workload, hf_attention, multiple_of, positive
 
 WHISPER_OPTIONS: dict[str, Any] = {
     "d_model": 768,
@@ -53,7 +53,7 @@ def build_whisper(cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Wor
         decoder_ffn_dim=opts["ffn_dim"],
         max_source_positions=opts["source_positions"],
         max_target_positions=opts["target_positions"],
-        attn_implementation=cfg.attention,
+        attn_implementation=hf_attention(cfg),
     )
     dev = torch.device(device)
     with dev:

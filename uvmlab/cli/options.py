@@ -78,9 +78,10 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
             click.option(
                 "--attention",
                 type=click.Choice(ATTENTION_IMPLS),
-                default="sdpa",
+                default="auto",
                 show_default=True,
-                help="Attention implementation (transformers).",
+                help="Attention implementation (transformers); auto: transformers' own choice (SDPA where the "
+                "model class has it, else eager).",
             ),
             click.option(
                 "--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True, help="fp32, or bf16 autocast."

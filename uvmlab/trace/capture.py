@@ -210,7 +210,7 @@ def capture_trace(
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
     cat = _Categorizer(rec)
-    sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention == "sdpa") else None
+    sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
@@ -259,7 +259,7 @@ def capture_trace(
             "scaled_dot_product_attention routed to CUDA's kernels: "
             + (", ".join(f"{k} x{v}" for k, v in sorted(sdpa.counts.items())) or "no calls")
         )
-    elif cfg.attention == "sdpa" and attention is not None:
+    elif attention == "sdpa":
         notes.append(f"scaled_dot_product_attention NOT emulated: {device}'s own SDPA path was captured")
     if dropout is not None and dropout.counts["fused"]:
         unfused = dropout.counts["unfused"]
