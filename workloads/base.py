@@ -120,7 +120,7 @@ def resolve_options(name: str, defaults: Mapping[str, Any], given: Mapping[str, 
     return merged
 
 
-def hf_attention(cfg: Any) -> str | None:
+def hf_attention(cfg: WorkloadConfig) -> str | None:
     """The ``attn_implementation`` to give transformers for ``cfg.attention``: None for ``auto``, so that
     transformers makes its own choice (SDPA where the model class can dispatch it, else eager:
     ``PreTrainedModel.get_correct_attn_implementation``); the built model's ``config._attn_implementation`` records
