@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.uvm_synth import live_range
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.advice import ADVICE
 from uvmlab.sim.uvm.driver import UvmSim
@@ -58,15 +59,11 @@ def run_program(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str) -> t
         if not sizes:
             continue
 
-        def rng(rid_i: int, off: int, size: int, live: list[int] = sorted(sizes)) -> tuple[int, int, int]:
-            """A live range (by index), an offset in it and a size that ends in it."""
-            rid = live[rid_i % len(live)]
-            off %= sizes[rid]
-            return rid, off, min(size, sizes[rid] - off)
+        def rng(index: int, offset: int, size: int) -> tuple[int, int, int]:
+            return live_range(sizes, index, offset, size)
 
-        live = sorted(sizes)
         if o[0] == "unmap":
-            rid = live[o[1] % len(live)]
+            rid = live_range(sizes, o[1], 0, 1)[0]
             sim.unmap_range(rid)
             del sizes[rid]
         elif o[0] == "kernel":

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.uvm_synth import make_trace, nocache_placement, pool_placement
+from tests.uvm_synth import live_range, make_trace, nocache_placement, pool_placement
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
 from uvmlab.sim.uvm.driver import UvmSim
@@ -380,13 +380,12 @@ def test_random_hint_operations_keep_invariants(capacity_mib: int, ops: list) ->
             continue
         if not live:
             continue
-        rid = live[o[1] % len(live)]
         if o[0] == "unmap":
+            rid = live[o[1] % len(live)]
             sim.unmap_range(rid)
             del sizes[rid]
             continue
-        off = o[2] % sizes[rid]
-        size = min(o[3], sizes[rid] - off)
+        rid, off, size = live_range(sizes, o[1], o[2], o[3])
         row = [(rid, off, size, o[4])] if len(o) > 4 else [(rid, off, size, False)]
         used = sim.used_bytes
         if o[0] == "access":

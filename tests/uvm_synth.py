@@ -166,3 +166,12 @@ def pool_placement(trace: Trace) -> SimpleNamespace:
                 if busy == ev.alloc_id:
                     lst[i] = (rid, -1)
     return SimpleNamespace(blocks=pd.DataFrame(blocks), ranges=pd.DataFrame(ranges))
+
+
+def live_range(sizes: dict[int, int], index: int, offset: int, size: int) -> tuple[int, int, int]:
+    """For random-operation tests: the live range ``index`` picks (modulo their count, by id), ``offset`` folded into
+    it and ``size`` cut at its end: (range id, offset, size). ``sizes``: live range id -> bytes (not empty)."""
+    live = sorted(sizes)
+    rid = live[index % len(live)]
+    off = offset % sizes[rid]
+    return rid, off, min(size, sizes[rid] - off)
