@@ -355,17 +355,17 @@ def test_any_valid_call_sequence_records_one_row_per_call_inside_its_allocation(
 
 def test_a_capture_leaves_the_heap_freeze_as_it_found_it(tmp_path: Path) -> None:
     """A capture freezes the heap that existed before it (so the gc.collect at each iteration end scans only the
-    capture's objects) and unfreezes it after, unless its caller had frozen it (the evaluation loops)."""
+    capture's objects) and unfreezes it after, unless an enclosing frozen_heap() (the evaluation loops) is open."""
     import gc
+
+    from uvmlab.trace.heap import frozen_heap
 
     body = "x = torch.empty(1024, device=uvm.device)\nfor _ in uvm.iterations():\n    x.add_(1)\n"
     assert gc.get_freeze_count() == 0
     t = capture(tmp_path, body, iterations=3)
     assert len(t.kernels) >= 3 and gc.get_freeze_count() == 0
-    gc.freeze()
-    try:
+    with frozen_heap():
         frozen = gc.get_freeze_count()
         capture(tmp_path, body, iterations=3, name="again")
-        assert gc.get_freeze_count() >= frozen  # the caller's freeze is the caller's to undo
-    finally:
-        gc.unfreeze()
+        assert gc.get_freeze_count() >= frozen > 0  # the enclosing freeze is the enclosing one's to undo
+    assert gc.get_freeze_count() == 0

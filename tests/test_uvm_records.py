@@ -1,4 +1,5 @@
-"""The nsys-style HtoD record count of a serviced block: one pass, equal to counting both causes' runs."""
+"""Run lengths of a page mask, and the nsys-style HtoD record count of a serviced block: one pass, equal to
+counting both causes' runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ from uvmlab.sim.uvm.faults import htod_record_count, run_lengths
 from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
 
 bools = st.lists(st.booleans(), min_size=PAGES_PER_BLOCK, max_size=PAGES_PER_BLOCK)
+
+
+@settings(deadline=None)
+@given(st.lists(st.booleans(), max_size=2 * PAGES_PER_BLOCK))
+def test_run_lengths_are_the_lengths_of_the_true_runs(row: list[bool]) -> None:
+    """Against itertools.groupby, in order, empty and all-True rows included."""
+    from itertools import groupby
+
+    expected = [len(list(g)) for value, g in groupby(row) if value]
+    got = run_lengths(np.array(row, dtype=bool))
+    assert got.dtype == np.int64 and got.tolist() == expected
 
 
 @settings(deadline=None)  # a loaded machine must not fail a property

@@ -183,18 +183,18 @@ def estimate_rows(
 
 def estimate_chunk(rows: list[MlpRow], progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """:func:`estimate_row` of each row; a capture gc.collect()s at each iteration end, which scans the whole
-    heap: freezing what is alive before each row keeps that to the row's own objects (uvmlab.evaluate.harness)."""
+    heap: freezing what is alive before each row keeps that to the row's own objects (uvmlab.trace.heap)."""
     import gc
 
+    from uvmlab.trace.heap import frozen_heap
+
     out = []
-    try:
+    with frozen_heap():
         for r in rows:
-            gc.freeze()
+            gc.freeze()  # the earlier rows' results too
             out.append(estimate_row(r))
             if progress is not None:
                 progress(1)
-    finally:
-        gc.unfreeze()
     return out
 
 

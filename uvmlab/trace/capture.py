@@ -34,7 +34,7 @@ import contextlib
 import datetime as _dt
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +42,7 @@ import torch
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
 from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
+from uvmlab.trace.heap import frozen_heap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
@@ -222,7 +223,11 @@ def capture_trace(
     with contextlib.ExitStack() as stack:
         if gc_was_enabled:
             stack.callback(gc.enable)
-        stack.enter_context(_heap_frozen())
+        # what is alive before the capture is frozen, so that the gc.collect() at each iteration end scans only the
+        # capture's own objects (uvmlab.trace.heap). Approximation: an object alive before the capture that becomes
+        # cyclic garbage during it is collected after the capture, not at an iteration end (the model, its optimizer
+        # and every tensor recorded are made inside the capture, so none is frozen)
+        stack.enter_context(frozen_heap())
         if sdpa is not None:
             stack.enter_context(sdpa)
         if dropout is not None:
@@ -349,23 +354,6 @@ def _train(
         workload.attention,
         [*workload.notes, *checkpointed],
     )
-
-
-@contextlib.contextmanager
-def _heap_frozen() -> Iterator[None]:
-    """Freeze what is alive before the capture (modules, torch, the caller's objects) so that the gc.collect() at
-    each iteration end scans only the capture's own objects: a full collection of a heap holding torch takes about
-    0.25 s, and a program of many short iterations paid it at each one. Approximation: an object alive before the
-    capture that becomes cyclic garbage during it is collected after the capture, not at an iteration end (the
-    model, its optimizer and every tensor recorded are made inside the capture, so none is frozen). A caller that
-    froze the heap already (the evaluation loops) owns the unfreeze: gc.unfreeze() has no nesting."""
-    outer = gc.get_freeze_count() > 0
-    gc.freeze()
-    try:
-        yield
-    finally:
-        if not outer:
-            gc.unfreeze()
 
 
 def _run_program(

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from uvmlab.errors import InvariantError
+from uvmlab.trace import meta_memo
 from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
 from uvmlab.trace.strides import strided_columns
@@ -199,7 +200,10 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        if self.device_type == "meta" and isinstance(func, torch._ops.OpOverload):
+            out = meta_memo.call(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         if self.closed or not isinstance(func, torch._ops.OpOverload):
             return out
         opname = self._label or f"{func.namespace}::{func._opname}"

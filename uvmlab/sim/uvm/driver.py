@@ -374,8 +374,8 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self._ensure_chunk(s, fault_path)
         cpu_row = self._cpu[s]
         h = mask & cpu_row
-        n_all = int(mask.sum())
-        n_h = int(h.sum())
+        n_all = np.count_nonzero(mask)
+        n_h = np.count_nonzero(h)
         runs = run_lengths(h) if n_h else np.empty(0, dtype=np.int64)
         self._gpu[s] |= mask
         cpu_row &= ~mask
@@ -400,7 +400,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             mask[lo:hi] = ~self._gpu[s, lo:hi]
             self._cpu[s, lo:hi] = False
             self._dup[s, lo:hi] = False  # the copy overwrites the page: no other copy stays valid
-            self._cpu_count[s] = int(self._cpu[s].sum())
+            self._cpu_count[s] = np.count_nonzero(self._cpu[s])
             if mask.any():
                 self._populate(s, mask)
         self._k.memcpy_htod_count += 1

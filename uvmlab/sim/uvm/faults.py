@@ -107,10 +107,15 @@ class FaultPlan:
     htod_stall_ns: float = 0.0  # block services + HtoD transfers of the whole plan (block entirely on the CPU)
 
 
+_FALSE = np.zeros(1, dtype=bool)
+
+
 def run_lengths(row: np.ndarray) -> np.ndarray:
-    """Lengths (pages) of the runs of True in a 1-D bool array: one transfer per contiguous run."""
-    d = np.diff(np.concatenate(([0], row.view(np.int8), [0])))
-    return np.flatnonzero(d == -1) - np.flatnonzero(d == 1)
+    """Lengths (pages) of the runs of True in a 1-D bool array: one transfer per contiguous run (padded with False
+    at both ends, the value changes alternate run starts and run ends)."""
+    padded = np.concatenate((_FALSE, row, _FALSE))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return edges[1::2] - edges[::2]
 
 
 def htod_record_count(moved: np.ndarray, faulted: np.ndarray) -> int:
@@ -248,7 +253,7 @@ class FaultService:
     def _service_block(self, s: int, faulted: np.ndarray) -> None:
         """Service one VA block's faults of a batch: prefetch, chunk (evict), migrate / zero-fill, LRM."""
         knobs = self.knobs
-        n_f = int(faulted.sum())
+        n_f = np.count_nonzero(faulted)
         self._fault_migrations[s] += n_f
         self._ensure_chunk(s)  # may evict (never this block: it is being serviced)
         row = self._gpu[s]
@@ -257,14 +262,14 @@ class FaultService:
         else:
             mask = faulted & ~row
         cpu_m = self._cpu[s] & mask
-        fault_h = int((cpu_m & faulted).sum())
-        n_h = int(cpu_m.sum())
+        fault_h = np.count_nonzero(cpu_m & faulted)
+        n_h = np.count_nonzero(cpu_m)
         if n_h:
             self._k.htod_records += htod_record_count(cpu_m, faulted)
         zero, runs = self._populate(s, mask)
         if runs.size:
             self._add_htod_runs(runs)
-        self._account_service(s, n_f, int(mask.sum()), fault_h, n_h - fault_h, zero)
+        self._account_service(s, n_f, np.count_nonzero(mask), fault_h, n_h - fault_h, zero)
 
     def _plan(self, lo: int, hi: int, budget: int, npages: int) -> FaultPlan:
         """The batches that fault in pages [lo, hi) of a block with no GPU-resident page (memoized)."""
@@ -306,12 +311,12 @@ class FaultService:
             first_close_faults=sum(x[0] for x in subs[: first + 1]) if closes_at else 0,
             tail_faults=sum(x[0] for x in subs[last + 1 :]),
             subs=subs,
-            steps=[(x[0], x[1], int(x[2].sum())) for x in subs],
+            steps=[(x[0], x[1], np.count_nonzero(x[2])) for x in subs],
             union=res,
             rest=(np.arange(PAGES_PER_BLOCK) < npages) & ~res,
             budget_out=budget,
             n_faults=sum(x[0] for x in subs),
-            n_pages=int(res.sum()),
+            n_pages=np.count_nonzero(res),
             n_runs=int(all_runs.size),
             n_records=sum(recs),
             sub_records=recs,
@@ -509,8 +514,8 @@ class FaultService:
                     self._account_service(s, n_f, n_m, n_f, n_m - n_f, 0)
                 else:
                     h = self._cpu[s] & mask
-                    fh = int((h & faulted).sum())
-                    nh = int(h.sum())
+                    fh = np.count_nonzero(h & faulted)
+                    nh = np.count_nonzero(h)
                     if nh:
                         self._add_htod_runs(run_lengths(h))
                         self._k.htod_records += htod_record_count(h, faulted)
@@ -527,7 +532,7 @@ class FaultService:
             else:
                 cpu_row = self._cpu[s]
                 cpu_row &= ~plan.union
-                self._cpu_count[s] = int(cpu_row.sum())
+                self._cpu_count[s] = np.count_nonzero(cpu_row)
         self._res_count[s] = plan.n_pages
         self._lrm.move_to_end(s)
         self.populated_gpu_bytes += plan.n_pages * PAGE_BYTES

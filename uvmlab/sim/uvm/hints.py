@@ -88,14 +88,14 @@ class HintService:
                 g = self._gpu[s, lo:hi]
                 c = self._cpu[s, lo:hi]
                 new = ~(g | c)
-                nn = int(new.sum())
+                nn = np.count_nonzero(new)
                 if nn:
                     c |= new
                     self._cpu_count[s] += nn
                     first += nn
                     first_w += nn if is_write else 0
                     blocks += 1
-                n_remote += (hi - lo) - int(g.sum())
+                n_remote += (hi - lo) - np.count_nonzero(g)
             if n_all and n_remote:
                 b = int(size) * n_remote / n_all
                 if is_write:
@@ -144,7 +144,7 @@ class HintService:
             if is_write:
                 for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
                     d = self._dup[s, lo:hi]
-                    m = int(d.sum())
+                    m = np.count_nonzero(d)
                     if m:
                         d[:] = False
                         n += m
