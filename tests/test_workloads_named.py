@@ -101,6 +101,23 @@ def test_tuple_outputs_add_the_auxiliary_losses() -> None:
         assert loss.dim() == 0
 
 
+def test_an_output_that_is_not_class_scores_is_one_sentence() -> None:
+    """An image encoder (per-token features, no classification head) cannot be trained by the image loop: an
+    InputError naming the output's shape, not cross-entropy's error."""
+    import torch
+
+    from uvmlab.errors import InputError
+    from workloads.torchvision_models import image_workload
+
+    class Encoder(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.flatten(2).transpose(1, 2)  # (B, tokens, channels)
+
+    wl = image_workload("encoder", Encoder(), torch.device("meta"), 4, 8, 10)
+    with pytest.raises(InputError, match=r"shape \[4, 64, 3\], not one score per class for each of the 4 images"):
+        wl.loss_fn(wl.model, wl.make_batch())
+
+
 def test_named_model_options_and_cli_shortcuts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     spec = load_workload("torchvision:ResNet18")
     assert spec.name == "torchvision:resnet18" and spec.options == {"image_size": 224, "num_classes": 1000}

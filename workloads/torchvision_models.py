@@ -77,13 +77,28 @@ def classification_loss(out: Any, labels: Any) -> Any:
     import torch.nn.functional as F
 
     if not isinstance(out, tuple):
+        _check_logits(out, labels)
         return F.cross_entropy(out, labels)
+    _check_logits(out[0], labels)
     weight = AUX_LOSS_WEIGHTS.get(type(out).__name__, 1.0)
     loss = F.cross_entropy(out[0], labels)
     for aux in out[1:]:
         if aux is not None:
             loss = loss + weight * F.cross_entropy(aux, labels)
     return loss
+
+
+def _check_logits(logits: Any, labels: Any) -> None:
+    """Refuse, in one sentence, an output that is not one score per class and image (a feature encoder)."""
+    from uvmlab.errors import InputError
+
+    shape = list(getattr(logits, "shape", []))
+    if len(shape) != 2 or shape[0] != labels.shape[0]:
+        raise InputError(
+            f"the model returns {'a tensor of shape ' + str(shape) if shape else type(logits).__name__}, not one "
+            f"score per class for each of the {labels.shape[0]} images: it has no classification head (an image "
+            "encoder), which the image-classification loop cannot train; write a workload file with its own loss"
+        )
 
 
 def image_workload(name: str, model: Any, dev: Any, batch: int, size: int, classes: int) -> Workload:
