@@ -200,9 +200,9 @@ def test_hf_config_file_and_num_layers(tmp_path: Path) -> None:
         load_workload("hf:llama-9")
 
 
-def test_auto_attention_is_transformers_own_choice(tmp_path: Path) -> None:
+def test_auto_attention_is_transformers_own_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``auto`` (the default): SDPA where the class has it (Llama), eager where it has not (BLOOM); asking for
-    ``sdpa`` on BLOOM is refused in one sentence, as transformers refuses it."""
+    ``sdpa`` on BLOOM is refused as transformers refuses it: its ValueError, one sentence and exit 2 on the CLI."""
     tiny = {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 300}
     configs = {
         "llama": {**tiny, "model_type": "llama", "intermediate_size": 128, "num_hidden_layers": 1},
@@ -223,6 +223,10 @@ def test_auto_attention_is_transformers_own_choice(tmp_path: Path) -> None:
         load_workload(bloom).build(
             WorkloadConfig(bloom, batch_size=1, attention="sdpa", options={"seq_len": 16}), "meta"
         )
+    argv = ["estimate", bloom, "-b", "1", "-n", "1", "--option", "seq_len=16", "--attention", "sdpa"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "building its model" in err
 
 
 def test_cache_key_of_a_named_model_uses_its_resolved_options() -> None:

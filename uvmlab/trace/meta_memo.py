@@ -1,11 +1,11 @@
 """Memoized meta kernels: an op called again with the same argument metadata gets the same output metadata.
 
 On the meta device an op's result depends only on its arguments' metadata (dtype, shape, strides, storage offset)
-and its non-tensor arguments, never on values (a meta tensor has none). Most of a capture's time is PyTorch's
-Python meta kernels (``torch._refs``, ``torch._meta_registrations``, decompositions: about 0.5 ms an op), and a
-training loop repeats every op of its second iteration in each later one, so :func:`call` runs an op's meta
-kernel once per distinct argument metadata and afterwards builds outputs of the recorded metadata with
-``torch.empty_strided``. FakeTensorMode's dispatch cache (``torch._subclasses.fake_tensor``) rests on the same
+and its non-tensor arguments, never on values (a meta tensor has none). About half of a capture's time is PyTorch's
+Python meta kernels (``torch._refs``, ``torch._meta_registrations``, decompositions; cProfile of 30 GPUMemNet MLP
+rows, 2026-11-28), and a training loop repeats every op of its second iteration in each later one, so :func:`call`
+runs an op's meta kernel once per distinct argument metadata and afterwards builds outputs of the recorded metadata
+with ``torch.empty_strided``. FakeTensorMode's dispatch cache (``torch._subclasses.fake_tensor``) rests on the same
 fact; this is the meta-device form, written for the recorder.
 
 What is memoized, decided on the first (real) call of each key, so that a key is either always replayed or
@@ -16,8 +16,9 @@ always run:
 - the call changed no argument's metadata or storage (an in-place op such as ``add_`` is replayed; ``resize_``,
   ``set_``, ``transpose_`` and an ``out=`` that resizes are not, because their first call changed something);
 - every output is None, an argument returned as itself (``add_`` returns ``self``), or a fresh meta tensor: a
-  storage of exactly its strided extent (so at offset 0), shared with no argument and no other output (views,
-  and outputs cut from a larger buffer, run the kernel every time).
+  storage of exactly its strided extent (so at offset 0), shared with no argument and no other output (outputs
+  cut from a larger buffer run the kernel every time; view ops, ``OpOverload.is_view``, are passed through
+  without building a key).
 
 The key also holds ``torch.get_default_dtype()`` (factory ops read it). A replayed call dispatches no meta kernel
 (and so none of the ops a decomposition would have run inside it: they were below the recorder and invisible to
@@ -29,6 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from uvmlab.trace.strides import extent_elements
 
 MAX_ENTRIES = 200_000
 """The memo is emptied when it holds this many keys (a bound on memory across thousands of captures in one
@@ -44,12 +47,6 @@ enabled = True
 
 class _Uncacheable(Exception):
     pass
-
-
-def _extent_bytes(t: torch.Tensor) -> int:
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))) * t.element_size()
 
 
 def _key_of(x: Any, tensors: list[torch.Tensor]) -> Any:
@@ -87,7 +84,7 @@ def _spec_of(out: Any, inputs: list[torch.Tensor], in_storages: set[int], seen: 
             or out.requires_grad
             or storage._cdata in in_storages
             or storage._cdata in seen
-            or storage.nbytes() != _extent_bytes(out)
+            or storage.nbytes() != extent_elements(out.shape, out.stride()) * out.element_size()
         ):
             raise _Uncacheable
         seen.add(storage._cdata)
@@ -110,7 +107,7 @@ def _build(spec: Any, inputs: list[torch.Tensor]) -> Any:
 
 def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` on meta tensors, replayed from the memo where the rules above allow."""
-    if not enabled:
+    if not enabled or func.is_view:  # a view shares its argument's storage: never replayed, so no key to build
         return func(*args, **kwargs)
     tensors: list[torch.Tensor] = []
     try:

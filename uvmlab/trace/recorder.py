@@ -38,7 +38,7 @@ from uvmlab.errors import InvariantError
 from uvmlab.trace import meta_memo
 from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
-from uvmlab.trace.strides import strided_columns
+from uvmlab.trace.strides import extent_elements, strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -216,10 +216,9 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _range(self, t: torch.Tensor, aid: int) -> tuple[int, int] | None:
-        n = t.numel()
-        if n == 0:
+        span = extent_elements(t.shape, t.stride())
+        if span == 0:
             return None
-        span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
         item = t.element_size()
         off = t.storage_offset() * item
         return off, max(0, min(span * item, self.a_size[aid] - off))

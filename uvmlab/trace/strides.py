@@ -25,6 +25,14 @@ SECTOR_BYTES = 32
 """L2 / DRAM sector (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory")."""
 
 
+def extent_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from a strided view's first element to its last, both included (1 + sum((size - 1) * |stride|));
+    0 for an empty view. The recorder's access range and the meta memo's fresh-storage check both use it."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride, strict=True))
+
+
 def inner_stride_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
     """Smallest ``|stride|`` in bytes over the dimensions of size > 1 (``itemsize`` for a scalar or a 1-element
     tensor)."""

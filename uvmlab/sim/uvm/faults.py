@@ -422,7 +422,6 @@ class FaultService:
             if not had_gpu[s]:
                 had_gpu[s] = True
                 first_gpu += 1
-        for s in slots:
             has_chunk[s] = True
         self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in touch order (none is on it)
         stall = 0.0
