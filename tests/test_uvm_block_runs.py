@@ -9,6 +9,7 @@ random programs of maps, frees, kernels, host accesses, prefetches, hints and di
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ op = st.one_of(
 
 
 def run_program(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str) -> tuple:
-    """Replay ``ops`` on a fresh simulator; return its totals, bitmaps, LRM order and memory marks."""
+    """Replay ``ops`` on a fresh simulator; return its totals, bitmaps, LRM order, memory marks and per-slot lists."""
     sim = UvmSim(capacity_blocks * BLOCK, knobs, gpu=GPUS[gpu])
     sizes: dict[int, int] = {}
     next_id = 0
@@ -79,15 +80,17 @@ def run_program(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str) -> t
     sim.check_invariants()
     maps = {n: getattr(sim, n)[: sim._n_slots].copy() for n in ("_gpu", "_cpu", "_dup", "_disc", *sim._hint_arrays)}
     counters = [dataclasses.asdict(c) for c in per_call] + [dataclasses.asdict(sim.totals)]
-    return counters, maps, list(sim._lrm), sim.used_bytes, sim.peak_used_bytes, sim.populated_gpu_bytes
+    per_slot = {name: getattr(sim, name)[: sim._n_slots] for name, _ in UvmSim._SLOT_DEFAULTS}
+    return counters, maps, list(sim._lrm), sim.used_bytes, sim.peak_used_bytes, sim.populated_gpu_bytes, per_slot
 
 
-def assert_same(fast: tuple, slow: tuple) -> None:
+def assert_same(fast: tuple, slow: tuple, rel: float = 1e-9) -> None:
+    """Two ``run_program`` results agree: floats within ``rel`` (0: exactly), everything else exactly."""
     assert len(fast[0]) == len(slow[0])
     for a, b in zip(fast[0], slow[0], strict=True):
         for name, va in a.items():
             if isinstance(va, float):
-                assert va == pytest.approx(b[name], rel=1e-9, abs=1e-6), name
+                assert va == pytest.approx(b[name], rel=rel, abs=1e-6 if rel else 0), name
             else:
                 assert va == b[name], name
     assert fast[1].keys() == slow[1].keys()
@@ -105,16 +108,24 @@ def compare(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str, monkeypa
     assert_same(fast, slow)
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-)
-@given(
-    ops=st.lists(op, min_size=1, max_size=30),
-    capacity_blocks=st.integers(1, 12),
-    prefetch=st.booleans(),
-    per_batch=st.integers(1, 300),
-    gpu=st.sampled_from(["A100-80GB", "GH200"]),
-)
+def random_programs(test: Callable[..., None]) -> Callable[..., None]:
+    """Run ``test`` on random programs, capacities (in blocks), prefetch on/off, batch sizes and two GPUs."""
+    return settings(
+        max_examples=80,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )(
+        given(
+            ops=st.lists(op, min_size=1, max_size=30),
+            capacity_blocks=st.integers(1, 12),
+            prefetch=st.booleans(),
+            per_batch=st.integers(1, 300),
+            gpu=st.sampled_from(["A100-80GB", "GH200"]),
+        )(test)
+    )
+
+
+@random_programs
 def test_run_path_equals_block_by_block(
     ops: list, capacity_blocks: int, prefetch: bool, per_batch: int, gpu: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,3 +199,19 @@ def test_a_gpu_fault_unmaps_the_cpu_on_a_coherent_host(run_path: bool, monkeypat
     sim.access([(0, 0, 2 * BLOCK, False)])  # entirely on the CPU: the plan path migrates the blocks
     assert sim.host_read(0, 0, 2 * BLOCK).cpu_fault_count > 0
     sim.check_invariants()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(ops=st.lists(op, min_size=1, max_size=30), capacity_blocks=st.integers(1, 12))
+def test_slot_slices_equal_the_slot_loop(ops: list, capacity_blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``map_range`` / ``unmap_range`` write consecutive slots as list slices: the same state as slot by slot."""
+    import uvmlab.sim.uvm.driver as driver
+
+    with monkeypatch.context() as m:
+        m.setattr(driver, "SLICE_MIN_BLOCKS", 1)
+        sliced = run_program(ops, capacity_blocks, UvmKnobs(), "A100-80GB")
+        m.setattr(driver, "SLICE_MIN_BLOCKS", 10**9)
+        looped = run_program(ops, capacity_blocks, UvmKnobs(), "A100-80GB")
+    assert_same(sliced, looped)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from itertools import compress
+from typing import Any
 
 import numpy as np
 
@@ -52,21 +53,26 @@ from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_leng
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs, rounded_tail_bytes
+from uvmlab.sim.uvm.migrate import MigrateService
+from uvmlab.sim.uvm.resident import ResidentMarks
 from uvmlab.sim.uvm.streams import StreamService
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
 RUNS_CACHED = 8
 """Up to this many transfers, ``_runs_ns`` sums cached per-size times instead of evaluating the link curve."""
 
+SLICE_MIN_BLOCKS = 8
+"""From this many blocks, ``map_range`` and ``unmap_range`` write consecutive slots' state as list slices."""
+
+_WHOLE_BLOCK = (0, PAGES_PER_BLOCK)
+"""The span of a block an access covers entirely (shared: spans are never changed in place)."""
+
 Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService, StreamService, HintService, AdviceService, HostService):
+class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintService, AdviceService, HostService):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
-
-    whole_block_fast_path: ClassVar[bool] = True
-    """:meth:`prefetch` takes :meth:`_prefetch_whole_block` where it applies (tests turn it off to compare)."""
 
     def __init__(
         self,
@@ -121,6 +127,10 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self.mapped_bytes = 0
         """Bytes of live managed ranges (kept as a running sum: the replay reads it after every kernel)."""
         self._lrm: OrderedDict[int, None] = OrderedDict()
+        self._decreases = 0
+        """Counts the calls that took pages off the GPU (evictions, CPU migrations; uvmlab.sim.uvm.resident)."""
+        self._full_ranges: set[int] = set()
+        """Ranges known to be entirely GPU-resident (one leaves the set when pages of it leave the GPU)."""
         self._plans: dict[tuple[int, int, int, int], FaultPlan] = {}
         self._open_faults = 0
         self._open_blocks = 0
@@ -194,7 +204,10 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         tail_chunk = rounded_tail_bytes(int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES, self.host_page_bytes)
         tail_pages = tail_chunk // PAGE_BYTES  # the driver's VA range ends at the rounded size (rounded_tail_bytes)
         # a new slot's bitmaps are all False (``_grow``), and ``unmap_range`` clears a freed one's
-        for b, slot in enumerate(slots.tolist()):
+        start = _run_start(slots)
+        if start is not None:  # consecutive slots (a new range, or a freed one's again): list slices
+            self._init_slot_run(start, nblocks, range_id, tail_pages, tail_chunk)
+        for b, slot in enumerate(slots.tolist() if start is None else ()):
             last = b == nblocks - 1
             self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
             self._chunk_bytes[slot] = tail_chunk if last else VA_BLOCK_BYTES
@@ -211,15 +224,39 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self._range_size[range_id] = int(size_bytes)
         self.mapped_bytes += int(size_bytes)
 
+    def _init_slot_run(self, start: int, n: int, range_id: int, tail_pages: int, tail_chunk: int) -> None:
+        """``map_range``'s per-slot state for the consecutive slots ``start .. start + n - 1``."""
+        end = start + n
+        self._npages[start:end] = [PAGES_PER_BLOCK] * (n - 1) + [tail_pages]
+        self._chunk_bytes[start:end] = [VA_BLOCK_BYTES] * (n - 1) + [tail_chunk]
+        zeros, falses = [0] * n, [False] * n
+        self._res_count[start:end] = self._cpu_count[start:end] = self._fault_migrations[start:end] = zeros
+        self._has_chunk[start:end] = self._had_gpu[start:end] = falses
+        self._slot_range[start:end] = [range_id] * n
+        self._slot_bidx[start:end] = range(n)
+        if self._pol_any is not None:
+            self._pol_any[start:end] = falses
+
     def unmap_range(self, range_id: int) -> int:
         """``cudaFree`` of a managed range: destroy it, free its chunks without DtoH. Returns its block count."""
         slots = self._ranges.pop(range_id, None)
         if slots is None:
             raise InvariantError(f"managed range {range_id} is freed but not mapped")
         self.mapped_bytes -= self._range_size.pop(range_id)
+        self._full_ranges.discard(range_id)
         freed = 0
         slot_list = slots.tolist()
-        for s in slot_list:
+        start = _run_start(slots)
+        if start is not None:  # consecutive slots: list slices, and a loop over the chunked ones only
+            end = start + len(slot_list)
+            for s in compress(range(start, end), self._has_chunk[start:end]):
+                freed += self._chunk_bytes[s]
+                del self._lrm[s]
+            n = len(slot_list)
+            self._has_chunk[start:end] = [False] * n
+            self._res_count[start:end] = self._cpu_count[start:end] = [0] * n
+            self._slot_range[start:end] = [-1] * n
+        for s in slot_list if start is None else ():
             if self._has_chunk[s]:
                 freed += self._chunk_bytes[s]
                 del self._lrm[s]
@@ -237,23 +274,32 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         return len(slots)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
-        """(slot, first_page, end_page) per VA block of a byte range, in address order."""
+    def _page_span(self, range_id: int, offset: int, size: int) -> tuple[int, int] | None:
+        """The range's pages [p0, p1) a byte range touches, rounded out to host pages (None: no page)."""
         slots = self._ranges.get(range_id)
         if slots is None:
             raise InvariantError(f"access to managed range {range_id}, which is not mapped")
         if size <= 0:
-            return []
+            return None
         end = min(offset + size, self._range_size[range_id])
         if offset < 0:
             raise InvariantError(f"access at negative offset {offset} of range {range_id}")
         if offset >= end:
-            return []  # past the range's end (e.g. a block running into the next expandable-segment mapping)
+            return None  # past the range's end (e.g. a block running into the next expandable-segment mapping)
         p0 = offset // PAGE_BYTES
         p1 = -(-end // PAGE_BYTES)
         if self._g > 1:  # a host page is the unit of faults and mappings: round out to whole host pages
             p0 = p0 // self._g * self._g
             p1 = min(-(-p1 // self._g) * self._g, (len(slots) - 1) * PAGES_PER_BLOCK + self._npages[int(slots[-1])])
+        return p0, p1
+
+    def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
+        """(slot, first_page, end_page) per VA block of a byte range, in address order."""
+        span = self._page_span(range_id, offset, size)
+        if span is None:
+            return []
+        p0, p1 = span
+        slots = self._ranges[range_id]
         b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
         if b0 == b1:
             return [(int(slots[b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
@@ -274,6 +320,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k
+        self._count_decrease(v)
         if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
             n, n_runs, t_ns = self._evict_hinted(v, row)
         elif n == self._npages[v]:  # fully resident: one transfer
@@ -310,6 +357,10 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         )
         for _ in victims:
             lrm.popitem(last=False)
+        self._decreases += 1
+        if self._full_ranges:
+            for v in victims:
+                self._full_ranges.discard(self._slot_range[v])
         full: list[int] = []
         part: list[int] = []
         pages = 0
@@ -387,7 +438,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self.populated_gpu_bytes += n_all * PAGE_BYTES
         return n_all - n_h, runs
 
-    # -- copies and prefetch (host reads and writes: uvmlab.sim.uvm.host) ----------------------
+    # -- copies (prefetch: uvmlab.sim.uvm.migrate; host reads and writes: uvmlab.sim.uvm.host) --
     def memcpy_htod(self, range_id: int, offset: int, size: int) -> UvmCounters:
         """A retained ``cudaMemcpy`` HtoD into managed memory: pages become GPU-resident, no replayable faults.
 
@@ -408,78 +459,6 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         self._k.stall_ns += transfer_time_ns(np.array([size]), self.costs.link_bytes_per_s)
         return self._flush_kernel_counters()
 
-    def prefetch(self, range_id: int, offset: int, size: int, to_cpu: bool = False) -> UvmCounters:
-        """``cudaMemPrefetchAsync`` of a byte range to the GPU (uvm.md 1.9, ``uvm_migrate.c``, cause API_MIGRATE).
-
-        Every block of the range gets its chunk (evicting other managed data if needed) and all its pages become
-        GPU-resident: CPU-resident pages move HtoD in one transfer per contiguous run (counted as prefetch
-        migrations), never-populated pages are zero-filled. No replayable faults and no fault batches; each block
-        pays ``block_service_ns``, and a block's first chunk since its range was created pays
-        ``prefetch_first_block_ns`` instead of the fault path's ``block_first_gpu_ns`` (which includes the
-        invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
-        ``prefetch_first_block_ns`` on a fit point of the RTX 5090 profile (docs/uvm-sim.md "Cost profiles"). Pages of
-        a read-mostly range become read duplicates (``uvm_migrate.c`` ``uvm_va_block_migrate_locked``: the CPU keeps
-        its copy). ``to_cpu``: prefetch to the CPU instead (``uvmlab.sim.uvm.host``).
-        """
-        if to_cpu:
-            return self.prefetch_to_cpu(range_id, offset, size)
-        k = self._k
-        for s, lo, hi in self._segments(range_id, offset, size):
-            npages = self._npages[s]
-            if self._res_count[s] >= npages:
-                continue  # every page resident already
-            whole = lo == 0 and hi == npages and self._res_count[s] == 0 and self._cpu_count[s] in (0, npages)
-            if whole and self.whole_block_fast_path and (not self._hint_arrays or not self._pol_any[s]):
-                self._prefetch_whole_block(s)
-                continue
-            mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
-            mask[lo:hi] = True
-            mask &= ~self._gpu[s]
-            if not mask.any():
-                continue
-            dup = mask & self._rm[s] & self._cpu[s] if self._hint_arrays else None  # read-mostly: duplicated
-            keep_cmap = self._cmap[s] & dup if dup is not None else None
-            zero, runs = self._populate(s, mask, fault_path=False)
-            if dup is not None and dup.any():
-                self._dup[s] |= dup
-                self._cmap[s] |= keep_cmap
-            if runs.size:
-                self._add_htod_runs(runs)
-                k.htod_records += runs.size
-                k.prefetch_htod_bytes += int(runs.sum()) * PAGE_BYTES
-            k.zero_fill_bytes += zero * PAGE_BYTES
-            k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
-        return self._flush_kernel_counters()
-
-    def _prefetch_whole_block(self, s: int) -> None:
-        """:meth:`prefetch` of a whole block with no GPU-resident page and no cudaMemAdvise policy that is either
-        never populated or entirely on the CPU, without bitmaps to intersect: the same state changes and counters
-        as the general loop (the tests compare both), in the same order of additions. A prefetched new allocation
-        takes this path."""
-        k = self._k
-        npages = self._npages[s]
-        n_h = int(self._cpu_count[s])
-        self._ensure_chunk(s, fault_path=False)
-        self._gpu[s, :npages] = True
-        if n_h:
-            self._cpu[s, :npages] = False
-            self._cpu_count[s] = 0
-        if self._hint_arrays:  # no policy bit on the block (the caller checks): _after_gpu_populate's unmapping
-            self._gmap[s, :npages] = False
-            self._cmap[s, :npages] = False
-        self._res_count[s] = npages
-        self._lrm.move_to_end(s)
-        self.populated_gpu_bytes += npages * PAGE_BYTES
-        if n_h:
-            k.htod_count += 1
-            k.htod_bytes += n_h * PAGE_BYTES
-            k.stall_ns += self._transfer_ns(n_h)
-            k.htod_records += 1
-            k.prefetch_htod_bytes += n_h * PAGE_BYTES
-        zero = npages - n_h
-        k.zero_fill_bytes += zero * PAGE_BYTES
-        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
-
     # -- kernels -------------------------------------------------------------------------------
     def access(self, accesses: Iterable[Access]) -> UvmCounters:
         """Run one kernel touching ``accesses``; return its counters (faults, batches, migrations, stall time).
@@ -487,16 +466,33 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
         Pages are grouped per VA block (the driver groups a batch's faults by block and sorts them by address);
         blocks are taken in the order the kernel first touches them, reads before writes.
         """
-        if self._hint_arrays:
+        if self._hint_arrays or type(accesses) is not list:
             accesses = list(accesses)
+        marks = self._marks_for(accesses)  # large accesses that are resident already (uvmlab.sim.uvm.resident)
         stages: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
-        for range_id, offset, size, is_write in accesses:
+        marked = [False, False]  # per stage: holds a mark
+        for i, (range_id, offset, size, is_write) in enumerate(accesses):
             d = stages[1 if is_write else 0]
-            segs = self._segments(int(range_id), int(offset), int(size))
-            if not d:  # the stage's first access: its blocks are distinct slots, nothing to merge
-                for s, lo, hi in segs:
-                    d[s] = (lo, hi)
+            if marks is not None and i in marks:
+                d[-1 - i] = marks[i]
+                marked[is_write] = True
                 continue
+            range_id = int(range_id)
+            span = self._page_span(range_id, int(offset), int(size))
+            if span is None:
+                continue
+            p0, p1 = span
+            b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
+            if b1 > b0:
+                keys = self._ranges[range_id][b0 : b1 + 1].tolist()
+                if not d or d.keys().isdisjoint(keys):  # blocks new to the stage: listed at once, nothing to merge
+                    d.update(dict.fromkeys(keys, _WHOLE_BLOCK))
+                    d[keys[0]] = (p0 - b0 * PAGES_PER_BLOCK, PAGES_PER_BLOCK)
+                    d[keys[-1]] = (0, p1 - b1 * PAGES_PER_BLOCK)
+                    continue
+                segs = self._segments(range_id, int(offset), int(size))
+            else:
+                segs = [(int(self._ranges[range_id][b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
             for s, lo, hi in segs:
                 cur = d.get(s)
                 if cur is None:
@@ -513,7 +509,7 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
                     cur[lo:hi] = True
         for d, is_write in ((stages[0], False), (stages[1], True)):
             if d:
-                self._run_stage(d, is_write)
+                self._run_stage(d, is_write, marked[is_write])
         if self._hint_arrays:
             self._count_remote(accesses)  # type: ignore[arg-type]
         return self._flush_kernel_counters()
@@ -566,6 +562,9 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             raise InvariantError(f"mapped bytes {self.mapped_bytes} B disagree with the live ranges' sizes")
         if self.used_bytes > self.capacity_bytes:
             raise InvariantError(f"resident chunks {self.used_bytes} B exceed capacity {self.capacity_bytes} B")
+        for rid in self._full_ranges:
+            if rid not in self._ranges or (res_count[self._ranges[rid]] < npages[self._ranges[rid]]).any():
+                raise InvariantError(f"range {rid} is listed as entirely GPU-resident but is not")
         if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):
             raise InvariantError("the LRM list and the set of allocated chunks differ")
         free = ~live
@@ -580,3 +579,11 @@ class UvmSim(FaultService, StreamService, HintService, AdviceService, HostServic
             raise InvariantError(hint_error)
         if self.totals.dtoh_bytes > self.populated_gpu_bytes * self.scale:  # totals are multiplied back by scale
             raise InvariantError("more bytes left the GPU than were ever made resident there")
+
+
+def _run_start(slots: np.ndarray) -> int | None:
+    """The first slot when ``slots`` are at least ``SLICE_MIN_BLOCKS`` consecutive ascending slots, else None."""
+    n = len(slots)
+    if n < SLICE_MIN_BLOCKS or int(slots[-1]) - int(slots[0]) != n - 1 or not (np.diff(slots) == 1).all():
+        return None
+    return int(slots[0])

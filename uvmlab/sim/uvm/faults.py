@@ -12,6 +12,7 @@ differ in their last bits, tests/test_uvm_block_runs.py compares the two).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -135,13 +136,13 @@ class FaultService:
     """:meth:`_run_stage` services runs of never-touched blocks with :meth:`_apply_plan_run` (tests turn it off to
     compare it with :meth:`_apply_plan` block by block)."""
 
-    def _run_stage(self, touched: dict[int, Any], is_write: bool) -> None:
+    def _run_stage(self, touched: dict[int, Any], is_write: bool, marked: bool = False) -> None:
         """Fault in the missing touched pages, ``pages_per_batch`` unique pages per batch, block by block.
 
         Prefetch decisions are per VA block, so each block's share of a batch is serviced as soon as it is
         known (the batch's other blocks do not change it). Blocks with no GPU-resident page touched over one
         interval use a memoized plan; consecutive such blocks with no chunk are serviced as one run
-        (:meth:`_apply_plan_run`).
+        (:meth:`_apply_plan_run`). ``marked``: ``touched`` may hold resident marks (uvmlab.sim.uvm.resident).
         """
         res_count, npages, gpu = self._res_count, self._npages, self._gpu
         has_chunk, cpu_count = self._has_chunk, self._cpu_count
@@ -154,7 +155,7 @@ class FaultService:
         self._open_blocks = 0
         self._kind = "write" if is_write else "read"
         budget = per_batch
-        for s, span in touched.items():
+        for s, span in self._stage_items(touched) if marked else touched.items():
             if (
                 bulk
                 and not has_chunk[s]  # so no page is GPU-resident and no eviction of the run can change it
@@ -347,12 +348,23 @@ class FaultService:
             if plan.subs:
                 steps.append((s, lo, hi, b, plan))
                 b = plan.budget_out
+        self._chunk_runs(
+            [st[0] for st in steps],
+            lambda i: self._apply_plan(*steps[i][:4]),
+            lambda i, j: self._commit_run(steps[i:j]),
+        )
+        return b
+
+    def _chunk_runs(self, slots: list[int], one: Callable[[int], Any], commit: Callable[[int, int], None]) -> None:
+        """Give the blocks ``slots`` (none holds a chunk) their chunks in order, as runs: for each prefix whose
+        evictions :meth:`_run_prefix` finds, evict those chunks and ``commit(i, j)`` the blocks ``slots[i:j]``; a
+        block that cannot start one (a discarded chunk waits, or nothing is evictable) goes alone through ``one(i)``.
+        """
         i = 0
-        while i < len(steps):
-            j, victims, used, peak = self._run_prefix(steps, i)
+        while i < len(slots):
+            j, victims, used, peak = self._run_prefix(slots, i)
             if j == i:  # a discarded chunk waits, or no chunk is evictable (``_ensure_chunk`` raises)
-                s, lo, hi, b_in, _ = steps[i]
-                self._apply_plan(s, lo, hi, b_in)
+                one(i)
                 i += 1
                 continue
             if victims and self._hinted:
@@ -362,12 +374,11 @@ class FaultService:
                 self._evict_front(victims)
             self.used_bytes = used
             self.peak_used_bytes = peak
-            self._commit_run(steps[i:j])
+            commit(i, j)
             i = j
-        return b
 
-    def _run_prefix(self, steps: list[tuple[int, int, int, int, FaultPlan]], i: int) -> tuple[int, list[int], int, int]:
-        """From ``steps[i]`` on, the blocks whose chunks the LRM list's current chunks make room for, changing
+    def _run_prefix(self, slots: list[int], i: int) -> tuple[int, list[int], int, int]:
+        """From ``slots[i]`` on, the blocks whose chunks the LRM list's current chunks make room for, changing
         nothing: (end of that prefix, the chunks to evict in order, used bytes and high-water mark after it)."""
         chunk = self._chunk_bytes
         cap, used = self.capacity_bytes, self.used_bytes
@@ -375,8 +386,8 @@ class FaultService:
         older = iter(self._lrm)
         victims: list[int] = []
         waiting = bool(self._disc_fifo)
-        for j in range(i, len(steps)):
-            need = chunk[steps[j][0]]
+        for j in range(i, len(slots)):
+            need = chunk[slots[j]]
             mark = len(victims), used
             while cap - used < need:
                 v = None if waiting else next(older, None)
@@ -387,7 +398,7 @@ class FaultService:
                 used -= chunk[v]
             used += need
             peak = max(peak, used)
-        return len(steps), victims, used, peak
+        return len(slots), victims, used, peak
 
     def _commit_run(self, steps: list[tuple[int, int, int, int, FaultPlan]]) -> None:
         """Service ``steps`` (their chunks are free now): the batch accounting summed, the per-slot state written in

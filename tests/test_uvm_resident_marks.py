@@ -1,0 +1,144 @@
+"""Resident marks (``uvmlab.sim.uvm.resident``) change no result: whole simulator state with marks on and off.
+
+A large access whose blocks are all GPU-resident is listed as one mark; ``_run_stage`` skips it if its blocks are
+still resident when reached, else visits them block by block. With marks off every counter (exactly: the float
+additions happen in the same order), bitmap, the LRM order and the memory marks must come out the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.test_uvm_block_runs import assert_same, random_programs, run_program
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
+from uvmlab.sim.uvm.resident import ResidentMarks
+
+MiB = 1 << 20
+BLOCK = 2 * MiB
+
+
+def both_ways(ops: list, capacity_blocks: int, knobs: UvmKnobs, gpu: str, mp: pytest.MonkeyPatch) -> tuple:
+    with mp.context() as m:
+        m.setattr(UvmSim, "mark_min_blocks", 1)  # the programs' ranges are small: mark every access
+        m.setattr(UvmSim, "resident_marks", True)
+        marked = run_program(ops, capacity_blocks, knobs, gpu)
+        m.setattr(UvmSim, "resident_marks", False)
+        plain = run_program(ops, capacity_blocks, knobs, gpu)
+    return marked, plain
+
+
+@random_programs
+def test_marks_change_nothing(
+    ops: list, capacity_blocks: int, prefetch: bool, per_batch: int, gpu: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    knobs = UvmKnobs(prefetch_enable=prefetch, batch_unique_pages=per_batch)
+    assert_same(*both_ways(ops, capacity_blocks, knobs, gpu, monkeypatch), rel=0)
+
+
+def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Range 0 is resident when the kernel is listed; the kernel's first access (range 1, new) evicts it before the
+    stage reaches range 0's mark, so its blocks are visited (and faulted in again) one by one, as without marks."""
+    marks, visited = [], []
+    orig_marks, orig_items = ResidentMarks._marks_for, ResidentMarks._stage_items
+
+    def spy_marks(self: UvmSim, accesses: list) -> dict | None:
+        got = orig_marks(self, accesses)
+        marks.append(len(got or {}))
+        return got
+
+    def spy_items(self: UvmSim, touched: dict) -> object:
+        for item in orig_items(self, touched):
+            visited.append(item[0])
+            yield item
+
+    monkeypatch.setattr(ResidentMarks, "_marks_for", spy_marks)
+    monkeypatch.setattr(ResidentMarks, "_stage_items", spy_items)
+    ops = [
+        ("map", 4 * BLOCK),
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),  # resident now
+        ("map", 4 * BLOCK),
+        ("kernel", [(1, 0, 4 * BLOCK, False), (0, 0, 4 * BLOCK, False)]),  # range 1 evicts range 0 first
+    ]
+    marked, plain = both_ways(ops, 6, UvmKnobs(), "A100-80GB", monkeypatch)
+    assert_same(marked, plain, rel=0)
+    assert sum(marks) == 1  # range 0 in the second kernel
+    assert len(visited) == 8  # range 1's four blocks, then range 0's four: the mark was expanded
+    assert plain[0][1]["eviction_count"] > 0 and plain[0][1]["fault_count"] > 0
+
+
+def test_resident_marks_skip_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark is taken: a kernel over a resident 64-block range visits one block of it, not 64."""
+    visited = []
+    orig = ResidentMarks._stage_items
+
+    def spy(self: UvmSim, touched: dict) -> object:
+        for item in orig(self, touched):
+            visited.append(item[0])
+            yield item
+
+    monkeypatch.setattr(ResidentMarks, "_stage_items", spy)
+    sim = UvmSim(128 * BLOCK, UvmKnobs())
+    sim.map_range(0, 64 * BLOCK)
+    sim.map_range(1, 16 * PAGE_BYTES)
+    sim.access([(0, 0, 64 * BLOCK, False)])
+    first = dataclasses.asdict(sim.totals)
+    sim.access([(0, 0, 64 * BLOCK, False), (1, 0, 16 * PAGE_BYTES, True)])
+    assert visited == [0]  # range 0's first slot stands for its 64 blocks; the write stage has no mark
+    assert sim.totals.read_fault_count == first["read_fault_count"]  # the resident range faults nothing
+    sim.check_invariants()
+
+
+@pytest.mark.parametrize("evict_by", ["run", "one", "host"])
+def test_a_range_that_lost_pages_is_no_longer_known_resident(evict_by: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Range 0 is found entirely resident (``_full_ranges``); then pages of it leave the GPU: by the run path's
+    evictions, by one-by-one evictions of the policy path's hinted rule, or by a CPU write. The next kernel over it
+    must fault them in again, exactly as without marks."""
+    later: list = [("map", 6 * BLOCK), ("kernel", [(1, 0, 6 * BLOCK, True)])]
+    if evict_by == "host":
+        later = [("host", 0, 0, 2 * BLOCK, True)]
+    ops = [
+        ("map", 4 * BLOCK),
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),  # marked, and range 0 joins _full_ranges
+        *later,
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),
+    ]
+    knobs = UvmKnobs(discard_min_bytes=1) if evict_by == "one" else UvmKnobs()  # hinted: victims one by one
+    marked, plain = both_ways(ops, 8, knobs, "A100-80GB", monkeypatch)
+    assert_same(marked, plain, rel=0)
+    assert plain[0][-2]["read_fault_count"] > 0  # the last kernel faults
+
+
+def test_two_accesses_to_one_range_are_listed_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage that touches range 0 twice (part of it, then all of it) after a new range evicts it: the blocks'
+    spans merge at their first touch, so neither access may be a mark."""
+    ops = [
+        ("map", 4 * BLOCK),
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),
+        ("map", 6 * BLOCK),
+        ("kernel", [(1, 0, 6 * BLOCK, False), (0, 3 * BLOCK // 2, BLOCK // 4, False), (0, 0, 4 * BLOCK, False)]),
+    ]
+    for prefetch in (True, False):
+        assert_same(*both_ways(ops, 8, UvmKnobs(prefetch_enable=prefetch), "A100-80GB", monkeypatch), rel=0)
+
+
+def test_a_cpu_write_or_a_free_takes_the_range_out_of_the_resident_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(UvmSim, "mark_min_blocks", 1)
+    sim = UvmSim(8 * BLOCK, UvmKnobs())
+    sim.map_range(0, 4 * BLOCK)
+    sim.access([(0, 0, 4 * BLOCK, False)])
+    sim.access([(0, 0, 4 * BLOCK, False)])
+    assert 0 in sim._full_ranges
+    sim.host_write(0, 0, BLOCK)
+    sim.check_invariants()  # raises if range 0 were still listed as entirely resident
+    assert 0 not in sim._full_ranges
+    sim = UvmSim(8 * BLOCK, UvmKnobs())
+    sim.map_range(0, 4 * BLOCK)
+    sim.access([(0, 0, 4 * BLOCK, False)])
+    sim.access([(0, 0, 4 * BLOCK, False)])
+    assert 0 in sim._full_ranges
+    sim.unmap_range(0)
+    sim.check_invariants()  # a freed range is not resident either
