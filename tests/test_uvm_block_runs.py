@@ -199,19 +199,3 @@ def test_a_gpu_fault_unmaps_the_cpu_on_a_coherent_host(run_path: bool, monkeypat
     sim.access([(0, 0, 2 * BLOCK, False)])  # entirely on the CPU: the plan path migrates the blocks
     assert sim.host_read(0, 0, 2 * BLOCK).cpu_fault_count > 0
     sim.check_invariants()
-
-
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-)
-@given(ops=st.lists(op, min_size=1, max_size=30), capacity_blocks=st.integers(1, 12))
-def test_slot_slices_equal_the_slot_loop(ops: list, capacity_blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``map_range`` / ``unmap_range`` write consecutive slots as list slices: the same state as slot by slot."""
-    import uvmlab.sim.uvm.driver as driver
-
-    with monkeypatch.context() as m:
-        m.setattr(driver, "SLICE_MIN_BLOCKS", 1)
-        sliced = run_program(ops, capacity_blocks, UvmKnobs(), "A100-80GB")
-        m.setattr(driver, "SLICE_MIN_BLOCKS", 10**9)
-        looped = run_program(ops, capacity_blocks, UvmKnobs(), "A100-80GB")
-    assert_same(sliced, looped)

@@ -142,3 +142,17 @@ def test_a_cpu_write_or_a_free_takes_the_range_out_of_the_resident_set(monkeypat
     assert 0 in sim._full_ranges
     sim.unmap_range(0)
     sim.check_invariants()  # a freed range is not resident either
+
+
+def test_a_partly_touched_block_keeps_its_span_when_it_is_faulted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-block mark over pages 3-12 of range 0, evicted by the same kernel's first access before it is reached:
+    its block is faulted in again with the access's own span, not the whole block (prefetch off: no tree growth)."""
+    ops = [
+        ("map", BLOCK),
+        ("kernel", [(0, 0, BLOCK, False)]),  # resident now
+        ("map", 4 * BLOCK),
+        ("kernel", [(1, 0, 4 * BLOCK, False), (0, 3 * PAGE_BYTES, 10 * PAGE_BYTES, False)]),
+    ]
+    marked, plain = both_ways(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB", monkeypatch)
+    assert_same(marked, plain, rel=0)
+    assert plain[0][1]["eviction_count"] >= 1 and plain[0][1]["read_fault_count"] == 4 * 512 + 10

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -60,9 +59,6 @@ from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
 RUNS_CACHED = 8
 """Up to this many transfers, ``_runs_ns`` sums cached per-size times instead of evaluating the link curve."""
-
-SLICE_MIN_BLOCKS = 8
-"""From this many blocks, ``map_range`` and ``unmap_range`` write consecutive slots' state as list slices."""
 
 _WHOLE_BLOCK = (0, PAGES_PER_BLOCK)
 """The span of a block an access covers entirely (shared: spans are never changed in place)."""
@@ -204,10 +200,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         tail_chunk = rounded_tail_bytes(int(size_bytes) - (nblocks - 1) * VA_BLOCK_BYTES, self.host_page_bytes)
         tail_pages = tail_chunk // PAGE_BYTES  # the driver's VA range ends at the rounded size (rounded_tail_bytes)
         # a new slot's bitmaps are all False (``_grow``), and ``unmap_range`` clears a freed one's
-        start = _run_start(slots)
-        if start is not None:  # consecutive slots (a new range, or a freed one's again): list slices
-            self._init_slot_run(start, nblocks, range_id, tail_pages, tail_chunk)
-        for b, slot in enumerate(slots.tolist() if start is None else ()):
+        for b, slot in enumerate(slots.tolist()):
             last = b == nblocks - 1
             self._npages[slot] = tail_pages if last else PAGES_PER_BLOCK
             self._chunk_bytes[slot] = tail_chunk if last else VA_BLOCK_BYTES
@@ -224,19 +217,6 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         self._range_size[range_id] = int(size_bytes)
         self.mapped_bytes += int(size_bytes)
 
-    def _init_slot_run(self, start: int, n: int, range_id: int, tail_pages: int, tail_chunk: int) -> None:
-        """``map_range``'s per-slot state for the consecutive slots ``start .. start + n - 1``."""
-        end = start + n
-        self._npages[start:end] = [PAGES_PER_BLOCK] * (n - 1) + [tail_pages]
-        self._chunk_bytes[start:end] = [VA_BLOCK_BYTES] * (n - 1) + [tail_chunk]
-        zeros, falses = [0] * n, [False] * n
-        self._res_count[start:end] = self._cpu_count[start:end] = self._fault_migrations[start:end] = zeros
-        self._has_chunk[start:end] = self._had_gpu[start:end] = falses
-        self._slot_range[start:end] = [range_id] * n
-        self._slot_bidx[start:end] = range(n)
-        if self._pol_any is not None:
-            self._pol_any[start:end] = falses
-
     def unmap_range(self, range_id: int) -> int:
         """``cudaFree`` of a managed range: destroy it, free its chunks without DtoH. Returns its block count."""
         slots = self._ranges.pop(range_id, None)
@@ -246,17 +226,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         self._full_ranges.discard(range_id)
         freed = 0
         slot_list = slots.tolist()
-        start = _run_start(slots)
-        if start is not None:  # consecutive slots: list slices, and a loop over the chunked ones only
-            end = start + len(slot_list)
-            for s in compress(range(start, end), self._has_chunk[start:end]):
-                freed += self._chunk_bytes[s]
-                del self._lrm[s]
-            n = len(slot_list)
-            self._has_chunk[start:end] = [False] * n
-            self._res_count[start:end] = self._cpu_count[start:end] = [0] * n
-            self._slot_range[start:end] = [-1] * n
-        for s in slot_list if start is None else ():
+        for s in slot_list:
             if self._has_chunk[s]:
                 freed += self._chunk_bytes[s]
                 del self._lrm[s]
@@ -296,9 +266,10 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
     def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
         """(slot, first_page, end_page) per VA block of a byte range, in address order."""
         span = self._page_span(range_id, offset, size)
-        if span is None:
-            return []
-        p0, p1 = span
+        return [] if span is None else self._blocks_of(range_id, *span)
+
+    def _blocks_of(self, range_id: int, p0: int, p1: int) -> list[tuple[int, int, int]]:
+        """``_segments`` of the range's pages [p0, p1) (``_page_span``)."""
         slots = self._ranges[range_id]
         b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
         if b0 == b1:
@@ -490,10 +461,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
                     d[keys[0]] = (p0 - b0 * PAGES_PER_BLOCK, PAGES_PER_BLOCK)
                     d[keys[-1]] = (0, p1 - b1 * PAGES_PER_BLOCK)
                     continue
-                segs = self._segments(range_id, int(offset), int(size))
-            else:
-                segs = [(int(self._ranges[range_id][b0]), p0 - b0 * PAGES_PER_BLOCK, p1 - b0 * PAGES_PER_BLOCK)]
-            for s, lo, hi in segs:
+            for s, lo, hi in self._blocks_of(range_id, p0, p1):
                 cur = d.get(s)
                 if cur is None:
                     d[s] = (lo, hi)
@@ -579,11 +547,3 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
             raise InvariantError(hint_error)
         if self.totals.dtoh_bytes > self.populated_gpu_bytes * self.scale:  # totals are multiplied back by scale
             raise InvariantError("more bytes left the GPU than were ever made resident there")
-
-
-def _run_start(slots: np.ndarray) -> int | None:
-    """The first slot when ``slots`` are at least ``SLICE_MIN_BLOCKS`` consecutive ascending slots, else None."""
-    n = len(slots)
-    if n < SLICE_MIN_BLOCKS or int(slots[-1]) - int(slots[0]) != n - 1 or not (np.diff(slots) == 1).all():
-        return None
-    return int(slots[0])

@@ -94,33 +94,11 @@ class MigrateService:
         )
 
     def _prefetch_whole_block(self, s: int) -> None:
-        """:meth:`prefetch` of a whole block with no GPU-resident page and no cudaMemAdvise policy that is either
-        never populated or entirely on the CPU, without bitmaps to intersect: the same state changes and counters
-        as the general loop (the tests compare both), in the same order of additions. A prefetched new allocation
-        takes this path."""
-        k = self._k
-        npages = self._npages[s]
-        n_h = int(self._cpu_count[s])
-        self._ensure_chunk(s, fault_path=False)
-        self._gpu[s, :npages] = True
-        if n_h:
-            self._cpu[s, :npages] = False
-            self._cpu_count[s] = 0
-        if self._hint_arrays:  # no policy bit on the block (the caller checks): _after_gpu_populate's unmapping
-            self._gmap[s, :npages] = False
-            self._cmap[s, :npages] = False
-        self._res_count[s] = npages
-        self._lrm.move_to_end(s)
-        self.populated_gpu_bytes += npages * PAGE_BYTES
-        if n_h:
-            k.htod_count += 1
-            k.htod_bytes += n_h * PAGE_BYTES
-            k.stall_ns += self._transfer_ns(n_h)
-            k.htod_records += 1
-            k.prefetch_htod_bytes += n_h * PAGE_BYTES
-        zero = npages - n_h
-        k.zero_fill_bytes += zero * PAGE_BYTES
-        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
+        """:meth:`prefetch` of one block that :meth:`_whole_block` accepts, without bitmaps to intersect: its chunk
+        (evicting if needed), then the run path's commit (the same state changes and counters as the general loop,
+        up to the order of float additions; the tests compare both). A prefetched new allocation takes this path."""
+        self._ensure_chunk(s, fault_path=False)  # pays the first chunk's cost; the commit then finds had_gpu set
+        self._commit_prefetch([s])
 
     def _prefetch_run(self, run: list[int]) -> None:
         """:meth:`_prefetch_whole_block` of consecutive whole blocks (module docstring), as one run."""
@@ -129,7 +107,8 @@ class MigrateService:
         )
 
     def _commit_prefetch(self, slots: list[int]) -> None:
-        """The state changes and counters of :meth:`_prefetch_whole_block` for ``slots``, whose chunks are free."""
+        """Prefetch the whole blocks ``slots``, whose chunks are free (or, one block, just taken and last on the LRM
+        list): per-slot state, bitmaps, counters."""
         k = self._k
         npages, cpu_count, res_count, has_chunk, had_gpu = (
             self._npages,
@@ -159,7 +138,7 @@ class MigrateService:
                 on_cpu.append(s)
             pages += n
             (full if n == PAGES_PER_BLOCK else tail).append(s)
-        self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in address order (none is on it)
+        self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in address order (or stays there)
         self._gpu[full] = True
         for s in tail:
             self._gpu[s, : npages[s]] = True
