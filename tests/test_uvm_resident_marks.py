@@ -38,9 +38,14 @@ def test_marks_change_nothing(
     assert_same(*both_ways(ops, capacity_blocks, knobs, gpu, monkeypatch), rel=0)
 
 
-def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("known_whole", [False, True])
+def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(
+    known_whole: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Range 0 is resident when the kernel is listed; the kernel's first access (range 1, new) evicts it before the
-    stage reaches range 0's mark, so its blocks are visited (and faulted in again) one by one, as without marks."""
+    stage reaches range 0's mark, so its blocks are visited (and faulted in again) one by one, as without marks.
+    ``known_whole``: a kernel in between found range 0 entirely resident, so the mark is listed without its block
+    list (``ResidentMark.slots`` None) and the blocks are found again when it is expanded."""
     marks, visited = [], []
     orig_marks, orig_items = ResidentMarks._marks_for, ResidentMarks._stage_items
 
@@ -59,14 +64,37 @@ def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(monkeypatch: py
     ops = [
         ("map", 4 * BLOCK),
         ("kernel", [(0, 0, 4 * BLOCK, False)]),  # resident now
+        *([("kernel", [(0, BLOCK // 2, 3 * BLOCK, False)])] if known_whole else []),  # range 0 found whole
         ("map", 4 * BLOCK),
-        ("kernel", [(1, 0, 4 * BLOCK, False), (0, 0, 4 * BLOCK, False)]),  # range 1 evicts range 0 first
+        ("kernel", [(1, 0, 4 * BLOCK, False), (0, BLOCK // 2, 3 * BLOCK, False)]),  # range 1 evicts range 0 first
     ]
     marked, plain = both_ways(ops, 6, UvmKnobs(), "A100-80GB", monkeypatch)
     assert_same(marked, plain, rel=0)
-    assert sum(marks) == 1  # range 0 in the second kernel
-    assert len(visited) == 8  # range 1's four blocks, then range 0's four: the mark was expanded
-    assert plain[0][1]["eviction_count"] > 0 and plain[0][1]["fault_count"] > 0
+    assert sum(marks) == 1 + known_whole  # range 0 in the last kernel (and in the one before)
+    # range 1's four blocks, then range 0's four (the access starts in its first block and ends in its last): the
+    # mark was expanded (after the kernel in between, which visits one block of its mark)
+    assert visited[known_whole:] == [*range(4, 8), *range(4)] and visited[:known_whole] == [0] * known_whole
+    assert plain[0][-1]["eviction_count"] > 0 and plain[0][-1]["fault_count"] > 0
+
+
+def test_a_mark_whose_inner_block_was_evicted_is_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Range 0's second block is the least recently migrated chunk (its first block was migrated last), and range 0
+    is known entirely resident when the last kernel is listed (``ResidentMark.slots`` None). Range 1 then evicts
+    just that second block before the stage reaches range 0's mark: the mark's other blocks are found again and
+    checked, and the evicted one is faulted back in, as without marks."""
+    ops = [
+        ("map", 4 * BLOCK),
+        ("kernel", [(0, BLOCK, 3 * BLOCK, False)]),  # blocks 1-3 migrate first
+        ("kernel", [(0, 0, BLOCK, False)]),  # then block 0: the LRM list is 1, 2, 3, 0
+        ("kernel", [(0, 0, 4 * BLOCK, False)]),  # range 0 found entirely resident
+        ("map", 3 * BLOCK),
+        ("kernel", [(1, 0, 3 * BLOCK, False), (0, 0, 4 * BLOCK, False)]),  # evicts range 0's block 1 only
+    ]
+    marked, plain = both_ways(ops, 6, UvmKnobs(), "A100-80GB", monkeypatch)
+    assert_same(marked, plain, rel=0)
+    # block 1 for range 1; then each refault of range 0 takes its next least recently migrated block: 2, 3, 0
+    assert plain[0][-1]["eviction_count"] == 4
+    assert plain[0][-1]["read_fault_count"] > 3 * 512  # range 1's pages and range 0's block 1 again
 
 
 def test_resident_marks_skip_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

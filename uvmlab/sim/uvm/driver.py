@@ -285,7 +285,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
             raise InvariantError("eviction needed but no chunk is evictable")
         v = self._pick_discarded() if self._hinted else None  # the PMM's DISCARDED list goes first (uvm_hints)
         if v is None:
-            v, _ = self._lrm.popitem(last=False)
+            v, _ = self._lrm.popitem(False)
         else:
             del self._lrm[v]
         row = self._gpu[v]
@@ -319,40 +319,40 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         """Evict ``victims``, the first ``len(victims)`` chunks of the LRM list in its order, as ``_evict_one``
         would one by one (plain rule only: the caller checks ``_hinted`` is off). ``used_bytes`` is the caller's.
         The bitmaps move back in array operations (fully resident blocks, the common case, and the others)."""
-        lrm, res_count, npages, cpu_count, has_chunk = (
-            self._lrm,
-            self._res_count,
-            self._npages,
-            self._cpu_count,
-            self._has_chunk,
-        )
+        res_count, npages, cpu_count, has_chunk = self._res_count, self._npages, self._cpu_count, self._has_chunk
+        pop = self._lrm.popitem
         for _ in victims:
-            lrm.popitem(last=False)
+            pop(False)  # positional: a keyword argument costs more than the pop itself
         self._decreases += 1
         if self._full_ranges:
-            for v in victims:
-                self._full_ranges.discard(self._slot_range[v])
+            self._full_ranges.difference_update(map(self._slot_range.__getitem__, victims))
+        counts = list(map(res_count.__getitem__, victims))
+        pages = sum(counts)
         full: list[int] = []
         part: list[int] = []
-        pages = 0
-        for v in victims:
-            n = res_count[v]
-            pages += n
+        full_pages: list[int] = []
+        for v, n in zip(victims, counts, strict=True):
             cpu_count[v] += n
             res_count[v] = 0
             has_chunk[v] = False
-            (full if n == npages[v] else part).append(v)
+            if n == npages[v]:
+                full.append(v)
+                full_pages.append(n)
+            else:
+                part.append(v)
         t_ns = 0.0
         n_runs = len(full)
         if full:  # one transfer each
-            t_ns += sum(self._transfer_ns(npages[v]) for v in full)
+            t_ns += sum(map(self._transfer_ns, full_pages))
             idx = np.array(full, dtype=np.intp)
             self._cpu[idx] = self._gpu[idx]
             self._gpu[idx] = False
         if part:  # one transfer per contiguous run of resident pages, all blocks at once
             idx = np.array(part, dtype=np.intp)
             rows = self._gpu[idx]
-            runs = run_lengths(np.pad(rows, ((0, 0), (0, 1))).ravel())  # a False column keeps rows' runs apart
+            padded = np.zeros((len(part), PAGES_PER_BLOCK + 1), dtype=bool)  # a False column keeps rows' runs apart
+            padded[:, :PAGES_PER_BLOCK] = rows
+            runs = run_lengths(padded.ravel())
             n_runs += runs.size
             t_ns += self._runs_ns(runs)
             self._cpu[idx] |= rows

@@ -156,16 +156,21 @@ class FaultService:
         self._kind = "write" if is_write else "read"
         budget = per_batch
         for s, span in self._stage_items(touched) if marked else touched.items():
-            if (
-                bulk
-                and not has_chunk[s]  # so no page is GPU-resident and no eviction of the run can change it
+            if has_chunk[s]:  # visiting it ends a pending run (whose evictions may take its pages)
+                if run:
+                    budget = self._apply_plan_run(run, budget)
+                    run = []
+                if res_count[s] >= npages[s] and (advised is None or not advised[s]):
+                    continue  # resident: nothing to fault (the common case)
+            elif (
+                bulk  # no chunk, so no page is GPU-resident and no eviction of the run can change it
                 and type(span) is tuple
                 and (advised is None or not advised[s])
                 and (cpu_count[s] == 0 or cpu_count[s] == npages[s])
             ):
                 run.append((s, span[0], span[1]))
                 continue
-            if run:
+            elif run:
                 budget = self._apply_plan_run(run, budget)
                 run = []
             if advised is not None and advised[s]:  # the policy path (uvmlab.sim.uvm.hints)
@@ -388,16 +393,18 @@ class FaultService:
         waiting = bool(self._disc_fifo)
         for j in range(i, len(slots)):
             need = chunk[slots[j]]
-            mark = len(victims), used
-            while cap - used < need:
-                v = None if waiting else next(older, None)
-                if v is None:
-                    del victims[mark[0] :]
-                    return j, victims, mark[1], peak
-                victims.append(v)
-                used -= chunk[v]
+            if cap - used < need:
+                n_before, used_before = len(victims), used
+                while cap - used < need:
+                    v = None if waiting else next(older, None)
+                    if v is None:
+                        del victims[n_before:]
+                        return j, victims, used_before, peak
+                    victims.append(v)
+                    used -= chunk[v]
             used += need
-            peak = max(peak, used)
+            if used > peak:
+                peak = used
         return len(slots), victims, used, peak
 
     def _commit_run(self, steps: list[tuple[int, int, int, int, FaultPlan]]) -> None:
@@ -410,12 +417,15 @@ class FaultService:
         n_closes = close_faults = n_full = 0
         close_raw = 0.0
         groups: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): plan, new slots, CPU-resident
-        for s, _, _, _, plan in steps:  # the batches, in order
+        lrm = self._lrm
+        first_gpu = 0
+        for s, _, _, _, plan in steps:  # the batches, in order; the chunks join the LRM list's end in touch order
             if plan.n_closes:
                 n = -(-(open_f + plan.first_close_faults) // g)
                 n_closes += 1
                 close_faults += n
-                close_raw += min(fbc, n * rpf)
+                raw = n * rpf
+                close_raw += fbc if fbc <= raw else raw  # min(fbc, raw) without the call
                 n_full += plan.n_closes - 1
                 open_f = plan.tail_faults
                 open_b = 1
@@ -426,15 +436,12 @@ class FaultService:
             if e is None:
                 e = groups[id(plan)] = (plan, [], [])
             e[2 if cpu_count[s] else 1].append(s)
-        self._open_faults, self._open_blocks = open_f, open_b
-        slots = [st[0] for st in steps]
-        first_gpu = 0
-        for s in slots:
+            lrm[s] = None  # none is on it (one assignment each: OrderedDict.update is slower)
+            has_chunk[s] = True
             if not had_gpu[s]:
                 had_gpu[s] = True
                 first_gpu += 1
-            has_chunk[s] = True
-        self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in touch order (none is on it)
+        self._open_faults, self._open_blocks = open_f, open_b
         stall = 0.0
         zero_pages = htod_runs = htod_recs = htod_pages = fault_h = 0
         for plan, new, on_cpu in groups.values():

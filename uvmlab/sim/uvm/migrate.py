@@ -122,7 +122,9 @@ class MigrateService:
         full: list[int] = []
         tail: list[int] = []
         on_cpu: list[int] = []
+        lrm = self._lrm
         for s in slots:
+            lrm[s] = None  # joins the LRM list's end in address order, or stays there (one is just taken)
             n = npages[s]
             if not had_gpu[s]:
                 had_gpu[s] = True
@@ -138,7 +140,6 @@ class MigrateService:
                 on_cpu.append(s)
             pages += n
             (full if n == PAGES_PER_BLOCK else tail).append(s)
-        self._lrm.update(dict.fromkeys(slots))  # joins the LRM list's end in address order (or stays there)
         self._gpu[full] = True
         for s in tail:
             self._gpu[s, : npages[s]] = True

@@ -39,7 +39,9 @@ class ResidentMark:
     p0: int
     p1: int
     """The range's pages [p0, p1) the access touches (``_page_span``)."""
-    slots: list[int]
+    slots: list[int] | None
+    """Its blocks' slots; None when its range was known entirely resident (``_full_ranges``) at the listing: the
+    list is then built only if the blocks must be checked again."""
     stamp: int
     """``_decreases`` at the listing."""
 
@@ -72,6 +74,9 @@ class ResidentMarks:
             p0, p1 = pages
             b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
             if b1 - b0 + 1 < self.mark_min_blocks:
+                continue
+            if rid in self._full_ranges:  # no block list to build or check
+                marks[i] = ResidentMark(int(rid), p0, p1, None, self._decreases)
                 continue
             slots = self._ranges[rid][b0 : b1 + 1].tolist()
             if self._resident(rid, slots, whole=b0 == 0 and b1 == len(self._ranges[rid]) - 1):
@@ -106,10 +111,15 @@ class ResidentMarks:
             if key >= 0:
                 yield key, span
                 continue
-            base = span.p0 // PAGES_PER_BLOCK * PAGES_PER_BLOCK
-            yield span.slots[0], (span.p0 - base, min(span.p1 - base, PAGES_PER_BLOCK))  # as ``_blocks_of`` lists it
-            rest = span.slots[1:]
-            if not rest or span.stamp == self._decreases or self._resident(span.range_id, rest, False):
+            rid, slots = span.range_id, span.slots
+            b0, b1 = span.p0 // PAGES_PER_BLOCK, (span.p1 - 1) // PAGES_PER_BLOCK
+            first = slots[0] if slots is not None else int(self._ranges[rid][b0])
+            base = b0 * PAGES_PER_BLOCK
+            yield first, (span.p0 - base, min(span.p1 - base, PAGES_PER_BLOCK))  # as ``_blocks_of`` lists it
+            if b1 == b0 or span.stamp == self._decreases:
+                continue  # no other block, or no page left the GPU since the listing
+            rest = slots[1:] if slots is not None else self._ranges[rid][b0 + 1 : b1 + 1].tolist()
+            if self._resident(rid, rest, False):
                 continue  # every other block of the mark is resident: visiting them would do nothing
             for s, lo, hi in self._blocks_of(span.range_id, span.p0, span.p1)[1:]:
                 yield s, (lo, hi)
