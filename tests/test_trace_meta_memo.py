@@ -117,6 +117,38 @@ def test_an_in_place_op_returns_its_own_argument_on_a_hit(memo_state: None) -> N
     assert y is x and calls.outs[-1] is x
 
 
+def test_a_foreach_op_is_keyed_by_its_float_arguments_type_not_value(memo_state: None) -> None:
+    """Adam's step sizes change every iteration: ``_foreach_addcdiv_`` with other floats is a hit. The type still
+    counts: an int scalar list on int tensors keeps their dtype, a float one promotes them to the default dtype."""
+    meta_memo.enabled = True
+    params = [_meta(3, 4), _meta(5)]
+    num, den = [_meta(3, 4), _meta(5)], [_meta(3, 4), _meta(5)]
+    with _Calls():
+        torch._foreach_addcdiv_(params, num, den, [0.1, 0.2])
+    assert meta_memo.counts() == (1, 0)
+    with _Calls() as calls:
+        torch._foreach_addcdiv_(params, num, den, [0.3, 0.4])
+    assert meta_memo.counts() == (1, 0) and calls.outs[-1] is None  # a hit; in place, nothing returned
+    ints = [_meta(2, 2, dtype=torch.int64), _meta(3, dtype=torch.int64)]
+    with _Calls():
+        as_int = torch._foreach_mul(ints, [2, 3])
+        as_float = torch._foreach_mul(ints, [2.0, 3.0])
+        again = torch._foreach_mul(ints, [0.5, 7.0])
+    assert [t.dtype for t in as_int] == [torch.int64] * 2
+    assert [t.dtype for t in as_float] == [t.dtype for t in again] == [torch.get_default_dtype()] * 2
+    assert [t.shape for t in again] == [(2, 2), (3,)]
+    assert meta_memo.counts() == (3, 0)  # addcdiv_, mul with ints, mul with floats (the last call was a hit)
+
+
+def test_other_ops_keep_float_values_in_their_key(memo_state: None) -> None:
+    """Outside the foreach ops a float can decide a shape (``arange``'s end): each value is its own key."""
+    meta_memo.enabled = True
+    with _Calls():
+        a = torch.arange(0.0, 4.0, device="meta")
+        b = torch.arange(0.0, 6.0, device="meta")
+    assert a.shape == (4,) and b.shape == (6,)
+
+
 def test_views_resizes_and_sliced_outputs_are_never_replayed(memo_state: None) -> None:
     """A view op is passed through without a key; an op whose first call changed its argument is always run."""
     meta_memo.enabled = True

@@ -20,9 +20,15 @@ always run:
   cut from a larger buffer run the kernel every time; view ops, ``OpOverload.is_view``, are passed through
   without building a key).
 
-The key also holds ``torch.get_default_dtype()`` (factory ops read it). A replayed call dispatches no meta kernel
-(and so none of the ops a decomposition would have run inside it: they were below the recorder and invisible to
-it anyway). Equality with the unmemoized capture is tested on whole traces (tests/test_trace_meta_memo.py).
+The key also holds ``torch.get_default_dtype()`` (factory ops read it). In the key of a ``_foreach_*`` op a float
+argument is its type, not its value: a foreach op applies one elementwise op per tensor (ATen's
+``native/ForeachOpsKernels.cpp``, the ``foreach_tensor_*_slow`` fallbacks, is exactly that loop), so its outputs
+have the shapes of its tensor arguments and a dtype that type promotion takes from a Python scalar's category
+(bool, int, float), never from its value. Adam's ``_foreach_addcdiv_`` takes the step sizes, which change every
+iteration, as such a list: without this rule it ran its meta kernel (a Python loop over every parameter) in every
+iteration. A replayed call dispatches no meta kernel (and so none of the ops a decomposition would have run inside
+it: they were below the recorder and invisible to it anyway). Equality with the unmemoized capture is tested on
+whole traces (tests/test_trace_meta_memo.py).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device
 _UNCACHEABLE = object()
 _MISSING = object()
 _memo: dict[Any, Any] = {}
+_FOREACH: dict[Any, bool] = {}
+"""Per op: is it a ``_foreach_*`` op (floats keyed by type, module docstring)."""
 enabled = True
 """Off: every call runs its meta kernel (the tests compare whole captures both ways)."""
 
@@ -49,7 +57,9 @@ class _Uncacheable(Exception):
     pass
 
 
-def _key_of(x: Any, tensors: list[torch.Tensor]) -> Any:
+def _key_of(x: Any, tensors: list[torch.Tensor], float_type: bool = False) -> Any:
+    if float_type and type(x) is float:
+        return float
     if isinstance(x, torch.Tensor):
         if x.device.type != "meta" or x.layout != torch.strided or x.is_nested or x.is_conj() or x.is_neg():
             raise _Uncacheable
@@ -59,7 +69,7 @@ def _key_of(x: Any, tensors: list[torch.Tensor]) -> Any:
     if t in _PLAIN:
         return (t, x)
     if t is list or t is tuple:
-        return (t, tuple(_key_of(e, tensors) for e in x))
+        return (t, tuple(_key_of(e, tensors, float_type) for e in x))
     raise _Uncacheable
 
 
@@ -110,8 +120,16 @@ def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not enabled or func.is_view:  # a view shares its argument's storage: never replayed, so no key to build
         return func(*args, **kwargs)
     tensors: list[torch.Tensor] = []
+    foreach = _FOREACH.get(func)
+    if foreach is None:
+        foreach = _FOREACH[func] = func._opname.startswith("_foreach_")
     try:
-        key = (func, torch.get_default_dtype(), _key_of(args, tensors), _key_of(tuple(kwargs.items()), tensors))
+        key = (
+            func,
+            torch.get_default_dtype(),
+            _key_of(args, tensors, foreach),
+            _key_of(tuple(kwargs.items()), tensors, foreach),
+        )
     except _Uncacheable:
         return func(*args, **kwargs)
     spec = _memo.get(key, _MISSING)

@@ -35,6 +35,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -79,8 +80,10 @@ CONV_OPS = frozenset(
 _OP_RE = re.compile(r"^(?:aten(?:::|\.))?([A-Za-z0-9_]+)")
 
 
+@functools.lru_cache(maxsize=8192)
 def op_base(name: str) -> str:
-    """``"aten::mm"`` / ``"aten.mm.default"`` / ``"mm"`` -> ``"mm"``."""
+    """``"aten::mm"`` / ``"aten.mm.default"`` / ``"mm"`` -> ``"mm"`` (cached: a trace has few distinct names, and the
+    orchestrator and the replays map every kernel's name)."""
     m = _OP_RE.match(name)
     return m.group(1) if m else name
 
