@@ -44,8 +44,8 @@ def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(
 ) -> None:
     """Range 0 is resident when the kernel is listed; the kernel's first access (range 1, new) evicts it before the
     stage reaches range 0's mark, so its blocks are visited (and faulted in again) one by one, as without marks.
-    ``known_whole``: a kernel in between found range 0 entirely resident, so the mark is listed without its block
-    list (``ResidentMark.slots`` None) and the blocks are found again when it is expanded."""
+    ``known_whole``: a kernel in between found range 0 entirely resident, so the mark is listed without checking
+    its blocks (``_full_ranges``) and they are found from the range when it is expanded."""
     marks, visited = [], []
     orig_marks, orig_items = ResidentMarks._marks_for, ResidentMarks._stage_items
 
@@ -79,7 +79,7 @@ def test_a_mark_evicted_before_it_is_reached_is_faulted_in_again(
 
 def test_a_mark_whose_inner_block_was_evicted_is_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Range 0's second block is the least recently migrated chunk (its first block was migrated last), and range 0
-    is known entirely resident when the last kernel is listed (``ResidentMark.slots`` None). Range 1 then evicts
+    is known entirely resident when the last kernel is listed (marked without checking its blocks). Range 1 evicts
     just that second block before the stage reaches range 0's mark: the mark's other blocks are found again and
     checked, and the evicted one is faulted back in, as without marks."""
     ops = [

@@ -291,7 +291,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k
-        self._count_decrease(v)
+        self._count_decrease((v,))
         if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
             n, n_runs, t_ns = self._evict_hinted(v, row)
         elif n == self._npages[v]:  # fully resident: one transfer
@@ -323,27 +323,20 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         pop = self._lrm.popitem
         for _ in victims:
             pop(False)  # positional: a keyword argument costs more than the pop itself
-        self._decreases += 1
-        if self._full_ranges:
-            self._full_ranges.difference_update(map(self._slot_range.__getitem__, victims))
+        self._count_decrease(victims)
         counts = list(map(res_count.__getitem__, victims))
         pages = sum(counts)
         full: list[int] = []
         part: list[int] = []
-        full_pages: list[int] = []
         for v, n in zip(victims, counts, strict=True):
             cpu_count[v] += n
             res_count[v] = 0
             has_chunk[v] = False
-            if n == npages[v]:
-                full.append(v)
-                full_pages.append(n)
-            else:
-                part.append(v)
+            (full if n == npages[v] else part).append(v)
         t_ns = 0.0
         n_runs = len(full)
         if full:  # one transfer each
-            t_ns += sum(map(self._transfer_ns, full_pages))
+            t_ns += sum(map(self._transfer_ns, map(npages.__getitem__, full)))
             idx = np.array(full, dtype=np.intp)
             self._cpu[idx] = self._gpu[idx]
             self._gpu[idx] = False

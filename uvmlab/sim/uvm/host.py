@@ -154,7 +154,7 @@ class HostService:
     def _release_gpu_pages(self, s: int, m: np.ndarray) -> None:
         """Pages ``m`` of slot ``s`` stop being GPU-resident (their chunk is freed when the block empties)."""
         n = int(np.count_nonzero(m & self._gpu[s]))
-        self._count_decrease(s)
+        self._count_decrease((s,))
         self._gpu[s] &= ~m
         self._res_count[s] -= n
         if self._res_count[s] == 0 and self._has_chunk[s]:

@@ -24,7 +24,7 @@ tests/test_uvm_resident_marks.py (random programs, the whole state compared).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,9 +39,6 @@ class ResidentMark:
     p0: int
     p1: int
     """The range's pages [p0, p1) the access touches (``_page_span``)."""
-    slots: list[int] | None
-    """Its blocks' slots; None when its range was known entirely resident (``_full_ranges``) at the listing: the
-    list is then built only if the blocks must be checked again."""
     stamp: int
     """``_decreases`` at the listing."""
 
@@ -75,12 +72,13 @@ class ResidentMarks:
             b0, b1 = p0 // PAGES_PER_BLOCK, (p1 - 1) // PAGES_PER_BLOCK
             if b1 - b0 + 1 < self.mark_min_blocks:
                 continue
-            if rid in self._full_ranges:  # no block list to build or check
-                marks[i] = ResidentMark(int(rid), p0, p1, None, self._decreases)
-                continue
-            slots = self._ranges[rid][b0 : b1 + 1].tolist()
-            if self._resident(rid, slots, whole=b0 == 0 and b1 == len(self._ranges[rid]) - 1):
-                marks[i] = ResidentMark(int(rid), p0, p1, slots, self._decreases)
+            if (
+                rid in self._full_ranges
+                or self._resident(  # a range known entirely resident: no list to build
+                    rid, self._ranges[rid][b0 : b1 + 1].tolist(), whole=b0 == 0 and b1 == len(self._ranges[rid]) - 1
+                )
+            ):
+                marks[i] = ResidentMark(int(rid), p0, p1, self._decreases)
         return marks or None
 
     def _resident(self, rid: int, slots: list[int], whole: bool) -> bool:
@@ -98,10 +96,12 @@ class ResidentMarks:
             self._full_ranges.add(rid)
         return True
 
-    def _count_decrease(self, slot: int) -> None:
-        """Pages of ``slot`` leave the GPU: its range may no longer be entirely resident."""
+    def _count_decrease(self, slots: Iterable[int]) -> None:
+        """Pages of ``slots`` leave the GPU (one call: one eviction, a run's evictions, a CPU migration): their ranges
+        may no longer be entirely resident."""
         self._decreases += 1
-        self._full_ranges.discard(self._slot_range[slot])
+        if self._full_ranges:
+            self._full_ranges.difference_update(map(self._slot_range.__getitem__, slots))
 
     def _stage_items(self, touched: dict[int, Any]) -> Iterator[tuple[int, Any]]:
         """``touched.items()`` with each mark replaced (module docstring) when ``_run_stage`` reaches it: its first
@@ -111,17 +111,15 @@ class ResidentMarks:
             if key >= 0:
                 yield key, span
                 continue
-            rid, slots = span.range_id, span.slots
+            rid = span.range_id
             b0, b1 = span.p0 // PAGES_PER_BLOCK, (span.p1 - 1) // PAGES_PER_BLOCK
-            first = slots[0] if slots is not None else int(self._ranges[rid][b0])
             base = b0 * PAGES_PER_BLOCK
-            yield first, (span.p0 - base, min(span.p1 - base, PAGES_PER_BLOCK))  # as ``_blocks_of`` lists it
+            yield int(self._ranges[rid][b0]), (span.p0 - base, min(span.p1 - base, PAGES_PER_BLOCK))  # as listed
             if b1 == b0 or span.stamp == self._decreases:
                 continue  # no other block, or no page left the GPU since the listing
-            rest = slots[1:] if slots is not None else self._ranges[rid][b0 + 1 : b1 + 1].tolist()
-            if self._resident(rid, rest, False):
+            if self._resident(rid, self._ranges[rid][b0 + 1 : b1 + 1].tolist(), False):
                 continue  # every other block of the mark is resident: visiting them would do nothing
-            for s, lo, hi in self._blocks_of(span.range_id, span.p0, span.p1)[1:]:
+            for s, lo, hi in self._blocks_of(rid, span.p0, span.p1)[1:]:
                 yield s, (lo, hi)
 
 
