@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from uvmlab.config import ALLOCATORS, WorkloadConfig
@@ -260,10 +261,11 @@ def _where(trace: Trace, seq: int | None) -> tuple[str | None, int | None]:
     """Phase and iteration of the allocation made at ``seq``."""
     if seq is None:
         return None, None
-    row = trace.allocations[trace.allocations["alloc_seq"] == seq]
-    if row.empty:
+    a = trace.allocations
+    rows = np.flatnonzero(a["alloc_seq"].to_numpy() == seq)
+    if not len(rows):
         return None, None
-    return str(row["phase"].iloc[0]), int(row["iteration"].iloc[0])
+    return str(a["phase"].iat[rows[0]]), int(a["iteration"].iat[rows[0]])
 
 
 def _peak_seq(timeline: pd.DataFrame, column: str) -> int | None:

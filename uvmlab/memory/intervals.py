@@ -40,7 +40,7 @@ def family_of(trace: Any) -> str:
     runs convolutions, else ``mlp``."""
     from uvmlab.trace.orchestrate import CONV_OPS, op_base
 
-    ops = set(trace.kernels["name"].map(op_base))
+    ops = {op_base(name) for name in trace.kernels["name"].unique()}
     if ops & ATTENTION_OPS or ("bmm" in ops and ops & {"_softmax", "softmax"}):
         return "transformer"
     return "cnn" if ops & CONV_OPS else "mlp"

@@ -31,9 +31,12 @@ def live_by_category(trace: Trace, seq: int | None) -> dict[str, int]:
     if seq is None:
         return {}
     a = trace.allocations
-    alive = (a["alloc_seq"] <= seq) & ((a["free_seq"] > seq) | (a["free_seq"] == NEVER_FREED))
-    sums = a.loc[alive].groupby("category")["size_bytes"].sum()
-    return {str(k): int(v) for k, v in sums.items() if v > 0}
+    alloc_seq, free_seq = a["alloc_seq"].to_numpy(), a["free_seq"].to_numpy()
+    alive = (alloc_seq <= seq) & ((free_seq > seq) | (free_seq == NEVER_FREED))
+    codes, categories = pd.factorize(a["category"].to_numpy()[alive], sort=True)
+    sums = np.zeros(len(categories), dtype=np.int64)
+    np.add.at(sums, codes[codes >= 0], a["size_bytes"].to_numpy()[alive][codes >= 0])
+    return {str(k): int(v) for k, v in zip(categories, sums, strict=True) if v > 0}
 
 
 def _phase_at(trace: Trace, seq: int) -> tuple[str | None, int | None]:
