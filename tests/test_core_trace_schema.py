@@ -38,6 +38,31 @@ def test_round_trip(tmp_path) -> None:
     assert list(back.kernels.columns) == list(empty_table("kernels").columns) + list(KERNEL_OPTIONAL)
 
 
+def test_a_fresh_capture_reads_back_with_the_same_frames(tmp_path) -> None:
+    from pathlib import Path
+
+    from uvmlab.config import WorkloadConfig
+    from uvmlab.trace.capture import capture_trace
+
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py"
+    fresh = capture_trace(WorkloadConfig(str(example), batch_size=4, optimizer="adam", iterations=2))
+    write_trace(fresh, tmp_path / "t")
+    back = read_trace(tmp_path / "t")
+    for name in ("allocations", "kernels", "accesses"):  # dtypes included (warp_size is int32 both ways)
+        pd.testing.assert_frame_equal(getattr(back, name), getattr(fresh, name), check_exact=True)
+
+
+def test_optional_kernel_columns_take_their_schema_dtypes() -> None:
+    from uvmlab.trace.schema import with_optional_columns
+
+    given = pd.DataFrame({"kernel_id": [0, 1], "warp_size": [32.0, None], "order": ["tiled", None]})
+    out = with_optional_columns(given)
+    assert out["warp_size"].tolist() == [32, 0] and out["warp_size"].dtype == "int32"
+    assert out["order"].tolist() == ["tiled", ""]
+    assert out["threads"].dtype == "int64" and out["touched_bytes"].isna().all()
+    assert out["api"].tolist() == ["", ""]
+
+
 def test_live_bytes_follow_events() -> None:
     live = _tiny_trace().live_bytes()
     assert live.tolist() == [100, 300, 100, 150, 100]

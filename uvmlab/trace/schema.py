@@ -137,22 +137,27 @@ _TEXT = pd.Series([], dtype=str).dtype
 def with_optional_columns(kernels: pd.DataFrame) -> pd.DataFrame:
     """``kernels`` with every KERNEL_OPTIONAL column present (absent ones, and missing values, get the default).
 
-    A column already of the target dtype with no missing value is left as it is (the fill and cast would return
-    it unchanged, at about 0.2 ms a column on every trace read and write)."""
+    Integer columns take their schema's width (``warp_size`` is int32), so a trace read back has the dtypes of a
+    fresh capture (``Recorder.tables``). A column already of the target dtype with no missing value is left as it
+    is (the fill and cast would return it unchanged, at about 0.2 ms a column on every trace read and write)."""
     out = kernels.copy()
-    for col, (_, default) in KERNEL_OPTIONAL.items():
+    for col, (arrow_type, default) in KERNEL_OPTIONAL.items():
+        if isinstance(default, str):
+            target = _TEXT
+        else:
+            target = np.dtype(arrow_type.to_pandas_dtype())
         if col not in out.columns:
-            out[col] = default
+            out[col] = pd.Series(default, index=out.index, dtype=target)
             continue
         values = out[col]
+        if values.dtype == target and not values.hasnans:
+            continue
         if isinstance(default, str):
-            if values.dtype != _TEXT or values.hasnans:
-                out[col] = values.fillna(default).astype(str)
+            out[col] = values.fillna(default).astype(str)
         elif isinstance(default, int):
-            if values.dtype != np.int64 or values.hasnans:
-                out[col] = values.fillna(default).astype("int64")
-        elif values.dtype != np.float64:
-            out[col] = values.astype("float64")
+            out[col] = values.fillna(default).astype(target)
+        else:
+            out[col] = values.astype(target)
     return out
 
 
