@@ -87,3 +87,36 @@ def test_reader_refuses_other_folders_and_versions(tmp_path) -> None:
     head.write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):
         read_trace(tmp_path / "t")
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "values", "message"),
+    [
+        ("allocations", "size_bytes", [100, None, 50], "missing values in column size_bytes"),
+        ("allocations", "category", ["parameter", None, "temporary"], "missing values in column category"),
+        ("kernels", "flops", [float("nan")], "missing values in column flops"),
+        ("allocations", "alloc_id", [0, 2, 2], "repeats alloc_id 2"),
+        ("allocations", "size_bytes", [100, 200, 50], None),
+    ],
+)
+def test_a_read_refuses_missing_values_and_repeated_ids(tmp_path, table, column, values, message) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = _tiny_trace()
+    t.kernels = pd.DataFrame(
+        {"kernel_id": [0], "seq": [5], "name": ["aten::mm"], "phase": ["forward"], "iteration": [0], "flops": [2.0],
+         "stream": [0]}
+    )  # fmt: skip
+    write_trace(t, tmp_path / "t")
+    path = tmp_path / "t" / f"{table}.parquet"
+    stored = pq.read_table(path)
+    i = stored.schema.get_field_index(column)
+    field = stored.schema.field(i).with_nullable(True)
+    column_values = pa.array(values, type=field.type, from_pandas=False)
+    pq.write_table(stored.set_column(i, field, column_values), path)  # the write id stays in the schema metadata
+    if message is None:
+        assert read_trace(tmp_path / "t").allocations["size_bytes"].tolist() == values
+    else:
+        with pytest.raises(InputError, match=message):
+            read_trace(tmp_path / "t")
