@@ -181,3 +181,15 @@ def _one_alloc_trace() -> Trace:
             }
         )
     )
+
+
+def test_a_column_beyond_the_schema_survives_inserted_workspaces() -> None:
+    trace = _one_alloc_trace()
+    trace.allocations["note"] = [5]  # a trace's own integer column: the inserted rows cannot give it
+    trace.kernels = pd.DataFrame(
+        {"kernel_id": [0], "seq": [1], "name": ["aten::addmm"], "phase": ["forward"], "iteration": [0], "flops": [1.0],
+         "stream": [0]}
+    )  # fmt: skip
+    out = to_cuda(trace, get_gpu("A100-40GB"), OrchestrationRules())
+    assert out.allocations["note"].iloc[0] == 5
+    assert out.allocations["note"].iloc[1:].isna().all()  # missing for the two workspaces, not a crash

@@ -47,8 +47,6 @@ _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device
 _UNCACHEABLE = object()
 _MISSING = object()
 _memo: dict[Any, Any] = {}
-_FOREACH: dict[Any, bool] = {}
-"""Per op: is it a ``_foreach_*`` op (floats keyed by type, module docstring)."""
 enabled = True
 """Off: every call runs its meta kernel (the tests compare whole captures both ways)."""
 
@@ -120,9 +118,7 @@ def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not enabled or func.is_view:  # a view shares its argument's storage: never replayed, so no key to build
         return func(*args, **kwargs)
     tensors: list[torch.Tensor] = []
-    foreach = _FOREACH.get(func)
-    if foreach is None:
-        foreach = _FOREACH[func] = func._opname.startswith("_foreach_")
+    foreach = func._opname.startswith("_foreach_")  # floats keyed by their type (module docstring)
     try:
         key = (
             func,

@@ -199,15 +199,18 @@ class _Builder:
         accesses = self.acc
         if self.new_access:
             accesses = pd.concat([self.acc, pd.DataFrame(self.new_access)], ignore_index=True)
+        # back to the given dtypes; a column the inserted rows leave missing (a trace's own column beyond the
+        # schema) keeps the dtype that holds their missing values
         for df, src in ((allocs, self.a), (kernels, self.k), (accesses, self.acc)):
             have = dict(zip(df.columns, df.dtypes, strict=True))
             for col, dtype in zip(src.columns, src.dtypes, strict=True):
-                if col in have and have[col] != dtype:
+                if col in have and have[col] != dtype and not df[col].hasnans:
                     df[col] = df[col].astype(dtype)
         return Trace(allocations=allocs, kernels=kernels, accesses=accesses, header=header)
 
     def _inserted(self) -> pd.DataFrame:
-        """The inserted allocations, each column in the captured column's dtype where every row gives it."""
+        """The inserted allocations, each column in the captured column's dtype where every row gives it (a column
+        beyond the schema, which no inserted row gives, is left missing there)."""
         columns = {}
         for col, dtype in zip(self.a.columns, self.a.dtypes, strict=True):
             values = [row.get(col) for row in self.new_rows]
@@ -218,7 +221,7 @@ class _Builder:
 def _iteration_bounds(trace: Trace) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
     """Per (iteration, phase) of any allocation or kernel: (first seq, last seq), as two plain dicts.
 
-    Computed on the columns' arrays: the frame groupby this replaces cost about 6 ms per GPUMemNet MLP estimate."""
+    On the columns' arrays: 0.3 ms on a GPUMemNet MLP row's trace, where the frame groupbys took 5.4 ms."""
     a, k = trace.allocations, trace.kernels
     its = np.concatenate([a["iteration"].to_numpy(), k["iteration"].to_numpy()])
     codes, phases = pd.factorize(np.concatenate([a["phase"].to_numpy(), k["phase"].to_numpy()]))

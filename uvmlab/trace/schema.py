@@ -203,7 +203,7 @@ class Trace:
         if unknown:
             raise InputError(f"{source}: unknown categories {sorted(unknown)}; known: {CATEGORIES}")
         if "order" in self.kernels.columns:
-            bad_orders = {"" if _missing(o) else o for o in self.kernels["order"].unique()} - set(ACCESS_ORDERS)
+            bad_orders = set(self.kernels["order"].fillna("").unique()) - set(ACCESS_ORDERS)
             if bad_orders:
                 raise InputError(f"{source}: unknown access orders {sorted(bad_orders)}; known: {ACCESS_ORDERS[1:]}")
 
@@ -239,11 +239,6 @@ class Trace:
         ev = self.events()
         delta = ev["size_bytes"].where(ev["is_alloc"], -ev["size_bytes"])
         return pd.Series(delta.cumsum().to_numpy(), index=ev["seq"].to_numpy(), name="live_bytes")
-
-
-def _missing(value: Any) -> bool:
-    """A missing table value: None, NA or NaN (what ``fillna`` replaces)."""
-    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
 
 
 def _has_missing(values: pd.Series) -> bool:
