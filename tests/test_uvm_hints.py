@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.uvm_synth import live_range, make_trace, nocache_placement, pool_placement
-from uvmlab.errors import InputError
+from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import get_gpu
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.hints import plan_hints, prefetch_rows
@@ -363,12 +363,14 @@ _hint_op = st.one_of(
 )
 
 
+@pytest.mark.parametrize("read_mostly", ["parameter", ""], ids=["read-mostly+discard", "discard-only"])
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacity_mib=st.integers(2, 10), ops=st.lists(_hint_op, min_size=1, max_size=40))
-def test_random_hint_operations_keep_invariants(capacity_mib: int, ops: list) -> None:
+def test_random_hint_operations_keep_invariants(read_mostly: str, capacity_mib: int, ops: list) -> None:
     """Capacity, residency and the byte ledger hold under any mix of hints: remote access never takes GPU memory,
-    bytes leave the GPU only once (copied back or saved), duplicates are GPU-resident."""
-    sim = _sim(capacity_mib * MiB, advise_read_mostly="parameter", discard_min_bytes=MiB)
+    bytes leave the GPU only once (copied back or saved), duplicates are GPU-resident (and, with discards alone, exist
+    only once host accesses create advice state), every block with a discarded page is in ``_disc_slots``."""
+    sim = _sim(capacity_mib * MiB, advise_read_mostly=read_mostly, discard_min_bytes=MiB)
     sizes: dict[int, int] = {}
     nxt = 0
     for o in ops:
@@ -412,3 +414,104 @@ def test_random_hint_operations_keep_invariants(capacity_mib: int, ops: list) ->
         sim.check_invariants()
     t = sim.totals
     assert t.dtoh_bytes + t.writeback_saved_bytes <= sim.populated_gpu_bytes
+
+
+def _undiscard_by_block(disc: np.ndarray, gpu: np.ndarray, segs: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """The remap faults of an undiscard, block by block (the rule as written before the rows were taken at once):
+    (faults: big pages holding a discarded GPU-resident page, blocks with such a fault); clears the windows."""
+    n = blocks = 0
+    for s, lo, hi in segs:
+        live = np.zeros(PAGES, dtype=bool)
+        live[lo:hi] = disc[s, lo:hi] & gpu[s, lo:hi]
+        m = int(np.count_nonzero(live.reshape(-1, 16).any(axis=1)))
+        n += m
+        blocks += m > 0
+        disc[s, lo:hi] = False
+    return n, blocks
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+    window=st.tuples(st.integers(0, 8 * MiB), st.integers(1, 8 * MiB)),
+)
+def test_undiscard_of_many_blocks_at_once_equals_block_by_block(blocks: int, seed: int, window: tuple) -> None:
+    """Random discarded and resident pages over a range of 1-4 blocks: one undiscard of any window gives the faults,
+    the batches and the discarded pages left that the block-by-block rule gives; ``_disc_slots`` stays a superset."""
+    rng = np.random.default_rng(seed)
+    sim = _sim(8 * BLOCK, discard_min_bytes=MiB)
+    sim.map_range(0, blocks * BLOCK)
+    slots = sim._ranges[0].tolist()
+    for s in slots:  # a consistent random state: resident pages with a chunk, discarded pages among them or not
+        gpu = rng.random(PAGES) < 0.5
+        sim._gpu[s] = gpu
+        sim._res_count[s] = int(gpu.sum())
+        if gpu.any():
+            sim._has_chunk[s] = True
+            sim._lrm[s] = None
+            sim.used_bytes += sim._chunk_bytes[s]
+        sim._disc[s] = rng.random(PAGES) < 0.3
+        if sim._disc[s].any():
+            sim._disc_slots.add(s)
+    off, size = window[0] % (blocks * BLOCK), window[1]
+    expect_disc = sim._disc.copy()
+    segs = sim._segments(0, off, size)
+    n, nblocks = _undiscard_by_block(expect_disc, sim._gpu, segs)
+    ref = _sim(8 * BLOCK, discard_min_bytes=MiB)
+    if n:
+        ref._charge_write_faults(n, nblocks)
+    want = ref._flush_kernel_counters()
+    got = sim.undiscard(0, off, size)
+    assert got.as_dict() == want.as_dict()
+    assert np.array_equal(sim._disc, expect_disc)
+    assert set(np.flatnonzero(sim._disc.any(axis=1)).tolist()) <= sim._disc_slots
+    sim.check_invariants()
+
+
+def _corrupt_free_gpu_row(sim: UvmSim) -> None:
+    sim._gpu[sim._n_slots, 3] = True  # a row never handed out (a freed one's count check fires first)
+
+
+def _corrupt_dup_without_hints(sim: UvmSim) -> None:
+    sim._dup[sim._ranges[0][0], 0] = True
+
+
+def _corrupt_disc_outside_the_set(sim: UvmSim) -> None:
+    sim._hinted = True
+    sim._disc[sim._ranges[0][0], 0] = True
+
+
+def _corrupt_both(sim: UvmSim) -> None:
+    s = sim._ranges[0][0]
+    sim._cpu[s, 0] = True
+    sim._cpu_count[s] += 1
+
+
+def _corrupt_past_the_end(sim: UvmSim) -> None:
+    s = sim._ranges[0][-1]
+    sim._cpu[s, PAGES - 1] = True
+    sim._cpu_count[s] += 1
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (_corrupt_free_gpu_row, "free slot's gpu bitmap"),
+        (_corrupt_dup_without_hints, "dup bitmap holds pages but no hint"),
+        (_corrupt_disc_outside_the_set, "missing from _disc_slots"),
+        (_corrupt_both, "both the GPU and the CPU"),
+        (_corrupt_past_the_end, "past the end of its block"),
+    ],
+)
+def test_check_invariants_catches_each_corruption(corrupt: object, message: str) -> None:
+    """The checks that count bitmap rows instead of scanning them still see each kind of broken state."""
+    sim = _sim(8 * BLOCK)
+    sim.map_range(0, BLOCK + 64 * 1024)  # a full block and a short last one
+    sim.map_range(1, BLOCK)
+    sim.access([(0, 0, BLOCK + 64 * 1024, True), (1, 0, BLOCK, True)])
+    sim.unmap_range(1)  # a free slot
+    sim.check_invariants()
+    corrupt(sim)  # type: ignore[operator]
+    with pytest.raises(InvariantError, match=message):
+        sim.check_invariants()

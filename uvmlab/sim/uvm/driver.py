@@ -106,6 +106,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         self._pol_any: list[bool] | None = None  # per slot: any cudaMemAdvise policy bit (uvmlab.sim.uvm.hints)
         self._hint_arrays: tuple[str, ...] = ()  # the policy / mapping bitmaps, created on first use
         self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
+        self._disc_slots: set[int] = set()  # slots whose _disc row may hold a page (uvmlab.sim.uvm.hints)
         # per-slot scalars as Python lists (scalar access is the hot path; numpy scalars are slower)
         self._npages: list[int] = []
         self._chunk_bytes: list[int] = []
@@ -226,18 +227,29 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         self._full_ranges.discard(range_id)
         freed = 0
         slot_list = slots.tolist()
+        on_gpu: list[int] = []  # rows whose bitmap holds a page (the counts say which: check_invariants)
+        on_cpu: list[int] = []
         for s in slot_list:
             if self._has_chunk[s]:
                 freed += self._chunk_bytes[s]
                 del self._lrm[s]
                 self._has_chunk[s] = False
-            self._res_count[s] = 0
-            self._cpu_count[s] = 0
+            if self._res_count[s]:
+                on_gpu.append(s)
+                self._res_count[s] = 0
+            if self._cpu_count[s]:
+                on_cpu.append(s)
+                self._cpu_count[s] = 0
             self._slot_range[s] = -1
         self.used_bytes -= freed
+        self._gpu[on_gpu] = False
+        self._cpu[on_cpu] = False
         rows = slot_list[0] if len(slot_list) == 1 else slots  # basic indexing is faster for the common one block
-        for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
+        # read duplicates and discarded pages exist only under hints (``_hinted``), the policy bitmaps once created
+        for name in (*(("_dup", "_disc") if self._hinted else ()), *self._hint_arrays):
             getattr(self, name)[rows] = False
+        if self._disc_slots:
+            self._disc_slots.difference_update(slot_list)
         self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
@@ -506,11 +518,12 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         has_chunk = np.array(self._has_chunk[:n], dtype=bool)
         npages = np.array(self._npages[:n], dtype=np.int64)
         gpu, cpu = self._gpu[:n], self._cpu[:n]
-        if (gpu & cpu).any():
+        on_gpu, on_cpu = np.count_nonzero(gpu, axis=1), np.count_nonzero(cpu, axis=1)
+        if not np.array_equal(np.count_nonzero(gpu | cpu, axis=1), on_gpu + on_cpu):
             raise InvariantError("a page is resident on both the GPU and the CPU (migrations move, not copy)")
-        if not np.array_equal(gpu.sum(axis=1), res_count):
+        if not np.array_equal(on_gpu, res_count):
             raise InvariantError("per-block resident page counts disagree with the bitmaps")
-        if not np.array_equal(cpu.sum(axis=1), np.array(self._cpu_count[:n], dtype=np.int64)):
+        if not np.array_equal(on_cpu, np.array(self._cpu_count[:n], dtype=np.int64)):
             raise InvariantError("per-block CPU page counts disagree with the bitmaps")
         if ((res_count > 0) & ~has_chunk).any():
             raise InvariantError("a block has GPU-resident pages but no GPU chunk")
@@ -529,11 +542,18 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         if set(self._lrm) != set(np.flatnonzero(has_chunk).tolist()):
             raise InvariantError("the LRM list and the set of allocated chunks differ")
         free = ~live
-        for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
+        for name, count in (("_gpu", on_gpu), ("_cpu", on_cpu)):  # a row's count is its bitmap's (checked above)
+            if count[free].any() or getattr(self, name)[n:].any():
+                raise InvariantError(f"a free slot's {name.strip('_')} bitmap is not clear (map_range relies on it)")
+        for name in ("_dup", "_disc"):
+            if not self._hinted and getattr(self, name).any():  # unmap_range clears them only under hints
+                raise InvariantError(f"the {name.strip('_')} bitmap holds pages but no hint is on")
+        for name in (*(("_dup", "_disc") if self._hinted else ()), *self._hint_arrays):
             if getattr(self, name)[:n][free].any() or getattr(self, name)[n:].any():
                 raise InvariantError(f"a free slot's {name.strip('_')} bitmap is not clear (map_range relies on it)")
-        valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
-        if ((gpu | cpu) & ~valid).any():
+        short = np.flatnonzero(npages < PAGES_PER_BLOCK)  # only a range's last block can end before its 512th page
+        valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[short, None]
+        if ((gpu[short] | cpu[short]) & ~valid).any():
             raise InvariantError("a page past the end of its block is resident")
         hint_error = self.check_hint_invariants() or self.check_advice_invariants()
         if hint_error:

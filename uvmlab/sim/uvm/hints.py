@@ -68,8 +68,15 @@ class HintService:
     """The per-tensor hint half of UvmSim (mixed in; uses its bitmaps, per-slot lists, LRM, counters).
 
     State: ``_dup`` (pages whose CPU copy is still valid: read duplicates) and ``_disc`` (discarded pages), both
-    slot x 512 bool like ``_gpu``; ``_hinted`` turns on the eviction rule that consults them.
+    slot x 512 bool like ``_gpu``; ``_hinted`` turns on the eviction rule that consults them. ``_disc_slots`` holds
+    every slot whose ``_disc`` row may have a page (a superset: a speed-up, the rows stay the truth); read
+    duplicates exist only where ``_dups_possible`` says.
     """
+
+    @property
+    def _dups_possible(self) -> bool:
+        """Read duplicates can exist: the read-mostly knob, or cudaMemAdvise / host-access state (its bitmaps)."""
+        return bool(self.knobs.advise_read_mostly or self._hint_arrays)
 
     def remote_access(self, rows: list[Row]) -> tuple[UvmCounters, float]:
         """Accesses to tensors advised preferred-location CPU + accessed-by GPU; return (counters, link ns).
@@ -160,12 +167,15 @@ class HintService:
         if p1 <= p0:
             return 0
         total = 0
+        dups = self._dups_possible
         for s, lo, hi in self._segments(int(range_id), p0, p1 - p0):
             self._disc[s, lo:hi] = True
-            self._dup[s, lo:hi] = False  # discarding breaks read duplication (uvm_va_block.c va_block_discard_locked)
-            c = self._cpu[s, lo:hi]
-            nc = int(np.count_nonzero(c))
-            if nc:  # a CPU copy of dead data is never migrated back: the page is resident nowhere
+            self._disc_slots.add(s)
+            if dups:
+                self._dup[s, lo:hi] = False  # discarding breaks read duplication (va_block_discard_locked)
+            if self._cpu_count[s]:  # a CPU copy of dead data is never migrated back: the page is resident nowhere
+                c = self._cpu[s, lo:hi]
+                nc = int(np.count_nonzero(c))
                 c[:] = False
                 self._cpu_count[s] -= nc
             total += hi - lo
@@ -198,20 +208,23 @@ class HintService:
         granularity grows to whole big pages when nothing thrashes: [OGKM] ``uvm_perf_prefetch.c``
         ``grow_fault_granularity``; an assumption: the remap path was not traced). Returns those counters.
         """
-        n = blocks = 0
-        for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
-            d = self._disc[s, lo:hi]
-            if not d.any():
-                continue
-            live = np.zeros(PAGES_PER_BLOCK, dtype=bool)
-            live[lo:hi] = d & self._gpu[s, lo:hi]
-            m = int(np.count_nonzero(live.reshape(-1, PAGES_PER_BIG_PAGE).any(axis=1)))  # one fault per big page
-            if m:
-                n += m
-                blocks += 1
-            d[:] = False
-        if n:
-            self._charge_write_faults(n, blocks)
+        maybe = self._disc_slots
+        segs = [seg for seg in self._segments(int(range_id), int(offset), int(size)) if seg[0] in maybe]
+        if segs:  # the blocks that may hold discarded pages, all at once
+            rows = np.array([seg[0] for seg in segs], dtype=np.intp)
+            cols = np.arange(PAGES_PER_BLOCK)
+            win = (cols >= np.array([seg[1] for seg in segs])[:, None]) & (
+                cols < np.array([seg[2] for seg in segs])[:, None]
+            )
+            disc = self._disc[rows]
+            live = disc & win & self._gpu[rows]
+            per_block = np.count_nonzero(live.reshape(len(segs), -1, PAGES_PER_BIG_PAGE).any(axis=2), axis=1)
+            left = disc & ~win
+            self._disc[rows] = left
+            maybe.difference_update(rows[~left.any(axis=1)].tolist())  # rows now clear
+            n = int(per_block.sum())  # one fault per big page
+            if n:
+                self._charge_write_faults(n, int(np.count_nonzero(per_block)))
         return self._flush_kernel_counters()
 
     def _charge_write_faults(self, n: int, blocks: int) -> None:
@@ -235,7 +248,7 @@ class HintService:
         disc, dup = self._disc[v], self._dup[v]
         if self._hint_arrays:
             self._after_eviction(v, row & ~disc)  # accessed-by processors map the evicted pages
-        if not (disc.any() or dup.any()):  # the plain rule (uvm.py _evict_one)
+        if not ((v in self._disc_slots and disc.any()) or (self._dups_possible and dup.any())):  # the plain rule
             self._cpu_count[v] += n
             if n == self._npages[v]:
                 self._cpu[v] = row
@@ -257,10 +270,17 @@ class HintService:
         return n_wb, len(runs), transfer_time_ns(runs * PAGE_BYTES, self.costs.link_bytes_per_s)
 
     def check_hint_invariants(self) -> str | None:
-        """A broken hint invariant, or None: read duplicates are GPU-resident."""
+        """A broken hint invariant, or None: read duplicates are GPU-resident and only where something makes them;
+        every block with a discarded page is in ``_disc_slots``."""
+        if not self._hinted:
+            return None  # no duplicate or discarded page exists (check_invariants)
         n = self._n_slots
         if (self._dup[:n] & ~self._gpu[:n]).any():
             return "a read duplicate is not GPU-resident"
+        if not self._dups_possible and self._dup.any():
+            return "a read duplicate exists but nothing makes duplicates (_dups_possible)"
+        if not set(np.flatnonzero(self._disc[:n].any(axis=1)).tolist()) <= self._disc_slots:
+            return "a block with discarded pages is missing from _disc_slots"
         return None
 
 

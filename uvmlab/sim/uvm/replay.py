@@ -20,6 +20,7 @@ times its fault stall; a retained copy lasts its transfer time; allocator API co
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -367,6 +368,9 @@ _EXTRA = (
     "cpu_fault_count",
     "collapse_count",
 )
+_FLOAT_COLUMNS = (*_EXTRA, "stall_ns")
+_INTS_OF = operator.attrgetter(*FAULT_COLUMNS)
+_FLOATS_OF = operator.attrgetter(*_FLOAT_COLUMNS)
 
 
 class _Replayer:
@@ -380,8 +384,9 @@ class _Replayer:
         self.mapped: set[int] = set()
         self.api = {"cudaMallocManaged": 0, "cudaFree": 0}
         self.starts, self.ends = np.zeros(n), np.zeros(n)
-        self.cols = {c: np.zeros(n, dtype=np.int64) for c in FAULT_COLUMNS}
-        self.extra = {c: np.zeros(n, dtype=np.float64) for c in (*_EXTRA, "stall_ns")}
+        # each kernel's counters as two tuples (FAULT_COLUMNS, _FLOAT_COLUMNS): columns once at the end (``columns``)
+        self.ints: list[tuple[int, ...]] = [(0,) * len(FAULT_COLUMNS)] * n
+        self.floats: list[tuple[float, ...]] = [(0.0,) * len(_FLOAT_COLUMNS)] * n
         self.reserved = np.zeros(n, dtype=np.int64)
         self.resident = np.zeros(n, dtype=np.int64)
         self.pending = UvmCounters()  # prefetch-on-alloc counters, attributed to the next kernel
@@ -481,13 +486,20 @@ class _Replayer:
         self.starts[i] = self.t
         self.t += dur
         self.ends[i] = self.t
-        for col in FAULT_COLUMNS:
-            self.cols[col][i] = getattr(c, col)
-        for col in self.extra:
-            self.extra[col][i] = getattr(c, col)
+        self.ints[i] = _INTS_OF(c)
+        self.floats[i] = _FLOATS_OF(c)
         self.reserved[i] = sim.mapped_bytes * self.scale
         self.resident[i] = sim.used_bytes * self.scale
         return dur
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The per-kernel counter columns: FAULT_COLUMNS (int64), then the extra ones (float64)."""
+        n = len(self.ints)
+        ints = np.array(self.ints, dtype=np.int64).reshape(n, len(FAULT_COLUMNS))
+        floats = np.array(self.floats, dtype=np.float64).reshape(n, len(_FLOAT_COLUMNS))
+        out = {c: np.ascontiguousarray(ints[:, j]) for j, c in enumerate(FAULT_COLUMNS)}
+        out.update({c: np.ascontiguousarray(floats[:, j]) for j, c in enumerate(_FLOAT_COLUMNS)})
+        return out
 
     def _api_call(self, kind: str, arg: str, rows: list[tuple[int, int, int, bool]]) -> UvmCounters:
         """One ``api`` row (IFACE24.md): ``prefetch`` (``api_arg`` "gpu" or "" / "cpu"), ``advise`` (``api_arg`` one
@@ -651,13 +663,12 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
             "duration_ns": rp.ends - rp.starts,
             "kernel_bytes": st.kernel_bytes,
             "allocated_bytes": st.allocated_bytes,
-            **rp.cols,
-            **rp.extra,
+            **rp.columns(),
             "native_ns": st.native_ns,
             "is_copy": st.is_copy,
             "resident_bytes": rp.resident,
         }
-    )[[*KERNEL_COLUMNS, *rp.extra, "native_ns", "is_copy", "resident_bytes"]]
+    )[[*KERNEL_COLUMNS, *_FLOAT_COLUMNS, "native_ns", "is_copy", "resident_bytes"]]
     memory = pd.DataFrame(
         {
             "time_ns": rp.starts,
