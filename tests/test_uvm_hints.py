@@ -79,6 +79,25 @@ def test_a_read_duplicate_is_evicted_without_write_back() -> None:
     sim.check_invariants()
 
 
+def test_a_direct_read_mostly_call_without_the_knob_is_modelled_in_full() -> None:
+    """``read_mostly_after`` on a simulator built without the knob (and no host access, which would create advice
+    state) turns the duplicate-aware eviction on: the duplicate leaves without a write-back."""
+    sim = _sim(BLOCK)
+    sim.map_range(0, BLOCK)
+    sim.access([(0, 0, BLOCK, True)])
+    sim.map_range(1, BLOCK)
+    sim.access([(1, 0, BLOCK, True)])  # evicts range 0 to the CPU
+    rows = [(0, 0, BLOCK, False)]
+    snap = sim.read_snapshot(rows)
+    sim.access(rows)  # migrates it back: a read duplicate
+    sim.read_mostly_after(snap, rows)
+    assert sim._dup[sim._ranges[0][0]].all()
+    sim.map_range(2, BLOCK)
+    c = sim.access([(2, 0, BLOCK, True)])
+    assert c.eviction_count == 1 and c.dtoh_bytes == 0 and c.writeback_saved_bytes == BLOCK
+    sim.check_invariants()
+
+
 def test_without_read_mostly_the_same_eviction_copies_the_block_back() -> None:
     sim = _sim(BLOCK)
     sim.map_range(0, BLOCK)
@@ -127,6 +146,24 @@ def test_discarded_gpu_pages_are_evicted_without_dtoh_and_come_back_zero_filled(
     sim.undiscard(0, 0, BLOCK)
     back = sim.access([(0, 0, BLOCK, False)])
     assert back.htod_bytes == 0 and back.zero_fill_bytes == BLOCK  # dead data is not migrated back
+    sim.check_invariants()
+
+
+def test_a_discard_without_the_hint_knobs_is_modelled_in_full() -> None:
+    """A direct ``discard`` on a simulator built without ``discard_min_bytes`` turns the discard-aware eviction on:
+    the discarded block leaves without DtoH, and a slot reused after its range is freed holds no stale discard bit
+    (found by tests/test_uvm_block_runs.py's random programs: map, map, discard on a plain simulator)."""
+    sim = _sim(BLOCK)
+    sim.map_range(0, BLOCK)
+    sim.access([(0, 0, BLOCK, True)])
+    assert sim.discard(0, 0, BLOCK) == PAGES
+    sim.map_range(1, BLOCK)
+    c = sim.access([(1, 0, BLOCK, True)])
+    assert c.eviction_count == 1 and c.dtoh_bytes == 0 and c.writeback_saved_bytes == BLOCK
+    sim.discard(1, 0, BLOCK // 2)
+    sim.unmap_range(1)
+    sim.map_range(2, BLOCK)  # reuses range 1's slot
+    assert not sim._disc[sim._ranges[2][0]].any()
     sim.check_invariants()
 
 

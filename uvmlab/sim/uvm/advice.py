@@ -122,7 +122,7 @@ class AdviceService:
             setattr(self, name, np.zeros((n, PAGES_PER_BLOCK), dtype=bool))
         self._hint_arrays = HINT_ARRAYS
         self._pol_any = [False] * len(self._npages)
-        self._hinted = True
+        self._hinted = self._dups_possible = True
 
     def _update_pol_any(self, s: int) -> None:
         """Slot ``s`` takes the policy fault path while it has a policy bit, or a remote GPU mapping left by an

@@ -99,6 +99,10 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm.hints)
         self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
+        """The eviction rule consults read duplicates and discarded pages: on from the knobs, or from the first call
+        that can make them (``discard``, ``read_mostly_after``, cudaMemAdvise / host-access state)."""
+        self._dups_possible = bool(self.knobs.advise_read_mostly)
+        """Read duplicates can exist (the same knobs and calls, uvmlab.sim.uvm.hints): elsewhere ``_dup`` is clear."""
         self.host_page_bytes = max(PAGE_BYTES, int(gpu.host_page_bytes))
         self._g = self.host_page_bytes // PAGE_BYTES  # 4 KiB bitmap pages per host page (the fault unit)
         self.coherent = bool(gpu.coherent)
@@ -242,8 +246,10 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
                 self._cpu_count[s] = 0
             self._slot_range[s] = -1
         self.used_bytes -= freed
-        self._gpu[on_gpu] = False
-        self._cpu[on_cpu] = False
+        if on_gpu:  # an empty fancy index still costs ~2 us (PCA off: ~6,000 unmaps a Whisper-small replay)
+            self._gpu[on_gpu] = False
+        if on_cpu:
+            self._cpu[on_cpu] = False
         rows = slot_list[0] if len(slot_list) == 1 else slots  # basic indexing is faster for the common one block
         # read duplicates and discarded pages exist only under hints (``_hinted``), the policy bitmaps once created
         for name in (*(("_dup", "_disc") if self._hinted else ()), *self._hint_arrays):

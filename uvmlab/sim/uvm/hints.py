@@ -68,15 +68,11 @@ class HintService:
     """The per-tensor hint half of UvmSim (mixed in; uses its bitmaps, per-slot lists, LRM, counters).
 
     State: ``_dup`` (pages whose CPU copy is still valid: read duplicates) and ``_disc`` (discarded pages), both
-    slot x 512 bool like ``_gpu``; ``_hinted`` turns on the eviction rule that consults them. ``_disc_slots`` holds
-    every slot whose ``_disc`` row may have a page (a superset: a speed-up, the rows stay the truth); read
-    duplicates exist only where ``_dups_possible`` says.
+    slot x 512 bool like ``_gpu``; ``_hinted`` turns on the eviction rule that consults them (set by the knobs, or by
+    the first call that can make such pages: a direct ``discard`` or ``read_mostly_after`` without the knobs is
+    modelled in full too). ``_disc_slots`` holds every slot whose ``_disc`` row may have a page (a superset: a
+    speed-up, the rows stay the truth); read duplicates exist only where ``_dups_possible`` says.
     """
-
-    @property
-    def _dups_possible(self) -> bool:
-        """Read duplicates can exist: the read-mostly knob, or cudaMemAdvise / host-access state (its bitmaps)."""
-        return bool(self.knobs.advise_read_mostly or self._hint_arrays)
 
     def remote_access(self, rows: list[Row]) -> tuple[UvmCounters, float]:
         """Accesses to tensors advised preferred-location CPU + accessed-by GPU; return (counters, link ns).
@@ -144,6 +140,7 @@ class HintService:
     def read_mostly_after(self, snapshot: list[tuple[int, int, int, np.ndarray]], rows: list[Row]) -> UvmCounters:
         """After a kernel: pages it migrated from the CPU for a read of a read-mostly tensor are read duplicates;
         then every page the kernel wrote that is a duplicate collapses (write fault, no transfer)."""
+        self._hinted = self._dups_possible = True
         for s, lo, hi, cpu0 in snapshot:
             self._dup[s, lo:hi] |= cpu0 & self._gpu[s, lo:hi]
         n = blocks = 0
@@ -166,6 +163,7 @@ class HintService:
         p1 = (int(offset) + int(size)) // PAGE_BYTES * PAGE_BYTES
         if p1 <= p0:
             return 0
+        self._hinted = True  # evictions now consult the discarded pages
         total = 0
         dups = self._dups_possible
         for s, lo, hi in self._segments(int(range_id), p0, p1 - p0):
