@@ -133,8 +133,12 @@ def test_zero_filled_pages_are_not_duplicates() -> None:
 
 
 # -- discard ---------------------------------------------------------------------------------------------------
-def test_discarded_gpu_pages_are_evicted_without_dtoh_and_come_back_zero_filled() -> None:
-    sim = _sim(BLOCK, discard_min_bytes=MiB)
+@pytest.mark.parametrize("knob", [MiB, 0], ids=["knob", "direct call without the knob"])
+def test_discarded_gpu_pages_are_evicted_without_dtoh_and_come_back_zero_filled(knob: int) -> None:
+    """Also from a direct ``discard`` on a simulator built without ``discard_min_bytes``: it turns the discard-aware
+    eviction on, and a slot reused after its range is freed holds no stale discard bit (the random programs of
+    tests/test_uvm_block_runs.py found that case: map, map, discard on a plain simulator)."""
+    sim = _sim(BLOCK, discard_min_bytes=knob)
     sim.map_range(0, BLOCK)
     sim.access([(0, 0, BLOCK, True)])
     assert sim.discard(0, 0, BLOCK) == PAGES
@@ -146,20 +150,6 @@ def test_discarded_gpu_pages_are_evicted_without_dtoh_and_come_back_zero_filled(
     sim.undiscard(0, 0, BLOCK)
     back = sim.access([(0, 0, BLOCK, False)])
     assert back.htod_bytes == 0 and back.zero_fill_bytes == BLOCK  # dead data is not migrated back
-    sim.check_invariants()
-
-
-def test_a_discard_without_the_hint_knobs_is_modelled_in_full() -> None:
-    """A direct ``discard`` on a simulator built without ``discard_min_bytes`` turns the discard-aware eviction on:
-    the discarded block leaves without DtoH, and a slot reused after its range is freed holds no stale discard bit
-    (found by tests/test_uvm_block_runs.py's random programs: map, map, discard on a plain simulator)."""
-    sim = _sim(BLOCK)
-    sim.map_range(0, BLOCK)
-    sim.access([(0, 0, BLOCK, True)])
-    assert sim.discard(0, 0, BLOCK) == PAGES
-    sim.map_range(1, BLOCK)
-    c = sim.access([(1, 0, BLOCK, True)])
-    assert c.eviction_count == 1 and c.dtoh_bytes == 0 and c.writeback_saved_bytes == BLOCK
     sim.discard(1, 0, BLOCK // 2)
     sim.unmap_range(1)
     sim.map_range(2, BLOCK)  # reuses range 1's slot
