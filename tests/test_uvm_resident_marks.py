@@ -184,3 +184,26 @@ def test_a_partly_touched_block_keeps_its_span_when_it_is_faulted_again(monkeypa
     marked, plain = both_ways(ops, 4, UvmKnobs(prefetch_enable=False), "A100-80GB", monkeypatch)
     assert_same(marked, plain, rel=0)
     assert plain[0][1]["eviction_count"] >= 1 and plain[0][1]["read_fault_count"] == 4 * 512 + 10
+
+
+@pytest.mark.parametrize("span", ["whole", "inner"])
+def test_a_mark_whose_first_block_joins_a_pending_run_is_expanded(span: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-place kernel's pattern (found in AlexNet's ``_foreach_addcdiv_`` at x1.25, PCA off): it reads a new
+    range and writes range 0, entirely resident when the kernel is listed and the least recently migrated. The read
+    stage evicts range 0's first block, so when the write stage reaches the mark that block joins the run path's
+    pending run, and the run's evictions (not yet made) take range 0's next blocks. The mark's other blocks must be
+    visited one by one (each visit ends the run, then finds its block gone), not skipped because they are still
+    resident before the run is committed."""
+    lo, size = (0, 4 * BLOCK) if span == "whole" else (BLOCK // 2, 3 * BLOCK)
+    ops = [
+        ("map", 4 * BLOCK),
+        ("kernel", [(0, 0, 4 * BLOCK, True)]),  # range 0 resident, first in the LRM list
+        ("map", 2 * BLOCK),
+        ("kernel", [(1, 0, 2 * BLOCK, True)]),  # the GPU (6 blocks) is full
+        ("map", BLOCK),
+        ("kernel", [(2, 0, BLOCK, False), (0, lo, size, True)]),
+    ]
+    marked, plain = both_ways(ops, 6, UvmKnobs(prefetch_enable=False), "A100-80GB", monkeypatch)
+    assert_same(marked, plain, rel=0)
+    # range 0's four blocks are each evicted and written again (each refault evicts the next one)
+    assert plain[0][-2]["write_fault_count"] >= 4 * 512 - (0 if span == "whole" else 512)
