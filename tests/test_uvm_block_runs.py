@@ -25,17 +25,20 @@ from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
 MiB = 1 << 20
 BLOCK = 2 * MiB
 
-op = st.one_of(
-    st.tuples(st.just("map"), st.integers(1, 9 * MiB)),
-    st.tuples(st.just("unmap"), st.integers(0, 30)),
-    st.tuples(
-        st.just("kernel"),
-        st.lists(
-            st.tuples(st.integers(0, 30), st.integers(0, 9 * MiB), st.integers(1, 9 * MiB), st.booleans()),
-            min_size=1,
-            max_size=4,
-        ),
+map_op = st.tuples(st.just("map"), st.integers(1, 9 * MiB))
+unmap_op = st.tuples(st.just("unmap"), st.integers(0, 30))
+kernel_op = st.tuples(
+    st.just("kernel"),
+    st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 9 * MiB), st.integers(1, 9 * MiB), st.booleans()),
+        min_size=1,
+        max_size=4,
     ),
+)
+op = st.one_of(
+    map_op,
+    unmap_op,
+    kernel_op,
     st.tuples(st.just("host"), st.integers(0, 30), st.integers(0, 9 * MiB), st.integers(1, 5 * MiB), st.booleans()),
     st.tuples(st.just("prefetch"), st.integers(0, 30), st.integers(0, 9 * MiB), st.integers(1, 9 * MiB)),
     st.tuples(
