@@ -87,8 +87,10 @@ def test_a_driver_setting_already_in_place_says_so(cudart, tmp_path) -> None:
 
 def test_without_a_device_every_policy_is_simulate_only(cudart, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_CUDART_NO_DEVICE", "1")
+    monkeypatch.setenv("FAKE_CUDART_DRIVER_VERSION", "0")  # cudaDriverGetVersion's answer without a driver
     env = probe_env(cudart=cudart, uvm_parameters=tmp_path / "absent", euid=1000)
     assert env.concurrent_managed_access is None and "cudaErrorNoDevice (100)" in env.device_reason
+    assert dict(env_rows(env))["CUDA driver"] == "none installed (cudaDriverGetVersion gives 0)"
     assert all(s == "no" and "uvmlab run --mode sim" in w for _, s, w in policy_marks(env))
     missing = probe_env(cudart=tmp_path / "libcudart.so.13", uvm_parameters=tmp_path / "absent")
     assert missing.runtime_version is None and "cannot load" in missing.device_reason

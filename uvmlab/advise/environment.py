@@ -154,7 +154,12 @@ def env_rows(env: MachineEnv) -> list[tuple[str, str]]:
     shown = ", ".join(f"{k}={v}" for k, v in params.items() if "prefetch" in k or "fault" in k) or "-"
     return [
         ("CUDA runtime", f"{_version(env.runtime_version)} ({env.cudart or 'not found'})"),
-        ("CUDA driver", f"supports up to CUDA {_version(env.driver_version)}"),
+        (
+            "CUDA driver",
+            "none installed (cudaDriverGetVersion gives 0)"
+            if env.driver_version == 0
+            else f"supports up to CUDA {_version(env.driver_version)}",
+        ),
         ("concurrent managed access", "unknown: " + env.device_reason if cma is None else ("yes" if cma else "no")),
         ("compute capability", "unknown" if cc is None else f"{cc[0]}.{cc[1]}"),
         ("nvidia_uvm module", f"loaded, {len(params)} parameters" if env.uvm_loaded else "not loaded"),
