@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from uvmlab.advise.advisor import advise
+from uvmlab.advise.advisor import NOTHING_FASTER, advise
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.files.atomic import atomic_write_text
 from uvmlab.stats.schema import RESULT_LABELS
@@ -45,7 +45,7 @@ def _headline(h: dict) -> str:
     ):
         r = h.get(key)
         what = (
-            "none of the candidates"
+            (NOTHING_FASTER if key == "best_now" else "none of the candidates")
             if r is None
             else (
                 f"{r['policy']} (#{r['rank']}, {r['speedup_vs_given']:.2f}x the job as given; {r['evidence']}; "

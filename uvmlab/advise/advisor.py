@@ -421,9 +421,15 @@ def _notes(table: pd.DataFrame, ss: _Session) -> list[str]:
     return notes
 
 
+NOTHING_FASTER = "nothing is predicted faster than the job as given: keep it"
+"""The headline's words where no row a user can apply now beats the job as given (``best_now`` None)."""
+
+
 def headline(table: pd.DataFrame, given_policy: str = "") -> dict[str, Any]:
-    """The fastest row, the fastest a user can apply now (no root, module reload or code change; the job as given,
-    ``given_policy``, does not count: it changes nothing) and the fastest validated one (rows are in rank order)."""
+    """The fastest row, the fastest a user can apply now (no root, module reload or code change) that is predicted
+    faster than the job as given (``given_policy`` itself does not count: it changes nothing; None when no such row
+    beats it, so that the headline never recommends a slowdown), and the fastest validated one (rows are in rank
+    order)."""
     ok = table[table["outcome"] == "ok"]
 
     def pick(mask: Any) -> dict[str, Any] | None:
@@ -441,7 +447,11 @@ def headline(table: pd.DataFrame, given_policy: str = "") -> dict[str, Any]:
 
     return {
         "fastest": pick(np.ones(len(ok), dtype=bool)),
-        "best_now": pick(ok["apply_now"].astype(bool).to_numpy() & (ok["policy"] != given_policy).to_numpy()),
+        "best_now": pick(
+            ok["apply_now"].astype(bool).to_numpy()
+            & (ok["policy"] != given_policy).to_numpy()
+            & (ok["speedup_vs_given"].to_numpy(dtype=float) > 1.0)
+        ),
         "best_validated": pick((ok["evidence"] == "validated").to_numpy()),
     }
 
