@@ -109,8 +109,9 @@ class ResidentMarks:
 
     def _stage_items(self, touched: dict[int, Any]) -> Iterator[tuple[int, Any]]:
         """``touched.items()`` with each mark replaced (module docstring) when ``_run_stage`` reaches it: its first
-        block as itself (visiting it ends a pending run, whose evictions may take the mark's blocks), then the rest
-        only if pages left the GPU since the listing and these blocks are not all still resident."""
+        block as itself (visiting it ends a pending run, whose evictions may take the mark's blocks, unless the block
+        itself joins that run), then the rest if the first block joined a pending run, or if pages left the GPU
+        since the listing and these blocks are not all still resident."""
         for key, span in touched.items():
             if key >= 0:
                 yield key, span
