@@ -112,3 +112,17 @@ def test_the_cover_rule_covers_95_percent_of_every_data_set(a: list[float], b: l
     assert table["families"]["cnn"]["no_stack"]["cover"] >= 0
     iv = interval(1000 * MiB, "transformer", False, table)  # no data for the family: the widest of all
     assert "no validation data" in iv["source"] and iv["p10_bytes"] <= iv["p90_bytes"]
+
+
+def test_the_shipped_residual_table_is_built_from_every_memory_data_set() -> None:
+    """uvmlab/memory/residuals.json (``tools/memory_residuals.py --write``) must come from every whole-device data set
+    held, every validation row: until 2026-11-28 it held CARMA's 15 rows only, so the MLP family had "no validation
+    data" and took CARMA's CNN cover (+34 %) for every MLP estimate instead of GPUMemNet's own (+1.75 %)."""
+    from uvmlab.memory.intervals import load_table
+
+    fam = load_table()["families"]
+    for stack in ("no_stack", "stack"):
+        assert fam["mlp"][stack]["datasets"] == ["gpumemnet"] and fam["mlp"][stack]["rows"] >= 2000
+        assert fam["mlp"][stack]["source"] == "validation rows of this family"
+        assert {"carma", "xmem"} <= set(fam["cnn"][stack]["datasets"])
+        assert fam["mlp"][stack]["cover"] < fam["cnn"][stack]["cover"]  # GPUMemNet's residuals are the tightest

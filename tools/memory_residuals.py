@@ -48,7 +48,7 @@ def mlp_rows(stride: int) -> list[Row]:
     from uvmlab.memory.estimate import estimate
 
     rows, _ = read_mlp_set(REAL / "memory" / "gpumemnet_mlp_a100")
-    keep = [r for r in rows if r.index == 0 or r.index % stride == 3]
+    keep = [r for r in rows if r.index == 0 or r.index % stride == 3 % stride]  # stride 1: every row
     out = []
     for r in keep:
         est = estimate(r.config(), get_gpu(GPU_NAME), context=context_model(GPU_NAME, "eager"))
