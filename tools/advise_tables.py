@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from uvmlab.advise.advisor import NOTHING_FASTER, advise
+from uvmlab.advise.advisor import advise, headline_lines
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.files.atomic import atomic_write_text
 from uvmlab.stats.schema import RESULT_LABELS
@@ -36,24 +36,8 @@ def _reason(rows: list[dict], given: dict) -> str:
 
 
 def _headline(h: dict) -> str:
-    """The three headline lines of ``uvmlab advise`` (fastest, best applicable now, best validated)."""
-    out = []
-    for key, label in (
-        ("best_now", "best you can apply now (no root, module reload or code change)"),
-        ("best_validated", "best validated on real hardware"),
-        ("fastest", "fastest predicted"),
-    ):
-        r = h.get(key)
-        what = (
-            (NOTHING_FASTER if key == "best_now" else "none of the candidates")
-            if r is None
-            else (
-                f"{r['policy']} (#{r['rank']}, {r['speedup_vs_given']:.2f}x the job as given; {r['evidence']}; "
-                f"needs {', '.join(r['needs']) or 'nothing'})"
-            )
-        )
-        out.append(f"- {label}: {what}\n")
-    return "".join(out) + "\n"
+    """The three headline lines of ``uvmlab advise`` as a Markdown list."""
+    return "".join(f"- {line}\n" for line in headline_lines(h)) + "\n"
 
 
 def main() -> None:

@@ -421,8 +421,31 @@ def _notes(table: pd.DataFrame, ss: _Session) -> list[str]:
     return notes
 
 
+HEADLINE_LABELS = {
+    "best_now": "best you can apply now (no root, module reload or code change)",
+    "best_validated": "best validated on real hardware",
+    "fastest": "fastest predicted",
+}
+"""The headline's lines in order, by :func:`headline` key."""
 NOTHING_FASTER = "nothing is predicted faster than the job as given: keep it"
 """The headline's words where no row a user can apply now beats the job as given (``best_now`` None)."""
+
+
+def headline_lines(h: dict[str, Any]) -> list[str]:
+    """The headline as printed by ``uvmlab advise`` and docs/advise-tables.md: one 'label: policy (#rank, speedup;
+    evidence; needs)' line per :data:`HEADLINE_LABELS` key."""
+    out = []
+    for key, label in HEADLINE_LABELS.items():
+        r = h.get(key)
+        if r is None:
+            what = NOTHING_FASTER if key == "best_now" else "none of the candidates"
+        else:
+            what = (
+                f"{r['policy']} (#{r['rank']}, {r['speedup_vs_given']:.2f}x the job as given; {r['evidence']}; "
+                f"needs {', '.join(r['needs']) or 'nothing'})"
+            )
+        out.append(f"{label}: {what}")
+    return out
 
 
 def headline(table: pd.DataFrame, given_policy: str = "") -> dict[str, Any]:

@@ -165,16 +165,8 @@ def _needs(r: dict[str, Any]) -> str:
     return needs + ("" if r["uvmlab_gpu"] else "; uvmlab cannot apply it on a GPU")
 
 
-def _headline_line(label: str, h: dict[str, Any] | None, none: str = "none of the candidates") -> str:
-    if h is None:
-        return f"{label}: {none}"
-    needs = ", ".join(h["needs"]) or "nothing"
-    speed = f"{h['speedup_vs_given']:.2f}x the job as given"
-    return f"{label}: {h['policy']} (#{h['rank']}), {speed}; {h['evidence']}; needs {needs}"
-
-
 def _print_advice(adv: Any) -> None:
-    from uvmlab.advise.advisor import NOTHING_FASTER
+    from uvmlab.advise.advisor import headline_lines
     from uvmlab.console import note, print_table, say
     from uvmlab.stats.schema import RESULT_LABELS
     from uvmlab.units import format_bytes
@@ -206,14 +198,8 @@ def _print_advice(adv: Any) -> None:
         f"uvmlab advise: {adv.workload} on {adv.gpu}, {format_bytes(adv.available_bytes)} for UVM, "
         f"job as given needs {format_bytes(adv.given_footprint_bytes)} (x{factor:.2f})"
     )
-    h = adv.headline
-    say(
-        _headline_line(
-            "best you can apply now (no root, no module reload, no code change)", h.get("best_now"), NOTHING_FASTER
-        )
-    )
-    say(_headline_line("best validated on real hardware", h.get("best_validated")))
-    say(_headline_line("fastest predicted", h.get("fastest")))
+    for line in headline_lines(adv.headline):
+        say(line)
     print_table(
         title,
         (
