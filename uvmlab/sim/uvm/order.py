@@ -87,6 +87,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
+from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm.reread import GEMM_OPS, sm_count
 from uvmlab.sim.uvm.streams import StreamKernel
@@ -179,12 +180,12 @@ def _col(kern: pd.DataFrame, name: str, default: object) -> np.ndarray:
     return np.full(len(kern), default, dtype=object if isinstance(default, str) else None)
 
 
-def front_threads(gpu_name: str) -> int:
+def front_threads(gpu_name: str | GpuSpec) -> int:
     """Threads resident at once: SMs x :data:`MAX_THREADS_PER_SM` (the front of an elementwise kernel)."""
     return sm_count(gpu_name) * MAX_THREADS_PER_SM
 
 
-def plan_orders(kern: pd.DataFrame, gpu_name: str, knobs: UvmKnobs) -> list[OrderPlan | None]:
+def plan_orders(kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs) -> list[OrderPlan | None]:
     """Per kernel (rows of ``kern`` in replay order): its OrderPlan, or None for address order / tiled / API rows.
 
     Raises InputError for an unknown ``order`` value."""
@@ -255,7 +256,7 @@ def strided_sector_bytes(rows: list[Row], stride_bytes: int) -> float:
     return float(sum(-(-r[2] // stride_bytes) for r in rows) * SECTOR_BYTES)
 
 
-def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int = 1) -> int:
+def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1) -> int:
     """Threads of the launch: the plan's, or (0) derived: ``min(elements / 4, front)`` for an elementwise kernel
     (elements: the largest range's accesses at ``stride_bytes``; ``rows`` at 1/``scale``), the front for others."""
     if plan.threads > 0:
@@ -265,7 +266,7 @@ def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int =
     return max(1, min(front, -(-elems // ELEMS_PER_THREAD)))
 
 
-def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int = 1) -> StreamKernel:
+def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1) -> StreamKernel:
     """The StreamKernel of a planned kernel over its (possibly scaled) rows: ``threads / scale`` streams standing
     for ``scale`` threads each (``tid_stride``)."""
     threads = stream_threads(plan, rows, gpu_name, scale)

@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 
+from uvmlab.gpus import GPUS, GpuSpec
 from uvmlab.trace.orchestrate import op_base
 
 Access = tuple[int, int, int, bool]
@@ -55,25 +56,8 @@ TILE_N = 128
 """CTA tile columns (same source)."""
 CTAS_PER_SM = 1
 """[U] resident CTAs of one 128x128 GEMM tile per SM (register/shared-memory bound; 1-2 on A100)."""
-SM_COUNT = {
-    "A100-80GB": 108,
-    "A100-40GB": 108,
-    "H100-80GB": 132,
-    "H100-PCIe": 114,
-    "H200": 132,
-    "GH200": 132,
-    "L40S": 142,
-    "A6000": 84,
-    "V100-32GB": 80,
-    "V100-16GB": 80,
-    "TitanV": 80,
-    "RTX4090": 128,
-    "RTX5090": 170,
-    "RTX4060": 24,
-    "T4": 40,
-}
-"""Streaming multiprocessors per GPU (NVIDIA datasheets / architecture whitepapers: A100 108, H100 SXM 132, H100 PCIe
-114, GV100 Titan V / V100 80, AD102 RTX 4090 128, GB202 RTX 5090 170, AD107 RTX 4060 24, TU104 T4 40)."""
+SM_COUNT = {name: g.sm_count for name, g in GPUS.items() if g.sm_count}
+"""Streaming multiprocessors per listed GPU (``uvmlab.gpus.GpuSpec.sm_count``: the vendor datasheets)."""
 DEFAULT_SM_COUNT = 108
 """SMs of a GPU not in SM_COUNT (e.g. ``--gpu-memory`` renamed specs): the study's A100."""
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
@@ -85,8 +69,11 @@ their splits by closed heuristics, so this floor is our choice, not measured."""
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
 
 
-def sm_count(gpu_name: str) -> int:
-    """SMs of ``gpu_name`` (a renamed spec such as ``"A100-80GB (40.0 GiB)"`` keeps its base name's count)."""
+def sm_count(gpu_name: str | GpuSpec) -> int:
+    """SMs of a GPU: a spec's own count (a GPU described by the user), else by name (a renamed spec such as
+    ``"A100-80GB (40.0 GiB)"`` keeps its base name's count)."""
+    if isinstance(gpu_name, GpuSpec):
+        return gpu_name.sm_count or SM_COUNT.get(gpu_name.catalog_name, DEFAULT_SM_COUNT)
     return SM_COUNT.get(gpu_name.split(" (")[0], DEFAULT_SM_COUNT)
 
 
@@ -97,7 +84,9 @@ def sweep_passes(mt: int, nt: int, ctas: int) -> int:
     return max(1, min(nt, -(-mt * nt // max(1, ctas))))
 
 
-def occupancy(flops: np.ndarray, out_bytes: np.ndarray, gemm: np.ndarray, dtype: str, gpu_name: str) -> np.ndarray:
+def occupancy(
+    flops: np.ndarray, out_bytes: np.ndarray, gemm: np.ndarray, dtype: str, gpu_name: str | GpuSpec
+) -> np.ndarray:
     """Share of the GPU's compute a GEMM-like kernel can use: its parallel work units over the SMs, at most 1.
 
     Units = output tiles (``TILE_M x TILE_N`` elements of its written bytes) x split-K slices, where a kernel with
@@ -231,7 +220,9 @@ def _conv_backward(rows: list[Access], flops: float, e: int, ctas: int) -> list[
 _RULES = {"mm": _mm, "addmm": _mm, "convolution": _conv, "convolution_backward": _conv_backward}
 
 
-def gemm_passes(name: str, rows: list[Access], flops: float, dtype: str, gpu_name: str) -> list[list[Access]] | None:
+def gemm_passes(
+    name: str, rows: list[Access], flops: float, dtype: str, gpu_name: str | GpuSpec
+) -> list[list[Access]] | None:
     """The kernel's accesses as the passes its tiled GEMM makes (module docstring), or None (one pass)."""
     rule = _RULES.get(op_base(name))
     e = ELEM_BYTES.get(dtype)
