@@ -30,6 +30,7 @@ training trace. On a GPU the same calls go to a :class:`ProgramBackend` that iss
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -173,7 +174,7 @@ class Program:
         self.current_stream = 0
         self._streams = 0
         self._events = 0
-        self._indices = 0
+        self._index_keys: dict[str, str] = {}  # sha256 of index rows -> their key in the trace header
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def iterations(self, n: int | None = None) -> Iterator[int]:
@@ -454,10 +455,12 @@ class Program:
                 raise InputError(
                     f"uvm.kernel {name!r}: index rows must lie in [0, {n_rows}) (the indexed tensor's rows)"
                 )
-            self._indices += 1
-            key = str(self._indices)
-            if self._recorder is not None:
-                self._recorder.index_arrays[key] = encode_rows(np.asarray(rows))
+            digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
+            key = self._index_keys.get(digest)
+            if key is None:  # the same rows in every iteration are kept once
+                key = self._index_keys[digest] = str(len(self._index_keys) + 1)
+                if self._recorder is not None:
+                    self._recorder.index_arrays[key] = encode_rows(np.asarray(rows))
             head, count = f"rows:{key}", int(rows.size)
         else:
             head = index

@@ -13,8 +13,9 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     (``torch.backends.cuda.matmul.allow_tf32`` defaults to False since PyTorch 1.12: "TensorFloat-32 (TF32) on
     Ampere (and later) devices", PyTorch CUDA semantics notes); FP64 at the FP64 peak (tensor cores on A100/H100).
     ``occupancy`` is the one-wave share of the SMs a small GEMM fills (``uvmlab.sim.uvm.reread.occupancy``).
-``memory``
-    Every other kernel: its bytes at ``hbm x memory_efficiency``, or its FLOPs at ``fp32 x compute_efficiency``.
+``memory`` / ``compute``
+    Every other kernel: its bytes at ``hbm x memory_efficiency``, or its FLOPs at ``fp32 x compute_efficiency``
+    when that is longer (then class ``compute``).
 ``sector``
     A strided stream whose every access is a lone 32 B sector in its own page: bytes at ``sector_memory_efficiency``
     (the RTX 5090 profile's fit, uvmlab.sim.uvm.order).
@@ -32,7 +33,8 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     grid of mostly idle threads).
 ``declared``
     A program kernel that says its time (``uvm.kernel(..., native_ms=...)``): that time. A program kernel that says
-    its efficiency (``efficiency=...``) takes it in place of its class's efficiency.
+    its efficiency (``efficiency=...``) takes it in place of its class's: of the FP32 peak (of the GEMM unit's, class
+    ``gemm``) when it has FLOPs, else of the DRAM bandwidth.
 
 The class of every kernel is in the kernels table (``kernel_class``) so that ``uvmlab calibrate --kernels`` and a
 reader of a run can see which rule timed it. Approximations (docs/uvm-sim.md "Native kernel time by class"): GEMM
@@ -53,8 +55,11 @@ from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.orchestrate import op_base
 
-CLASSES = ("gemm", "memory", "sector", "index", "serial", "launch", "declared", "api")
-"""Kernel classes (module docstring); ``api``: a CUDA API call or host access between kernels (no native time)."""
+CLASSES = ("gemm", "memory", "compute", "sector", "index", "serial", "launch", "declared", "copy", "host", "api")
+"""Kernel classes (module docstring); ``copy``: an explicit ``cudaMemcpy`` (its link time, set by the replay);
+``host``: the host's own work; ``api``: a CUDA API call or host access between kernels (no native time)."""
+API_CLASSES = {"memcpy_htod": "copy", "memcpy_dtoh": "copy", "host": "host", "host_async": "host"}
+"""The class of an ``api`` row whose native time the replay sets (uvmlab.sim.uvm.replay)."""
 GEMM_NATIVE_OPS = frozenset(
     {
         "mm",
@@ -178,7 +183,7 @@ def classify(work: KernelWork) -> list[str]:
     out = []
     for i, name in enumerate(work.names):
         if work.api[i]:
-            out.append("api")
+            out.append(API_CLASSES.get(work.api[i], "api"))
         elif np.isfinite(work.native_ns[i]):
             out.append("declared")
         elif op_base(name) in GEMM_NATIVE_OPS and work.flops[i] > 0:
@@ -197,50 +202,62 @@ def native_times(
 ) -> tuple[np.ndarray, list[str]]:
     """(native ns, class) of every kernel (module docstring); API rows get 0. The class is the rule that set the
     time: a kernel whose launch floor or CTA dispatch bound is the longest is ``launch``, one whose warps cannot
-    keep the DRAM busy is ``serial``."""
+    keep the DRAM busy is ``serial``, a non-GEMM kernel whose FLOPs bound it is ``compute``. Vectorised: a training
+    trace has tens of thousands of kernels."""
     costs = costs.for_gpu(gpu)
-    classes = classify(work)
-    t = np.zeros(len(classes))
+    cls = np.array(classify(work), dtype=object)
+    n = len(cls)
+    flops = np.asarray(work.flops, dtype=float)
+    nbytes = np.asarray(work.nbytes, dtype=float)
+    threads = np.asarray(work.threads, dtype=np.int64)
+    given = np.asarray(work.efficiency, dtype=float)
+    has_eff = np.isfinite(given) & (given > 0)
     hbm = gpu.hbm_bytes_per_s
-    for i, cls in enumerate(classes):
-        if cls == "api":
-            continue
-        if cls == "declared":
-            t[i] = float(work.native_ns[i])
-            continue
-        given = float(work.efficiency[i])
-        has_eff = bool(np.isfinite(given) and given > 0)
-        flops, nbytes = float(work.flops[i]), float(work.nbytes[i])
-        threads = int(work.threads[i])
-        if cls == "gemm":
-            eff = given if has_eff else costs.gemm_efficiency
-            occ = max(float(work.occupancy[i]), 1e-9)
-            peak = math_peak(gpu, work.dtypes[i] or run_dtype, op_base(work.names[i]))
-            compute = flops / (peak * eff * occ) if flops > 0 else 0.0
-            ns = max(compute, nbytes / (hbm * costs.memory_efficiency)) * 1e9
-        else:
-            mem_eff = {
-                "sector": costs.sector_memory_efficiency or costs.memory_efficiency,
-                "index": costs.index_memory_efficiency or costs.memory_efficiency,
-            }.get(cls, costs.memory_efficiency)
-            comp_eff = costs.compute_efficiency
-            if has_eff:  # a declared efficiency: the share of peak of whichever bound the kernel has
-                mem_eff = comp_eff = given
-            rate = hbm * mem_eff
-            if threads > 0 and costs.warp_trip_ns > 0:
-                cap = serial_rate(threads, gpu, costs, scattered=cls in ("sector", "index"))
-                if cap < rate:
-                    rate, cls = cap, "serial"
-            compute = flops / (gpu.fp32_flops * comp_eff) if flops > 0 else 0.0
-            ns = max(compute, nbytes / rate) * 1e9
-        floor = costs.kernel_min_ns
-        if threads > 0 and costs.cta_dispatch_ns > 0:
-            ctas = -(-threads // DEFAULT_BLOCK_THREADS)
-            floor = max(floor, -(-ctas // gpu.sms) * costs.cta_dispatch_ns)
-        if floor > ns:
-            ns, cls = floor, "launch"
-        t[i], classes[i] = ns, cls
-    return t, classes
+    mem = float(costs.memory_efficiency or 1.0)
+    t = np.zeros(n)
+    timed = ~np.isin(cls, ("api", "copy", "host", "declared"))
+    # GEMMs: FLOPs at the math unit's peak x efficiency x occupancy, or their bytes
+    gemm = cls == "gemm"
+    if gemm.any():
+        peak = np.array(
+            [math_peak(gpu, work.dtypes[i] or run_dtype, op_base(work.names[i])) for i in np.flatnonzero(gemm)]
+        )
+        eff = np.where(has_eff[gemm], given[gemm], costs.gemm_efficiency)
+        occ = np.maximum(np.asarray(work.occupancy, dtype=float)[gemm], 1e-9)
+        compute = np.where(flops[gemm] > 0, flops[gemm] / (peak * eff * occ), 0.0)
+        t[gemm] = np.maximum(compute, nbytes[gemm] / (hbm * mem)) * 1e9
+    # the rest: bytes at the class's share of the DRAM, or FLOPs at the FP32 peak; declared launches: serial cap
+    rest = timed & ~gemm
+    if rest.any():
+        mem_eff = np.full(n, mem)
+        mem_eff[cls == "sector"] = costs.sector_memory_efficiency or mem
+        mem_eff[cls == "index"] = costs.index_memory_efficiency or mem
+        comp_eff = np.full(n, costs.compute_efficiency)
+        comp_eff = np.where(has_eff & (flops > 0), given, comp_eff)
+        mem_eff = np.where(has_eff & ~(flops > 0), given, mem_eff)
+        rate = hbm * mem_eff
+        if costs.warp_trip_ns > 0:
+            for i in np.flatnonzero(rest & (threads > 0)):
+                cap = serial_rate(int(threads[i]), gpu, costs, scattered=cls[i] in ("sector", "index"))
+                if cap < rate[i]:
+                    rate[i], cls[i] = cap, "serial"
+        with np.errstate(divide="ignore", invalid="ignore"):
+            compute = np.where(flops > 0, flops / (gpu.fp32_flops * comp_eff), 0.0)
+            memory = nbytes / rate
+        cls[rest & (compute > memory)] = "compute"
+        t[rest] = np.maximum(compute, memory)[rest] * 1e9
+    # the launch floor and, for a declared launch, the CTA dispatch bound
+    floor = np.where(timed, costs.kernel_min_ns, 0.0)
+    if costs.cta_dispatch_ns > 0:
+        ctas = -(-threads // DEFAULT_BLOCK_THREADS)
+        cta = np.where(timed & (threads > 0), -(-ctas // gpu.sms) * costs.cta_dispatch_ns, 0.0)
+        floor = np.maximum(floor, cta)
+    low = timed & (floor > t)
+    t[low] = floor[low]
+    cls[low] = "launch"
+    declared = cls == "declared"
+    t[declared] = np.asarray(work.native_ns, dtype=float)[declared]
+    return t, [str(c) for c in cls]
 
 
 def serial_rate(threads: int, gpu: GpuSpec, costs: CostParams, scattered: bool = False) -> float:

@@ -80,7 +80,7 @@ torch) scales.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.index_order import draw_rows, parse_spec, thread_page_visits
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm.reread import GEMM_OPS, sm_count
 from uvmlab.sim.uvm.streams import StreamKernel
@@ -164,6 +165,11 @@ class OrderPlan:
     stride_bytes: int
     seed: int
     derived: bool = False
+    index_rows: np.ndarray | None = field(default=None, compare=False)
+    """A gather / scatter with a declared index (trace column ``index``, uvmlab.sim.uvm.index_order): the row each
+    lookup visits, in lookup order; None: the seeded uniform permutation."""
+    table_rows: int = 0
+    """The indexed operand's rows (with ``index_rows``)."""
 
     @property
     def streams(self) -> bool:
@@ -185,8 +191,11 @@ def front_threads(gpu_name: str | GpuSpec) -> int:
     return sm_count(gpu_name) * MAX_THREADS_PER_SM
 
 
-def plan_orders(kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs) -> list[OrderPlan | None]:
+def plan_orders(
+    kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs, indices: dict[str, Any] | None = None
+) -> list[OrderPlan | None]:
     """Per kernel (rows of ``kern`` in replay order): its OrderPlan, or None for address order / tiled / API rows.
+    ``indices``: the trace header's ``kernel_indices`` (explicit index rows of declared gathers and scatters).
 
     Raises InputError for an unknown ``order`` value."""
     names = kern["name"].astype(str).tolist()
@@ -196,6 +205,7 @@ def plan_orders(kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs) ->
     warp = _col(kern, "warp_size", 0).astype(np.int64)
     stride = _col(kern, "stride_bytes", 0).astype(np.int64)
     seed = _col(kern, "seed", 0).astype(np.int64)
+    index = [str(x) for x in _col(kern, "index", "")]
     kid = kern["kernel_id"].to_numpy(dtype=np.int64)
     front = front_threads(gpu_name)
     out: list[OrderPlan | None] = []
@@ -210,7 +220,11 @@ def plan_orders(kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs) ->
         st = int(stride[i]) or PAGE_BYTES
         if o in STREAM_ORDERS or o in ("gather", "scatter"):
             plan_order = STREAM_ORDERS.get(o, o)
-            out.append(OrderPlan(plan_order, int(threads[i]), w, st, int(seed[i])))
+            rows, table = None, 0
+            if index[i] and o in ("gather", "scatter"):
+                spec = parse_spec(index[i])
+                rows, table = draw_rows(spec, int(seed[i]), indices), spec.rows
+            out.append(OrderPlan(plan_order, int(threads[i]), w, st, int(seed[i]), index_rows=rows, table_rows=table))
             continue
         if o or not knobs.derived_orders:  # address, tiled, or derivation off
             out.append(None)
@@ -275,9 +289,15 @@ def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, sca
         n = min(n, max(1, max((-(-r[2] // PAGE_BYTES) for r in rows), default=1)))
     order = plan.order
     acc_orders: tuple[str, ...] = ()
+    visits: tuple[np.ndarray | None, ...] = ()
     if order in ("gather", "scatter"):
-        acc_orders = tuple("shuffled" if x else "sequential" for x in indexed_rows(plan, rows))
+        indexed = indexed_rows(plan, rows)
+        acc_orders = tuple("shuffled" if x else "sequential" for x in indexed)
         order = "sequential"
+        if plan.index_rows is not None:  # the declared index: each thread's share of the lookups, in order
+            visits = tuple(
+                _index_visits(plan, r[2], n, scale) if x else None for r, x in zip(rows, indexed, strict=True)
+            )
     stride = plan.stride_bytes if order == "sequential" else PAGE_BYTES
     return StreamKernel(
         tuple(rows),
@@ -288,7 +308,17 @@ def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, sca
         tid_stride=scale,
         warp_size=plan.warp_size,
         access_orders=acc_orders,
+        access_visits=visits,
     )
+
+
+def _index_visits(plan: OrderPlan, size: int, n: int, scale: int) -> np.ndarray:
+    """(n, steps) pages of the indexed operand (its access of ``size`` bytes, at 1/``scale``) each of ``n`` sampled
+    threads visits: the declared index's lookups dealt to ``n x scale`` threads, every ``scale``-th kept
+    (uvmlab.sim.uvm.index_order.thread_page_visits)."""
+    assert plan.index_rows is not None
+    row_bytes = size / max(1, plan.table_rows)
+    return thread_page_visits(plan.index_rows, row_bytes, n * scale, PAGE_BYTES)[::scale][:n]
 
 
 # -- scaled replay ---------------------------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def kernel_statics(
     flops = kern["flops"].to_numpy(dtype=float)
     gemm = np.array([op_base(n) in GEMM_NATIVE_OPS for n in names], dtype=bool)
     occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu)
-    plans = plan_orders(kern, gpu, knobs or UvmKnobs())
+    plans = plan_orders(kern, gpu, knobs or UvmKnobs(), trace.header.get("kernel_indices"))
     sector = _order_bytes(plans, acc, touched_b, remote_scale, kern)
     native_ns, classes = native_times(work_of(kern, flops, touched_b, occ, sector, plans), gpu, costs, dtype)
     live = trace.live_bytes()
