@@ -97,7 +97,10 @@ def test_a_gpu_file_and_gpu_set_describe_the_gpu(tmp_path: Path) -> None:
     r, _, _ = run(tmp_path, "device_memory", "-n", "2", "--gpu", str(GPU_FILE))
     spec = r["gpu_spec"]
     assert (spec["name"], spec["sm_count"], spec["hbm_bytes_per_s"], spec["memory"]) == (
-        "RTX4060Ti-16GB", 34, 288e9, 16 << 30
+        "RTX4060Ti-16GB",
+        34,
+        288e9,
+        16 << 30,
     )
     assert (spec["link"], spec["driver"], spec["memory_kind"]) == ("PCIe 4.0 x8", "550.54.15", "GDDR")
     r2, _, _ = run(tmp_path, "device_memory", "-n", "2", "--gpu", str(GPU_FILE), "--gpu-set", "hbm_bytes_per_s=576e9")
@@ -192,7 +195,9 @@ def test_gather_index_rows_from_a_tensor_and_a_file(tmp_path: Path) -> None:
     np.save(npy, rows)
     r_file, _, _ = run(tmp_path, "gather_index", "-n", "2", "--option", f"index={npy}")
     assert r_rows["outcome"] == r_file["outcome"] == "ok"
-    assert main(["trace", str(EXAMPLES / "gather_index.py"), "--option", f"index={npy}", "-o", str(tmp_path / "t")]) == 0
+    assert (
+        main(["trace", str(EXAMPLES / "gather_index.py"), "--option", f"index={npy}", "-o", str(tmp_path / "t")]) == 0
+    )
     from uvmlab.trace.schema import read_trace
 
     tr = read_trace(tmp_path / "t")
@@ -208,3 +213,22 @@ def test_bad_index_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["run", f, "--mode", "sim", "--option", f"index={bad}", "-o", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "pareto" in err and "index rows must lie" in err
+
+
+def test_a_gpu_backend_without_stream_support_refuses_in_one_sentence() -> None:
+    """On a GPU whose backend cannot issue them, the new calls are refused (exit 2), not silently serialised."""
+    from uvmlab.config import WorkloadConfig
+    from uvmlab.errors import UnavailableError
+    from workloads.program import Program
+
+    class OldBackend:  # a backend with only the original methods
+        def host_access(self, *a: object) -> None: ...
+        def prefetch(self, *a: object) -> None: ...
+        def advise(self, *a: object) -> None: ...
+        def kernel(self, *a: object) -> None: ...
+        def prefetch_new_allocations(self, *a: object) -> None: ...
+
+    uvm = Program("meta", WorkloadConfig(str(EXAMPLES / "device_memory.py")), backend=OldBackend())
+    for call in (uvm.stream, lambda: uvm.device_empty(16)):
+        with pytest.raises(UnavailableError, match="not issued on this GPU path"):
+            call()

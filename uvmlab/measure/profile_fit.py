@@ -336,7 +336,7 @@ def derive_profile(
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]
-                if x.endswith(("fault_scale", "prefetch_first_block_ns", "collapse_page_ns"))
+                if any(k in x.rsplit("->", 1)[-1] for k in ("fault_scale", "prefetch_first_block", "collapse"))
             ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
