@@ -19,7 +19,9 @@ Every stream a program creates is non-blocking, as PyTorch's are (``c10/cuda/CUD
 The UVM state is still changed in trace (issue) order: a prefetch on stream 1 issued before a kernel on stream 0
 has migrated its pages when that kernel runs, whatever their times. Approximations (docs/uvm-sim.md "Streams and
 events"): two streams' transfers do not share the link's bandwidth (a prefetch overlapping a faulting kernel is
-charged as if each had the link), and kernels on two streams do not share the SMs (each runs at its native time).
+charged as if each had the link), kernels on two streams do not share the SMs (each runs at its native time), and
+a tensor allocated inside ``uvm.stream()`` is placed as on the default stream (the caching allocator's per-stream
+pools are not modelled).
 """
 
 from __future__ import annotations
