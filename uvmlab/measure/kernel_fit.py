@@ -262,7 +262,7 @@ def _implied(m: Measured, costs: CostParams) -> tuple[float | None, str]:
     if not t > 0:
         return None, "no usable launch"
     if cls == "gemm":
-        peak = math_peak(g, w.dtype, "mm")
+        peak = math_peak(g, w.dtype)
         if not peak > 0:
             return None, f"the FLOP rate of {g.name} is unknown"
         v = w.flops / (peak * t * 1e-9)

@@ -5,14 +5,21 @@ too fast; every slowdown inherits that error through its denominator. Each kerne
 class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, every one with its source):
 
 ``gemm``
-    A GEMM-like library kernel (:data:`GEMM_NATIVE_OPS`: cuBLAS / cuBLASLt matmuls, cuDNN convolutions, the SDPA
+    A GEMM-like library kernel (:data:`GEMM_NATIVE_OPS` but the convolutions: cuBLAS / cuBLASLt matmuls, the SDPA
     kernels, their in-place and ``out=`` forms) with FLOPs: ``flops / (peak x gemm_efficiency x occupancy)``, or its
     bytes at the DRAM rate when that is slower. ``peak`` is the math unit the library picks for the kernel's dtype
-    (:func:`math_peak`): BF16/FP16 tensor cores; FP32 convolutions on TF32 tensor cores from Ampere on
-    (``torch.backends.cudnn.allow_tf32`` defaults to True); FP32 matmuls on the FP32 units
-    (``torch.backends.cuda.matmul.allow_tf32`` defaults to False since PyTorch 1.12: "TensorFloat-32 (TF32) on
-    Ampere (and later) devices", PyTorch CUDA semantics notes); FP64 at the FP64 peak (tensor cores on A100/H100).
+    (:func:`math_peak`): BF16/FP16 tensor cores; FP32 on the FP32 units (``torch.backends.cuda.matmul.allow_tf32``
+    defaults to False since PyTorch 1.12: "TensorFloat-32 (TF32) on Ampere (and later) devices", PyTorch CUDA
+    semantics notes); FP64 at the FP64 peak (tensor cores on A100/H100).
     ``occupancy`` is the one-wave share of the SMs a small GEMM fills (``uvmlab.sim.uvm.reread.occupancy``).
+``conv``
+    A cuDNN convolution (:data:`CONV_OPS`) with FLOPs: the same rule at the same unit (:func:`math_peak`), at
+    ``compute_efficiency`` (the roofline efficiency every kernel had before these classes) [A]. Real cuDNN forward
+    convolutions (rai-project/dlperf, cuDNN 7.6.3, FP32 without tensor ops, V100 and T4 at batch 8/16/32:
+    ``benchmarks/conv_native_table.py``) reach 0.28-0.56 of the FP32 peak for 1x1 filters and 0.73-1.70 for 3x3
+    filters (Winograd and FFT algorithms do fewer multiplications than the nominal FLOPs); no one efficiency fits
+    both, and no TF32 convolution (``torch.backends.cudnn.allow_tf32``, on by default from Ampere on) has been timed
+    here, so FP32 convolutions stay on the FP32 units at ``compute_efficiency`` (docs/uvm-sim.md).
 ``memory`` / ``compute``
     Every other kernel: its bytes at ``hbm x memory_efficiency``, or its FLOPs at ``fp32 x compute_efficiency``
     when that is longer (then class ``compute``).
@@ -33,8 +40,8 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     grid of mostly idle threads).
 ``declared``
     A program kernel that says its time (``uvm.kernel(..., native_ms=...)``): that time. A program kernel that says
-    its efficiency (``efficiency=...``) takes it in place of its class's: of the FP32 peak (of the GEMM unit's, class
-    ``gemm``) when it has FLOPs, else of the DRAM bandwidth.
+    its efficiency (``efficiency=...``) takes it in place of its class's: of the FP32 peak (of the math unit's,
+    classes ``gemm`` and ``conv``) when it has FLOPs, else of the DRAM bandwidth.
 
 The class of every kernel is in the kernels table (``kernel_class``) so that ``uvmlab calibrate --kernels`` and a
 reader of a run can see which rule timed it. Approximations (docs/uvm-sim.md "Native kernel time by class"): GEMM
@@ -55,7 +62,8 @@ from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.orchestrate import op_base
 
-CLASSES = ("gemm", "memory", "compute", "sector", "index", "serial", "launch", "declared", "copy", "host", "api")
+CLASSES = ("gemm", "conv", "memory", "compute", "sector", "index", "serial", "launch", "declared", "copy", "host",
+           "api")  # fmt: skip
 """Kernel classes (module docstring); ``copy``: an explicit ``cudaMemcpy`` (its link time, set by the replay);
 ``host``: the host's own work; ``api``: a CUDA API call or host access between kernels (no native time)."""
 API_CLASSES = {"memcpy_htod": "copy", "memcpy_dtoh": "copy", "host": "host", "host_async": "host"}
@@ -96,7 +104,7 @@ GEMM_NATIVE_OPS = frozenset(
 (``mm.out`` and ``addmm_`` are the ``mm`` / ``addmm_`` names; uvmlab.trace.flops counts their FLOPs)."""
 CONV_OPS = frozenset({"convolution", "_convolution", "convolution_overrideable", "cudnn_convolution",
                       "convolution_backward"})  # fmt: skip
-"""cuDNN convolutions: FP32 ones run on TF32 tensor cores from Ampere on (``torch.backends.cudnn.allow_tf32``)."""
+"""cuDNN convolutions: class ``conv``, at ``compute_efficiency`` (module docstring)."""
 DTYPES = ("fp32", "bf16", "fp16", "fp64", "tf32")
 """Kernel dtypes the class rules know (the trace's optional ``dtype`` column; "" = the run's)."""
 WARP_LANES = 32
@@ -166,13 +174,14 @@ def work_of(
     )
 
 
-def math_peak(gpu: GpuSpec, dtype: str, op: str) -> float:
-    """FLOP/s of the math unit a library GEMM of ``dtype`` runs on (module docstring, class ``gemm``)."""
+def math_peak(gpu: GpuSpec, dtype: str) -> float:
+    """FLOP/s of the math unit a library GEMM or convolution of ``dtype`` runs on (module docstring, classes
+    ``gemm`` and ``conv``): FP32 on the FP32 units, TF32 only when the kernel says so (dtype ``tf32``)."""
     if dtype in ("bf16", "fp16"):
         return gpu.tensor_flops
     if dtype == "fp64":
         return gpu.fp64_peak
-    if dtype == "tf32" or (dtype == "fp32" and op in CONV_OPS and gpu.tf32_flops > 0):
+    if dtype == "tf32":
         return gpu.tf32_flops or gpu.fp32_flops
     return gpu.fp32_flops
 
@@ -186,6 +195,8 @@ def classify(work: KernelWork) -> list[str]:
             out.append(API_CLASSES.get(work.api[i], "api"))
         elif np.isfinite(work.native_ns[i]):
             out.append("declared")
+        elif op_base(name) in CONV_OPS and work.flops[i] > 0:
+            out.append("conv")
         elif op_base(name) in GEMM_NATIVE_OPS and work.flops[i] > 0:
             out.append("gemm")
         elif work.index[i]:
@@ -216,13 +227,12 @@ def native_times(
     mem = float(costs.memory_efficiency or 1.0)
     t = np.zeros(n)
     timed = ~np.isin(cls, ("api", "copy", "host", "declared"))
-    # GEMMs: FLOPs at the math unit's peak x efficiency x occupancy, or their bytes
-    gemm = cls == "gemm"
+    # GEMMs and convolutions: FLOPs at the math unit's peak x efficiency x occupancy, or their bytes
+    gemm = np.isin(cls, ("gemm", "conv"))
     if gemm.any():
-        peak = np.array(
-            [math_peak(gpu, work.dtypes[i] or run_dtype, op_base(work.names[i])) for i in np.flatnonzero(gemm)]
-        )
-        eff = np.where(has_eff[gemm], given[gemm], costs.gemm_efficiency)
+        peak = np.array([math_peak(gpu, work.dtypes[i] or run_dtype) for i in np.flatnonzero(gemm)])
+        class_eff = np.where(cls[gemm] == "conv", costs.compute_efficiency, costs.gemm_efficiency)
+        eff = np.where(has_eff[gemm], given[gemm], class_eff)
         occ = np.maximum(np.asarray(work.occupancy, dtype=float)[gemm], 1e-9)
         compute = np.where(flops[gemm] > 0, flops[gemm] / (peak * eff * occ), 0.0)
         t[gemm] = np.maximum(compute, nbytes[gemm] / (hbm * mem)) * 1e9
