@@ -68,7 +68,7 @@ def test_gemm_math_unit_follows_pytorch_defaults() -> None:
 def test_convolution_is_its_own_class_at_compute_efficiency() -> None:
     """A cuDNN convolution is class conv: FP32 on the FP32 units at compute_efficiency (0.5), as the single roofline
     timed it, not on TF32 tensor cores at the GEMM efficiency (12.8x faster on an A100, which moved the seed grid
-    away from the study; real cuDNN layers reach 0.28-1.70 of the FP32 peak, benchmarks/conv_native_table.py)."""
+    away from the study; real cuDNN layers reach 0.28-1.70 of the FP32 peak, benchmarks/cudnn_layer_native_table.py)."""
     flops = 1e12
     t, cls = one(work(names=["aten::convolution_backward"], flops=flops, nbytes=1e6))
     assert cls == "conv"
@@ -196,14 +196,16 @@ def test_a_gpu_from_an_export_takes_its_bandwidth_and_sms(nsys_dir: Path) -> Non
     assert get_gpu("A100-80GB").sm_count == 108
 
 
-def test_conv_rule_against_real_cudnn_layers(real_data: Path) -> None:
-    """The conv class against 220 real cuDNN forward layers (V100 and T4, batch 8/16/32): compute_efficiency centres
-    the per-layer error (median within 1.25x), while one efficiency fitted on the declared subset (batch 16) does
-    worse on the held-out batches (the 3x3 Winograd layers and the 1x1 layers need different shares)."""
+def test_class_rules_against_real_cudnn_layers(real_data: Path) -> None:
+    """The classes against 634 real cuDNN / cuBLAS forward layers (V100 and T4, batch 8/16/32,
+    benchmarks/cudnn_layer_native_table.py). Convolutions: compute_efficiency centres the per-layer error (median
+    within 1.25x), while one efficiency fitted on the declared subset (batch 16) does worse on the held-out batches
+    (3x3 Winograd layers and 1x1 layers need different shares). Streams: ReLU, pooling and tensor adds at the memory
+    kind's share (HBM 0.896 on the V100, GDDR 0.624 on the T4) within 1.25x (median)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "conv_native_table.py"
-    spec = importlib.util.spec_from_file_location("conv_native_table_t", path)
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "cudnn_layer_native_table.py"
+    spec = importlib.util.spec_from_file_location("cudnn_layer_native_table_t", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -211,10 +213,14 @@ def test_conv_rule_against_real_cudnn_layers(real_data: Path) -> None:
     if not root.is_dir():
         pytest.skip("../shared/real-data/cudnn/rai-project_dlperf absent")
     layers = mod.read_layers(root)
-    assert len(layers) == 220
+    assert len(layers) == 634 and len(mod.convolutions(layers)) == 220
     shares = mod.peak_shares(layers)
     assert shares.loc[("V100-16GB", "3x3"), "flop_weighted"] > 1.0 > shares.loc[("V100-16GB", "1x1"), "flop_weighted"]
     fit = mod.fitted_efficiency(layers)
     table = mod.rule_errors(layers, {"default": None, "fitted": min(fit, 1.0)}).set_index("rule")
     assert 0.8 < table.loc["default", "layer median"] < 1.25
     assert table.loc["fitted", "within 1.5x"] < table.loc["default", "within 1.5x"]
+    streams = mod.class_errors(layers)
+    for gpu in ("V100-16GB", "T4"):
+        for kind in ("relu", "pool", "add"):
+            assert 0.8 < streams.loc[(gpu, kind), "median ratio"] < 1.25, (gpu, kind)

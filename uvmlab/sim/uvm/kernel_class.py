@@ -16,7 +16,7 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     A cuDNN convolution (:data:`CONV_OPS`) with FLOPs: the same rule at the same unit (:func:`math_peak`), at
     ``compute_efficiency`` (the roofline efficiency every kernel had before these classes) [A]. Real cuDNN forward
     convolutions (rai-project/dlperf, cuDNN 7.6.3, FP32 without tensor ops, V100 and T4 at batch 8/16/32:
-    ``benchmarks/conv_native_table.py``) reach 0.28-0.56 of the FP32 peak for 1x1 filters and 0.73-1.70 for 3x3
+    ``benchmarks/cudnn_layer_native_table.py``) reach 0.28-0.56 of the FP32 peak for 1x1 filters and 0.73-1.70 for 3x3
     filters (Winograd and FFT algorithms do fewer multiplications than the nominal FLOPs); no one efficiency fits
     both, and no TF32 convolution (``torch.backends.cudnn.allow_tf32``, on by default from Ampere on) has been timed
     here, so FP32 convolutions stay on the FP32 units at ``compute_efficiency`` (docs/uvm-sim.md).
@@ -45,7 +45,8 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
 
 The class of every kernel is in the kernels table (``kernel_class``) so that ``uvmlab calibrate --kernels`` and a
 reader of a run can see which rule timed it. Approximations (docs/uvm-sim.md "Native kernel time by class"): GEMM
-efficiency does not fall with K or with tile quantization inside a wave; L2 hits are not modelled (every byte is a
+efficiency does not fall with K or with tile quantization inside a wave, and skinny GEMMs (M of 8-32 rows, real
+cuBLAS fully connected layers) are predicted 1.5-4.4x too fast; L2 hits are not modelled (every byte is a
 DRAM byte); a traced torch op's launch shape is not known, so ``serial`` and the CTA term apply to declared kernels.
 """
 
