@@ -71,7 +71,12 @@ def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     bd = r.get("time_breakdown_ns") or {}
     if not bd:
         return []
-    parts = [f"{k.removesuffix('_ns').replace('_', ' ')} {v / 1e6:,.2f}" for k, v in bd.items() if v and v == v]
+    label = {"other_ns": "other (allocator calls less stream overlap)"}
+    parts = [
+        f"{label.get(k, k.removesuffix('_ns').replace('_', ' '))} {v / 1e6:,.2f}"
+        for k, v in bd.items()
+        if v == v and round(v / 1e6, 2) != 0
+    ]
     return [("time per iteration (ms)", ", ".join(parts) or "n/a")]
 
 
