@@ -106,6 +106,41 @@ def test_single_thread_is_serial_not_a_roofline() -> None:
     assert cls_many == "memory" and t_many < t / 1000
 
 
+def test_threads_walking_their_own_chunks_are_scattered() -> None:
+    """2,048 threads each summing its own 64 KiB row (a row per thread): a warp's lanes are 64 KiB apart, so each
+    request is 32 sectors (1 KiB), and the lanes' next elements come from those sectors; counted as one coalesced
+    128 B request per warp (the old rule) it was 8x too slow."""
+    nbytes = 2048 * 64 * 1024
+    t, cls = one(work(nbytes=nbytes, threads=2048, chunked=True))
+    assert cls == "serial"
+    assert t / 1e9 == pytest.approx(nbytes / (64 * 32 * 32 / 255.13e-9), rel=1e-3)
+    t_coalesced, _ = one(work(nbytes=nbytes, threads=2048))
+    assert t_coalesced == pytest.approx(8 * t)
+
+
+def test_a_declared_row_per_thread_kernel_is_chunked(tmp_path: Path) -> None:
+    """Through ``uvmlab run``: a ``sequential`` kernel of 2,048 threads over a 128 MiB matrix gets the scattered
+    serial rate (work_of marks it chunked); old code timed it coalesced, 8x longer."""
+    import pandas as pd
+
+    f = tmp_path / "rows.py"
+    f.write_text(
+        "OPTIONS = {}\n\n\ndef program(uvm, cfg, options):\n"
+        "    import torch  # noqa: TID251\n\n"
+        "    m = torch.empty(2048, 16384, device=uvm.device)\n"
+        "    s = torch.empty(2048, device=uvm.device)\n"
+        "    for _ in uvm.iterations():\n"
+        "        uvm.kernel('row_sum', reads=[m], writes=[s], pattern='sequential', threads=2048, stride_bytes=4)\n"
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(f), "-n", "2", "--mode", "sim", "-o", str(out)]) == 0
+    k = pd.read_parquet(out / "tables" / "kernels.parquet")
+    row = k[(k["name"] == "row_sum") & (k["iteration"] == 1)].iloc[0]
+    assert row["kernel_class"] == "serial"
+    nbytes = 2048 * 64 * 1024 + 2048 * 4
+    assert row["native_ns"] / 1e9 == pytest.approx(nbytes / (64 * 32 * 32 / 255.13e-9), rel=0.01)
+
+
 def test_launch_floor_and_cta_dispatch() -> None:
     """A tiny kernel lasts the floor; a grid of 524,288 mostly idle CTAs the CTA dispatch bound (GH200 fit)."""
     t, cls = one(work(nbytes=64))

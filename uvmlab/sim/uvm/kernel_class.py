@@ -33,7 +33,9 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     A declared kernel launched with few threads (``uvm.kernel(..., threads=N)``): Little's law. Each warp keeps one
     request in flight per ``warp_trip_ns`` (its active lanes x 4 B coalesced, at least one 32 B sector; one 32 B
     sector per lane for a strided or indexed kernel); the resident warps (at most SMs x threads per SM / 32) bound
-    the bandwidth. The time is the kernel's bytes over ``min(that bound, the class's DRAM rate)``.
+    the bandwidth. The time is the kernel's bytes over ``min(that bound, the class's DRAM rate)``. A launch whose
+    threads each walk their own chunk of at least a sector (order ``sequential``, e.g. a row per thread) is scattered:
+    its lanes' addresses are a chunk apart, and each lane's next elements come from the sector it already fetched.
 ``launch``
     Every kernel lasts at least ``kernel_min_ns`` (launch and drain); a declared launch of ``threads`` also pays
     ``cta_dispatch_ns`` per CTA of :data:`DEFAULT_BLOCK_THREADS` threads per SM (block scheduling, which bounds a
@@ -139,6 +141,9 @@ class KernelWork:
     efficiency: np.ndarray
     """Declared efficiencies (NaN: none)."""
     api: Sequence[str]
+    chunked: np.ndarray | None = None
+    """Declared launches whose threads each walk their own contiguous chunk (order ``sequential``: the lanes of a
+    warp are a chunk apart, one 32 B sector each); None: none."""
 
 
 def work_of(
@@ -160,6 +165,9 @@ def work_of(
         return kern[name].fillna(default).to_numpy(dtype=dtype)
 
     index = np.array([p is not None and p.order in ("gather", "scatter") for p in plans], dtype=bool)
+    threads = col("threads", 0, np.int64)
+    chunk = np.where(threads > 0, np.asarray(nbytes, dtype=float) / np.maximum(threads, 1), 0.0)
+    walks = np.array([p is not None and p.order == "sequential" and not p.derived for p in plans], dtype=bool)
     return KernelWork(
         names=kern["name"].astype(str).tolist(),
         flops=np.asarray(flops, dtype=float),
@@ -168,10 +176,11 @@ def work_of(
         occupancy=np.asarray(occupancy, dtype=float),
         sector=np.asarray(sector, dtype=bool) & ~index,
         index=index,
-        threads=col("threads", 0, np.int64),
+        threads=threads,
         native_ns=col("native_ns", np.nan, float),
         efficiency=col("efficiency", np.nan, float),
         api=[str(x) for x in col("api", "", object)],
+        chunked=walks & (threads > 1) & (chunk >= SECTOR_BYTES),
     )
 
 
@@ -248,8 +257,10 @@ def native_times(
         mem_eff = np.where(has_eff & ~(flops > 0), given, mem_eff)
         rate = hbm * mem_eff
         if costs.warp_trip_ns > 0:
+            chunked = np.zeros(n, dtype=bool) if work.chunked is None else np.asarray(work.chunked, dtype=bool)
             for i in np.flatnonzero(rest & (threads > 0)):
-                cap = serial_rate(int(threads[i]), gpu, costs, scattered=cls[i] in ("sector", "index"))
+                scattered = bool(chunked[i]) or cls[i] in ("sector", "index")
+                cap = serial_rate(int(threads[i]), gpu, costs, scattered=scattered)
                 if cap < rate[i]:
                     rate[i], cls[i] = cap, "serial"
         with np.errstate(divide="ignore", invalid="ignore"):
