@@ -67,13 +67,21 @@ CASES = [
     ("accessed by, location type 9", "lib.cudaMemAdvise(m, 4096, 5, Loc(9, 0))", INVALID_VALUE, {}),
     ("read mostly ignores the location", "lib.cudaMemAdvise(m, 4096, 1, Loc(0, 0))", 0, {}),
     ("preferred location on the host", "lib.cudaMemAdvise(m, 4096, 3, Loc(2, 0))", 0, {}),
-    ("preferred location, no concurrent managed access", "lib.cudaMemAdvise(m, 4096, 3, Loc(1, 0))", INVALID_DEVICE,
-     {"FAKE_CUDART_CONCURRENT_MANAGED": "0"}),  # fmt: skip
+    (
+        "preferred location, no concurrent managed access",
+        "lib.cudaMemAdvise(m, 4096, 3, Loc(1, 0))",
+        INVALID_DEVICE,
+        {"FAKE_CUDART_CONCURRENT_MANAGED": "0"},
+    ),  # fmt: skip
     ("prefetch flags 1", "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 0), 1, None)", INVALID_VALUE, {}),
     ("prefetch to device 3", "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 3), 0, None)", INVALID_DEVICE, {}),
     ("prefetch to location type 0", "lib.cudaMemPrefetchAsync(m, 4096, Loc(0, 0), 0, None)", INVALID_VALUE, {}),
-    ("prefetch, no concurrent managed access", "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 0), 0, None)",
-     INVALID_DEVICE, {"FAKE_CUDART_CONCURRENT_MANAGED": "0"}),  # fmt: skip
+    (
+        "prefetch, no concurrent managed access",
+        "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 0), 0, None)",
+        INVALID_DEVICE,
+        {"FAKE_CUDART_CONCURRENT_MANAGED": "0"},
+    ),  # fmt: skip
     ("prefetch to the host", "lib.cudaMemPrefetchAsync(m, 4096, Loc(2, 0), 0, None)", 0, {}),
     ("cudaFree of an unknown pointer", "lib.cudaFree(0x123456000)", INVALID_VALUE, {}),
     ("cudaFree twice", "[lib.cudaFree(m), lib.cudaFree(m)][1]", INVALID_VALUE, {}),
