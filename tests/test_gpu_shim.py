@@ -225,8 +225,14 @@ def test_advise_none_and_empty_items_ask_for_nothing(built, tmp_path, advise) ->
 
 
 def test_advise_none_beside_an_advice_keeps_the_advice(built, tmp_path) -> None:
-    proc, calls = _run_main(built, tmp_path, "m4096", UVMLAB_ADVISE="none,read_mostly,", FAKE_CUDART_DEVICE="1",
-                            FAKE_CUDART_DEVICE_COUNT="2")
+    proc, calls = _run_main(
+        built,
+        tmp_path,
+        "m4096",
+        UVMLAB_ADVISE="none,read_mostly,",
+        FAKE_CUDART_DEVICE="1",
+        FAKE_CUDART_DEVICE_COUNT="2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert [c.split(" size=")[1] for c in calls if c.startswith("cudaMemAdvise")] == [
         "4096 advice=1 loc_type=1 loc_id=1 -> 0"

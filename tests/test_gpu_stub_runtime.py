@@ -72,7 +72,7 @@ CASES = [
         "lib.cudaMemAdvise(m, 4096, 3, Loc(1, 0))",
         INVALID_DEVICE,
         {"FAKE_CUDART_CONCURRENT_MANAGED": "0"},
-    ),  # fmt: skip
+    ),
     ("prefetch flags 1", "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 0), 1, None)", INVALID_VALUE, {}),
     ("prefetch to device 3", "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 3), 0, None)", INVALID_DEVICE, {}),
     ("prefetch to location type 0", "lib.cudaMemPrefetchAsync(m, 4096, Loc(0, 0), 0, None)", INVALID_VALUE, {}),
@@ -81,7 +81,7 @@ CASES = [
         "lib.cudaMemPrefetchAsync(m, 4096, Loc(1, 0), 0, None)",
         INVALID_DEVICE,
         {"FAKE_CUDART_CONCURRENT_MANAGED": "0"},
-    ),  # fmt: skip
+    ),
     ("prefetch to the host", "lib.cudaMemPrefetchAsync(m, 4096, Loc(2, 0), 0, None)", 0, {}),
     ("cudaFree of an unknown pointer", "lib.cudaFree(0x123456000)", INVALID_VALUE, {}),
     ("cudaFree twice", "[lib.cudaFree(m), lib.cudaFree(m)][1]", INVALID_VALUE, {}),

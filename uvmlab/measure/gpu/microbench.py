@@ -20,10 +20,10 @@ one-thread gate kernel (:data:`GATE_CYCLES` of ``clock64`` spinning) still holds
 argument building between the two events do not add idle device time; the first call of each path (the kernel's
 module load, the host-bound prefetch's runtime loaded by path and initialised) is made once, untimed, before the
 first timed region. A row whose host enqueue took longer than the gate measured on the device (``gate_ns``, timed
-once) may still include host time: it is kept and listed in the result's ``notes``. ``fit_params(timings)`` turns them into a
-``uvmlab.sim.uvm.timing.CostParams`` (pure arithmetic, tested on the CPU with recorded numbers). The model is the
-simulator's per-VA-block decomposition (reference/uvm.md 2.5) with the prefetcher migrating whole 2 MiB blocks on
-sequential touch [approximation]:
+once) may still include host time: it is kept and listed in the result's ``notes``. ``fit_params(timings)`` turns
+them into a ``uvmlab.sim.uvm.timing.CostParams`` (pure arithmetic, tested on the CPU with recorded numbers). The
+model is the simulator's per-VA-block decomposition (reference/uvm.md 2.5) with the prefetcher migrating whole 2 MiB
+blocks on sequential touch [approximation]:
 
 * link bandwidth L: least squares of ``time = bytes / BW(bytes)`` with UVMSmart's atan curve scaled to L at 2 MiB
   (the curve ``uvmlab.sim.uvm.timing.transfer_bandwidth`` uses), over the prefetch rows;
@@ -308,8 +308,8 @@ def run_microbench(
     stream.synchronize()
     ctypes.memset(warm.ptr, 1, BLOCK_BYTES)
     with stream:
-        kernel(((BLOCK_BYTES // PAGE_BYTES + 255) // 256,), (256,),
-               (np.uint64(warm.ptr), np.uint64(0), np.int64(BLOCK_BYTES // PAGE_BYTES), np.int64(PAGE_BYTES)))  # fmt: skip
+        warm_args = (np.uint64(warm.ptr), np.uint64(0), np.int64(BLOCK_BYTES // PAGE_BYTES), np.int64(PAGE_BYTES))
+        kernel(((BLOCK_BYTES // PAGE_BYTES + 255) // 256,), (256,), warm_args)
     prefetch(cp, warm, BLOCK_BYTES, dev, stream)
     prefetch(cp, warm, BLOCK_BYTES, CUDA_CPU_DEVICE_ID, stream)
     stream.synchronize()

@@ -35,9 +35,9 @@ Approximations (docs/advise.md): remote access acts per access of an advised ten
 with an unadvised neighbour can be pulled to the GPU by the neighbour's fault and the tree prefetcher); read
 duplication acts per page, as CUDA rounds an advised range out to CPU pages (:meth:`HintService.mark_read_mostly`:
 the pages an advised tensor's accesses touched, whichever tensor then reads them); read duplicates are the advised
-pages a kernel's reads migrated from the CPU (pages the prefetcher adds beyond them are not duplicated); the link time of remote access is the 2 MiB transfer rate
-(``CostParams.link_bytes_per_s``), an upper bound for scattered accesses; the cost of one discard call is
-:data:`DISCARD_CALL_NS`, not measured.
+pages a kernel's reads migrated from the CPU (pages the prefetcher adds beyond them are not duplicated); the link
+time of remote access is the 2 MiB transfer rate (``CostParams.link_bytes_per_s``), an upper bound for scattered
+accesses; the cost of one discard call is :data:`DISCARD_CALL_NS`, not measured.
 """
 
 from __future__ import annotations
