@@ -65,9 +65,12 @@ def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
 @FORMAT
 def doctor(fmt: str) -> None:
     """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim), which modes it can run, and which
-    memory policies of uvmlab advise it can apply (nvidia_uvm parameters, root, concurrent managed access)."""
+    memory policies of uvmlab advise it can apply (nvidia_uvm parameters, root, concurrent managed access).
+
+    Exits 1 when the GPU worker cannot import what it needs (a broken install), else 0."""
     from uvmlab.advise.environment import env_rows, policy_marks, probe_env
     from uvmlab.console import print_csv, print_table
+    from uvmlab.errors import UvmlabError
     from uvmlab.measure.gpu.doctor import doctor_report
 
     report = doctor_report()
@@ -77,6 +80,8 @@ def doctor(fmt: str) -> None:
         report["uvm_environment"] = env.to_dict()
         report["policies"] = [{"policy": p, "here": s, "why": w} for p, s, w in marks]
         click.echo(json.dumps(report, indent=2, default=str))
+        if report["fatal"]:
+            raise UvmlabError(report["fatal"])
         return
     tables = [
         (
@@ -94,9 +99,11 @@ def doctor(fmt: str) -> None:
     ]
     if fmt == "csv":
         print_csv(tables)
-        return
-    for table in tables:
-        print_table(*table)
+    else:
+        for table in tables:
+            print_table(*table)
+    if report["fatal"]:
+        raise UvmlabError(report["fatal"])
 
 
 @click.command("gpus")

@@ -149,7 +149,15 @@ def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]
     }
 
 
-STEP_LOGS = ("{step}.out", "{step}.err", ALLOC_LOG, BALLOON_CLAIM, "{step}.worker.json", "{step}.samples.parquet")
+STEP_LOGS = (
+    "{step}.out",
+    "{step}.err",
+    ALLOC_LOG,
+    BALLOON_CLAIM,
+    "{step}.worker.json",
+    "{step}.samples.parquet",
+    "{step}.cudnn.log",
+)
 """What a step (its name is the worker's role) writes under RUNDIR/logs (uvmlab.measure.gpu.plan,
 uvmlab.measure.gpu.worker); the
 nsys steps also write ``profile.nsys-rep`` and ``profile.sqlite``."""
@@ -184,4 +192,5 @@ def _opts_dict(opts: GpuRunOptions) -> dict[str, Any]:
         "calibration_iterations": opts.calibration_iterations,
         "shim_library": opts.shim_library,
         "strict_factor": opts.strict_factor,
+        "same_workspace_limit": opts.same_workspace_limit,
     }

@@ -693,6 +693,7 @@ __attribute__((constructor)) void shim_init() {
       },
       [] {
         g_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+        g_balloon.clear();  // the parent's balloon: the child neither owns nor frees it at exit
         g_balloon_mu.unlock();
         live_instance().mu.unlock();
         g_log.unlock_after_fork(true);
