@@ -462,6 +462,13 @@ void at_exit() {
   g_log.flush();
 }
 
+// True when the runtime says `bytes` are free: a balloon piece that failed although they are (fragmentation, memory
+// not yet returned) is retried smaller; a request larger than the free memory is not (it cannot fit at all).
+bool fits_free(size_t bytes) {
+  size_t free_b = 0, total_b = 0;
+  return g_real.mem_get_info != nullptr && g_real.mem_get_info(&free_b, &total_b) == kCudaSuccess && bytes <= free_b;
+}
+
 // Reserve `bytes` with the real cudaMalloc; measured_free is logged (-1 if not measured).
 cudaError_t inflate(size_t bytes, int64_t measured_free) {
   if (!resolve()) return kCudaErrorInitializationError;
@@ -492,7 +499,7 @@ cudaError_t inflate(size_t bytes, int64_t measured_free) {
     if (rc == kCudaSuccess) {
       g_balloon.emplace_back(p, ask);
       left -= ask;
-    } else if (rc == kCudaErrorMemoryAllocation && ask > kTwoMiB) {
+    } else if (rc == kCudaErrorMemoryAllocation && ask > kTwoMiB && fits_free(left)) {
       piece = ask / 2 / kTwoMiB * kTwoMiB;
       if (piece == 0) piece = kTwoMiB;
     } else {
