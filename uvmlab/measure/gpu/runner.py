@@ -9,6 +9,7 @@ contract other parts import (docs/contracts.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -54,20 +55,51 @@ __all__ = [
 ]
 
 
+TIMED_OUT = 124
+"""Exit code of a step killed at its time cap (the convention of coreutils ``timeout``)."""
+KILL_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL to a step's process group at its cap."""
+
+
 def execute_step(step: Step, log_dir: Path, timeout_s: float | None = None) -> int:
     """Run one step (argv list, no shell) with its variables on top of this environment (minus the inherited
     variables that would change the experiment: ``step_environment``); stdout/stderr go to
-    ``log_dir/<step>.out`` / ``.err``. Returns the exit code; a missing program is an UnavailableError."""
+    ``log_dir/<step>.out`` / ``.err``. Returns the exit code; a missing program is an UnavailableError.
+
+    The step runs in a process group of its own; at ``timeout_s`` the whole group (the step and every process it
+    started, e.g. ``uvmlab run``'s workers) gets SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`, and the code is
+    :data:`TIMED_OUT`. An exception here (Ctrl-C) ends the group too before it propagates."""
+    import signal
+
     log_dir.mkdir(parents=True, exist_ok=True)
     env = step_environment(step, os.environ)
     with open(log_dir / f"{step.name}.out", "wb") as out, open(log_dir / f"{step.name}.err", "wb") as err:
         try:
-            proc = subprocess.run(list(step.argv), env=env, cwd=step.cwd, stdout=out, stderr=err, timeout=timeout_s)
+            proc = subprocess.Popen(
+                list(step.argv), env=env, cwd=step.cwd, stdout=out, stderr=err, start_new_session=True
+            )
         except FileNotFoundError:
             raise UnavailableError(f"step {step.name}: {step.argv[0]} is not installed or not on PATH") from None
+
+        def kill(sig: int) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+
+        try:
+            return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise UvmlabError(f"step {step.name} did not finish within {timeout_s:g} s") from None
-    return proc.returncode
+            kill(signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                kill(signal.SIGKILL)
+                proc.wait()
+            err.write(f"\nuvmlab: step {step.name} was stopped at its time cap of {timeout_s:g} s\n".encode())
+            return TIMED_OUT
+        except BaseException:
+            kill(signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -48,9 +48,10 @@ step's environment turned on is switched off after the warm-up (``cudnnSetCallba
 cudnn_graph.h), so it holds the engine choices (made on each convolution's first call) without slowing the timed
 iterations.
 
-The capacity probe reads the real ``cudaMemGetInfo`` (the shim's ``uvmlab_real_mem_get_info`` when the shim reports
-a fixed free figure to PyTorch) until two reads agree (at most :data:`SETTLE_READS`, :data:`SETTLE_INTERVAL_S`
-apart: freed memory returns to the driver asynchronously), and records every read.
+The capacity probe reads the real ``cudaMemGetInfo`` (looked up in the runtime library itself, which the shim's
+interposer does not shadow when it reports a fixed free figure to PyTorch) until two reads agree (at most
+:data:`SETTLE_READS`, :data:`SETTLE_INTERVAL_S` apart: freed memory returns to the driver asynchronously), and
+records every read.
 
 ``--device cpu --cudart LIB`` runs the loop on the CPU while the runtime side (device attributes, the balloon, the
 probes, the hints' calls) goes to the CUDA runtime LIB: how CI runs this real worker against the stub runtime.
@@ -245,13 +246,12 @@ def check_concurrent_managed_access(lib: Any, device: int, required: bool) -> in
 
 
 def real_mem_get_info(lib: Any) -> tuple[int, int]:
-    """(free, total) from the real ``cudaMemGetInfo``: the preloaded shim's ``uvmlab_real_mem_get_info`` (the shim
-    may report a fixed free figure to PyTorch), else the runtime ``lib``'s own."""
+    """(free, total) from the real ``cudaMemGetInfo``: the runtime ``lib``'s own, looked up in that library (a
+    ctypes handle's dlsym searches the library itself, so the shim's interposer, which may report a fixed free
+    figure to PyTorch, does not shadow it); without a runtime handle, the preloaded shim's
+    ``uvmlab_real_mem_get_info``."""
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    try:
-        fn = ctypes.CDLL(None).uvmlab_real_mem_get_info
-    except (AttributeError, OSError):
-        fn = lib.cudaMemGetInfo
+    fn = lib.cudaMemGetInfo if lib is not None else ctypes.CDLL(None).uvmlab_real_mem_get_info
     rc = fn(ctypes.byref(free), ctypes.byref(total))
     if rc != 0:
         raise UvmlabError(f"cudaMemGetInfo failed with CUDA error {rc}")

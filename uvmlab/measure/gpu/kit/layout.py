@@ -95,9 +95,13 @@ STREAM_COLUMNS = (
     "free_factor",
     "free_bytes",
     "total_bytes",
+    "cold_ms",
+    "limited_by_margin",
 )
 """``streams.csv``: uvmbench's columns (``size_factor`` = working set / total memory, as uvmbench's ``W = size_factor
-x total``), plus ``free_factor`` (working set / free memory: what the kit asked) and the memory it measured."""
+x total``), plus ``free_factor`` (working set / free memory: what the kit asked), the memory it measured, ``cold_ms``
+(the first launch: migration of the host-written input and first touch of the output, uvm_step docstring) and
+``limited_by_margin`` (the working set was cut to the managed limit, uvmlab.measure.gpu.kit.sizing)."""
 WORKSPACE_COLUMNS = ("case", "index", "size_bytes", "frame")
 
 
