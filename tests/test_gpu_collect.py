@@ -535,3 +535,26 @@ def test_gcn_footprint_is_affine_in_the_nodes_once_a_chunk_is_full() -> None:
     n = gcn_nodes_for(target, chunk)
     assert n == 7_000
     assert gcn_nodes_for(gcn_peak_bytes(1_000, chunk) - 1, chunk) is None
+
+
+def test_a_stream_row_below_the_free_memory_times_its_cold_first_launch(tmp_path: Path) -> None:
+    """Issue 43 defect 10: rows at <= 0.9 of the free memory timed only launches after two warm-ups, all pages
+    resident: resident speed, nothing about UVM. The first launch (migration of the host-written input, first touch
+    of the output) is now its own column, ``cold_ms``. The fake CuPy makes a first touch cost real time here."""
+    code = """
+import json
+from uvmlab.measure.gpu.kit.uvm_step import measure
+rows = measure((0.25,), ("seq_stream",), ("uvm", "device"), 3)
+print(json.dumps([{k: r[k] for k in ("mode", "cold_ms", "median_ms")} for r in rows]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "UVMLAB_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SITE), str(REPO), env.get("PYTHONPATH", "")]),
+        FAKE_CUPY_FREE_BYTES=str(2048 * MiB + 160 * MiB),  # the managed limit: 160 MiB, two arrays of 80 MiB
+        FAKE_CUPY_MIGRATE_BYTES_PER_S=str(1000 * MiB),  # 80 ms a first touch of an array
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["mode"]: r for r in json.loads(proc.stdout)}
+    assert rows["uvm"]["cold_ms"] > 120 > rows["uvm"]["median_ms"]  # two arrays migrate in the first launch only
+    assert rows["device"]["cold_ms"] < 120  # device memory: no migration

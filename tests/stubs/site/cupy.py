@@ -4,7 +4,7 @@ main,
 Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx, cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx).
 Calls are recorded in ``CALLS``; managed memory is host memory (ctypes buffers), device memory (``runtime.malloc``)
 a 4 KiB stand-in counted against the card, kernels do nothing but make the managed allocations they are passed
-resident. An event pair measures the real time between the two ``record`` calls (``time.perf_counter_ns``): what
+resident (taking ``size / $FAKE_CUPY_MIGRATE_BYTES_PER_S`` seconds for a range not yet resident, when that is set). An event pair measures the real time between the two ``record`` calls (``time.perf_counter_ns``): what
 runs in between on the host (there is no device) is what a test sees, so host work inside a timed region shows.
 ``runtime.memGetInfo`` answers ``(FREE - device bytes allocated - resident managed bytes, TOTAL)`` with
 ``FREE``/``TOTAL`` from ``$FAKE_CUPY_FREE_BYTES`` / ``$FAKE_CUPY_TOTAL_BYTES`` (default 64 MiB / 80 GiB): managed pages
@@ -190,12 +190,15 @@ class RawKernel:
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
         CALLS.append(("kernel", self.name, grid, block))
+        rate = float(os.environ.get("FAKE_CUPY_MIGRATE_BYTES_PER_S", 0) or 0)
         for a in args:  # the managed allocations a kernel is passed fault in (become resident)
             try:
                 key = int(a)
             except (TypeError, ValueError):
                 continue
-            if key in _managed:
+            if key in _managed and not _managed[key][1]:
+                if rate:  # $FAKE_CUPY_MIGRATE_BYTES_PER_S: the first touch takes time (a migration), real time
+                    time.sleep(_managed[key][0] / rate)
                 _managed[key][1] = True
 
 
