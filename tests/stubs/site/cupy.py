@@ -4,7 +4,8 @@ main,
 Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx, cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx).
 Calls are recorded in ``CALLS``; managed memory is host memory (ctypes buffers), device memory (``runtime.malloc``)
 a 4 KiB stand-in counted against the card, kernels do nothing but make the managed allocations they are passed
-resident (taking ``size / $FAKE_CUPY_MIGRATE_BYTES_PER_S`` seconds for a range not yet resident, when that is set). An event pair measures the real time between the two ``record`` calls (``time.perf_counter_ns``): what
+resident (taking ``size / $FAKE_CUPY_MIGRATE_BYTES_PER_S`` seconds for a range not yet resident, when that is set).
+An event pair measures the real time between the two ``record`` calls (``time.perf_counter_ns``): what
 runs in between on the host (there is no device) is what a test sees, so host work inside a timed region shows.
 ``runtime.memGetInfo`` answers ``(FREE - device bytes allocated - resident managed bytes, TOTAL)`` with
 ``FREE``/``TOTAL`` from ``$FAKE_CUPY_FREE_BYTES`` / ``$FAKE_CUPY_TOTAL_BYTES`` (default 64 MiB / 80 GiB): managed pages
