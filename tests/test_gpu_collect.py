@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import types
@@ -25,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.cuda_stub import build_cudart
 from uvmlab.errors import InputError, UnavailableError
 from uvmlab.measure.gpu.detect import GpuStatus
 from uvmlab.measure.gpu.kit import layout as L
@@ -305,26 +305,13 @@ atomic_write_json(out / "case.json", rec)
 """
 
 
-def _build_stub(out: Path, soname: str, map_file: Path) -> Path:
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={map_file}", f"-Wl,-soname,{soname}",
-         "-o", str(out), str(STUBS / "fake_cudart.c"), "-lpthread"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return out
-
-
 @pytest.fixture(scope="module")
 def stub_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found: the stub CUDA runtime is C")
     d = tmp_path_factory.mktemp("cudart")
-    # a second copy under another soname and symbol version, for the probe step: preloaded after the shim it serves
-    # the shim's real calls while torch's own libcudart.so.13 stays torch's (tests/test_gpu_first_run.py)
-    (d / "v99.map").write_text("libcudart.so.99 {\n  global: cuda*; fake_cudart_*;\n  local: *;\n};\n")
-    _build_stub(d / "libcudart.so.99", "libcudart.so.99", d / "v99.map")
-    return _build_stub(d / "libcudart.so.13", "libcudart.so.13", STUBS / "libcudart.map")
+    # a second copy under its own soname, for the probe step: preloaded after the shim it serves the shim's real
+    # calls while torch's own libcudart.so.13 stays torch's (tests/cuda_stub.py)
+    build_cudart(d, "libcudart.so.99")
+    return build_cudart(d)
 
 
 def _kit_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, total: int, free: int, cupy_free: int) -> None:

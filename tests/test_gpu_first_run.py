@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda_stub import build_cudart
 from uvmlab.measure.gpu import shim
 
 STUBS = Path(__file__).parent / "stubs"
@@ -32,24 +33,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if shutil.which("gcc") is None or shim.find_compiler() is None:
         pytest.skip("gcc/g++ not found: the shim and the stub runtime are C/C++")
     d = tmp_path_factory.mktemp("first_run")
-    cudart = d / "libcudart.so.13"
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-Wl,-soname,libcudart.so.13",
-         "-o", str(cudart), str(STUBS / "fake_cudart.c"), "-lpthread"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    cudart = build_cudart(d)
     # the same stub under another soname and symbol version, preloaded after the shim: torch's own libcudart.so.13
-    # (driverless here) still loads and serves torch (its references are @libcudart.so.13), while the shim and the
-    # worker's runtime side find the stub first
-    cudart99 = d / "libcudart.so.99"
-    (d / "libcudart99.map").write_text("libcudart.so.99 {\n  global: cuda*; fake_cudart_*;\n  local: *;\n};\n")
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={d / 'libcudart99.map'}", "-Wl,-soname,libcudart.so.99",
-         "-o", str(cudart99), str(STUBS / "fake_cudart.c"), "-lpthread"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    # (driverless here) still loads and serves torch, while the shim and the worker's runtime side find the stub
+    cudart99 = build_cudart(d, "libcudart.so.99")
     no_nvtx = d / "no_nvtx" / "nvtx"
     no_nvtx.mkdir(parents=True)
     (no_nvtx / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'nvtx'\", name='nvtx')\n")

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda_stub import build_cudart
+
 REPO = Path(__file__).resolve().parents[1]
 STUBS = Path(__file__).parent / "stubs"
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
@@ -80,10 +82,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                     str(REPO)], check=True, env=env, capture_output=True)  # fmt: skip
     wheel = next(wheels.glob("uvmlab-*.whl"))
     subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, env=env)
-    cudart = d / "libcudart.so.99"  # under its own soname: the stub the shim and the steps talk to
-    (d / "v99.map").write_text("libcudart.so.99 {\n  global: cuda*; fake_cudart_*;\n  local: *;\n};\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,--version-script={d / 'v99.map'}", "-Wl,-soname,libcudart.so.99",
-                    "-o", str(cudart), str(STUBS / "fake_cudart.c"), "-lpthread"], check=True)  # fmt: skip
+    cudart = build_cudart(d, "libcudart.so.99")  # under its own soname: the stub the shim and the steps talk to
     print(f"image built in {time.monotonic() - t0:.0f} s (torch {t_torch:.0f} s)")
     return {"dir": d, "python": py, "cudart": cudart, "wheel": wheel}
 

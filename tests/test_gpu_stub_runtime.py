@@ -8,14 +8,14 @@ Each case runs in a child process (a crash is a failure of that case, not of the
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-STUBS = Path(__file__).parent / "stubs"
+from tests.cuda_stub import build_cudart
+
 INVALID_VALUE, INVALID_DEVICE, INVALID_HANDLE = 1, 101, 400  # driver_types.h enum cudaError
 
 PRELUDE = """
@@ -34,16 +34,7 @@ assert lib.cudaMallocManaged(ctypes.byref(m), 1 << 20, 1) == 0
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found: the stub CUDA runtime is C")
-    out = tmp_path_factory.mktemp("cudart") / "libcudart.so.13"
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,--version-script={STUBS / 'libcudart.map'}", "-Wl,-soname,libcudart.so.13",
-         "-o", str(out), str(STUBS / "fake_cudart.c"), "-lpthread"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return out
+    return build_cudart(tmp_path_factory.mktemp("cudart"))
 
 
 def _run(stub: Path, code: str, **env: str) -> str:

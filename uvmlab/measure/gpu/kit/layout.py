@@ -2,10 +2,13 @@
 
 ::
 
-    DIR/collect.json                     the kit's record: uvmlab version, the GPU, versions, the plan, each step's
-                                         outcome (written last: its presence means the collection finished)
+    DIR/collect.json                     the kit's record: uvmlab version, the GPU, the machine (runtime: gVisor or
+                                         Firecracker), the plan, each step's outcome, the facts and probe records;
+                                         rewritten after every step, ``complete`` true once the last step has run
     DIR/README.md                        what each folder holds and how it was made (like real-data's READMEs)
-    DIR/raw/<step>/                      each step's own output and its stdout/stderr (kept for inspection)
+    DIR/raw/<set>/<step>/                each step's own output (written as ``<step>.partial``, renamed when the
+                                         step succeeds) and, in ``raw/logs``, its stdout/stderr
+    DIR/raw/progress.json                every step's status so far (what ``uvmlab collect --resume`` reads)
     DIR/memory/uvmlab_collect/runs.csv   one row per training case (RUN_COLUMNS): PyTorch's peaks, NVML's peak
     DIR/snapshots/MANIFEST.tsv           the memory snapshots (``file`` column first, like real-data/snapshots)
     DIR/snapshots/uvmlab_collect_*.pickle  torch.cuda.memory._snapshot() with frames, one per case
