@@ -230,6 +230,16 @@ def _gpu(
     )
 
 
+H200_MEMORY_BYTES = 143_771 * MiB
+"""What a real H200 reports: nvidia-smi shows 143,771 MiB on the H200 this project can be lent (KINDS.md, seen
+2026-10-27), not the datasheet's 141 GB (the spec's memory is the capacity CUDA reports, as for the other GPUs)."""
+
+
+def _with_reported_memory(spec: GpuSpec, memory_bytes: int, source: str) -> GpuSpec:
+    """``spec`` with the capacity a real card reports instead of the datasheet's rounded figure."""
+    return replace(spec, memory_bytes=memory_bytes, sources=(*spec.sources, ("memory as CUDA reports it", source)))
+
+
 PAGE_64K_SOURCE = "64 KiB PAGE_SIZE (gpus.PAGE_64K: POWER9 RHEL kernels; NVIDIA Grace tuning guide)"
 _P3, _P4, _P5 = "PCIe 3.0 x16", "PCIe 4.0 x16", "PCIe 5.0 x16"
 
@@ -252,7 +262,11 @@ GPUS: dict[str, GpuSpec] = {
         # Hopper
         _gpu("H100-80GB", "Hopper", 80, 67e12, 989e12, 3350e9, _P5, "NVIDIA H100 SXM5 datasheet"),
         _gpu("H100-PCIe", "Hopper", 80, 51e12, 756e12, 2000e9, _P5, "NVIDIA H100 PCIe datasheet"),
-        _gpu("H200", "Hopper", 141, 67e12, 989e12, 4800e9, _P5, "NVIDIA H200 SXM datasheet"),
+        _with_reported_memory(
+            _gpu("H200", "Hopper", 141, 67e12, 989e12, 4800e9, _P5, "NVIDIA H200 SXM datasheet"),
+            H200_MEMORY_BYTES,
+            "nvidia-smi on an H200: 143,771 MiB (the lent machine, 2026-10-27)",
+        ),
         _gpu(
             "GH200",
             "Hopper",
