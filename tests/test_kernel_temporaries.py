@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.gpus import get_gpu
@@ -60,7 +59,7 @@ def kernel_seq(trace: Trace, op: str) -> int:
     return int(k.loc[k["name"] == op, "seq"].iloc[0])
 
 
-# ---- softmax family -------------------------------------------------------------------------------------------------
+# ---- softmax family ----------------------------------------------------------------------------------------------
 def test_log_softmax_copies_a_strided_input_and_frees_it_after_the_kernel() -> None:
     t = capture(lambda: torch.log_softmax(torch.randn(4, 10, 6, device="meta").permute(0, 2, 1), dim=1))
     assert entries(t, "aten::_log_softmax") == [{"l": "contiguous_input", "b": 4 * 10 * 6 * 4}]
@@ -102,7 +101,7 @@ def test_log_softmax_backward_copies_only_strided_operands() -> None:
     assert entries(t, "aten::_log_softmax_backward_data") == [{"l": "contiguous_grad", "b": 160}]
 
 
-# ---- losses and norms -------------------------------------------------------------------------------------------------
+# ---- losses and norms --------------------------------------------------------------------------------------------
 def test_nll_loss_copies_a_strided_target() -> None:
     x = torch.randn(6, 4, device="meta")
     tgt = torch.randint(0, 4, (6, 2), device="meta")
@@ -142,7 +141,7 @@ def test_layer_norm_backward_partials_only_on_the_two_pass_path_and_by_sm_count(
     assert [tm.size_bytes for tm in resolve([e], 108, 2048)] == [blocks_y * 64 * 4] * 2
 
 
-# ---- reductions ---------------------------------------------------------------------------------------------------------
+# ---- reductions --------------------------------------------------------------------------------------------------
 def test_column_sum_allocates_reduce_staging_and_semaphores() -> None:
     """grad.sum((0, 1)) of a (4, 1024, 1024) fp32 tensor (an RMSNorm weight gradient of a 1,024-wide model at
     batch 4 x 1,024 tokens): 64 CTAs per output, 32 MiB of staging and 8 blocks' semaphores."""
@@ -206,6 +205,15 @@ def test_every_reduction_op_stages_its_own_accumulator(name: str, op: Callable, 
     assert resolve(entries(capture(lambda: op(small)), name), 108, 2048) == []
 
 
+def test_full_reductions_read_no_dim_from_the_dtype_argument() -> None:
+    """``sum.default(self, *, dtype)``: a full reduction over every element (a full sum stages
+    at most a few KiB: one value per CTA)."""
+    x = torch.randn(4096, 4096, device="meta")
+    (e,) = entries(capture(lambda: torch.ops.aten.sum.default(x, dtype=torch.float32)), "aten::sum")
+    assert e["reduce"][1:3] == [1, 4096 * 4096]  # one output, every element
+    assert 0 < resolve([e], 108, 2048)[0].size_bytes <= 4 * 108 * 4
+
+
 def test_nll_loss_backward_copies_a_strided_grad_and_target() -> None:
     x = torch.randn(6, 4, device="meta")
     tgt = torch.randint(0, 4, (6, 2), device="meta")
@@ -244,7 +252,7 @@ def test_reduce_rule_reproduces_a_real_runs_staging_buffers(ctx: int, buffer: in
     assert rtx3060 == ([4 * 1024 * 42 * 128, 32] if ctx == 1024 else [buffer, 32])
 
 
-# ---- embedding backward -------------------------------------------------------------------------------------------------
+# ---- embedding backward ------------------------------------------------------------------------------------------
 def test_embedding_backward_sorts_only_above_3072_indices() -> None:
     grad = torch.randn(2048, 32, device="meta")
     idx = torch.randint(0, 1000, (2048,), device="meta")
@@ -272,7 +280,7 @@ def test_embedding_backward_last_step_depends_on_the_sm_count() -> None:
     assert embedding_final([100, 919, 768, 8, 4, 50257, 1], 108)[1] == ("grad_weight_fp32", 50257 * 768 * 4)
 
 
-# ---- attention ------------------------------------------------------------------------------------------------------------
+# ---- attention ---------------------------------------------------------------------------------------------------
 def test_efficient_attention_backward_matches_a_real_runs_temporaries() -> None:
     """cranberrii/ftcourse 9f4902cf (fp32 SDPA, 8 x 4 heads of 1,000 tokens x 64): its snapshot's
     ``_efficient_attention_backward`` allocates 8,192,000 B (grad_out * out), 128,000 B twice (the sum and
@@ -307,7 +315,7 @@ def test_flash_attention_backward_keeps_softmax_d_and_dq_accum() -> None:
     assert e == [{"l": "softmax_d", "b": 2 * 8 * 1024 * 4}, {"l": "dq_accum", "b": 2 * 1024 * 8 * 64 * 4}]
 
 
-# ---- convolution backward -----------------------------------------------------------------------------------------------
+# ---- convolution backward ----------------------------------------------------------------------------------------
 def test_convolution_backward_copies_a_strided_grad_output() -> None:
     x = torch.randn(2, 3, 16, device="meta")
     w = torch.randn(4, 3, 3, device="meta")
@@ -324,7 +332,7 @@ def test_convolution_backward_copies_a_strided_grad_output() -> None:
     assert entries(t, "aten::convolution_backward") == []
 
 
-# ---- the rule switch, old traces, the acceptance LM -------------------------------------------------------------------
+# ---- the rule switch, old traces, the acceptance LM --------------------------------------------------------------
 def test_rule_off_and_traces_without_the_column_add_nothing() -> None:
     t = capture(lambda: torch.log_softmax(torch.randn(4, 10, 6, device="meta").permute(0, 2, 1), dim=1))
     off = to_cuda(t, A100, OrchestrationRules(kernel_temporaries=False))
@@ -403,3 +411,20 @@ def test_lm_cross_entropy_over_permuted_logits_counts_the_logits_copy(tmp_path: 
         assert (grown >= logits - 2048) if extra else grown == 0  # one 8 MiB block more at the forward's peak
         assert on.peak_allocated_bytes - off.peak_allocated_bytes <= extra
 
+
+def test_a_failing_rule_leaves_the_capture_going_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that raises on arguments it did not foresee costs that op its temporaries, not the capture: the
+    header's notes name the op and count."""
+    from uvmlab.trace import internal_rules
+    from uvmlab.trace.capture import capture_trace
+
+    def broken(args: tuple, kwargs: dict, outs: list) -> list:
+        raise TypeError("unforeseen")
+
+    monkeypatch.setitem(internal_rules.RULES, torch.ops.aten._log_softmax.default, broken)
+    path = tmp_path / "frozen_lm.py"
+    path.write_text(LM_FILE)
+    trace = capture_trace(WorkloadConfig(workload=str(path), iterations=1, options={"permute": 1}))
+    k = trace.kernels
+    assert (k.loc[k["name"] == "aten::_log_softmax", "temporaries"] == "").all()
+    assert any("kernel temporaries not derived" in n and "aten::_log_softmax x1" in n for n in trace.header["notes"])

@@ -277,6 +277,11 @@ def capture_trace(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
         )
+    if rec.temporaries_failed:
+        notes.append(
+            "kernel temporaries not derived (their rule failed on these arguments; uvmlab.trace.internal_rules): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rec.temporaries_failed.items()))
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "

@@ -205,6 +205,7 @@ def resolve(entries: list[dict[str, Any]], sms: int, threads_per_sm: int) -> lis
         for _i, label, size, pre, until in staged
     ]
 
+
 def round_up(x: int, m: int) -> int:
     """``x`` rounded up to a multiple of ``m``."""
     return -(-int(x) // m) * m

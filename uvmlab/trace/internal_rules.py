@@ -60,7 +60,7 @@ def softmax_backward(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[A
     n = torch.broadcast_shapes(grad.shape, output.shape).numel()
     if n == 0:
         return []
-    out = [{"l": "grad_times_output", "b": n * torch.empty((), dtype=dtype).element_size()}]
+    out = [{"l": "grad_times_output", "b": n * dtype.itemsize}]
     tmp_contiguous = grad.is_contiguous() and (output.is_contiguous() or grad.stride() == output.stride())
     if not tmp_contiguous:
         out.append({"l": "contiguous_grad", "b": out[0]["b"]})
@@ -392,6 +392,12 @@ def sum_like(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> 
     return _reduction(x, _arg(args, kwargs, 1, "dim"), outs[0] if outs else None, _acc_bytes(x), _in_vec(x))
 
 
+def full_sum_like(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> list[Entry]:
+    """``sum.default`` / ``mean.default`` (every dimension; no ``dim`` argument): as ``sum_like``."""
+    x = args[0]
+    return _reduction(x, None, outs[0] if outs else None, _acc_bytes(x), _in_vec(x))
+
+
 def norm_like(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> list[Entry]:
     """``linalg_vector_norm`` / ``norm``: ``gpu_reduce_kernel`` with ``NormOps``/``NormTwoOps`` (fp32 accumulator,
     ``input_vec_size`` 4)."""
@@ -443,9 +449,9 @@ RULES: dict[Any, Rule] = {
     aten._scaled_dot_product_efficient_attention_backward.default: efficient_attention_backward,
     aten._scaled_dot_product_flash_attention_backward.default: flash_attention_backward,
     aten.sum.dim_IntList: sum_like,
-    aten.sum.default: sum_like,
+    aten.sum.default: full_sum_like,
     aten.mean.dim: sum_like,
-    aten.mean.default: sum_like,
+    aten.mean.default: full_sum_like,
     aten.nansum.default: sum_like,
     aten.prod.dim_int: sum_like,
     aten.linalg_vector_norm.default: norm_like,

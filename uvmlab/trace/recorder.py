@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,6 +124,9 @@ class Recorder(TorchDispatchMode):
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
         self._label: str | None = None
+        self.temporaries_failed: Counter[str] = Counter()
+        """Ops whose kernel-temporary rule raised (``uvmlab.trace.internal_rules``): the capture goes on without
+        their temporaries and says so in the header's notes."""
 
     @contextlib.contextmanager
     def attributing(self, op: str) -> Iterator[None]:
@@ -270,7 +274,11 @@ class Recorder(TorchDispatchMode):
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
         stride_b, touched_b = strided_columns(operands)
-        temps = temporaries(func, args, kwargs, outs)
+        try:
+            temps = temporaries(func, args, kwargs, outs)
+        except (TypeError, ValueError, IndexError, RuntimeError):  # an argument form no rule foresaw
+            self.temporaries_failed[opname] += 1
+            temps = ""
         self._add_kernel(
             opname,
             list(rows),
