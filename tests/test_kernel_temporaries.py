@@ -252,6 +252,35 @@ def test_reduce_rule_reproduces_a_real_runs_staging_buffers(ctx: int, buffer: in
     assert rtx3060 == ([4 * 1024 * 42 * 128, 32] if ctx == 1024 else [buffer, 32])
 
 
+@pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason="../shared/real-data/snapshots absent")
+@pytest.mark.parametrize("ctx", [128, 256, 512])
+def test_reduce_rule_reproduces_every_staging_block_of_an_h100_run(ctx: int) -> None:
+    """kkaitlyn111/cs336-a2-systems c1272e18: the CS336 2.7B LM (d_model 2,560, 32 layers, vocabulary 10,000,
+    batch 4; benchmark.py ``profile_memory_forward_fullstep``) on an H100 (its frames name ``compute_90``). Its
+    einsum layers leave gradients and logits with the token dimension fastest, so the 65 RMSNorm ``rms`` gradients
+    (``_sum_to`` over 2,560 features) and the loss's ``max`` and ``sum`` over the vocabulary are column
+    reductions. Every ``gpu_reduce_kernel`` block of the snapshot (134 per run) is reproduced, including the
+    512-token run's, where the H100's 132 SMs bound the CTAs (132, not the 157 the values per thread allow)."""
+    from uvmlab.trace.safe_pickle import safe_load_file
+
+    name = f"kkaitlyn111__cs336-a2-systems__c1272e18__memory_files_memory_ctx{ctx}_fullstep_.pickle"
+    if not (SNAPSHOTS / name).is_file():
+        pytest.skip(f"{name} absent")
+    real: Counter[int] = Counter()
+    for device in safe_load_file(SNAPSHOTS / name)["device_traces"]:
+        for e in device:
+            names = [f.get("name", "") for f in e.get("frames") or []]
+            if e.get("action") == "alloc" and any("gpu_reduce_kernel" in n for n in names):
+                real[int(e["size"])] += 1
+    tokens = 4 * ctx
+    predicted: Counter[int] = Counter()
+    for arg_bytes, reduced, count in ((4, 2560, 65), (16, 10_000, 1), (4, 10_000, 1)):  # rms grads, max, sum
+        spec = [arg_bytes, *reduction_layout((tokens, reduced), (1, tokens), {1}, (1, 0), 4), 4, 512]
+        for tm in resolve([{"l": "reduce_partials", "reduce": spec}], 132, 2048):
+            predicted[tm.size_bytes] += count
+    assert real == predicted
+
+
 # ---- embedding backward ------------------------------------------------------------------------------------------
 def test_embedding_backward_sorts_only_above_3072_indices() -> None:
     grad = torch.randn(2048, 32, device="meta")
