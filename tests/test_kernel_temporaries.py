@@ -154,6 +154,9 @@ def test_column_sum_allocates_reduce_staging_and_semaphores() -> None:
     ]
     out, temps = inserted(t)
     assert sorted(temps["size_bytes"].tolist()) == [32, 32 * 1024 * 1024]
+    acc = out.accesses.merge(temps[["alloc_id", "size_bytes"]], on="alloc_id", suffixes=("", "_alloc"))
+    # the UVM simulator sees what the blocks write: 8 x 64 CTAs x 32 threads x 16 B of the 32 MiB
+    assert sorted(acc["size_bytes"].tolist()) == [32, 8 * 64 * 32 * 16]
     seq = kernel_seq(out, "aten::sum")
     assert (temps["alloc_seq"] < seq).all() and sorted(temps["free_seq"]) == [seq + 1, seq + 2]
 
@@ -170,7 +173,8 @@ def test_reduce_staging_follows_the_sm_count_when_the_grid_bounds_it() -> None:
     88 on an H100, 14 on an RTX 3060 (28 x 12); staging = 4 B x 3072 x CTAs x 32 x 4."""
     spec = [4, *reduction_layout((8192, 3072), (3072, 1), {0}, (0, 1), 4), 4, 512]
     for sms, threads, ctas in ((108, 2048, 72), (132, 2048, 88), (28, 1536, 14)):
-        assert reduce_buffers(spec, sms, threads) == (4 * 3072 * ctas * 32 * 4, 4 * 24)
+        # written: 24 blocks x CTAs x 32 threads, one 4-float slot each: 1/128 of the staging buffer
+        assert reduce_buffers(spec, sms, threads) == (4 * 3072 * ctas * 32 * 4, 4 * 24, 4 * 4 * 24 * ctas * 32)
 
 
 def test_reduction_layout_coalesces_and_orders_like_tensor_iterator() -> None:

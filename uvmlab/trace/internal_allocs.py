@@ -78,6 +78,9 @@ class Temporary:
     """Index (in the kernel's resolved list) of the allocation after which this one is freed; None: after the
     kernel (or before the outputs, with ``free_before_outputs``)."""
     free_before_outputs: bool = False
+    touched_bytes: int | None = None
+    """Bytes the kernel really writes, when less than the allocation (None: all of it): a reduction's staging
+    buffer is allocated ``block.x x vec`` times larger than the slots its blocks write."""
 
 
 def encode(entries: list[dict[str, Any]]) -> str:
@@ -95,9 +98,12 @@ def last_pow2(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
-def reduce_buffers(spec: list[Any], sms: int, threads_per_sm: int) -> tuple[int, int]:
-    """(staging buffer bytes, semaphore bytes) ``gpu_reduce_kernel`` allocates for one reduction; (0, 0) when it
-    does not reduce across thread blocks.
+def reduce_buffers(spec: list[Any], sms: int, threads_per_sm: int) -> tuple[int, int, int]:
+    """(staging buffer bytes, semaphore bytes, staging bytes written) ``gpu_reduce_kernel`` allocates for one
+    reduction; zeros when it does not reduce across thread blocks. Written: ``ReduceOp::global_reduce`` stores one
+    ``arg x vec`` slot per (block, CTA, thread.x) at ``staging_memory_offset``, ``grid.x x CTAs x block.x`` slots
+    (``x block.x`` only without a block-x reduction), while ``global_memory_size`` allocates ``outputs x CTAs``
+    slots of that size (``x block.x x vec`` likewise).
 
     ``spec``: the ``reduce`` form (module docstring), from TensorIterator's view of the reduction after it reorders
     and coalesces the dimensions (``uvmlab.trace.internal_rules.reduction_layout``). The arithmetic is
@@ -138,17 +144,19 @@ def reduce_buffers(spec: list[Any], sms: int, threads_per_sm: int) -> tuple[int,
     target = sms * (threads_per_sm // num_threads)
     vpt = -(-n_in // step_in)
     if not (split_warps and vpt >= REDUCE_MAX_VALUES_PER_THREAD and grid_x <= target):
-        return 0, 0
+        return 0, 0, 0
     c1 = -(-target // grid_x)
     c2 = -(-vpt // REDUCE_MIN_VALUES_PER_THREAD)
     c3 = -(-vpt // REDUCE_MAX_VALUES_PER_THREAD)
     ctas = min(max(c1, c3), c2)  # std::clamp(c1, c3, c2)
     if ctas <= 1:
-        return 0, 0
+        return 0, 0, 0
     size = arg_bytes * n_out * ctas
+    written = arg_bytes * out_vec * grid_x * ctas
     if not block_x_reduce:
         size *= bw * out_vec
-    return size, 4 * grid_x
+        written *= bw
+    return size, 4 * grid_x, min(written, size)
 
 
 def gamma_beta_partials(spec: list[Any], sms: int) -> list[int]:
@@ -181,29 +189,31 @@ def embedding_final(spec: list[Any], sms: int) -> list[tuple[str, int]]:
 def resolve(entries: list[dict[str, Any]], sms: int, threads_per_sm: int) -> list[Temporary]:
     """The kernel's internal allocations sized for a GPU with ``sms`` SMs of ``threads_per_sm`` resident threads;
     entries that allocate nothing there are dropped (``until`` indices follow the kept list)."""
-    staged: list[tuple[int, str, int, bool, Any]] = []  # (entry index, label, size, pre, until as given)
+    staged: list[tuple[int, str, int, bool, Any, int | None]] = []  # (entry, label, size, pre, until, written)
     last_of: dict[int, int] = {}  # entry index -> position of its last allocation in the kept list
     for i, e in enumerate(entries):
-        parts: list[tuple[str, int]]
+        parts: list[tuple[str, int, int | None]]
         if "b" in e:
-            parts = [(e["l"], int(e["b"]))]
+            parts = [(e["l"], int(e["b"]), None)]
         elif "reduce" in e:
-            buf, sem = reduce_buffers(e["reduce"], sms, threads_per_sm)
-            parts = [(e["l"], buf), (e["l"] + "_semaphores", sem)] if buf else []
+            buf, sem, written = reduce_buffers(e["reduce"], sms, threads_per_sm)
+            parts = [(e["l"], buf, written), (e["l"] + "_semaphores", sem, None)] if buf else []
         elif "gamma_beta" in e:
-            parts = [(e["l"], size) for size in gamma_beta_partials(e["gamma_beta"], sms)]
+            parts = [(e["l"], size, None) for size in gamma_beta_partials(e["gamma_beta"], sms)]
         elif "embedding" in e:
-            parts = embedding_final(e["embedding"], sms)
+            parts = [(label, size, None) for label, size in embedding_final(e["embedding"], sms)]
         else:
             raise ValueError(f"unknown kernel temporary entry {e!r}")
-        for label, size in parts:
+        for label, size, written in parts:
             if size > 0:
                 last_of[i] = len(staged)
-                staged.append((i, label, int(size), bool(e.get("pre")), e.get("until")))
-    return [
-        Temporary(label, size, pre, None if until in (None, "outputs") else last_of.get(until), until == "outputs")
-        for _i, label, size, pre, until in staged
-    ]
+                staged.append((i, label, int(size), bool(e.get("pre")), e.get("until"), written))
+    out = []
+    for _i, label, size, pre, until, written in staged:
+        freed_after = None if until in (None, "outputs") else last_of.get(until)
+        partial = None if written is None or written >= size else int(written)
+        out.append(Temporary(label, size, pre, freed_after, until == "outputs", partial))
+    return out
 
 
 def round_up(x: int, m: int) -> int:

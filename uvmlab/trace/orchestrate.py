@@ -496,7 +496,8 @@ def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[in
     kernel's stream, allocated inside the op in the order the kernel allocates it: before the op's outputs
     (``pre``, e.g. ``layer_norm``'s input copy) or after them, just before the kernel; and freed when the op
     returns (just after the kernel), or earlier where the source frees it earlier (``until``). The kernel writes it
-    (an access over its whole size, for the UVM simulator). Returns (temporaries added, largest one)."""
+    (an access over what it really writes, for the UVM simulator: the whole block except a reduction's staging
+    buffer, ``Temporary.touched_bytes``). Returns (temporaries added, largest one)."""
     k = trace.kernels
     if TEMPORARIES_COLUMN not in k.columns:
         return 0, 0
@@ -530,8 +531,9 @@ def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[in
             row = {"size_bytes": t.size_bytes, "category": "temporary", "phase": phase[i],
                    "iteration": int(iteration[i]), "op": f"{names[i]}:{t.label}", "stream": int(stream[i])}  # fmt: skip
             alloc_id = b.insert_keyed(row, keys[j], free_key)
+            written = t.size_bytes if t.touched_bytes is None else t.touched_bytes
             b.new_access.append({"kernel_id": int(kid[i]), "alloc_id": alloc_id, "offset_bytes": 0,
-                                 "size_bytes": t.size_bytes, "is_write": True})  # fmt: skip
+                                 "size_bytes": written, "is_write": True})  # fmt: skip
             added += 1
             top = max(top, t.size_bytes)
     return added, top
