@@ -5,6 +5,7 @@ over permuted logits through the estimate."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.gpus import get_gpu
+from uvmlab.trace.emulate import ConvLayoutEmulation
 from uvmlab.trace.internal_allocs import decode, embedding_final, gamma_beta_partials, reduce_buffers, resolve
 from uvmlab.trace.internal_rules import efficient_attention_backward, reduction_layout, sum_like
 from uvmlab.trace.orchestrate import OrchestrationRules, to_cuda
@@ -28,10 +31,11 @@ LABELLED = r"(?<!:):(?!:)"
 SNAPSHOTS = Path(__file__).resolve().parents[2] / "shared" / "real-data" / "snapshots"
 
 
-def capture(fn: Callable[[], object]) -> Trace:
-    """Run ``fn`` under the recorder on meta (phase forward) and return its trace."""
+def capture(fn: Callable[[], object], conv_layout: bool = False) -> Trace:
+    """Run ``fn`` under the recorder on meta (phase forward) and return its trace (``conv_layout``: with CUDA's
+    convolution memory formats, ``uvmlab.trace.emulate.ConvLayoutEmulation``, outside the recorder as in a capture)."""
     rec = Recorder("meta")
-    with rec:
+    with ConvLayoutEmulation() if conv_layout else contextlib.nullcontext(), rec:
         rec.set_phase("forward", 0)
         keep = fn()  # noqa: F841 (outputs stay alive until the capture ends)
         rec.close()
@@ -124,6 +128,42 @@ def test_layer_norm_copies_a_strided_input_before_its_outputs() -> None:
     assert int(temps["free_seq"].iloc[0]) == kernel_seq(out, "aten::native_layer_norm") + 1
     t = capture(lambda: torch.ops.aten.native_layer_norm(x.contiguous(), [16], w, b, 1e-5))
     assert entries(t, "aten::native_layer_norm") == []
+
+
+def test_meta_convolutions_take_cudas_memory_format() -> None:
+    """cudnn_conv_suggest_memory_format: channels-last operands give a channels-last output and input gradient."""
+    x = torch.randn(2, 8, 16, 16, device="meta").contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(4, 8, 3, 3, device="meta", requires_grad=True)
+    emu = ConvLayoutEmulation()
+    with emu:
+        y = F.conv2d(x, w, padding=1)
+        y.sum().backward()
+        z = F.conv2d(x.detach().contiguous(), w, padding=1)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    assert x.grad is not None and x.grad.is_contiguous(memory_format=torch.channels_last)
+    assert z.is_contiguous()
+    assert emu.counts == {"convolution": 1, "convolution_backward": 1}
+
+
+def test_layer_norm_after_a_channels_last_convolution_copies_only_what_cuda_copies() -> None:
+    """ConvNeXt's pattern: a convolution, a permute to NHWC, a layer norm. CUDA's convolution keeps a channels-last
+    input channels-last, so the permuted output is contiguous and the layer norm copies nothing; from an NCHW input
+    (ConvNeXt's stem) the permuted tensor is strided and the layer norm copies it. The meta kernel returns NCHW
+    either way: without the convolution-layout emulation the first case would get a copy CUDA does not make."""
+    w = torch.randn(8, 1, 7, 7, device="meta")
+    g, b = torch.ones(8, device="meta"), torch.zeros(8, device="meta")
+
+    def block(x: torch.Tensor) -> Callable[[], object]:
+        return lambda: F.layer_norm(F.conv2d(x, w, padding=3, groups=8).permute(0, 2, 3, 1), [8], g, b)
+
+    nhwc = torch.randn(2, 8, 16, 16, device="meta").contiguous(memory_format=torch.channels_last)
+    nchw = torch.randn(2, 8, 16, 16, device="meta")
+    assert entries(capture(block(nhwc), conv_layout=True), "aten::native_layer_norm") == []
+    assert entries(capture(block(nchw), conv_layout=True), "aten::native_layer_norm") == [
+        {"l": "contiguous_input", "b": 2 * 8 * 16 * 16 * 4, "pre": 1}
+    ]
+    # the meta kernel alone (no emulation) would copy in both cases
+    assert entries(capture(block(nhwc)), "aten::native_layer_norm") != []
 
 
 def test_layer_norm_backward_partials_only_on_the_two_pass_path_and_by_sm_count() -> None:
