@@ -405,6 +405,25 @@ def test_convolution_backward_copies_a_strided_grad_output() -> None:
     assert entries(t, "aten::convolution_backward") == []
 
 
+def test_convolution_backward_copies_in_the_format_cudnn_suggests() -> None:
+    """ConvNeXt's stem: an NCHW image, a gradient in channels-last memory (its LayerNorm2d permutes back). cuDNN's
+    weight-gradient call works in channels-last (``cudnn_conv_suggest_memory_format(input, grad_output)``): it copies
+    the input, not the gradient; with an NCHW gradient nothing is copied."""
+    x = torch.randn(2, 3, 32, 32, device="meta")
+    w = torch.randn(8, 3, 4, 4, device="meta")
+    g_cl = torch.randn(2, 8, 8, 8, device="meta").contiguous(memory_format=torch.channels_last)
+
+    def run(grad: torch.Tensor) -> Callable[[], object]:
+        return lambda: torch.ops.aten.convolution_backward(
+            grad, x, w, [8], [4, 4], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True]
+        )
+
+    assert entries(capture(run(g_cl)), "aten::convolution_backward") == [
+        {"l": "contiguous_input", "b": 2 * 3 * 32 * 32 * 4}
+    ]
+    assert entries(capture(run(g_cl.contiguous())), "aten::convolution_backward") == []
+
+
 # ---- the rule switch, old traces, the acceptance LM --------------------------------------------------------------
 def test_rule_off_and_traces_without_the_column_add_nothing() -> None:
     t = capture(lambda: torch.log_softmax(torch.randn(4, 10, 6, device="meta").permute(0, 2, 1), dim=1))

@@ -288,7 +288,8 @@ def capture_trace(
         )
     if conv_layout is not None and conv_layout.counts:
         notes.append(
-            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs): "
+            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
+            "distinct call shapes (the meta memo replays repeats): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(conv_layout.counts.items()))
         )
     if rec.temporaries_failed:

@@ -373,7 +373,7 @@ class DataDependentEmulation(TorchDispatchMode):
         return torch.zeros((minlength if minlength > 0 else x.numel(),), dtype=dtype, device=x.device)
 
 
-def _suggests_channels_last(t: Any) -> bool:
+def suggests_channels_last(t: Any) -> bool:
     """``Tensor::suggest_memory_format() == ChannelsLast`` for a 4-D tensor: channels-last strides that are not also
     the contiguous ones."""
     return (
@@ -384,11 +384,11 @@ def _suggests_channels_last(t: Any) -> bool:
     )
 
 
-def _cudnn_channels_last(a: Any, b: Any) -> bool:
+def cudnn_channels_last(a: Any, b: Any) -> bool:
     """``cudnn_conv_suggest_memory_format(a, b) == ChannelsLast`` (ConvUtils.h) for 4-D operands, not float64."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or torch.float64 in (a.dtype, b.dtype):
         return False
-    return b.dim() == 4 and (_suggests_channels_last(a) or _suggests_channels_last(b))
+    return b.dim() == 4 and (suggests_channels_last(a) or suggests_channels_last(b))
 
 
 def _as_channels_last(t: Any) -> Any:
@@ -421,17 +421,17 @@ class ConvLayoutEmulation(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is self._conv and _on_meta(args) and _cudnn_channels_last(args[0], args[1]):
+        if func is self._conv and _on_meta(args) and cudnn_channels_last(args[0], args[1]):
             self.counts["convolution"] += 1
             return _as_channels_last(out)
         if func is self._conv_backward and _on_meta(args):
             grad_out, x, w = args[0], args[1], args[2]
             grad_input, grad_weight, grad_bias = out
-            if _cudnn_channels_last(grad_out, w) or _cudnn_channels_last(x, grad_out):
+            if cudnn_channels_last(grad_out, w) or cudnn_channels_last(x, grad_out):
                 self.counts["convolution_backward"] += 1
-            if _cudnn_channels_last(grad_out, w):
+            if cudnn_channels_last(grad_out, w):
                 grad_input = _as_channels_last(grad_input)
-            if _cudnn_channels_last(x, grad_out):
+            if cudnn_channels_last(x, grad_out):
                 grad_weight = _as_channels_last(grad_weight)
             return grad_input, grad_weight, grad_bias
         return out

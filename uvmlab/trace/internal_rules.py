@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from uvmlab.trace.emulate import cudnn_channels_last
 from uvmlab.trace.internal_allocs import encode, round_up
 
 aten = torch.ops.aten
@@ -132,19 +133,37 @@ def layer_norm_backward(args: tuple[Any, ...], kwargs: dict[str, Any], outs: lis
 
 
 # ---- convolution backward: aten/src/ATen/native/cudnn/ConvShared.cpp, cuda/DepthwiseConv2d.cu ----------------------
+def _cudnn_layout(a: Any, b: Any) -> torch.memory_format:
+    """ConvUtils.h ``cudnn_conv_suggest_memory_format(a, b)`` (``uvmlab.trace.emulate.cudnn_channels_last``)."""
+    return torch.channels_last if cudnn_channels_last(a, b) else torch.contiguous_format
+
+
+def _copy_to(t: Any, fmt: torch.memory_format, label: str) -> list[Entry]:
+    if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_contiguous(memory_format=fmt):
+        return []
+    return [{"l": label, "b": _nbytes(t)}]
+
+
 def convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> list[Entry]:
-    """``convolution_backward``: cuDNN's ``cudnn_convolution_backward_input`` / ``_weight`` (and the depthwise
-    kernels' ``conv_depthwise2d_backward_cuda_out``) make ``grad_output`` contiguous in the input's memory format
-    after allocating the gradient. The two cuDNN calls each make (and free) the copy in turn: one block, reused."""
-    grad_out, x = args[0], args[1]
-    fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else None
+    """``convolution_backward`` on cuDNN (cudnn/ConvShared.cpp): ``cudnn_convolution_backward_input`` makes
+    grad_output and the weight contiguous in ``cudnn_conv_suggest_memory_format(grad_output, weight)``, then
+    ``cudnn_convolution_backward_weight`` makes grad_output and the input contiguous in
+    ``cudnn_conv_suggest_memory_format(input, grad_output)``, each after allocating its gradient and freeing its
+    copies when it returns (PyTorch's own NCHW depthwise kernels, ``conv_depthwise2d_backward_cuda_out``, copy the
+    same operands to NCHW). APPROXIMATION: the op's temporaries are the copies of the call that copies more (the
+    two calls run one after the other)."""
+    grad_out, x, w = args[0], args[1], args[2]
+    mask = _arg(args, kwargs, 10, "output_mask", [True, True, True])
     if grad_out.numel() == 0:
         return []
-    if fmt is not None and not x.is_contiguous():
-        ok = grad_out.is_contiguous(memory_format=fmt)
-    else:
-        ok = grad_out.is_contiguous()
-    return [] if ok else [{"l": "contiguous_grad_output", "b": _nbytes(grad_out)}]
+    calls = []
+    if mask[0]:
+        fmt = _cudnn_layout(grad_out, w)
+        calls.append(_copy_to(grad_out, fmt, "contiguous_grad_output") + _copy_to(w, fmt, "contiguous_weight"))
+    if mask[1]:
+        fmt = _cudnn_layout(x, grad_out)
+        calls.append(_copy_to(grad_out, fmt, "contiguous_grad_output") + _copy_to(x, fmt, "contiguous_input"))
+    return max(calls, key=lambda c: sum(e["b"] for e in c), default=[])
 
 
 # ---- embedding backward: aten/src/ATen/native/cuda/Embedding.cu, EmbeddingBackwardKernel.cu -------------------------
