@@ -23,9 +23,10 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
-from uvmlab.evaluate.dlperf import DLPERF_DIR, geometry, read_layers
+from uvmlab.evaluate.dlperf import DLPERF_DIR, Layer, geometry, read_layers
 from uvmlab.measure.gpu.kit.cudnn_log import parse_log
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS, ConvGeometry, candidate_workspaces, workspace_sizes
 
@@ -64,21 +65,26 @@ def _log_calls(path: Path) -> list[tuple[str, str, int, ConvGeometry]]:
     return out
 
 
+def _dlperf_files(real: Path) -> Iterator[tuple[bool, Path, list[Layer]]]:
+    """(advised, file, layers) of every DLPerf file: the fastest choices, then the heuristic's."""
+    for advised in (False, True):
+        for f in sorted((real / DLPERF_DIR).glob("*/batchsize_*/*/*.json")):
+            if ("advised" in f.parts[-4]) == advised:
+                yield advised, f, read_layers(f, advised=advised)
+
+
 def family_checks(real: Path) -> None:
     """Question (1): the model's size over the real size, per algorithm the model describes."""
     ratios: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for advised in (False, True):
+    for advised, _f, layers in _dlperf_files(real):
         sub = "advised" if advised else "fastest"
-        for f in sorted((real / DLPERF_DIR).glob("*/batchsize_*/*/*.json")):
-            if ("advised" in f.parts[-4]) != advised:
-                continue
-            for layer in read_layers(f, advised=advised):
-                cand = candidate_workspaces(geometry(layer))
-                fams = [FAMILY_OF.get(layer.algo)] + (["fft-pow2"] if layer.algo == "FFT" else [])
-                fams += ["fft", "fft-pow2"] if layer.algo == "FFT_TILING" else []
-                for fam in filter(None, fams):
-                    if fam in cand and layer.workspace_bytes > 0:
-                        ratios[(f"DLPerf {sub}", layer.algo, fam)].append(cand[fam] / layer.workspace_bytes)
+        for layer in layers:
+            cand = candidate_workspaces(geometry(layer))
+            fams = [FAMILY_OF.get(layer.algo)] + (["fft-pow2"] if layer.algo == "FFT" else [])
+            fams += ["fft", "fft-pow2"] if layer.algo == "FFT_TILING" else []
+            for fam in filter(None, fams):
+                if fam in cand and layer.workspace_bytes > 0:
+                    ratios[(f"DLPerf {sub}", layer.algo, fam)].append(cand[fam] / layer.workspace_bytes)
     log = real / LOG
     if log.is_file():
         for kind, algo, ws, g in _log_calls(log):
@@ -101,16 +107,12 @@ def family_checks(real: Path) -> None:
 def largest_checks(real: Path) -> None:
     """Question (2): per (network, batch, GPU), the model's largest per-call workspace over the real largest."""
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for advised in (False, True):
+    for advised, f, layers in _dlperf_files(real):
         sub = "advised (default)" if advised else "fastest (benchmark)"
-        for f in sorted((real / DLPERF_DIR).glob("*/batchsize_*/*/*.json")):
-            if ("advised" in f.parts[-4]) != advised:
-                continue
-            layers = read_layers(f, advised=advised)
-            real_max = max(layer.workspace_bytes for layer in layers)
-            for m in WORKSPACE_MODELS:
-                model_max = max(workspace_sizes(geometry(layer), m)[0] for layer in layers)
-                groups[(f"DLPerf {sub}", f.stem, m)].append(model_max / max(real_max, 1))
+        real_max = max(layer.workspace_bytes for layer in layers)
+        for m in WORKSPACE_MODELS:
+            model_max = max(workspace_sizes(geometry(layer), m)[0] for layer in layers)
+            groups[(f"DLPerf {sub}", f.stem, m)].append(model_max / max(real_max, 1))
     log = real / LOG
     if log.is_file():
         calls = _log_calls(log)
