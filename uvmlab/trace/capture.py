@@ -41,7 +41,13 @@ import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
-from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
+from uvmlab.trace.emulate import (
+    AutocastEmulation,
+    ConvLayoutEmulation,
+    DataDependentEmulation,
+    DropoutEmulation,
+    SdpaEmulation,
+)
 from uvmlab.trace.heap import frozen_heap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -213,6 +219,7 @@ def capture_trace(
     cat = _Categorizer(rec)
     sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
+    conv_layout = ConvLayoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
     guard = _user_code_guard(cfg, spec.source)
@@ -232,6 +239,8 @@ def capture_trace(
             stack.enter_context(sdpa)
         if dropout is not None:
             stack.enter_context(dropout)
+        if conv_layout is not None:
+            stack.enter_context(conv_layout)  # outside the recorder: it records the emulated outputs
         stack.enter_context(rec)
         if data_dep is not None:
             stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
@@ -276,6 +285,17 @@ def capture_trace(
         notes.append(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
+        )
+    if conv_layout is not None and conv_layout.counts:
+        notes.append(
+            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
+            "distinct call shapes (the meta memo replays repeats): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(conv_layout.counts.items()))
+        )
+    if rec.temporaries_failed:
+        notes.append(
+            "kernel temporaries not derived (their rule failed on these arguments; uvmlab.trace.internal_rules): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rec.temporaries_failed.items()))
         )
     if autocast_emu is not None:
         notes.append(

@@ -24,6 +24,12 @@ reference/allocator.md sections 2.18 and 6:
   picks; we take the largest tensor the call touches, capped at ``cudnn_workspace_cap_bytes`` (an upper envelope
   of the real per-call sizes seen, not a per-layer prediction: docs/estimate.md "Real cuDNN workspaces per
   call"), and the benchmark trial as everything available (an upper bound); see ``rule_cudnn_workspace``.
+- ``kernel_temporaries``: what a CUDA kernel allocates inside itself and frees before it returns, which the meta
+  kernel the capture ran does not (a contiguous copy of a strided input, a reduction's staging buffer and
+  semaphores, embedding backward's sort buffers, attention backward's workspace...): the capture lists them in
+  the kernels' ``temporaries`` column (``uvmlab.trace.internal_rules``, each rule with its PyTorch source), this
+  rule sizes the GPU-dependent ones for the GPU's SMs (``uvmlab.trace.internal_allocs.resolve``) and inserts each
+  as a ``temporary`` allocation inside the op; see ``rule_kernel_temporaries``.
 - CUDA context: NOT an allocator allocation; it is recorded as ``header["orchestration"]["context_bytes"]``
   (``gpu.context_bytes``) so that device-level accounting (estimate, UVM sim) subtracts it from the capacity.
 
@@ -44,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import GpuSpec, sm_info
 from uvmlab.trace.cudnn_conv import (
     CUDNN_WORKSPACE_CAP_BYTES,
     ELEMENT_BYTES,
@@ -54,6 +60,8 @@ from uvmlab.trace.cudnn_conv import (
     conv_geometry,
     workspace_sizes,
 )
+from uvmlab.trace.internal_allocs import COLUMN as TEMPORARIES_COLUMN
+from uvmlab.trace.internal_allocs import decode, resolve
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import KiB
 
@@ -125,11 +133,13 @@ class OrchestrationRules:
     ``rule_cudnn_workspace``)."""
     cudnn_workspace_model: str = "envelope"
     """Per-call cuDNN workspace size model, one of ``uvmlab.trace.cudnn_conv.WORKSPACE_MODELS`` (its docstring)."""
+    kernel_temporaries: bool = True
+    """Allocations CUDA kernels make inside themselves (``rule_kernel_temporaries``)."""
 
     @classmethod
     def none(cls) -> OrchestrationRules:
         """All rules off: ``to_cuda`` then only renumbers and records the context size."""
-        return cls(False, False, False, False, False, False)
+        return cls(False, False, False, False, False, False, kernel_temporaries=False)
 
 
 class _Builder:
@@ -163,14 +173,25 @@ class _Builder:
 
         ``free_order``: instead, free it just before event ``before_seq`` too, after the insertions of lower order
         and before those of higher order (a temporary that dies before the event)."""
+        if free_order is not None:
+            free_key = before_seq - 0.5 + (free_order + 0.5) * 1e-3
+        else:
+            free_key = np.nan if free_after_seq is None else free_after_seq + 0.25
+        return self.insert_keyed(row, self.key_before(before_seq, order), free_key)
+
+    @staticmethod
+    def key_before(seq: int, order: float) -> float:
+        """The ordering key of an insertion just before event ``seq``, after those of lower ``order``."""
+        return seq - 0.5 + order * 1e-3
+
+    def insert_keyed(self, row: dict[str, Any], alloc_key: float, free_key: float) -> int:
+        """Add an allocation at ordering key ``alloc_key``, freed at ``free_key`` (NaN: never); keys order the new
+        events among the trace's (an event's key is its seq)."""
         alloc_id = self.next_id
         self.next_id += 1
         self.new_rows.append({"alloc_id": alloc_id, "alloc_seq": 0, "free_seq": NEVER_FREED, **row})
-        self.new_alloc_key.append(before_seq - 0.5 + order * 1e-3)
-        if free_order is not None:
-            self.new_free_key.append(before_seq - 0.5 + (free_order + 0.5) * 1e-3)
-        else:
-            self.new_free_key.append(np.nan if free_after_seq is None else free_after_seq + 0.25)
+        self.new_alloc_key.append(alloc_key)
+        self.new_free_key.append(free_key)
         return alloc_id
 
     def build(self, header: dict[str, Any]) -> Trace:
@@ -445,6 +466,79 @@ def rule_cudnn_workspace(
     return added, top, trial_top
 
 
+TEMPORARY_ORDER = 2.5
+"""Insertion order of kernel temporaries before their kernel: after a cuDNN benchmark trial (orders 2 to 2.4) and
+before the cuDNN workspace (3, 4), which ``run_conv_plan`` allocates after the call's contiguous copies."""
+
+
+def _first_output_seqs(trace: Trace, kernel_seqs: np.ndarray, names: list[str]) -> np.ndarray:
+    """Per kernel, the seq of the first of its outputs the capture recorded right before it (allocations of the
+    kernel's own op, or first-touched inputs, in the unbroken run of allocation seqs just before the kernel); the
+    kernel's seq when there are none."""
+    a = trace.allocations
+    by_seq = dict(zip(a["alloc_seq"].tolist(), a["op"].tolist(), strict=True))
+    out = kernel_seqs.copy()
+    for i, (seq, name) in enumerate(zip(kernel_seqs.tolist(), names, strict=True)):
+        j = seq - 1
+        while by_seq.get(j) in (name, "<external>"):
+            if by_seq[j] == name:
+                out[i] = j
+            j -= 1
+    return out
+
+
+def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[int, int]:
+    """Insert what each CUDA kernel allocates inside itself (the kernels' ``temporaries`` column,
+    ``uvmlab.trace.internal_allocs``), sized for ``gpu``'s SM count (``uvmlab.gpus.sm_info``; an unknown GPU is
+    taken as an A100).
+
+    Each temporary is a caching-allocator block of category ``temporary`` and op ``<kernel>:<label>``, on the
+    kernel's stream, allocated inside the op in the order the kernel allocates it: before the op's outputs
+    (``pre``, e.g. ``layer_norm``'s input copy) or after them, just before the kernel; and freed when the op
+    returns (just after the kernel), or earlier where the source frees it earlier (``until``). The kernel writes it
+    (an access over what it really writes, for the UVM simulator: the whole block except a reduction's staging
+    buffer, ``Temporary.touched_bytes``). Returns (temporaries added, largest one)."""
+    k = trace.kernels
+    if TEMPORARIES_COLUMN not in k.columns:
+        return 0, 0
+    values = k[TEMPORARIES_COLUMN].fillna("").astype(str).to_numpy()
+    pos = np.flatnonzero(values != "")
+    if not len(pos):
+        return 0, 0
+    sms, threads, _known = sm_info(gpu.name)
+    seqs = k["seq"].to_numpy()[pos].astype(np.int64)
+    names = [str(n) for n in k["name"].to_numpy()[pos]]
+    first_out = _first_output_seqs(trace, seqs, names)
+    kid, phase = k["kernel_id"].to_numpy()[pos], k["phase"].to_numpy()[pos]
+    iteration, stream = k["iteration"].to_numpy()[pos], k["stream"].to_numpy()[pos]
+    cache: dict[str, list[Any]] = {}
+    added, top = 0, 0
+    for i, text in enumerate(values[pos].tolist()):
+        temps = cache.get(text)
+        if temps is None:
+            temps = cache[text] = resolve(decode(text), sms, threads)
+        seq, start = int(seqs[i]), int(first_out[i])
+        keys: list[float] = []
+        for j, t in enumerate(temps):
+            keys.append(b.key_before(start if t.before_outputs else seq, TEMPORARY_ORDER + 0.01 * j))
+        for j, t in enumerate(temps):
+            if t.free_before_outputs:
+                free_key = b.key_before(start, TEMPORARY_ORDER + 0.01 * j + 0.005)
+            elif t.until is not None:
+                free_key = keys[t.until] + 0.005e-3
+            else:
+                free_key = seq + 0.25
+            row = {"size_bytes": t.size_bytes, "category": "temporary", "phase": phase[i],
+                   "iteration": int(iteration[i]), "op": f"{names[i]}:{t.label}", "stream": int(stream[i])}  # fmt: skip
+            alloc_id = b.insert_keyed(row, keys[j], free_key)
+            written = t.size_bytes if t.touched_bytes is None else t.touched_bytes
+            b.new_access.append({"kernel_id": int(kid[i]), "alloc_id": alloc_id, "offset_bytes": 0,
+                                 "size_bytes": written, "is_write": True})  # fmt: skip
+            added += 1
+            top = max(top, t.size_bytes)
+    return added, top
+
+
 def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None) -> Trace:
     """The CUDA allocation sequence of ``trace`` on ``gpu`` (a new Trace; the input is not modified).
 
@@ -474,6 +568,9 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         changes["cublas_workspace"] = rule_cublas_workspace(b, trace, ws, CUBLAS_OPS, "cublas_workspace")
     if rules.cublaslt_workspace:
         changes["cublaslt_workspace"] = rule_cublas_workspace(b, trace, lt, CUBLASLT_OPS, "cublaslt_workspace")
+    temporaries_top = 0
+    if rules.kernel_temporaries:
+        changes["kernel_temporaries"], temporaries_top = rule_kernel_temporaries(b, trace, gpu)
     cudnn_top = trial_top = 0
     if rules.cudnn_workspace:
         available = gpu.memory_bytes - gpu.context_bytes
@@ -490,6 +587,7 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         "cudnn_workspace_peak_bytes": cudnn_top if rules.cudnn_workspace else None,
         "cudnn_depthwise_calls_without_workspace": b.depthwise_convolutions if rules.cudnn_workspace else None,
         "cudnn_benchmark_trial_peak_bytes": trial_top if rules.cudnn_benchmark else None,
+        "kernel_temporary_peak_bytes": temporaries_top if rules.kernel_temporaries else None,
         "context_bytes": gpu.context_bytes,
         "zero_grad": zero_grad,
     }
