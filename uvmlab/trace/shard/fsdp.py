@@ -29,15 +29,15 @@ below is read from PyTorch 2.14.1 (``torch/distributed/fsdp/``; the version uvml
   (``_root_post_backward_final_callback``: ``reduce_scatter_states.clear()``).
 
 **FSDP** (``FullyShardedDataParallel``, ``_flat_param.py``, ``_runtime_utils.py``): the unit's parameters are one
-``FlatParameter`` of one dtype, padded to a multiple of N (``numel_to_pad = world_size - total_numel % world_size``);
-a rank keeps 1/N of it. The all-gather writes the padded unsharded flat parameter
-(``_alloc_padded_unsharded_flat_param``, the unshard stream), of which the parameters are views; it is freed after forward for non-root units
-(``_should_free_in_backward``; the root keeps it) and after backward. ``backward_prefetch=BACKWARD_PRE`` (the
-default) gathers the next unit at a unit's pre-backward. The gradient of the flat parameter is one unsharded
-tensor, made when all of the unit's parameter gradients are ready; ``_reduce_grad`` reduce-scatters it into
-``new_sharded_grad = torch.empty_like(chunks[0])`` (the post-backward stream), which becomes ``_saved_grad_shard``
-and then the flat parameter's ``.grad`` until ``zero_grad``; the unsharded gradient is freed (``flat_param.grad =
-None``).
+``FlatParameter`` of one dtype, padded to a multiple of N (``numel_to_pad = world_size - total_numel %
+world_size``); a rank keeps 1/N of it. The all-gather writes the padded unsharded flat parameter
+(``_alloc_padded_unsharded_flat_param``, the unshard stream), of which the parameters are views; it is freed after
+forward for non-root units (``_should_free_in_backward``; the root keeps it) and after backward.
+``backward_prefetch=BACKWARD_PRE`` (the default) gathers the next unit at a unit's pre-backward. The gradient of the
+flat parameter is one unsharded tensor, made when all of the unit's parameter gradients are ready; ``_reduce_grad``
+reduce-scatters it into ``new_sharded_grad = torch.empty_like(chunks[0])`` (the post-backward stream), which becomes
+``_saved_grad_shard`` and then the flat parameter's ``.grad`` until ``zero_grad``; the unsharded gradient is freed
+(``flat_param.grad = None``).
 
 APPROXIMATIONS: a unit's gathers and frees are placed at its first and last kernel touching its parameters (not at
 its module hooks); FSDP's per-parameter gradients are taken to live until the unit's flat gradient is made;
