@@ -32,6 +32,7 @@ time, quantized on the GPU) is not in the trace.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +147,9 @@ def _lora(model: Any, cfg: WorkloadConfig) -> tuple[Any, str]:
     task = "CAUSAL_LM" if hasattr(model, "config") and hasattr(model, "generate") else None
     lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets, task_type=task)
     try:
-        peft_model = get_peft_model(model, lcfg)
+        with warnings.catch_warnings():  # peft asks transformers a deprecated question (is_gradient_checkpointing)
+            warnings.simplefilter("ignore", FutureWarning)
+            peft_model = get_peft_model(model, lcfg)
     except ValueError as exc:  # peft's own refusal (e.g. no module matches the targets)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"peft refused the LoRA config: {first}") from None
