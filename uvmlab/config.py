@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from uvmlab.errors import InputError
@@ -34,6 +34,18 @@ PyTorch FSDP (FullyShardedDataParallel, FULL_SHARD) and FSDP2 (``fully_shard``).
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 """``F.scaled_dot_product_attention`` backend on CUDA (``--sdpa-backend``), as ``torch.nn.attention.sdpa_kernel``
 forces it: ``auto`` is PyTorch's own choice (uvmlab.trace.emulate.SdpaEmulation)."""
+SHARD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "bucket_cap_mb": ("ddp",),
+    "reduce_bucket_size": ("zero1", "zero2", "zero3"),
+    "allgather_bucket_size": ("zero1", "zero2"),
+    "overlap_comm": ("zero1", "zero2", "zero3"),
+    "prefetch_bucket_size": ("zero3",),
+    "param_persistence_threshold": ("zero3",),
+    "max_reuse_distance": ("zero3",),
+}
+"""``--shard-option KEY=VALUE`` keys and the layouts that read them: DDP's ``bucket_cap_mb`` and DeepSpeed's
+``zero_optimization`` settings (``stage3_`` prefixes dropped); ``auto`` for the three hidden-size keys is HF
+Trainer's rule (uvmlab.trace.shard.zero)."""
 MAX_WORLD_SIZE = 1 << 16
 """Largest ``world_size`` accepted (65,536 ranks)."""
 MAX_LORA_RANK = 1 << 16
@@ -122,6 +134,8 @@ class WorkloadConfig:
     """Data-parallel ranks the job runs on (``shard`` set)."""
     sdpa_backend: str = "auto"
     """The CUDA SDPA backend (SDPA_BACKENDS)."""
+    shard_options: dict[str, Any] = field(default_factory=dict)
+    """Settings of the data-parallel layout (SHARD_OPTIONS), e.g. ``{"reduce_bucket_size": "auto"}``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workload", _text("workload", self.workload, "a workload name or a file path"))
@@ -172,13 +186,29 @@ class WorkloadConfig:
         if ws > 1 and not self.shard:
             raise InputError(f"--world-size {ws} needs a data-parallel layout: --shard {'|'.join(SHARD_MODES)}")
         _choice("sdpa backend", self.sdpa_backend, SDPA_BACKENDS)
+        opts = _mapping("shard options", self.shard_options)
+        for key, value in opts.items():
+            if key not in SHARD_OPTIONS:
+                raise InputError(f"unknown --shard-option {key}; known: {', '.join(SHARD_OPTIONS)}")
+            if self.shard not in SHARD_OPTIONS[key]:
+                raise InputError(f"--shard-option {key} applies to --shard {'/'.join(SHARD_OPTIONS[key])}")
+            if key == "overlap_comm":
+                opts[key] = parse_on_off(key, value)
+            elif not (value == "auto" and key in AUTO_SHARD_OPTIONS) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                what = " or auto" if key in AUTO_SHARD_OPTIONS else ""
+                raise InputError(f"--shard-option {key} must be a whole number >= 1{what}, not {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (config.json, hashing); ``checkpoint`` and the training-setup fields only when not at
         their defaults (older hashes stay valid)."""
         d = asdict(self)
         for f in fields(self):
-            if f.name in OPTIONAL_KEYS and d[f.name] == f.default:
+            if f.name not in OPTIONAL_KEYS:
+                continue
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            if d[f.name] == default:
                 d.pop(f.name)
         if "lora_targets" in d:
             d["lora_targets"] = list(d["lora_targets"])
@@ -187,12 +217,14 @@ class WorkloadConfig:
     @property
     def single_gpu(self) -> WorkloadConfig:
         """This job without its data-parallel layout: what one GPU captures (uvmlab.trace.cache)."""
-        return replace(self, shard="", world_size=1)
+        return replace(self, shard="", world_size=1, shard_options={})
 
 
 OPTIONAL_KEYS = frozenset(
-    {"checkpoint", "lora_rank", "lora_targets", "qlora", "weights_dtype", "shard", "world_size", "sdpa_backend"}
-)
+    {"checkpoint", "lora_rank", "lora_targets", "qlora", "weights_dtype", "shard", "world_size", "sdpa_backend",
+     "shard_options"}
+)  # fmt: skip
+AUTO_SHARD_OPTIONS = ("reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold")
 """WorkloadConfig fields left out of ``to_dict`` at their defaults."""
 MIN_OVERSUB = 1e-3
 """Smallest factor accepted: footprint / factor must stay a byte count (1e-300 overflowed to infinity)."""

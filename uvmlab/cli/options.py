@@ -151,6 +151,9 @@ def training_setup_options() -> list[Callable[[F], F]]:
                      help="Data-parallel ranks (with --shard).") ,
         click.option("--sdpa-backend", type=click.Choice(SDPA_BACKENDS), default="auto", show_default=True,
                      help="scaled_dot_product_attention backend on CUDA (auto: PyTorch's choice).") ,
+        click.option("--shard-option", "shard_options", multiple=True, metavar="KEY=VALUE",
+                     help="A setting of the --shard layout, e.g. reduce_bucket_size=auto (DeepSpeed, HF's rule) or "
+                     "bucket_cap_mb=50 (DDP); repeatable (docs/estimate.md).") ,
     ]  # fmt: skip
 
 
@@ -185,6 +188,7 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         shard=kw.get("shard") or "",
         world_size=kw.get("world_size") or 1,
         sdpa_backend=kw.get("sdpa_backend") or "auto",
+        shard_options=parse_options(kw.get("shard_options", ()), "--shard-option"),
     )
 
 

@@ -127,7 +127,8 @@ def get_trace(
     if cfg.shard:
         from uvmlab.trace.shard import shard_trace
 
-        return shard_trace(get_trace(cfg.single_gpu, device, emulate_cuda, progress), cfg.shard, cfg.world_size)
+        base = get_trace(cfg.single_gpu, device, emulate_cuda, progress)
+        return shard_trace(base, cfg.shard, cfg.world_size, cfg.shard_options)
     entry = cache_root() / cache_key(cfg, device, emulate_cuda)
     trace = _read_valid(entry)
     if trace is not None:

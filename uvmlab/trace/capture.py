@@ -243,8 +243,9 @@ def capture_trace(
             n_params = param_bytes = trainable_bytes = 0
             attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
             parameters: list[dict[str, Any]] = []
+            model_hidden_size = None
         else:
-            n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters = _train(
+            n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters, model_hidden_size = _train(
                 spec, cfg, device, rec, cat, guard, progress, autocast_emu
             )
     elapsed = time.perf_counter() - start
@@ -299,6 +300,7 @@ def capture_trace(
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
         "parameters": parameters,
+        "model_hidden_size": model_hidden_size,
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,
@@ -308,7 +310,7 @@ def capture_trace(
     if cfg.shard:  # one rank of a data-parallel job (uvmlab.trace.shard)
         from uvmlab.trace.shard import shard_trace
 
-        return shard_trace(trace, cfg.shard, cfg.world_size)
+        return shard_trace(trace, cfg.shard, cfg.world_size, cfg.shard_options)
     return trace
 
 
@@ -321,10 +323,10 @@ def _train(
     guard: Any,
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
-) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]]]:
+) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]], int | None]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
-    count, parameter bytes, trainable bytes, attention implementation, the header notes and the parameter map
-    (uvmlab.trace.param_map)."""
+    count, parameter bytes, trainable bytes, attention implementation, the header notes, the parameter map
+    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
@@ -368,6 +370,7 @@ def _train(
         workload.attention,
         [*workload.notes, *checkpointed],
         pmap.to_header(cfg.iterations),
+        pmap.hidden_size,
     )
 
 

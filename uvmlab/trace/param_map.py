@@ -26,6 +26,9 @@ class ParamMap:
         from workloads.checkpointing import repeated_blocks
 
         self._alloc_id = alloc_id
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        self.hidden_size: int | None = hidden if isinstance(hidden, int) else None
+        """The model config's ``hidden_size`` (HF Trainer sizes DeepSpeed's ``auto`` buckets from it)."""
         block_of: dict[int, int] = {}
         for index, block in enumerate(repeated_blocks(model)):
             for p in block.parameters():

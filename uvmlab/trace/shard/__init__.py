@@ -24,23 +24,25 @@ from uvmlab.trace.schema import Trace
 from uvmlab.trace.shard.ddp import ddp
 from uvmlab.trace.shard.fsdp import fsdp1, fsdp2
 from uvmlab.trace.shard.layout import Layout
-from uvmlab.trace.shard.zero import zero3, zero12
+from uvmlab.trace.shard.zero import zero3, zero12, zero_config
 
 
-def shard_trace(trace: Trace, mode: str, world_size: int) -> Trace:
-    """The trace of rank 0 of ``trace``'s job run under ``mode`` on ``world_size`` ranks (module docstring)."""
+def shard_trace(trace: Trace, mode: str, world_size: int, options: dict[str, Any] | None = None) -> Trace:
+    """The trace of rank 0 of ``trace``'s job run under ``mode`` on ``world_size`` ranks (module docstring);
+    ``options``: ``WorkloadConfig.shard_options`` (uvmlab.config.SHARD_OPTIONS)."""
     if mode not in SHARD_MODES:
         raise InputError(f"shard must be one of {', '.join(SHARD_MODES)}, not {mode!r}")
+    options = dict(options or {})
     layout = Layout(trace, world_size, "modules" if mode == "zero3" else "blocks")
-    apply = {
-        "ddp": ddp,
-        "zero1": lambda lay: zero12(lay, 1),
-        "zero2": lambda lay: zero12(lay, 2),
-        "zero3": zero3,
-        "fsdp": fsdp1,
-        "fsdp2": fsdp2,
-    }[mode]
-    summary: dict[str, Any] = {"mode": mode, "world_size": world_size, **apply(layout)}
+    if mode == "ddp":
+        summary = ddp(layout, options.get("bucket_cap_mb"))
+    elif mode in ("zero1", "zero2", "zero3"):
+        config = zero_config(options, trace.header.get("model_hidden_size"))
+        summary = zero3(layout, config) if mode == "zero3" else zero12(layout, int(mode[-1]), config)
+        summary["config"] = {k: getattr(config, k) for k in config.__dataclass_fields__}
+    else:
+        summary = fsdp1(layout) if mode == "fsdp" else fsdp2(layout)
+    summary = {"mode": mode, "world_size": world_size, **summary}
     header = dict(trace.header)
     header["shard"] = summary
     header["notes"] = [

@@ -71,9 +71,13 @@ def assign_buckets(
     return result
 
 
-def ddp(layout: Layout) -> dict[str, Any]:
-    """Apply DDP's buckets to ``layout`` (module docstring); the header summary (bucket sizes)."""
+def ddp(layout: Layout, bucket_cap_mb: int | None = None) -> dict[str, Any]:
+    """Apply DDP's buckets to ``layout`` (module docstring); the header summary (bucket sizes). ``bucket_cap_mb``:
+    DDP's argument (None: the default 25 MiB, with the 1 MiB first bucket; given, both limits are it:
+    ``_BucketCapacityConfig.create``)."""
     e = layout.edit
+    cap = DEFAULT_BUCKET_CAP_BYTES if bucket_cap_mb is None else int(bucket_cap_mb) * 1024 * 1024
+    first = DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap
     p = layout.params[layout.params["trainable"]].reset_index(drop=True)
     if p.empty:
         return {"buckets_initial_bytes": [], "buckets_rebuilt_bytes": []}
@@ -88,7 +92,7 @@ def ddp(layout: Layout) -> dict[str, Any]:
         for b, _ in assign_buckets(
             [nbytes[i] for i in order],
             [keys[i] for i in order],
-            [DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_BUCKET_CAP_BYTES],
+            [first, cap],
             order,
         )
     ]
@@ -109,8 +113,8 @@ def ddp(layout: Layout) -> dict[str, Any]:
     return {
         "buckets_initial_bytes": [int(sum(nbytes[i] for i in b)) for b in initial],
         "buckets_rebuilt_bytes": [int(sum(nbytes[i] for i in b)) for b in rebuilt],
-        "bucket_cap_bytes": DEFAULT_BUCKET_CAP_BYTES,
-        "first_bucket_bytes": DEFAULT_FIRST_BUCKET_BYTES,
+        "bucket_cap_bytes": cap,
+        "first_bucket_bytes": first,
     }
 
 

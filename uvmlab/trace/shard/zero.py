@@ -80,6 +80,26 @@ class ZeroConfig:
         return self.overlap_comm if self.overlap_comm is not None else stage == 3
 
 
+def zero_config(options: dict[str, Any], hidden_size: int | None) -> ZeroConfig:
+    """The ZeroConfig of ``--shard-option`` values. ``auto`` is HF Trainer's rule (transformers
+    ``integrations/deepspeed.py``, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``): ``reduce_bucket_size =
+    hidden_size ** 2``, ``stage3_prefetch_bucket_size = int(0.9 * hidden_size ** 2)``,
+    ``stage3_param_persistence_threshold = 10 * hidden_size``."""
+    auto = {
+        "reduce_bucket_size": lambda h: h * h,
+        "prefetch_bucket_size": lambda h: int(0.9 * h * h),
+        "param_persistence_threshold": lambda h: 10 * h,
+    }
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if value == "auto":
+            if not hidden_size:
+                raise InputError(f"--shard-option {key}=auto needs the model's hidden_size, which this trace lacks")
+            value = auto[key](int(hidden_size))
+        values[key] = value
+    return ZeroConfig(**values)
+
+
 def zero12(layout: Layout, stage: int, config: ZeroConfig = ZeroConfig()) -> dict[str, Any]:
     """Apply ZeRO stage 1 or 2 to ``layout`` (module docstring); the header summary."""
     n, e = layout.world_size, layout.edit
