@@ -257,3 +257,33 @@ def test_shard_refusals(full: object) -> None:
     )
     with pytest.raises(InputError, match="parameter map"):
         shard_trace(bare, "fsdp2", 2)
+
+
+def test_zero_auto_buckets_follow_hf_trainer(full: object) -> None:
+    """Rule: --shard-option KEY=auto is HF Trainer's: reduce_bucket_size = hidden_size ** 2 (and ZeRO-3's prefetch
+    0.9 x that, persistence 10 x hidden_size); DDP's bucket_cap_mb sets both bucket limits."""
+    hidden = COMMON["hidden_size"]
+    t = shard_trace(full, "zero2", 8, {"reduce_bucket_size": "auto"})
+    assert set(_comm(t, "deepspeed:ipg_buffer")["size_bytes"]) == {hidden * hidden * 4}
+    t3 = shard_trace(full, "zero3", 8, {"param_persistence_threshold": "auto", "prefetch_bucket_size": "auto"})
+    assert t3.header["shard"]["config"]["param_persistence_threshold"] == 10 * hidden
+    assert t3.header["shard"]["config"]["prefetch_bucket_size"] == int(0.9 * hidden * hidden)
+    d = shard_trace(full, "ddp", 8, {"bucket_cap_mb": 1})
+    assert d.header["shard"]["first_bucket_bytes"] == d.header["shard"]["bucket_cap_bytes"] == 1 << 20
+    with pytest.raises(InputError, match="applies to"):
+        WorkloadConfig("gpt2", shard="ddp", shard_options={"reduce_bucket_size": 5})
+
+
+def test_layouts_survive_checkpointing_and_autocast(tmp_path: Path) -> None:
+    """With activation checkpointing under bf16 autocast a unit's gradients can finish after the next unit's
+    backward (the weight casts' backward): every layout still orders its buffers (regression: FSDP2 freed a
+    reduce-scatter input before making it)."""
+    from uvmlab.trace.cache import get_trace
+
+    folder = tiny_config(tmp_path / "ac", "llama")
+    base = get_trace(WorkloadConfig(f"hf:{folder}", batch_size=2, iterations=2, options={"seq_len": 64},
+                                    checkpoint="auto", dtype="bf16", optimizer="adamw"))  # fmt: skip
+    for mode in ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2"):
+        t = shard_trace(base, mode, 8)
+        a = t.allocations
+        assert ((a["free_seq"] == NEVER_FREED) | (a["free_seq"] > a["alloc_seq"])).all()

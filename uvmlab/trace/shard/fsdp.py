@@ -95,7 +95,7 @@ def fsdp2(layout: Layout) -> dict[str, Any]:
         prefetched: dict[int, int] = {}
         if order and n > 1:
             prefetched[order[0]] = _all_gather(layout, order[0], bwd[0])
-        rs_held: list[int | None] = [None]
+        rs_held: list[tuple[int, int] | None] = [None]
         for j, u in enumerate(order):
             b0, b1 = layout.window(u, it, "backward")  # type: ignore[misc]
             ag = prefetched.pop(u, None) if n > 1 else None
@@ -108,13 +108,13 @@ def fsdp2(layout: Layout) -> dict[str, Any]:
                 prefetched[order[j + 1]] = _all_gather(layout, order[j + 1], b0)
             for new in news:
                 e.set_free(new, e.after(b1))
-            _reduce_scatter(layout, u, it, b1, rs_held)
+            _reduce_scatter(layout, u, it, layout.reduce_point(u, it, b1), rs_held)
         if ROOT in unsharded:
             for new in unsharded[ROOT]:
                 e.set_free(new, e.after(bwd[1]))
             _reduce_scatter(layout, ROOT, it, bwd[1], rs_held)
         if rs_held[0] is not None:
-            e.set_free(rs_held[0], e.after(bwd[1]))
+            e.set_free(rs_held[0][0], e.after(max(bwd[1], rs_held[0][1])))
     return _summary(layout, int(p["shard_bytes"].sum()))
 
 
@@ -147,15 +147,18 @@ def _copy_out(layout: Layout, unit: int, at: int, ag: int | None, it: int, span:
     return news
 
 
-def _reduce_scatter(layout: Layout, unit: int, it: int, last: int, rs_held: list[int | None]) -> None:
-    """FSDP2's reduce of ``unit``'s gradients after the event at ``last`` (module docstring)."""
+def _reduce_scatter(layout: Layout, unit: int, it: int, last: int, rs_held: list[tuple[int, int] | None]) -> None:
+    """FSDP2's reduce of ``unit``'s gradients after the event at ``last`` (module docstring). ``rs_held``: the
+    reduce-scatter input kept from the previous reduce and the seq it was made after."""
     e, n = layout.edit, layout.world_size
     m = layout.members(unit)
     grads = layout.grads(it, m)
     if not grads:
         return
     if rs_held[0] is not None:
-        e.set_free(rs_held[0], e.after(last))
+        held, made = rs_held[0]
+        last = max(last, made)  # gradients finished out of order: the reduces stay in order
+        e.set_free(held, e.after(last))
     rows = m.set_index("alloc_id")
     sizes = [int(rows.at[pa, "shard_numel"]) * n * int(rows.at[pa, "itemsize"]) for pa, _g in grads]
     rs_in = e.add(sum(sizes), e.after(last), None, COMM, "fsdp2:reduce_scatter_input")
@@ -176,7 +179,7 @@ def _reduce_scatter(layout: Layout, unit: int, it: int, last: int, rs_held: list
         full = layout.edit.size_of(g)
         e.remap(g, last + 1, 1 << 62, rs_out, offset, (size // n) / max(full, 1))
         offset += size // n
-    rs_held[0] = rs_in
+    rs_held[0] = (rs_in, last)
 
 
 def fsdp1(layout: Layout) -> dict[str, Any]:
@@ -234,7 +237,7 @@ def fsdp1(layout: Layout) -> dict[str, Any]:
             if j + 1 < len(order):
                 prefetched[order[j + 1]] = _gather_flat(layout, flat[order[j + 1]], b0, None)
             e.set_free(g, e.after(b1))
-            _reduce_flat(layout, flat[u], it, b1)
+            _reduce_flat(layout, flat[u], it, layout.reduce_point(u, it, b1))
         if ROOT in full:
             e.set_free(full[ROOT], e.after(bwd[1]))
             _reduce_flat(layout, flat[ROOT], it, bwd[1])

@@ -44,7 +44,9 @@ class Layout:
         self.spans = phase_spans(t)
         self.iterations = sorted(int(i) for i in self.spans.loc[self.spans["phase"] == "forward", "iteration"])
         w = windows(t, self.params, self.params["unit"])
-        self.win = {(int(u), int(i), str(p)): (int(f), int(last)) for u, i, p, f, last in w.itertuples(index=False)}
+        rows = list(w.itertuples(index=False))
+        self.win = {(int(u), int(i), str(p)): (int(f), int(last)) for u, i, p, f, last, _g in rows}
+        self.grad_last = {(int(u), int(i)): int(g) for u, i, p, _f, _l, g in rows if p == "backward"}
 
     # ---- units ---------------------------------------------------------------------------------------------
     def unit_ids(self) -> list[int]:
@@ -63,6 +65,11 @@ class Layout:
     def window(self, unit: int, iteration: int, phase: str) -> tuple[int, int] | None:
         """(first, last) kernel seq of ``unit`` in ``phase`` of ``iteration`` (None: not touched)."""
         return self.win.get((unit, iteration, phase))
+
+    def reduce_point(self, unit: int, iteration: int, after: int) -> int:
+        """Where ``unit``'s gradients of ``iteration`` can be reduced: after ``after`` (its last kernel) and after the
+        last kernel touching one of its gradients."""
+        return max(after, self.grad_last.get((unit, iteration), -1))
 
     def span(self, iteration: int, phase: str) -> tuple[int, int] | None:
         """First and last seq of ``phase`` in ``iteration``."""

@@ -66,14 +66,17 @@ class Window:
 
 def windows(trace: Trace, params: pd.DataFrame, unit: pd.Series) -> pd.DataFrame:
     """Per (unit, iteration, phase in forward/backward): first and last seq of a kernel touching one of the
-    unit's parameters (or, in backward, one of its gradients of that iteration). Columns: unit, iteration,
-    phase, first, last."""
+    unit's parameters, and (``grad_last``, backward) the last kernel touching one of its gradients of that
+    iteration (when they are all ready: the autograd engine may finish a gradient after later units' backward,
+    e.g. the cast back of an autocast weight copy). Columns: unit, iteration, phase, first, last, grad_last."""
     owner: dict[int, int] = {}
+    grad_ids: set[int] = set()
     for aid, u, grads in zip(params["alloc_id"], unit, params["grads"], strict=True):
         owner[int(aid)] = int(u)
         for g in grads:
             if g >= 0:
                 owner[int(g)] = int(u)
+                grad_ids.add(int(g))
     acc = trace.accesses
     hit = acc["alloc_id"].isin(list(owner))
     x = acc.loc[hit, ["kernel_id", "alloc_id"]]
@@ -85,8 +88,13 @@ def windows(trace: Trace, params: pd.DataFrame, unit: pd.Series) -> pd.DataFrame
         iteration=k.loc[x["kernel_id"], "iteration"].to_numpy(),
     )
     x = x[x["phase"].isin(("forward", "backward")) & (x["iteration"] >= 0)]
-    g = x.groupby(["unit", "iteration", "phase"])["seq"]
-    return pd.DataFrame({"first": g.min(), "last": g.max()}).reset_index()
+    is_grad = x["alloc_id"].isin(list(grad_ids))
+    g = x[~is_grad].groupby(["unit", "iteration", "phase"])["seq"]
+    out = pd.DataFrame({"first": g.min(), "last": g.max()})
+    out["grad_last"] = x[is_grad].groupby(["unit", "iteration", "phase"])["seq"].max()
+    out = out.reset_index()
+    out["grad_last"] = out["grad_last"].fillna(-1).astype(np.int64)
+    return out
 
 
 def phase_spans(trace: Trace) -> pd.DataFrame:
