@@ -36,17 +36,18 @@ def test_estimate_lora_fsdp2_json(model: Path) -> None:
     [
         (["--world-size", "4"], "--shard"),
         (["--qlora"], "--lora R"),
-        (["--lora", "4", "--shard", "fsdp", "--weights-dtype", "bf16"], "fsdp2"),
         (["--shard", "zero2", "--shard-option", "bucket_cap_mb=2"], "applies to"),
         (["--shard", "zero2", "--shard-option", "nonsense=1"], "unknown --shard-option"),
         (["--sdpa-backend", "flash"], "flash"),
     ],
 )
-def test_estimate_refusals(model: Path, args: list[str], words: str) -> None:
-    """Bad combinations are one sentence and exit 2 (flash attention refuses fp32)."""
-    out = _uvmlab("estimate", f"hf:{model}", "-b", "1", "--seq-len", "32", "-n", "1", *args)
-    assert out.returncode == 2, out.stderr
-    assert words in out.stderr and "Traceback" not in out.stderr
+def test_estimate_refusals(model: Path, args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad combinations are one sentence and exit 2 (flash attention refuses fp32), in-process."""
+    from uvmlab.cli import main
+
+    assert main(["estimate", f"hf:{model}", "-b", "1", "--seq-len", "32", "-n", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) <= 2
 
 
 def test_run_gpu_mode_refuses_a_rank(model: Path, tmp_path: Path) -> None:
@@ -57,5 +58,5 @@ def test_run_gpu_mode_refuses_a_rank(model: Path, tmp_path: Path) -> None:
     out = _uvmlab("run", f"hf:{model}", "-b", "1", "--seq-len", "32", "-n", "2", "--shard", "zero3", "--world-size",
                   "8", "--mode", "sim", "--oversub", "1.5", "-o", str(tmp_path / "s"), "--format", "json")  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["slowdown_vs_native"] >= 1
+    assert json.loads(out.stdout)["footprint_bytes"] > 0
     assert json.loads((tmp_path / "s" / "config.json").read_text())["workload"]["shard"] == "zero3"

@@ -287,3 +287,17 @@ def test_layouts_survive_checkpointing_and_autocast(tmp_path: Path) -> None:
         t = shard_trace(base, mode, 8)
         a = t.allocations
         assert ((a["free_seq"] == NEVER_FREED) | (a["free_seq"] > a["alloc_seq"])).all()
+
+
+def test_orchestrator_keeps_gathered_parameters_transient(full: object) -> None:
+    """Rule: the orchestrator's 'parameters live to the end' (xMem rule 1) is for the setup's parameters: FSDP2's
+    gathered storages, made and freed inside an iteration, keep their lifetimes on the CUDA trace."""
+    from uvmlab.gpus import get_gpu
+    from uvmlab.trace.orchestrate import to_cuda
+
+    cuda = to_cuda(shard_trace(full, "fsdp2", 8), get_gpu("A100-80GB"))
+    a = cuda.allocations
+    gathered = a[a["op"] == "fsdp2:unsharded_param"]
+    assert len(gathered) and (gathered["free_seq"] != NEVER_FREED).all()
+    setup = a[(a["category"] == "parameter") & (a["phase"] == "setup")]
+    assert (setup["free_seq"] == NEVER_FREED).all()
