@@ -17,13 +17,13 @@ DeepSpeed's fused Adam (no step temporaries; the captured step is replaced by on
   (``_release_ipg_buffers``);
 - stage 2 (``partition_grads``): each gradient is copied into the bucket as it becomes ready and released; a full
   bucket is reduced, and the rank's part of it copied into ``grads_in_partition`` (``torch.empty(total_size)``,
-  the partition, allocated at the first reduction), also released at the epilogue after
-  ``averaged_gradients = get_flat_partition(...)`` (a new partition-sized tensor) was made from it;
-- stage 1: the gradients stay whole through backward and are reduced at its end (``reduce_gradients``), into the
-  averaged partition; the gradients are then released;
-- the step (fp32 copy of the averaged partition when the model is not fp32, fused Adam on the master partition)
-  is followed by the copy of the master into the rank's bit16 partition and an in-place all-gather of the flat
-  buffer (``all_gather_dp_groups``).
+  the partition, allocated at the first reduction); the parameters' ``.grad`` become views of it, so it outlives
+  the epilogue's ``_release_ipg_buffers`` until the step frees the gradients (``averaged_gradients`` is a list of
+  those views: ``get_flat_partition(..., return_tensor_list=True)``);
+- stage 1: the gradients stay whole through backward and are reduced at its end (``reduce_gradients``); the rank's
+  part (a partition) is kept to the step (modelled as one partition-sized buffer), the rest released;
+- the step (class ``_Step``): the flat copy of the partition and its fp32 copy, then the fused Adam step, the master
+  copied into the rank's bit16 partition and an in-place all-gather of the flat buffer (``all_gather_dp_groups``).
 
 **Stage 3** (``DeepSpeedZeroOptimizer_Stage3``):
 
@@ -146,18 +146,20 @@ def zero12(layout: Layout, stage: int, config: ZeroConfig = ZeroConfig()) -> dic
                     e.kernel("nccl:reduce_scatter", e.after(ready), [(ipg[0], 0, filled * s, False),
                                                                      (in_partition, 0, part * s, True)])  # fmt: skip
                     filled = 0
-        if stage == 2 and in_partition is None:
+        # the epilogue: the rank's gradients (stage 2: grads_in_partition; stage 1: its part of the whole
+        # gradients, kept as param.grad) stay as views of averaged_gradients until the step; the bucket goes
+        if in_partition is None:
             in_partition = _grads_in_partition(layout, part * s, bwd[1])
-        # the epilogue: the averaged partition is made, then the gradients, the bucket and grads_in_partition go
-        averaged = e.add(part * s, e.after(bwd[1]), None, "gradient", "deepspeed:averaged_gradients")
         staged = min(total if stage == 1 else filled, config.reduce_bucket_size) * s
-        e.kernel("nccl:reduce_scatter", e.after(bwd[1]), [(ipg[0], 0, staged, False), (averaged, 0, part * s, True)])
+        e.kernel(
+            "nccl:reduce_scatter", e.after(bwd[1]), [(ipg[0], 0, staged, False), (in_partition, 0, part * s, True)]
+        )
         if stage == 1:
             for _pa, g in grads:
                 e.free_at(g, e.after(bwd[1]))
-        for buf in [*ipg, *([in_partition] if in_partition is not None else [])]:
+        for buf in ipg:
             e.set_free(buf, e.after(bwd[1]))
-        states.step(it, averaged)
+        states.step(it, in_partition)
     return {
         "trainable_numel": total,
         "aligned_numel": aligned,
@@ -175,8 +177,11 @@ def _grads_in_partition(layout: Layout, size: int, at: int) -> int:
 
 
 class _Step:
-    """The fused Adam step that replaces the captured one: Adam's fp32 states at the first step, the fp32 copy of
-    the averaged gradient partition, the master -> bit16 copy and the parameters' all-gather."""
+    """The step that replaces the captured one (``DeepSpeedZeroOptimizer.step``): the averaged gradients flattened
+    (``flatten(self.averaged_gradients[i])``, a partition in the gradient dtype) and copied to fp32
+    (``flat_grad_partition.to(fp32)``), the flat copy and the gradients released (``free_grad_in_param_list``), the
+    fused Adam step on the master partition (Adam's fp32 states made at the first step), the fp32 gradient released,
+    then the master copied into the rank's bit16 partition and the parameters all-gathered."""
 
     def __init__(self, layout: Layout, part: int, master: int, itemsize: int, bit16: int | None) -> None:
         self.layout, self.part, self.master, self.itemsize, self.bit16 = layout, part, master, itemsize, bit16
@@ -189,8 +194,10 @@ class _Step:
             for _ in range(ADAM_STATES)
         ]
 
-    def step(self, it: int, averaged: int, free_grad: bool = True) -> None:
-        """The step of iteration ``it`` on the gradient partition ``averaged`` (freed after it unless persistent)."""
+    def step(self, it: int, grads: int, free_grad: bool = True) -> None:
+        """The step of iteration ``it`` on the rank's gradient partition ``grads`` (released at the step unless
+        persistent: ZeRO-3's ``grad_partitions_flat_buffer``, already flat, whose fp32 copy is made directly by
+        ``_prepare_fp32_grad_for_sub_group``)."""
         e, lay = self.layout.edit, self.layout
         opt = lay.span(it, "optimizer")
         bwd = lay.span(it, "backward")
@@ -200,18 +207,21 @@ class _Step:
                 e.add(self.part * FP32, e.before(at), None, "optimizer_state", "deepspeed:adam_state")
                 for _ in range(ADAM_STATES)
             ]
-        grad = averaged
-        if self.itemsize != FP32:
-            grad = e.add(self.part * FP32, e.before(at), None, "gradient", "deepspeed:fp32_grad_partition")
-            e.kernel("deepspeed:to_fp32", e.before(at), [(averaged, 0, e.size_of(averaged), False),
-                                                         (grad, 0, self.part * FP32, True)])  # fmt: skip
+        size = e.size_of(grads)
+        flat = grads
+        if free_grad:  # ZeRO-1/2: flatten the list of views first
+            flat = e.add(size, e.before(at), None, "temporary", "deepspeed:flat_grad_partition")
+            e.kernel("deepspeed:flatten", e.before(at), [(grads, 0, size, False), (flat, 0, size, True)])
+        grad = e.add(self.part * FP32, e.before(at), None, "gradient", "deepspeed:fp32_grad_partition")
+        e.kernel("deepspeed:to_fp32", e.before(at), [(flat, 0, size, False), (grad, 0, self.part * FP32, True)])
+        if flat != grads:
+            e.set_free(flat, e.before(at))
+        if free_grad:
+            e.set_free(grads, e.before(at))
         rw = [(x, 0, self.part * FP32, w) for x in (self.master, *self.states) for w in (False, True)]
         e.kernel("deepspeed:fused_adam", e.before(at), [(grad, 0, self.part * FP32, False), *rw])
         end = opt[1] if opt is not None else at
-        if grad != averaged:
-            e.set_free(grad, e.after(end))
-        if free_grad:
-            e.set_free(averaged, e.after(end))
+        e.set_free(grad, e.after(end))
         if self.bit16 is not None:
             size = e.size_of(self.bit16)
             touches = [(self.master, 0, self.part * FP32, False), (self.bit16, 0, size // lay.world_size, True)]
