@@ -59,4 +59,4 @@ def test_run_gpu_mode_refuses_a_rank(model: Path, tmp_path: Path) -> None:
                   "8", "--mode", "sim", "--oversub", "1.5", "-o", str(tmp_path / "s"), "--format", "json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["footprint_bytes"] > 0
-    assert json.loads((tmp_path / "s" / "config.json").read_text())["workload"]["shard"] == "zero3"
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["run"]["workload"]["shard"] == "zero3"

@@ -257,6 +257,8 @@ def test_shard_refusals(full: object) -> None:
     )
     with pytest.raises(InputError, match="parameter map"):
         shard_trace(bare, "fsdp2", 2)
+    with pytest.raises(InputError, match="already rank 0"):
+        shard_trace(shard_trace(full, "ddp", 2), "fsdp2", 2)
 
 
 def test_zero_auto_buckets_follow_hf_trainer(full: object) -> None:

@@ -101,14 +101,15 @@ def _quantize(model: Any, device: torch.device) -> str:
     )
     quantizer = Bnb4BitHfQuantizer(qconfig)
     keep = quantizer.get_modules_to_not_convert(model, None, getattr(model, "_keep_in_fp32_modules", None))
-    originals = {n: m.weight for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    originals = {n: (m.weight, m.bias) for n, m in model.named_modules() if type(m) is torch.nn.Linear}
     replace_with_bnb_linear(model, modules_to_not_convert=keep, quantization_config=qconfig)
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, bnb.nn.Linear4bit) or name not in originals:
             continue
-        source = originals[name].detach().to(device=device, dtype=torch.bfloat16)
-        weight = bnb.nn.Params4bit(
+        weight, bias = originals[name]
+        source = weight.detach().to(device=device, dtype=torch.bfloat16)
+        packed = bnb.nn.Params4bit(
             source,
             requires_grad=False,
             blocksize=QLORA_BLOCKSIZE,
@@ -117,9 +118,9 @@ def _quantize(model: Any, device: torch.device) -> str:
             quant_storage=torch.uint8,
             module=module,
         )
-        module.weight = weight._quantize(device)
-        if module.bias is not None:
-            module.bias = torch.nn.Parameter(module.bias.to(device), requires_grad=False)
+        module.weight = packed._quantize(device)
+        if bias is not None:  # the new module's bias was made on meta: the original's values
+            module.bias = torch.nn.Parameter(bias.detach().to(device), requires_grad=False)
         count += 1
     if not count:
         raise InputError("QLoRA found no nn.Linear layer to quantize in this model")

@@ -32,6 +32,12 @@ def shard_trace(trace: Trace, mode: str, world_size: int, options: dict[str, Any
     ``options``: ``WorkloadConfig.shard_options`` (uvmlab.config.SHARD_OPTIONS)."""
     if mode not in SHARD_MODES:
         raise InputError(f"shard must be one of {', '.join(SHARD_MODES)}, not {mode!r}")
+    if "shard" in trace.header:
+        done = trace.header["shard"]
+        raise InputError(
+            f"this trace is already rank 0 of a {done.get('mode')} job on {done.get('world_size')} ranks; "
+            "give the single-GPU trace"
+        )
     options = dict(options or {})
     layout = Layout(trace, world_size, "modules" if mode == "zero3" else "blocks")
     if mode == "ddp":
