@@ -135,6 +135,13 @@ def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> s
     """
     if cfg.mode == "sim":
         return "sim"
+    if cfg.workload.shard:  # one rank of a data-parallel job: only the simulator makes it (uvmlab.trace.shard)
+        if cfg.mode == "gpu":
+            raise UnavailableError(
+                f"--mode gpu runs one process; --shard {cfg.workload.shard} is one rank of a {cfg.workload.world_size}"
+                "-rank job, which only the simulator models: use --mode sim"
+            )
+        return "sim"
     if cfg.mode == "gpu" and dry_run:
         return "gpu"
     avail = gpu_availability()

@@ -8,7 +8,16 @@ from typing import Any, TypeVar
 
 import click
 
-from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
+from uvmlab.config import (
+    ATTENTION_IMPLS,
+    DTYPES,
+    OPTIMIZERS,
+    SDPA_BACKENDS,
+    SHARD_MODES,
+    WEIGHTS_DTYPES,
+    ZERO_GRAD_POSITIONS,
+    WorkloadConfig,
+)
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import parse_options
 
@@ -113,12 +122,39 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 metavar="KEY=VALUE",
                 help="Workload-specific setting, e.g. --option seq_len=512 (repeatable; JSON values).",
             ),
+            *training_setup_options(),
         ]
         for opt in reversed(opts):
             fn = opt(fn)
         return fn
 
     return decorate
+
+
+def training_setup_options() -> list[Callable[[F], F]]:
+    """--lora, --lora-targets, --qlora, --weights-dtype, --shard, --world-size, --sdpa-backend (docs/estimate.md,
+    "Fine-tuning, data parallelism, long context")."""
+    return [
+        click.option("--lora", "lora_rank", type=int, default=0, metavar="R",
+                     help="LoRA adapters of rank R through peft; the base weights are frozen.") ,
+        click.option("--lora-targets", default="", metavar="NAMES",
+                     help="Comma-separated modules the adapters wrap [default: peft's for the model type, e.g. "
+                     "q_proj,v_proj].") ,
+        click.option("--qlora", is_flag=True,
+                     help="QLoRA: frozen linear weights in 4-bit NF4 with double quantization (bitsandbytes); needs "
+                     "--lora.") ,
+        click.option("--weights-dtype", type=click.Choice(WEIGHTS_DTYPES), default="fp32", show_default=True,
+                     help="Storage dtype of the weights (bf16: from_pretrained(torch_dtype=torch.bfloat16)).") ,
+        click.option("--shard", type=click.Choice(SHARD_MODES), default=None,
+                     help="Data-parallel layout: one rank of DDP, DeepSpeed ZeRO-1/2/3, FSDP or FSDP2.") ,
+        click.option("--world-size", type=int, default=1, show_default=True, metavar="N",
+                     help="Data-parallel ranks (with --shard).") ,
+        click.option("--sdpa-backend", type=click.Choice(SDPA_BACKENDS), default="auto", show_default=True,
+                     help="scaled_dot_product_attention backend on CUDA (auto: PyTorch's choice).") ,
+        click.option("--shard-option", "shard_options", multiple=True, metavar="KEY=VALUE",
+                     help="A setting of the --shard layout, e.g. reduce_bucket_size=auto (DeepSpeed, HF's rule) or "
+                     "bucket_cap_mb=50 (DDP); repeatable (docs/estimate.md).") ,
+    ]  # fmt: skip
 
 
 SHORTCUTS = {"seq_len": "--seq-len", "image_size": "--image-size", "num_classes": "--num-classes"}
@@ -145,6 +181,14 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         iterations=kw["iterations"],
         options=options,
         checkpoint=kw.get("checkpoint") or "",
+        lora_rank=kw.get("lora_rank") or 0,
+        lora_targets=kw.get("lora_targets") or (),
+        qlora=bool(kw.get("qlora")),
+        weights_dtype=kw.get("weights_dtype") or "fp32",
+        shard=kw.get("shard") or "",
+        world_size=kw.get("world_size") or 1,
+        sdpa_backend=kw.get("sdpa_backend") or "auto",
+        shard_options=parse_options(kw.get("shard_options", ()), "--shard-option"),
     )
 
 

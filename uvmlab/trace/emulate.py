@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from uvmlab.errors import InputError
 from uvmlab.trace import meta_memo
 
 FLASH_MAX_HEAD_DIM = 256
@@ -191,10 +192,17 @@ def _bool_mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SdpaEmulation(TorchFunctionMode):
-    """Route F.scaled_dot_product_attention to CUDA's flash or memory-efficient kernel (module docstring)."""
+    """Route F.scaled_dot_product_attention to CUDA's flash or memory-efficient kernel (module docstring).
 
-    def __init__(self) -> None:
+    ``backend`` forces one, as ``torch.nn.attention.sdpa_kernel(SDPBackend.X)`` does: ``flash`` (refused where
+    flash cannot run: not fp16/bf16, a mask, a head dimension over 256, as PyTorch's "No available kernel"),
+    ``efficient``, or ``math`` (``aten._scaled_dot_product_attention_math``, a composite op whose decomposition on
+    meta is the one CUDA runs: the B x H x T x T scores and probabilities materialized); ``auto`` is PyTorch's
+    priority order, flash then efficient."""
+
+    def __init__(self, backend: str = "auto") -> None:
         super().__init__()
+        self.backend = backend
         self.counts: Counter[str] = Counter()
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -224,7 +232,19 @@ class SdpaEmulation(TorchFunctionMode):
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
         head_dim = query.size(-1)
-        if query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM:
+        flash_ok = query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM
+        if self.backend == "math":
+            self.counts["math"] += 1
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale
+            )[0]
+        if self.backend == "flash" and not flash_ok:
+            raise InputError(
+                f"--sdpa-backend flash cannot run this attention (dtype {str(query.dtype).removeprefix('torch.')}, "
+                f"mask {'given' if attn_mask is not None else 'none'}, head dim {head_dim}; flash needs fp16/bf16, "
+                f"no mask, head dim <= {FLASH_MAX_HEAD_DIM}): PyTorch raises 'No available kernel'"
+            )
+        if flash_ok and self.backend != "efficient":
             self.counts["flash"] += 1
             out = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale

@@ -264,8 +264,12 @@ def rule_persist_category(b: _Builder, category: str) -> int:
 
     xMem rule 1 with ``"parameter"`` (``model.to(device)``: parameters persist through the whole run) and rule 5
     with ``"optimizer_state"`` (Adam's exp_avg/exp_avg_sq, momentum live from the first step to the end).
+    Parameters are the ones made at setup: a data-parallel layout's gathered parameters (FSDP2's unsharded
+    storages, uvmlab.trace.shard), made and freed inside an iteration, keep their lifetimes.
     """
     mask = (b.a["category"] == category).to_numpy() & ~np.isnan(b.free_key)
+    if category == "parameter":
+        mask &= (b.a["phase"] == "setup").to_numpy()
     b.free_key[mask] = np.nan
     return int(mask.sum())
 

@@ -35,8 +35,19 @@ from uvmlab.files.atomic import to_json
 from uvmlab.files.inputs import read_input_text
 from uvmlab.files.owned import OwnedFolder
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
-"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
+CATEGORIES = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "input",
+    "temporary",
+    "workspace",
+    "other",
+    "communication",
+)
+"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces), ``communication`` by
+a data-parallel layout (uvmlab.trace.shard: all-gather / reduce-scatter buffers, DDP and ZeRO buckets)."""
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad", "compute")
 """Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration; ``compute`` is an
 iteration of a workload program (workloads.program), which has no forward/backward/optimizer."""
