@@ -52,20 +52,19 @@ def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
     Examples: ``gpt2:8``, ``resnet50:32``, ``my_model.py:4``, ``resnet50:8,image_size=64`` (per-job workload
     options, JSON values, merged over the shared ``--option`` ones).
     """
-    from uvmlab.files.inputs import parse_options
+    from uvmlab.files.inputs import parse_options, short
+    from uvmlab.numbers import parse_int
 
     head, *pairs = text.split(",")
     name, sep, batch = head.rpartition(":")
     if not sep or not batch.isdigit():
         name, batch = head, ""
     if not name:
-        raise InputError(f"job {text!r}: give a workload name, optionally with a batch size, e.g. gpt2:8")
+        raise InputError(f"job {short(text)}: give a workload name, optionally with a batch size, e.g. gpt2:8")
     kw: dict[str, Any] = {} if base is None else base.to_dict()
     kw.pop("workload", None)
     if batch:
-        if int(batch) < 1:
-            raise InputError(f"job {text!r}: the batch size must be >= 1")
-        kw["batch_size"] = int(batch)
+        kw["batch_size"] = parse_int(batch, f"job {short(head)}: the batch size", lo=1)
     if pairs:
         kw["options"] = {**kw.get("options", {}), **parse_options(tuple(pairs))}
     return WorkloadConfig(workload=name, **kw)
