@@ -167,6 +167,10 @@ def _gpu_run_options(gpu_options: Any) -> Any:
     fp = given.get("footprint")
     if isinstance(fp, str) and fp not in ("measure", "estimate"):
         given["footprint"] = parse_bytes(fp)
+    if isinstance(given.get("alloc_conf"), str):
+        from uvmlab.measure.gpu.plan import build_alloc_conf
+
+        build_alloc_conf(given["alloc_conf"])  # checked before anything is estimated or run
     try:
         return GpuRunOptions(**given)
     except TypeError as exc:
@@ -190,8 +194,10 @@ def run(
     ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline;
     ``figure_format``: png, svg or pdf for the run's figures.
     """
+    from uvmlab.uvm.simulate import check_simulator_inputs
     from workloads.registry import load_workload
 
+    check_simulator_inputs(cfg)  # --sim-option knobs and the --params file: before anything is captured or removed
     load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)

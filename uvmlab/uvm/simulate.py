@@ -23,7 +23,7 @@ Two native (no UVM, every page resident) references, mean over the iterations af
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,9 @@ from uvmlab.files.env import env_info
 from uvmlab.files.rundir import RunDir
 from uvmlab.gpus import GpuSpec, get_gpu
 from uvmlab.sim.uvm.knobs import UvmKnobs
+from uvmlab.sim.uvm.profile import cap_link, pick_profile
 from uvmlab.sim.uvm.replay import ReplayResult, peak_managed_bytes, replay
-from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.sim.uvm.timing import CostParams, read_params_file
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
 from uvmlab.trace.schema import Trace
 
@@ -164,13 +165,25 @@ def load_costs(cfg: RunConfig) -> CostParams:
     return costs_and_source(cfg)[0]
 
 
-def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
-    """(cost parameters, where they come from) for ``cfg``."""
+def check_simulator_inputs(cfg: RunConfig) -> None:
+    """Refuse (one InputError) ``cfg``'s simulator knobs (``--sim-option``) and cost parameter file (``--params``)
+    if the simulation would refuse them, before a trace is captured or an output folder touched."""
+    UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
     if cfg.params_file:
-        return CostParams.from_file(cfg.params_file), str(cfg.params_file)
-    from uvmlab.sim.uvm.profile import pick_profile
+        costs_and_source(cfg)
 
-    return pick_profile(run_gpu_spec(cfg))
+
+def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
+    """(cost parameters, where they come from) for ``cfg``: the run GPU's profile
+    (uvmlab.sim.uvm.profile.pick_profile), with the costs a ``--params`` file sets in place of the profile's (every
+    cost the file does not set, e.g. all but the link of a ``uvmlab calibrate`` fit, keeps the profile's value) and
+    every link rate capped at the GPU's link peak, as the profile's are. The one place a run's costs are decided."""
+    gpu = run_gpu_spec(cfg)
+    costs, why = pick_profile(gpu)
+    if not cfg.params_file:
+        return costs, why
+    given = read_params_file(cfg.params_file)
+    return cap_link(replace(costs, **given.values), gpu), given.describe(why)
 
 
 def result_dict(
