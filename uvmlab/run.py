@@ -87,7 +87,12 @@ def stored_run_differs(path: Path, cfg: RunConfig, figure_format: str = "png") -
         return f"uvmlab {env.get('uvmlab')} wrote it (this is {__version__})"
     if not all(rd.figure(name).is_file() for name in RUN_FIGURES):
         return f"it has no {figure_format} figures"
-    return None
+    from uvmlab.uvm.simulate import stored_tables_problem
+
+    try:  # what is shown again must be what the run wrote
+        return stored_tables_problem(rd, rd.read_result())
+    except InputError as exc:
+        return str(exc)
 
 
 def default_output(cfg: RunConfig, mode: str, reusable: bool = True, figure_format: str = "png") -> tuple[Path, bool]:

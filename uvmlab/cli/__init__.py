@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import importlib
 import re
+import signal
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -87,11 +89,35 @@ def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> 
     click.echo(_one_line(f"uvmlab: warning: {message} ({category.__name__})"), err=True)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (raised by the CLI's handler, so that every ``with``/``finally`` of the command unwinds:
+    the run directory's lock is released, the atomic writer removes its temporary, and the completeness file
+    written last is never written)."""
+
+
+TERMINATED_EXIT = 128 + signal.SIGTERM
+"""Exit code of a command stopped by SIGTERM (143, the shell's code for it; sweeps count it as interrupted)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return (and with sys.exit, exit with) the command's exit code."""
-    with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
-        return _main(argv)
+    """Run the CLI; return (and with sys.exit, exit with) the command's exit code. SIGTERM stops the command with
+    exit code 143 and one line, after its cleanup (nothing it was writing is left looking complete)."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return _main(argv)
+    except Terminated:
+        click.echo("uvmlab: terminated (SIGTERM): the command stopped; what it was writing is not complete", err=True)
+        return TERMINATED_EXIT
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -9,7 +9,7 @@ import click
 
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS
-from uvmlab.console import note, plain, print_csv, print_table, say
+from uvmlab.console import note, plain, print_csv, print_table, say, scalar_rows
 from uvmlab.files.atomic import to_json
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
 from uvmlab.units import format_bytes
@@ -239,8 +239,7 @@ def estimate_cmd(
         "fits" if not est.oom else f"OUT OF MEMORY at event {est.oom_seq} ({est.oom_phase}, it {est.oom_iteration})"
     )
     if fmt == "csv":
-        scalars = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
-        print_csv(("estimate", ("key", "value"), scalars))
+        print_csv(("estimate", ("key", "value"), scalar_rows(result)))
         return
     print_table(
         f"{cfg.workload} on {gpu.name}, {allocator} allocator",

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from uvmlab.cli.options import figure_format_option, format_option, out_option
-from uvmlab.console import note, print_csv, print_table
+from uvmlab.console import note, print_csv, print_table, scalar_rows
 from uvmlab.units import MiB
 
 KERNEL_ROWS_SHOWN = 20
@@ -126,8 +126,7 @@ def import_cmd(
     for w in result["nsys"]["warnings"]:
         note(f"warning: {w}")
     if fmt == "csv":  # result.json's keys and raw values (bytes, nanoseconds), as the other machine formats
-        rows = [[k, v] for k, v in result.items() if not isinstance(v, dict | list)]
-        print_csv(("result", ["key", "value"], rows))
+        print_csv(("result", ["key", "value"], scalar_rows(result)))
         return
     print_table(f"Measured run: {report.name}", ["", "value"], _measured_rows(result))
     note(rd.summary_line())

@@ -196,7 +196,7 @@ def run_command(
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
     from uvmlab.config import RunConfig, parse_on_off
-    from uvmlab.console import note, print_csv, print_table, say
+    from uvmlab.console import note, print_csv, print_table, say, scalar_rows
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
 
@@ -246,8 +246,7 @@ def run_command(
         click.echo(res.result["plan"], nl=False)
         return
     if fmt == "csv":
-        scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
-        print_csv(("result", ("key", "value"), scalars))
+        print_csv(("result", ("key", "value"), scalar_rows(res.result)))
         note(where)
         return
     print_table("uvmlab run", ("", "value"), _summary_rows(res.result, policy))

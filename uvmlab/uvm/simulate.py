@@ -34,6 +34,7 @@ from uvmlab import SCHEMA_VERSION
 from uvmlab.config import RunConfig, WorkloadConfig
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.files.env import env_info
+from uvmlab.files.inputs import short
 from uvmlab.files.rundir import RunDir
 from uvmlab.gpus import GpuSpec, get_gpu
 from uvmlab.sim.uvm.knobs import UvmKnobs
@@ -163,6 +164,29 @@ def footprint_bytes(cfg: RunConfig) -> int:
 def load_costs(cfg: RunConfig) -> CostParams:
     """Cost parameters: ``--params FILE``, else the GPU's cost profile (uvmlab.sim.uvm.profile.pick_profile)."""
     return costs_and_source(cfg)[0]
+
+
+RUN_TABLES = ("iterations", "kernels", "memory")
+"""The tables a simulated run writes; a run shown again must hold them as written (:func:`stored_tables_problem`)."""
+_COUNTED = {"iterations": "iterations", "kernels": "kernels"}
+"""Tables whose row count result.json records (table -> key)."""
+
+
+def stored_tables_problem(rundir: RunDir, result: dict[str, Any]) -> str | None:
+    """Why the tables of a stored simulated run are not what the run wrote, or None: a table that is missing or
+    cannot be read as Parquet, lacks a column of its contract (uvmlab.stats.schema), or whose rows differ from the
+    count result.json records. ``uvmlab run`` checks this before it shows a stored run again."""
+    import pyarrow as pa
+
+    for name in RUN_TABLES:
+        try:
+            table = check_table(name, rundir.read_table(name), str(rundir.table(name)))
+        except (InputError, OSError, ValueError, pa.ArrowException) as exc:
+            return f"its table {name} cannot be read ({short(str(exc))})"
+        key = _COUNTED.get(name)
+        if key is not None and result.get(key) != len(table):
+            return f"its table {name} holds {len(table):,} rows where result.json counts {short(result.get(key))}"
+    return None
 
 
 def check_simulator_inputs(cfg: RunConfig) -> None:
@@ -414,9 +438,8 @@ def simulate_run(
     record["used"] = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
     rundir.write_json(rundir.config_json, record)
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))
-    rundir.write_table("iterations", check_table("iterations", res.iterations))
-    rundir.write_table("kernels", check_table("kernels", res.kernels))
-    rundir.write_table("memory", check_table("memory", res.memory))
+    for name, table in zip(RUN_TABLES, (res.iterations, res.kernels, res.memory), strict=True):
+        rundir.write_table(name, check_table(name, table))
     if figures:
         from uvmlab.stats.figures import write_run_figures
 
