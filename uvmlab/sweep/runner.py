@@ -401,7 +401,7 @@ def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, s
         rundir = RunDir(e.path)
         if path not in seen and rundir.is_complete():
             progress.update(_outcome(rundir))
-        outcome = rundir.read_result().get("outcome", "ok") if rundir.is_complete() else "missing"
+        outcome = _outcome(rundir) if rundir.is_complete() else "missing"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
 
 
