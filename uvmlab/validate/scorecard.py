@@ -23,10 +23,21 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Plan, Point, Task, run_options
+from uvmlab.validate.points import (
+    BANDS,
+    CHECK_MODULES,
+    CHECKS,
+    FAMILIES,
+    Check,
+    Plan,
+    Point,
+    Task,
+    family_of,
+    run_options,
+)
 
 COLUMNS = ["dataset", "case", "quantity", "unit", "measured", "predicted", "ratio",
-           "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note"]  # fmt: skip
+           "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note", "family"]  # fmt: skip
 """Columns of ``scorecard.parquet`` (``ratio`` = predicted / measured; ``band`` the factor a point promises)."""
 
 
@@ -86,6 +97,7 @@ class Scorecard:
                 **{"within_1.5x": p.within(1.5), "within_2x": p.within(2.0)},
                 keeps_band=p.keeps_band,
                 check=name,
+                family=family_of(p),
             )
             rows.append(d)
         df = pd.DataFrame(rows, columns=COLUMNS)
@@ -118,6 +130,7 @@ class Scorecard:
             return out
 
         datasets = sorted({p.dataset for _, p in self.points})
+        families = {f: counts(p for _, p in self.points if family_of(p) == f) for f in FAMILIES}
         return {
             "data_dir": self.data_dir,
             "fast": self.fast,
@@ -125,6 +138,7 @@ class Scorecard:
             "checks_skipped": self.skipped,
             "check_errors": self.errors,
             **counts(p for _, p in self.points),
+            "by_family": {f: families[f] for f in weakest_first(families)},
             "by_dataset": {ds: counts(p for _, p in self.points if p.dataset == ds) for ds in datasets},
             "cpu_seconds": round(self.cpu_seconds, 2),
             "wall_seconds": round(self.wall_seconds, 2),
@@ -150,6 +164,61 @@ class Scorecard:
                 plt.close(fig)
             rd.write_json(rd.result_json, self.summary())
         return rd.path
+
+
+def weakest_first(counts: dict[str, dict[str, Any]]) -> list[str]:
+    """Names of ``counts`` (per family or data set, as in :meth:`Scorecard.summary`) with validation points, the
+    lowest share within 1.5x first (ties: the lower share within 2x, then more points first); those without
+    validation points last."""
+
+    def share(name: str, key: str) -> float:
+        c = counts[name]
+        return c[key] / c["validation_points"] if c["validation_points"] else 2.0
+
+    return sorted(
+        counts,
+        key=lambda n: (share(n, "validation_within_1.5x"), share(n, "validation_within_2x"), -counts[n]["points"]),
+    )
+
+
+def family_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(family, verdict) per family, weakest first: ``23/34 within 1.5x (68 %), 29/34 within 2x; band kept
+    27/27; 2 fitted points`` (the one wording of ``uvmlab validate`` and tools/gen_fidelity_doc.py)."""
+    out = []
+    for family, c in summary["by_family"].items():
+        v = c["validation_points"]
+        if not c["points"]:
+            out.append((family, "no points (its data sets are absent or not checked)"))
+        elif not v:
+            out.append((family, f"no validation points; {c['fitted_points']} fitted points"))
+        else:
+            share = 100 * c["validation_within_1.5x"] / v
+            kept = f"band kept {c['validation_band_kept']}/{c['validation_with_band']}"
+            out.append(
+                (
+                    family,
+                    f"{c['validation_within_1.5x']}/{v} within 1.5x ({share:.0f} %), "
+                    f"{c['validation_within_2x']}/{v} within 2x; {kept}; {c['fitted_points']} fitted points",
+                )
+            )
+    return out
+
+
+def overall_line(summary: dict[str, Any]) -> str:
+    """Every validation point counted together, saying how much of it is the largest data set (a headline over
+    all points hides the small families: read :func:`family_lines` first)."""
+    val = summary["validation_points"]
+    line = (
+        f"all {summary['points']} points ({summary['fitted_points']} fitted, {val} validation): "
+        f"{summary['validation_within_1.5x']}/{val} within 1.5x, {summary['validation_within_2x']}/{val} within 2x"
+    )
+    by_ds = summary["by_dataset"]
+    if val and by_ds:
+        big = max(by_ds, key=lambda d: by_ds[d]["validation_points"])
+        n = by_ds[big]["validation_points"]
+        if n > val / 2:
+            line += f"; {n} of the {val} validation points are {big}'s"
+    return line
 
 
 def select_checks(registry: dict[str, Check], fast: bool, only: Iterable[str] = ()) -> list[Check]:
