@@ -231,7 +231,7 @@ def estimate_cmd(
         note(
             f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context and modules "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
-            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement"
+            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement (uvmlab colocate: the same rule per job)"
         )
         click.echo(est.carma_text(), nl=False)
         return
