@@ -129,3 +129,53 @@ def test_sigterm_stops_a_run_non_zero_without_a_result(tmp_path: Path) -> None:
     assert not (out / "result.json").exists()
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     assert err.strip().splitlines()[-1].startswith("uvmlab: terminated (SIGTERM)")
+
+
+# -- labels that are the run ------------------------------------------------------------------------------------
+def test_a_default_given_or_left_out_is_one_configuration() -> None:
+    """The API with batch_size=8 given and the same default left out wrote two folders for one job."""
+    from uvmlab.config import RunConfig, WorkloadConfig
+    from uvmlab.run import canonical, default_run_dir
+    from workloads.registry import load_workload
+
+    spec = load_workload("gpt2")
+    left_out = RunConfig(WorkloadConfig("gpt2"), oversub=4, pca=False)
+    given = RunConfig(
+        WorkloadConfig("gpt2", batch_size=8, options={"seq_len": 1024, "n_layer": 12}), oversub=4, pca=False
+    )
+    other = RunConfig(WorkloadConfig("gpt2", batch_size=4), oversub=4, pca=False)
+    assert default_run_dir(left_out) != default_run_dir(given)  # the old code's two folders
+    assert default_run_dir(canonical(left_out, spec)) == default_run_dir(canonical(given, spec))
+    assert default_run_dir(canonical(other, spec)) != default_run_dir(canonical(left_out, spec))
+    assert canonical(given, spec).workload.batch_size == 8 and canonical(given, spec).workload.options == {}
+
+
+def test_an_explicit_default_option_shows_the_stored_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(RUN) == 0
+    capsys.readouterr()
+    assert main([*RUN, "--option", "image_size=224"]) == 0  # alexnet's default image size, given explicitly
+    assert "(shown again)" in capsys.readouterr().out
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_a_policy_run_names_its_policy_and_its_achieved_factor(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys,  # type: ignore[no-untyped-def]
+) -> None:
+    from uvmlab.cli.run_cmds import _oversub_label
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*RUN, "--policy", "release-each-iteration"]) == 0
+    (folder,) = [p.name for p in (tmp_path / "runs").iterdir()]
+    assert folder.startswith("alexnet-x4-pcaoff-release-each-iteration-")
+    # GPT-2 x4 with the policy: footprint / GPU memory is 3.9 (the issue) or 4.1, not the x4 of the job as given
+    assert _oversub_label({"oversub": 4.0, "effective_oversub": 3.9}) == (
+        "x3.9 (footprint / GPU memory; x4 asked for the job as given)"
+    )
+    assert _oversub_label({"oversub": 4.0, "effective_oversub": 4.001}) == "x4"

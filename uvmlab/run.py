@@ -55,10 +55,26 @@ def gpu_availability() -> Any:
 
 
 def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:
-    """``runs/<workload>-x<F>-pca<on|off>-<hash>``."""
+    """``runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>``: the folder names the policy a run applies."""
     name = Path(cfg.workload.workload).stem if "/" in cfg.workload.workload else cfg.workload.workload
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "workload"
-    return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}-{cfg.config_hash()[:8]}"
+    policy = f"-{re.sub(r'[^A-Za-z0-9_.+-]+', '_', cfg.policy)}" if cfg.policy else ""
+    return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}{policy}-{cfg.config_hash()[:8]}"
+
+
+def canonical(cfg: RunConfig, spec: Any) -> RunConfig:
+    """``cfg`` with its workload's defaults resolved one way, so that one job is one configuration (one hash, one
+    run folder) whether a default is given or left out: the batch size as a number (the workload's default when
+    None), and workload options equal to their defaults dropped (``spec``: the workload's
+    ``workloads.base.WorkloadSpec``). ``api.run("gpt2", batch_size=8)`` and ``api.run("gpt2")`` are one run."""
+    from dataclasses import replace
+
+    wl = cfg.workload
+    defaults = dict(spec.options)
+    options = {
+        k: v for k, v in wl.options.items() if not (k in defaults and type(v) is type(defaults[k]) and v == defaults[k])
+    }
+    return replace(cfg, workload=replace(wl, batch_size=spec.batch_size(wl), options=options))
 
 
 def stored_run_differs(path: Path, cfg: RunConfig, figure_format: str = "png") -> str | None:
@@ -203,7 +219,8 @@ def run(
     from workloads.registry import load_workload
 
     check_simulator_inputs(cfg)  # --sim-option knobs and the --params file: before anything is captured or removed
-    load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    spec = load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    cfg = canonical(cfg, spec)  # a default given or left out: one configuration
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
     )

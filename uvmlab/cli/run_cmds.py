@@ -42,7 +42,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
         *applied,
         ("mode", r.get("mode")),
         ("PCA", "on" if r.get("pca") else "off"),
-        ("oversubscription", f"x{r.get('oversub'):g}"),
+        ("oversubscription", _oversub_label(r)),
         ("GPU", r.get("gpu")),
         ("footprint (peak managed)", b("footprint_bytes")),
         ("available to UVM", b("available_bytes")),
@@ -63,6 +63,15 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
         ("zero-filled (no transfer)", b("zero_fill_bytes")),
         ("retained cudaMemcpy HtoD", b("memcpy_htod_bytes")),
     ]
+
+
+def _oversub_label(r: dict[str, Any]) -> str:
+    """The oversubscription factor the run had: footprint / GPU memory (``effective_oversub``), and the factor asked
+    for when they differ (a policy runs on the GPU memory of the job as given; a job that does not fit)."""
+    asked, achieved = r.get("oversub"), r.get("effective_oversub")
+    if achieved is None or asked is None or abs(achieved - asked) <= 0.005 * asked:
+        return f"x{asked:g}"
+    return f"x{achieved:.3g} (footprint / GPU memory; x{asked:g} asked for the job as given)"
 
 
 @click.command("run")
@@ -113,7 +122,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
 )
 @out_option(
-    "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
+    "Run directory [default: runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>, <hash> = the first 8 hex digits of the "
     "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
     "run again, the stored result of the same simulation is shown, or the run goes to <dir>-2, -3, ...].",
     default=None,

@@ -118,7 +118,7 @@ def _status(rundir: RunDir) -> str:
 
 
 def run_dir_name(cfg: Any) -> str:
-    """Readable run directory name: ``<workload>-x<F>-pca<on|off>-<8 hex digits of config_hash()>``.
+    """Readable run directory name: ``<workload>-x<F>-pca<on|off>[-<policy>]-<8 hex digits of config_hash()>``.
 
     The same name as ``uvmlab run``'s default directory (uvmlab.run.default_run_dir), e.g. gpt2-x4-pcaoff-1a2b3c4d.
     """
