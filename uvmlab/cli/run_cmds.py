@@ -122,8 +122,8 @@ def _oversub_label(r: dict[str, Any]) -> str:
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
 )
 @out_option(
-    "Run directory [default: runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>, <hash> = the first 8 hex digits of the "
-    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
+    "Run directory [default: runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>, <hash> = the first 8 hex digits of "
+    "the configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
     "run again, the stored result of the same simulation is shown, or the run goes to <dir>-2, -3, ...].",
     default=None,
     metavar="DIR",
