@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
-from tests.hostile import Probe, assert_refused, run_probes
+from tests.hostile import Probe, assert_refused, run_probes, tree_hashes
 from uvmlab.cli import cli
 from uvmlab.sim.uvm.timing import CostParams
 
@@ -253,11 +253,24 @@ def _all_cases(tmp: Path) -> list[tuple[Probe, list[str]]]:
     return [*_typed_cases(tmp), *_text_cases(tmp), *_json_cases(tmp), *_file_cases(tmp)]
 
 
+def isolated(cases: list[tuple[Probe, list[str]]], tmp: Path) -> list[tuple[Probe, list[str]]]:
+    """Each probe in a folder of its own (its cwd and its hashed surroundings), so that what one case leaves (a
+    default ``runs/`` folder) is charged to that case only; the input files stay in ``tmp/files``."""
+    out = []
+    for i, (p, words) in enumerate(cases):
+        d = tmp / "cases" / str(i)
+        d.mkdir(parents=True)
+        out.append((Probe(p.name, p.argv, cwd=d, root=d, outputs=(d / REQUIRED,)), words))
+    return out
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, list[str]]]:
     tmp = tmp_path_factory.mktemp("numbers")
-    cases = _all_cases(tmp)
+    cases = isolated(_all_cases(tmp), tmp)
+    inputs = tree_hashes(tmp / "files")
     results = run_probes([p for p, _ in cases])
+    assert tree_hashes(tmp / "files") == inputs  # no case changed an input file
     return {p.name: (results[p.name], words) for p, words in cases}
 
 
