@@ -6,6 +6,7 @@ summary per data set, one row per (data set, quantity) with the spread of the ra
 outside 1.5x or without a promised band (the misses, with their notes). Never edit that section by hand.
 
 Usage: python tools/gen_fidelity_doc.py [DATA_DIR] [--fast] [--jobs N]
+       python tools/gen_fidelity_doc.py --from DIR   # the scorecard `uvmlab validate -o DIR` wrote (no run)
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("data_dir", nargs="?", default=None)
     ap.add_argument("--fast", action="store_true", help="only the CI subset")
     ap.add_argument("--jobs", type=int, default=usable_cpus(), help="worker processes (default: usable CPUs)")
+    ap.add_argument("--from", dest="stored", default=None, help="render the scorecard `uvmlab validate -o DIR` wrote")
     args = ap.parse_args(argv)
-    card = validate(args.data_dir, fast=args.fast, jobs=args.jobs)
+    card = Scorecard.read(args.stored) if args.stored else validate(args.data_dir, fast=args.fast, jobs=args.jobs)
     import matplotlib.pyplot as plt
 
     text = splice(DOC.read_text(), render(card))  # fails on missing markers before anything is written

@@ -45,7 +45,7 @@ def validate_cmd(
     verbose: bool,
     jobs: int | None,
 ) -> None:
-    """Run every registered fidelity check on DATA_DIR and print measured vs predicted.
+    """Run every registered fidelity check on DATA_DIR: measured vs predicted, the verdict per family.
 
     DATA_DIR defaults to $UVMLAB_REAL_DATA, else ../shared/real-data beside the checkout. Checks whose folder is
     absent are skipped with the reason. The verdict is given per family (memory, allocator, UVM timing, UVM

@@ -145,6 +145,34 @@ class Scorecard:
             "check_seconds": {n: {"wall": round(w, 2), "cpu": round(c, 2)} for n, (w, c) in self.timings.items()},
         }
 
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike[str]) -> Scorecard:
+        """The scorecard a ``uvmlab validate -o RUN_DIR`` wrote (its points from tables/scorecard.parquet, what ran,
+        was skipped and the times from result.json), e.g. to render docs/fidelity.md without running it again."""
+        import math
+
+        from uvmlab.files.rundir import RunDir
+
+        rd = RunDir(run_dir)
+        s = rd.read_result()
+        df = rd.read_table("scorecard")
+
+        def value(v: Any) -> Any:
+            return None if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else v
+
+        card = cls(data_dir=str(s["data_dir"]), fast=bool(s["fast"]))
+        for r in df.to_dict("records"):
+            point = Point(
+                dataset=r["dataset"], case=r["case"], quantity=r["quantity"], unit=r["unit"],
+                measured=float(r["measured"]), predicted=value(r["predicted"]), fitted=bool(r["fitted"]),
+                note=r["note"] or "", band=value(r["band"]),
+            )  # fmt: skip
+            card.points.append((str(r["check"]), point))
+        card.ran, card.skipped, card.errors = list(s["checks_run"]), dict(s["checks_skipped"]), dict(s["check_errors"])
+        card.cpu_seconds, card.wall_seconds = float(s["cpu_seconds"]), float(s["wall_seconds"])
+        card.timings = {n: (float(t["wall"]), float(t["cpu"])) for n, t in s["check_seconds"].items()}
+        return card
+
     def write(self, out: str | os.PathLike[str] | Any, force: bool = False) -> Path:
         """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``
         (a path, or a RunDir already prepared by :func:`validate`); the writer's lock is released after."""
