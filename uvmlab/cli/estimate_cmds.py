@@ -11,8 +11,9 @@ from uvmlab.cli.options import format_option, out_option, workload_config, workl
 from uvmlab.config import ALLOCATORS
 from uvmlab.console import note, plain, print_csv, print_table, say, scalar_rows
 from uvmlab.files.atomic import to_json
+from uvmlab.gpus import MAX_MEMORY_BYTES
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
-from uvmlab.units import format_bytes
+from uvmlab.units import MiB, format_bytes
 
 
 @click.group("snapshot")
@@ -99,9 +100,10 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--alloc-conf", default="", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
 @click.option(
     "--margin-mb",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_MEMORY_BYTES // MiB),
     default=None,
-    help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
+    help="Margin added to required_mb, in MiB (at most 64 TiB, the simulated device range) [default: the coverage "
+    "rule of uvmlab.memory.intervals, docs/estimate.md].",
 )
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
