@@ -165,7 +165,6 @@ def estimate_cmd(
         write_estimate,
     )
     from uvmlab.trace.orchestrate import OrchestrationRules
-    from uvmlab.units import MiB
 
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
