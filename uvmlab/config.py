@@ -16,6 +16,7 @@ from typing import Any
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
+from uvmlab.numbers import parse_float, prefix
 from uvmlab.units import parse_bytes
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -61,7 +62,7 @@ OFF_WORDS = ("off", "false", "no", "0")
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
-        raise InputError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+        raise InputError(f"{name} must be one of {', '.join(choices)}, not {prefix(value)}")
 
 
 def parse_on_off(name: str, value: Any) -> bool:
@@ -78,7 +79,7 @@ def parse_on_off(name: str, value: Any) -> bool:
             return True
         if word in OFF_WORDS:
             return False
-    raise InputError(f"{name} takes on or off (or True / False), not {value!r}")
+    raise InputError(f"{name} takes on or off (or True / False), not {prefix(value)}")
 
 
 def _text(name: str, value: Any, what: str) -> str:
@@ -86,13 +87,13 @@ def _text(name: str, value: Any, what: str) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
-        raise InputError(f"{name} must be {what}, not {value!r}")
+        raise InputError(f"{name} must be {what}, not {prefix(value)}")
     return value
 
 
 def _mapping(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise InputError(f"{name} must be a mapping of names to values (a dict), not {value!r}")
+        raise InputError(f"{name} must be a mapping of names to values (a dict), not {prefix(value)}")
     return value
 
 
@@ -143,21 +144,23 @@ class WorkloadConfig:
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
         ):
-            raise InputError(f"batch size must be a whole number >= 1, not {self.batch_size!r}")
+            raise InputError(f"batch size must be a whole number >= 1, not {prefix(self.batch_size)}")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("zero_grad", self.zero_grad, ZERO_GRAD_POSITIONS)
         _choice("attention", self.attention, ATTENTION_IMPLS)
         _choice("dtype", self.dtype, DTYPES)
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
-            raise InputError(f"iterations must be a whole number >= 1, not {self.iterations!r}")
+            raise InputError(f"iterations must be a whole number >= 1, not {prefix(self.iterations)}")
         if self.iterations > MAX_ITERATIONS:
-            raise InputError(f"iterations {self.iterations:,} is over uvmlab's limit of {MAX_ITERATIONS:,} per run")
+            raise InputError(
+                f"iterations {prefix(self.iterations)} is over uvmlab's limit of {MAX_ITERATIONS:,} per run"
+            )
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1024:
-            raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {steps!r}")
+            raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {prefix(steps)}")
         if not isinstance(self.checkpoint, str) or not (self.checkpoint == "" or self.checkpoint.isidentifier()):
             raise InputError(
-                f"checkpoint must be 'auto' or a module class name (an identifier), not {self.checkpoint!r}"
+                f"checkpoint must be 'auto' or a module class name (an identifier), not {prefix(self.checkpoint)}"
             )
         self._check_training_setup()
 
@@ -236,12 +239,12 @@ a handful), and 10**12 was accepted and ran without an end."""
 def check_oversub(value: float) -> float:
     """Validate an oversubscription factor: any finite number > 0 (<= 1 means no oversubscription)."""
     try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"oversubscription factor must be a number > 0, not {value!r}") from None
+        f = parse_float(value, "oversubscription factor")  # text, an int or a float; never inf, nan or a bool
+    except InputError:
+        f = math.nan
     if not math.isfinite(f) or f <= 0:
         raise InputError(
-            f"oversubscription factor must be a finite number > 0, not {value!r} "
+            f"oversubscription factor must be a finite number > 0, not {prefix(value)} "
             "(it is allocated UVM memory / available GPU memory; <= 1 means no oversubscription)"
         )
     if f > 1000:
@@ -316,10 +319,10 @@ class RunConfig:
         """Check and normalise every field as the CLI does (``pca="off"`` is False, never truthy text)."""
         if not isinstance(self.workload, WorkloadConfig):
             raise InputError(
-                f"workload must be a WorkloadConfig, not {self.workload!r} (api.run also takes a workload name)"
+                f"workload must be a WorkloadConfig, not {prefix(self.workload)} (api.run also takes a workload name)"
             )
         if isinstance(self.oversub, bool):
-            raise InputError(f"oversubscription factor must be a number > 0, not {self.oversub!r}")
+            raise InputError(f"oversubscription factor must be a number > 0, not {prefix(self.oversub)}")
         object.__setattr__(self, "oversub", check_oversub(self.oversub))
         object.__setattr__(self, "pca", parse_on_off("pca", self.pca))
         object.__setattr__(self, "prefetch", parse_on_off("prefetch", self.prefetch))
@@ -330,7 +333,9 @@ class RunConfig:
             if isinstance(memory, str):
                 memory = parse_bytes(memory)
             if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-                raise InputError(f"gpu_memory_bytes must be a whole number of bytes > 0 (or '40GiB'), not {memory!r}")
+                raise InputError(
+                    f"gpu_memory_bytes must be a whole number of bytes > 0 (or '40GiB'), not {prefix(memory)}"
+                )
             object.__setattr__(self, "gpu_memory_bytes", memory)
         if self.params_file is not None:
             object.__setattr__(self, "params_file", _text("params_file", self.params_file, "a file path"))

@@ -9,10 +9,11 @@ import click
 
 from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS, WorkloadConfig
-from uvmlab.console import note, plain, print_csv, print_table, say
+from uvmlab.console import note, plain, print_csv, print_table, say, scalar_rows
 from uvmlab.files.atomic import to_json
+from uvmlab.gpus import MAX_MEMORY_BYTES
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
-from uvmlab.units import format_bytes
+from uvmlab.units import MiB, format_bytes
 
 
 @click.group("snapshot")
@@ -99,9 +100,10 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--alloc-conf", default="", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
 @click.option(
     "--margin-mb",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_MEMORY_BYTES // MiB),
     default=None,
-    help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
+    help="Margin added to required_mb, in MiB (at most 64 TiB, the simulated device range) [default: the coverage "
+    "rule of uvmlab.memory.intervals, docs/estimate.md].",
 )
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
@@ -169,7 +171,6 @@ def estimate_cmd(
         write_estimate,
     )
     from uvmlab.trace.orchestrate import OrchestrationRules
-    from uvmlab.units import MiB
 
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
@@ -251,7 +252,7 @@ def estimate_cmd(
         note(
             f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context and modules "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
-            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement"
+            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement (uvmlab colocate: the same rule per job)"
         )
         click.echo(est.carma_text(), nl=False)
         return
@@ -259,8 +260,7 @@ def estimate_cmd(
         "fits" if not est.oom else f"OUT OF MEMORY at event {est.oom_seq} ({est.oom_phase}, it {est.oom_iteration})"
     )
     if fmt == "csv":
-        scalars = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
-        print_csv(("estimate", ("key", "value"), scalars))
+        print_csv(("estimate", ("key", "value"), scalar_rows(result)))
         return
     print_table(
         f"{cfg.workload} on {gpu.name}, {allocator} allocator",

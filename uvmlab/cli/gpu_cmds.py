@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from uvmlab.cli.options import format_option, out_option
+from uvmlab.numbers import parse_float
 
 FORMAT = format_option()
 
@@ -180,10 +181,8 @@ def gpus_cmd(fmt: str) -> None:
 
 
 def _floats(value: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma list of numbers") from None
+    """A comma list of finite positive numbers (``--factors``), each through the one number parser."""
+    return tuple(parse_float(x, "--factors", lo=0.0) for x in value.split(",") if x.strip())
 
 
 @click.command("collect")
@@ -253,15 +252,9 @@ def collect_cmd(
     from uvmlab.measure.gpu.kit.plan import DEFAULT_CASES, CollectOptions, parse_workloads
     from uvmlab.measure.gpu.kit.runner import collect_evidence
 
-    if budget.strip().lower() == "none":
-        budget_s = None
-    else:
-        try:
-            budget_s = float(budget)
-        except ValueError:
-            raise click.BadParameter(
-                f"{budget!r} is not a number of seconds or 'none'", param_hint="--budget"
-            ) from None
+    budget_s = (
+        None if budget.strip().lower() == "none" else parse_float(budget, "--budget (seconds, or 'none')", lo=1.0)
+    )
     opts = CollectOptions(
         budget_s=budget_s,
         resume=resume,

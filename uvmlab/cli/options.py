@@ -1,5 +1,6 @@
-"""Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate) and
-``--format table|json[|csv]``."""
+"""Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate),
+``--format table|json[|csv]``, and :func:`harden_numbers`, which gives every numeric option of every command
+uvmlab's number checks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from uvmlab.config import (
 )
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import parse_options
+from uvmlab.numbers import parse_float, parse_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -204,3 +206,48 @@ def figure_format_option() -> Callable[[F], F]:
         show_default=True,
         help="File format of the figures (svg and pdf scale for papers).",
     )
+
+
+def _checked_convert(self: Any, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    """``convert`` of a checked number type: text goes through uvmlab.numbers first (an integer of at most 19 digits
+    within int64, a real that is finite), so a 5,000-digit value or ``inf`` is one short sentence quoting a prefix;
+    then click's own conversion and range check run on the parsed number."""
+    if isinstance(value, str):
+        try:
+            if isinstance(self, click.types.IntParamType):
+                value = parse_int(value, "the value")
+            else:
+                value = parse_float(value, "the value")
+        except InputError as exc:
+            self.fail(str(exc)[0].upper() + str(exc)[1:] + ".", param, ctx)
+    return type(self).__mro__[1].convert(self, value, param, ctx)
+
+
+_CHECKED: dict[type, type] = {}
+
+
+def _checked_type(t: click.ParamType) -> click.ParamType:
+    """A copy of the number type ``t`` (INT, FLOAT, IntRange, FloatRange: its class, range and help kept) whose
+    conversion is :func:`_checked_convert`."""
+    cls = type(t)
+    sub = _CHECKED.get(cls)
+    if sub is None:
+        sub = _CHECKED[cls] = type(f"Checked{cls.__name__}", (cls,), {"convert": _checked_convert, "checked": True})
+    new = object.__new__(sub)
+    new.__dict__.update(t.__dict__)
+    return new
+
+
+def harden_numbers(command: click.Command) -> None:
+    """Give every integer and real parameter of ``command`` and its subcommands (the whole click tree when
+    ``command`` is the ``uvmlab`` group) uvmlab's number checks (:func:`_checked_convert`).
+
+    Done once, where the commands are registered (``uvmlab.cli._register``), so no option (a new one included) can
+    take a number that the checks of uvmlab.numbers refuse: ``tests/test_numbers_cli.py`` walks the same tree."""
+    for param in command.params:
+        t = param.type
+        if isinstance(t, click.types.IntParamType | click.types.FloatParamType) and not getattr(t, "checked", False):
+            param.type = _checked_type(t)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            harden_numbers(sub)

@@ -396,16 +396,20 @@ def run_microbench(
 def write_fit(result: Fit, timings: pd.DataFrame, out: Any, source: str) -> dict[str, Any]:
     """Write ``result.params`` as a CostParams file (notes appended to ``source``); return the file's content plus
     ``fitted`` (the parameter names the data set), ``notes`` and ``timings`` (records)."""
-    import json
+
+    from uvmlab.files.atomic import atomic_write_json
+    from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, check_cost_values
 
     if result.notes:
         source += "; " + "; ".join(result.notes)
-    path = result.params.to_file(Path(out), source)
-    doc = json.loads(path.read_text())
-    kept = {n.split(":")[0] for n in result.notes}
+    not_fitted = {n.split(":")[0] for n in result.notes}
     if result.link_bytes_per_s is None:
-        kept.add("link_bytes_per_s")
-    doc["fitted"] = [n for n in param_names() if n not in kept]
+        not_fitted.add("link_bytes_per_s")
+    fitted = [n for n in param_names() if n not in not_fitted]
+    values = {n: getattr(result.params, n) for n in fitted}  # a run takes every other cost from its GPU's profile
+    check_cost_values(values, f"{out}: the microbenchmark fit")
+    doc = {"schema_version": PARAMS_SCHEMA_VERSION, "source": source, "params": values, "fitted": fitted}
+    atomic_write_json(Path(out), doc)
     doc["notes"] = list(result.notes)
     doc["timings"] = timings.to_dict(orient="records")
     return doc

@@ -16,6 +16,7 @@ later steps depend on the calibration result: the plan shows them with the simul
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping
@@ -24,9 +25,11 @@ from pathlib import Path
 
 from uvmlab.config import AppliedPolicy, RunConfig
 from uvmlab.errors import InputError, InvariantError
+from uvmlab.files.inputs import short
 from uvmlab.gpus import GpuSpec, get_gpu
 from uvmlab.measure.gpu.balloon import DEFAULT_RESERVE_BYTES, BalloonPlan, plan_balloon
 from uvmlab.measure.gpu.detect import GpuStatus, gpu_status
+from uvmlab.numbers import parse_float
 from uvmlab.units import format_bytes
 
 REQUIRED_ALLOC_CONF = "backend:native,expandable_segments:False"
@@ -204,6 +207,10 @@ def shell_command(step: Step) -> str:
     return f"cd {shlex.quote(step.cwd)} && {' '.join(parts)} {shlex.join(step.argv)}"
 
 
+_NUMBER_TOKEN = re.compile(r"(?i)(?<![a-z_])[+-]?(?:inf(?:inity)?|nan|[0-9][0-9_.]*(?:e[+-]?[0-9]+)?)(?![a-z_])")
+"""A number inside an alloc-conf value (``max_split_size_mb:512``, ``roundup_power2_divisions:[256:1,>:4]``)."""
+
+
 def build_alloc_conf(extra: str) -> str:
     """PYTORCH_CUDA_ALLOC_CONF for a GPU run: the required native backend plus the user's additions."""
     parts = [REQUIRED_ALLOC_CONF]
@@ -214,6 +221,8 @@ def build_alloc_conf(extra: str) -> str:
         if not sep or not key.strip() or not value.strip():
             raise InputError(f"--alloc-conf entries are key:value pairs separated by commas, not {item!r}")
         key = key.strip()
+        for token in _NUMBER_TOKEN.findall(value):  # PyTorch parses these as size_t / double: finite, short
+            parse_float(token, f"--alloc-conf {short(key)}", lo=0, hi=2.0**64)
         if key == "backend" and value.strip() != "native":
             raise InputError(
                 f"--alloc-conf backend:{value.strip()} never calls cudaMalloc, so the UVM shim cannot see it; "
