@@ -201,6 +201,39 @@ def test_column_sum_allocates_reduce_staging_and_semaphores() -> None:
     assert (temps["alloc_seq"] < seq).all() and sorted(temps["free_seq"]) == [seq + 1, seq + 2]
 
 
+def test_temporaries_made_under_the_prefetching_allocator_are_prefetched_right_after_allocation() -> None:
+    """``uvm.prefetch_new_allocations``: the shim prefetches every managed allocation, and a reduction's staging
+    buffer and semaphores come from the same allocator as its output, so each gets a cudaMemPrefetchAsync of its
+    whole block between its allocation and the kernel; the same sum made with prefetching off gets none."""
+    x = torch.randn(4, 1024, 1024, device="meta")
+
+    def both() -> object:
+        a = x.sum((0, 1))
+        rec.prefetch_new_allocations = True
+        return a, x.sum((0, 1))
+
+    rec = Recorder("meta")
+    with rec:
+        rec.set_phase("forward", 0)
+        keep = both()  # noqa: F841
+        rec.close()
+    t = Trace(header={"workload": "test"}, **rec.tables(["temporary"] * len(rec.a_size)))
+    out, temps = inserted(t)
+    k = out.kernels
+    pre = k[k["api"] == "prefetch"]
+    sums = k.loc[k["name"] == "aten::sum", "seq"].sort_values().tolist()
+    hit = out.accesses[out.accesses["kernel_id"].isin(pre["kernel_id"])]
+    prefetched = temps[temps["alloc_id"].isin(hit["alloc_id"])]
+    assert len(temps) == 4 and len(prefetched) == 2  # the second sum's two temporaries only
+    assert (prefetched["alloc_seq"] > sums[0]).all() and (prefetched["alloc_seq"] < sums[1]).all()
+    for row in prefetched.itertuples():
+        call = hit[hit["alloc_id"] == row.alloc_id]
+        (kid,) = call["kernel_id"].tolist()
+        seq = int(k.loc[k["kernel_id"] == kid, "seq"].iloc[0])
+        assert row.alloc_seq < seq < sums[1] and int(call["size_bytes"].iloc[0]) == row.size_bytes
+    assert k["kernel_id"].is_unique and k["seq"].is_unique
+
+
 def test_reductions_that_fit_one_block_per_output_allocate_nothing() -> None:
     t = capture(lambda: torch.randn(64, 1024, device="meta").sum(-1))  # 1,024 values per row: one CTA each
     assert resolve(entries(t, "aten::sum"), 108, 2048) == []

@@ -81,11 +81,20 @@ class Temporary:
     touched_bytes: int | None = None
     """Bytes the kernel really writes, when less than the allocation (None: all of it): a reduction's staging
     buffer is allocated ``block.x x vec`` times larger than the slots its blocks write."""
+    prefetched: bool = False
+    """Made while the program prefetched every new allocation to the GPU (``uvm.prefetch_new_allocations``): a
+    kernel's temporaries come from the same allocator as its outputs (Reduce.cuh takes its staging buffer from
+    ``c10::cuda::CUDACachingAllocator::get()``), so the shim's prefetch after each managed allocation covers them."""
 
 
 def encode(entries: list[dict[str, Any]]) -> str:
     """The column value of a kernel's entries (``""`` for none)."""
     return json.dumps(entries, separators=(",", ":")) if entries else ""
+
+
+def mark_prefetched(text: str) -> str:
+    """The column value ``text`` with every entry marked as made under the prefetching allocator (key ``p``)."""
+    return encode([{**e, "p": 1} for e in decode(text)])
 
 
 def decode(text: str) -> list[dict[str, Any]]:
@@ -189,7 +198,8 @@ def embedding_final(spec: list[Any], sms: int) -> list[tuple[str, int]]:
 def resolve(entries: list[dict[str, Any]], sms: int, threads_per_sm: int) -> list[Temporary]:
     """The kernel's internal allocations sized for a GPU with ``sms`` SMs of ``threads_per_sm`` resident threads;
     entries that allocate nothing there are dropped (``until`` indices follow the kept list)."""
-    staged: list[tuple[int, str, int, bool, Any, int | None]] = []  # (entry, label, size, pre, until, written)
+    staged: list[tuple[int, str, int, bool, Any, int | None, bool]] = []  # (entry, label, size, pre, until, written,
+    # prefetched)
     last_of: dict[int, int] = {}  # entry index -> position of its last allocation in the kept list
     for i, e in enumerate(entries):
         parts: list[tuple[str, int, int | None]]
@@ -207,12 +217,12 @@ def resolve(entries: list[dict[str, Any]], sms: int, threads_per_sm: int) -> lis
         for label, size, written in parts:
             if size > 0:
                 last_of[i] = len(staged)
-                staged.append((i, label, int(size), bool(e.get("pre")), e.get("until"), written))
+                staged.append((i, label, int(size), bool(e.get("pre")), e.get("until"), written, bool(e.get("p"))))
     out = []
-    for _i, label, size, pre, until, written in staged:
+    for _i, label, size, pre, until, written, prefetched in staged:
         freed_after = None if until in (None, "outputs") else last_of.get(until)
         partial = None if written is None or written >= size else int(written)
-        out.append(Temporary(label, size, pre, freed_after, until == "outputs", partial))
+        out.append(Temporary(label, size, pre, freed_after, until == "outputs", partial, prefetched))
     return out
 
 

@@ -62,7 +62,7 @@ from uvmlab.trace.cudnn_conv import (
 )
 from uvmlab.trace.internal_allocs import COLUMN as TEMPORARIES_COLUMN
 from uvmlab.trace.internal_allocs import decode, resolve
-from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, Trace
 from uvmlab.units import KiB
 
 CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -157,7 +157,10 @@ class _Builder:
         self.new_alloc_key: list[float] = []
         self.new_free_key: list[float] = []
         self.new_access: list[dict[str, Any]] = []
+        self.new_kernels: list[dict[str, Any]] = []
+        self.new_kernel_key: list[float] = []
         self.next_id = int(self.a["alloc_id"].max()) + 1 if len(self.a) else 0
+        self.next_kernel_id = int(self.k["kernel_id"].max()) + 1 if len(self.k) else 0
         self.depthwise_convolutions = 0
         """Convolution calls ``rule_cudnn_workspace`` left without a workspace as depthwise."""
 
@@ -194,6 +197,18 @@ class _Builder:
         self.new_free_key.append(free_key)
         return alloc_id
 
+    def insert_kernel(self, row: dict[str, Any], key: float, accesses: list[tuple[int, int, int, bool]]) -> int:
+        """Add a kernel (or API call) row at ordering key ``key`` touching ``accesses`` (alloc_id, offset, bytes,
+        is_write); a kernel column the row does not give takes its schema default."""
+        kernel_id = self.next_kernel_id
+        self.next_kernel_id += 1
+        self.new_kernels.append({"kernel_id": kernel_id, "seq": 0, "flops": 0.0, **row})
+        self.new_kernel_key.append(key)
+        for alloc_id, offset, size, is_write in accesses:
+            self.new_access.append({"kernel_id": kernel_id, "alloc_id": alloc_id, "offset_bytes": offset,
+                                    "size_bytes": size, "is_write": is_write})  # fmt: skip
+        return kernel_id
+
     def build(self, header: dict[str, Any]) -> Trace:
         allocs = self.a
         if self.new_rows:
@@ -201,7 +216,10 @@ class _Builder:
         akey = np.concatenate([self.alloc_key, np.asarray(self.new_alloc_key, dtype="float64")])
         fkey = np.concatenate([self.free_key, np.asarray(self.new_free_key, dtype="float64")])
         ftie = np.concatenate([self.free_tie, np.zeros(len(self.new_rows), dtype=np.int64)])
-        kkey = self.k["seq"].to_numpy().astype("float64")
+        kernels = self.k
+        if self.new_kernels:
+            kernels = pd.concat([self.k, self._inserted_kernels()], ignore_index=True)
+        kkey = np.concatenate([self.k["seq"].to_numpy().astype("float64"), np.asarray(self.new_kernel_key)])
         n_a, n_k = len(allocs), len(kkey)
         freed = ~np.isnan(fkey)
         keys = np.concatenate([akey, fkey[freed], kkey])
@@ -215,7 +233,6 @@ class _Builder:
         free_seq = np.full(n_a, NEVER_FREED, dtype=np.int64)
         free_seq[np.flatnonzero(freed)] = new_seq[n_a : n_a + int(freed.sum())]
         allocs["free_seq"] = free_seq
-        kernels = self.k
         kernels["seq"] = new_seq[n_a + int(freed.sum()) :]
         accesses = self.acc
         if self.new_access:
@@ -228,6 +245,16 @@ class _Builder:
                 if col in have and have[col] != dtype and not df[col].hasnans:
                     df[col] = df[col].astype(dtype)
         return Trace(allocations=allocs, kernels=kernels, accesses=accesses, header=header)
+
+    def _inserted_kernels(self) -> pd.DataFrame:
+        """The inserted kernel rows in the kernels table's columns and dtypes (an optional column's schema
+        default where a row does not give it)."""
+        columns = {}
+        for col, dtype in zip(self.k.columns, self.k.dtypes, strict=True):
+            default = KERNEL_OPTIONAL[col][1] if col in KERNEL_OPTIONAL else None
+            values = [row.get(col, default) for row in self.new_kernels]
+            columns[col] = values if any(v is None for v in values) else pd.array(values, dtype=dtype)
+        return pd.DataFrame(columns)
 
     def _inserted(self) -> pd.DataFrame:
         """The inserted allocations, each column in the captured column's dtype where every row gives it (a column
@@ -538,6 +565,10 @@ def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[in
             written = t.size_bytes if t.touched_bytes is None else t.touched_bytes
             b.new_access.append({"kernel_id": int(kid[i]), "alloc_id": alloc_id, "offset_bytes": 0,
                                  "size_bytes": written, "is_write": True})  # fmt: skip
+            if t.prefetched:  # the prefetching allocator's cudaMemPrefetchAsync right after the allocation
+                b.insert_kernel({"name": "cudaMemPrefetchAsync", "phase": phase[i], "iteration": int(iteration[i]),
+                                 "stream": int(stream[i]), "api": "prefetch", "api_arg": "gpu"},
+                                keys[j] + 0.001e-3, [(alloc_id, 0, t.size_bytes, False)])  # fmt: skip
             added += 1
             top = max(top, t.size_bytes)
     return added, top

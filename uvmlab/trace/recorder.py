@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_leaves
 from uvmlab.errors import InvariantError
 from uvmlab.trace import meta_memo
 from uvmlab.trace.flops import estimate_flops
+from uvmlab.trace.internal_allocs import mark_prefetched
 from uvmlab.trace.internal_rules import temporaries
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
 from uvmlab.trace.strides import extent_elements, strided_columns
@@ -279,6 +280,8 @@ class Recorder(TorchDispatchMode):
         except (TypeError, ValueError, IndexError, RuntimeError):  # an argument form no rule foresaw
             self.temporaries_failed[opname] += 1
             temps = ""
+        if temps and self.prefetch_new_allocations:
+            temps = mark_prefetched(temps)  # the orchestrator prefetches them as it does the op's outputs
         self._add_kernel(
             opname,
             list(rows),
