@@ -48,6 +48,7 @@ import numpy as np
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
+from uvmlab.sim.uvm.concurrent import ConcurrentService
 from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
@@ -67,7 +68,16 @@ Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintService, AdviceService, HostService):
+class UvmSim(
+    FaultService,
+    MigrateService,
+    ResidentMarks,
+    StreamService,
+    ConcurrentService,
+    HintService,
+    AdviceService,
+    HostService,
+):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
 
     def __init__(
@@ -280,6 +290,13 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
             p0 = p0 // self._g * self._g
             p1 = min(-(-p1 // self._g) * self._g, (len(slots) - 1) * PAGES_PER_BLOCK + self._npages[int(slots[-1])])
         return p0, p1
+
+    def range_gids(self, range_id: int) -> np.ndarray:
+        """Global page ids (slot * 512 + page) of every 4 KiB page of a mapped range, in address order."""
+        slots = self._ranges[range_id]
+        n = -(-self._range_size[range_id] // PAGE_BYTES)
+        p = np.arange(n, dtype=np.int64)
+        return slots[p // PAGES_PER_BLOCK] * PAGES_PER_BLOCK + p % PAGES_PER_BLOCK
 
     def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
         """(slot, first_page, end_page) per VA block of a byte range, in address order."""

@@ -112,12 +112,27 @@ class UvmKnobs:
     thrashing_pin: int = 300
     """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned."""
     stream_priority: str = "lowest"
-    """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm.streams):
+    """MODEL parameter: which stalled threads of a concurrent kernel fill a fault batch (uvmlab.sim.uvm.concurrent):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
-    ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
+    ``sm`` (each SM's stalled warps oldest first, the SMs' entries interleaved one by one: every SM replays at once)
+    or ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
     order with no memory of age). The choice was made by looking at the gpu_ext microbench points (rotate makes
     seq_stream 1.5x cascade, 4.3x too slow; random cascades as well), so it is a structural choice informed by
     validation data: docs/uvm-sim.md reports all three."""
+    walker_time: bool = True
+    """MODEL parameter: the walkers of a concurrent kernel that are not stalled progress at their native speed
+    during each fault batch (uvmlab.sim.uvm.concurrent: the kernel's time overlaps its faults with the work of the
+    walkers that run); 0 = they progress without time between batches and every batch adds to the kernel's time
+    (the stream model before issue 41)."""
+    cascade_steady: bool = True
+    """Cost, not physics: a concurrent kernel whose fault rounds reach a steady state (uvmlab.sim.uvm.concurrent:
+    three windows of rounds with the same rates) is extrapolated to its end instead of simulated round by round
+    (a cascade of 1e8 faults in seconds; its error is measured in tests/test_uvm_concurrent.py); 0 = every round."""
+    concurrent_ops: bool = True
+    """MODEL parameter: traced ops with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) whose
+    concurrent working set exceeds the GPU go through the occupancy-bounded concurrent engine
+    (uvmlab.sim.uvm.concurrent), where in-flight blocks can lose pages they still need; 0 = address order (the model
+    before issue 41)."""
     gemm_rereads: bool = True
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
@@ -189,8 +204,16 @@ class UvmKnobs:
             raise InputError(f"sim_scale must be an integer >= 0 (0 = auto), not {self.sim_scale!r}")
         if self.derived_orders not in (0, 1):
             raise InputError(f"derived_orders must be 0 or 1, not {self.derived_orders!r}")
-        if self.stream_priority not in ("lowest", "rotate", "random"):
-            raise InputError(f"stream_priority must be 'lowest', 'rotate' or 'random', not {self.stream_priority!r}")
+        if self.stream_priority not in ("lowest", "sm", "rotate", "random"):
+            raise InputError(
+                f"stream_priority must be 'lowest', 'sm', 'rotate' or 'random', not {self.stream_priority!r}"
+            )
+        if self.concurrent_ops not in (0, 1):
+            raise InputError(f"concurrent_ops must be 0 or 1, not {self.concurrent_ops!r}")
+        if self.walker_time not in (0, 1):
+            raise InputError(f"walker_time must be 0 or 1, not {self.walker_time!r}")
+        if self.cascade_steady not in (0, 1):
+            raise InputError(f"cascade_steady must be 0 or 1, not {self.cascade_steady!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"

@@ -29,11 +29,13 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import DEFAULT_DRIVER, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import ADVICE, remote_ns
+from uvmlab.sim.uvm.concurrent import Launch
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
+from uvmlab.sim.uvm.occupancy import is_foreach, needs_concurrency, op_launches
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
     STREAM_ORDERS,
@@ -195,9 +197,12 @@ class _KernelStatics:
     kernel moves only part of the ranges it accesses), else 1: scales the bytes of its remote accesses."""
     plans: list[OrderPlan | None] = field(default_factory=list)  # access order of each kernel (uvm_order)
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
+    is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
 
     def __post_init__(self) -> None:
-        self.is_gemm = [op_base(n) in GEMM_OPS for n in self.names]
+        bases = [op_base(n) for n in self.names]
+        self.is_gemm = [b in GEMM_OPS for b in bases]
+        self.is_concurrent = [is_foreach(b) for b in bases]
 
 
 def kernel_statics(
@@ -376,9 +381,13 @@ _FLOATS_OF = operator.attrgetter(*_FLOAT_COLUMNS)
 class _Replayer:
     """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
 
-    def __init__(self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str = "") -> None:
+    def __init__(
+        self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str = "", driver: str = ""
+    ) -> None:
         self.sim, self.costs = sim, costs
         self.dtype, self.gpu_name = dtype, gpu_name
+        self.driver_major = driver_major(driver or DEFAULT_DRIVER)
+        self.concurrent_kernels = 0  # traced ops replayed through the concurrent engine (uvmlab.sim.uvm.occupancy)
         self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
         self.t = 0.0
         self.mapped: set[int] = set()
@@ -408,7 +417,18 @@ class _Replayer:
         # cudaMemAdvise policies (remote mappings, read duplicates) that the stream path does not
         if plan is not None and plan.streams and rows and not sim.resident(rows) and not sim.advised(rows):
             self.stream_kernels += 1
-            return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale))
+            native = float(st.native_ns[i]) if sim.knobs.walker_time else 0.0
+            return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale, native))
+        if (
+            sim.knobs.concurrent_ops
+            and self.scale == 1
+            and st.is_concurrent[i]
+            and not sim.resident(rows)
+            and not sim.advised(rows)
+        ):
+            c = self._concurrent(i, rows, st)
+            if c is not None:
+                return c
         if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
             passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
             if passes is not None:
@@ -418,6 +438,23 @@ class _Replayer:
                     c.add(sim.access(p))
                 return c
         return sim.access(rows)
+
+    def _concurrent(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
+        """A traced op with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) through the concurrent
+        engine when a launch's window exceeds the GPU; None when every window fits (address order then)."""
+        sim = self.sim
+        gids = {r[0]: sim.range_gids(r[0]) for r in rows}
+        native = float(st.native_ns[i])
+        plans = op_launches(op_base(st.names[i]), rows, self.dtype, self.gpu_name, self.driver_major, gids, native)
+        if plans is None or not needs_concurrency(plans, sim.capacity_bytes // VA_BLOCK_BYTES):
+            return None
+        self.concurrent_kernels += 1
+        launches = []
+        for p in plans:
+            waves = -(-p.pages.n // p.resident)
+            access_ns = p.native_ns / (waves * p.pages.steps) if sim.knobs.walker_time else 0.0
+            launches.append((p.pages, Launch(p.resident, p.sms, access_ns)))
+        return sim.access_launches(launches, native)
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
@@ -606,7 +643,7 @@ def replay(
         events = [(q, m, r, scaled_bytes(size, scale)) for q, m, r, size in events]
         acc.rows = scale_rows(acc.rows, scale)
     n = len(kern)
-    rp = _Replayer(sim, costs, n, dtype, gpu.name)
+    rp = _Replayer(sim, costs, n, dtype, gpu.name, gpu.driver)
     skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
     hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None
