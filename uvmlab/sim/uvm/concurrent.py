@@ -68,7 +68,7 @@ import numpy as np
 
 from uvmlab.errors import SimulationStalledError
 from uvmlab.sim.uvm.faults import COUNTER_NAMES, UvmCounters
-from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 
 SCAN_WINDOW = 16
 """Unit steps a walker's first look-ahead covers (it doubles each round): a cost knob; the result does not
@@ -80,10 +80,12 @@ STEADY_WINDOW = 128
 rounds, about 100,000 faults, is ever extrapolated)."""
 STEADY_TOLERANCE = 0.03
 """Largest spread (relative to the largest) of three windows' per-round rates that counts as a steady state."""
-STEADY_MIN_LEFT = 4
+STEADY_MIN_LEFT = 16
 """Extrapolate only when at least this many windows' worth of work remains (else simulate to the end)."""
-STEADY_AHEAD_RESIDENT = 0.01
+STEADY_AHEAD_RESIDENT = 0.1
 """Largest share of resident pages in the rest of a launch that an extrapolation accepts."""
+STEADY_FREE_CHUNKS = 4
+"""A steady state needs the GPU full: at most this many 2 MiB chunks free at each window's end."""
 STEADY_SAMPLE = 2048
 """Walker steps sampled to measure that share."""
 STEADY_RATES = ("fault_count", "htod_bytes", "dtoh_bytes", "eviction_count")
@@ -200,6 +202,8 @@ class _Slots:
     done: np.ndarray  # (slots, lanes) lanes whose current access completed
     stall_at: np.ndarray  # time the walker stalled (inf: running or empty)
     sm: np.ndarray
+    cur: np.ndarray  # (slots, lanes) pages of a stalled walker's current unit step (fixed while it is stalled)
+    curw: np.ndarray  # (slots, lanes) their is-write flags
 
 
 class ConcurrentService:
@@ -237,6 +241,8 @@ class _Engine:
             done=np.zeros((n_slots, src.lanes), dtype=bool),
             stall_at=np.full(n_slots, np.inf),
             sm=np.arange(n_slots, dtype=np.int64) % max(1, launch.sms),
+            cur=np.full((n_slots, src.lanes), -1, dtype=np.int64),
+            curw=np.zeros((n_slots, src.lanes), dtype=bool),
         )
         self.next_wid = n_slots
         self.now = 0.0
@@ -250,6 +256,7 @@ class _Engine:
         self.rotate = 0
         self.steady_on = bool(knobs.cascade_steady)
         self.snaps: list[np.ndarray] = []
+        self.used: list[int] = []  # GPU bytes in chunks after each round
         self.extrapolated = False
 
     # -- page look-ups -------------------------------------------------------------------------
@@ -307,7 +314,10 @@ class _Engine:
             s.done[slots[moved]] = False
             t_event = t0 + reach * a_ns
             stalls = ok & ~at_end
-            s.stall_at[slots[stalls]] = t_event[stalls]
+            if stalls.any():
+                st = slots[stalls]
+                s.stall_at[st] = t_event[stalls]
+                self._cache_pages(st)
             retire = ok & at_end
             if not retire.any():
                 return
@@ -333,6 +343,13 @@ class _Engine:
         s.stall_at[new] = np.inf
         return new, np.maximum(left[take], 0.0), t[take]
 
+    def _cache_pages(self, slots: np.ndarray) -> None:
+        """Remember the pages of the current unit step of walkers that just stalled."""
+        s = self.s
+        units = np.minimum(s.acc[slots] // self.launch.sub, self.src.steps - 1)[:, None]
+        s.cur[slots] = self.src.pages(s.wid[slots], units)[:, :, 0]
+        s.curw[slots] = self.src.writes(s.wid[slots], units)[:, :, 0]
+
     def _live(self) -> tuple[np.ndarray, np.ndarray]:
         """(running slots, stalled slots)."""
         s = self.s
@@ -352,13 +369,13 @@ class _Engine:
             return self.rng.permutation(base)
         return base
 
-    def _entries(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _entries(self, order: np.ndarray, stalled_all: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The fault entries of the stalled slots ``order`` as fetched: (slot index in ``order``, page, is_write),
         one per (walker, page) not completed, in arrival order, at most one batch."""
         s = self.s
-        units = (s.acc[order] // self.launch.sub)[:, None]
-        g = self.src.pages(s.wid[order], units)[:, :, 0]
-        w = self.src.writes(s.wid[order], units)[:, :, 0]
+        if self.prio != "sm" and order.size > 2 * self.per_batch:
+            order = order[: 2 * self.per_batch]  # every stalled walker has an entry: a prefix fills the batch
+        g, w = s.cur[order], s.curw[order]
         miss = (g >= 0) & ~self.flat_gpu[np.maximum(g, 0)] & ~s.done[order]
         ws, lane = np.nonzero(miss)
         gid, is_w = g[ws, lane], w[ws, lane]
@@ -368,6 +385,8 @@ class _Engine:
             if first.size < gid.size:
                 keep = np.sort(first)
                 ws, gid, is_w = ws[keep], gid[keep], is_w[keep]
+        if ws.size < self.per_batch and order.size < stalled_all.size:  # merged entries: take every walker
+            return self._entries(stalled_all, stalled_all)
         if self.prio == "sm" and ws.size:  # each SM's entries oldest first, the SMs interleaved entry by entry
             sm = s.sm[order[ws]]
             srt = np.argsort(sm, kind="stable")
@@ -384,7 +403,7 @@ class _Engine:
         """Fetch and service one batch, then replay; return the lanes the replay completed."""
         s, sim, k = self.s, self.sim, self.k
         order = self._order(stalled)
-        ws, gid, is_w = self._entries(order)
+        ws, gid, is_w = self._entries(order, order)
         if self.prio == "rotate":
             self.rotate += int(np.unique(ws).size)
         raw = int(gid.size)
@@ -410,7 +429,7 @@ class _Engine:
         sim._open_faults = 0  # type: ignore[attr-defined]
         sim._open_blocks = 0  # type: ignore[attr-defined]
         # the replay: every stalled lane whose page is resident now completes its access
-        g = self.src.pages(s.wid[stalled], (s.acc[stalled] // self.launch.sub)[:, None])[:, :, 0]
+        g = s.cur[stalled]
         now_ok = (g < 0) | self.flat_gpu[np.maximum(g, 0)]
         newly = int(np.count_nonzero(now_ok & ~s.done[stalled]))
         s.done[stalled] |= now_ok
@@ -517,15 +536,20 @@ class _Engine:
         return float(self.flat_gpu[g].mean()) if g.size else 1.0
 
     def _done_accesses(self) -> int:
+        """Lane accesses completed: whole walker accesses times the lanes, plus the lanes done at the current one
+        (a smooth measure of progress while walkers advance lane by lane)."""
         s = self.s
-        return self.completed + int(s.acc[s.wid >= 0].sum())
+        live = s.wid >= 0
+        return (self.completed + int(s.acc[live].sum())) * self.src.lanes + int(np.count_nonzero(s.done[live]))
 
     def _snap(self) -> None:
         d = self.k.__dict__
-        ledger = self.sim.populated_gpu_bytes  # type: ignore[attr-defined]
+        sim = self.sim
+        ledger = sim.populated_gpu_bytes  # type: ignore[attr-defined]
         self.snaps.append(
             np.array([self._done_accesses(), self.now, *(d[n] for n in COUNTER_NAMES), ledger], dtype=float)
         )
+        self.used.append(sim.used_bytes)  # type: ignore[attr-defined]
 
     def _steady(self) -> bool:
         """Record this round; every STEADY_WINDOW rounds compare the last three windows and, when they agree and
@@ -536,6 +560,10 @@ class _Engine:
         if n < 3 * w or n % w:
             return False
         snaps = self.snaps
+        marks = [self.used[-1 - i * w] for i in range(4)]
+        cap = self.sim.capacity_bytes  # type: ignore[attr-defined]
+        if min(marks) < cap - STEADY_FREE_CHUNKS * VA_BLOCK_BYTES:
+            return False  # memory still filling (or emptying): not the state the rest of the launch runs in
         wins = [snaps[-1 - i * w] - snaps[-1 - (i + 1) * w] for i in range(3)]
         if min(x[0] for x in wins) <= 0:
             return False
@@ -545,13 +573,13 @@ class _Engine:
         if ((hi - lo) > STEADY_TOLERANCE * np.maximum(np.abs(hi), 1e-12)).any():
             return False
         rate = sum(wins) / (3 * w)  # per round
-        rounds_left = (self.total - self._done_accesses()) / rate[0]
+        rounds_left = (self.total * self.src.lanes - self._done_accesses()) / rate[0]
         if rounds_left < STEADY_MIN_LEFT * w or self._ahead_resident_share() > STEADY_AHEAD_RESIDENT:
             return False
         d = self.k.__dict__
         for j, name in enumerate(COUNTER_NAMES):
             add = rate[2 + j] * rounds_left
-            d[name] += round(add) if isinstance(d[name], int) else add
+            d[name] += round(add) if isinstance(d[name], (int, np.integer)) else add
         # in a steady state what leaves the GPU came in: the two rates agree up to the windows' noise, and the
         # ledger (UvmSim.check_invariants: DtoH <= populated) takes the larger
         pop = max(rate[-1], rate[2 + COUNTER_NAMES.index("dtoh_bytes")])

@@ -33,7 +33,8 @@ Approximations (also in docs/uvm-sim.md):
   evicted before the kernel ends (uvm.md 6 step 3); pages are checked in access order when the kernel reaches them.
 * Within a batch, blocks are serviced in the kernel's access order (the driver sorts by address; the order only
   changes which block is most recently migrated).
-* Thrashing mitigation and access counters are off (uvm.md 1.7, 1.8: they do not act in single-GPU eviction).
+* Thrashing detection, throttling and pinning act on CPU-GPU ping-pong only (uvmlab.sim.uvm.thrashing: the
+  detector ignores eviction-caused migrations, uvm.md 1.7); access counters are off (uvm.md 1.8).
 * The UNUSED/DISCARDED lists are not modelled: a chunk exists only while its block has GPU-resident pages.
 """
 
@@ -56,6 +57,7 @@ from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, Uv
 from uvmlab.sim.uvm.migrate import MigrateService
 from uvmlab.sim.uvm.resident import ResidentMarks
 from uvmlab.sim.uvm.streams import StreamService
+from uvmlab.sim.uvm.thrashing import ThrashingService
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
 RUNS_CACHED = 8
@@ -74,6 +76,7 @@ class UvmSim(
     ResidentMarks,
     StreamService,
     ConcurrentService,
+    ThrashingService,
     HintService,
     AdviceService,
     HostService,
@@ -160,6 +163,7 @@ class UvmSim(
         # conservation ledger (bytes): what has been made GPU-resident vs what left by DtoH
         self.populated_gpu_bytes = 0
         self.peak_used_bytes = 0
+        self._thr_setup()  # thrashing detection (uvmlab.sim.uvm.thrashing)
         self.scale = 1
         """A scaled replay (uvmlab.sim.uvm.order): the caller divided capacity, ranges and accesses by it; every
         call's counters are multiplied back by it (``_flush_kernel_counters``)."""
@@ -266,6 +270,7 @@ class UvmSim(
             getattr(self, name)[rows] = False
         if self._disc_slots:
             self._disc_slots.difference_update(slot_list)
+        self.thr_forget(slot_list)
         self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))

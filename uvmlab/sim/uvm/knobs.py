@@ -95,10 +95,10 @@ class UvmKnobs:
     (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
 
     thrashing_enable: bool = True
-    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1. Recorded, no effect: the detector
-    (``thrashing_event_cb``) returns at once for eviction-caused migrations and only tracks a block that two
-    different processors migrated within the lapse, which never happens with one GPU and no CPU access during
-    kernels (the only traffic the simulator models). The knobs below are recorded for the same reason."""
+    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1: detection, throttling and pinning
+    (uvmlab.sim.uvm.thrashing). The detector (``thrashing_event_cb``) returns at once for eviction-caused migrations
+    and only tracks a block that two different processors migrated within the lapse: with one GPU it acts on
+    CPU-GPU ping-pong (host accesses between kernels), never on GPU faults and evictions alone."""
     thrashing_threshold: int = 3
     """``uvm_perf_thrashing_threshold`` (1-7): migrations within the lapse before a page counts as thrashing."""
     thrashing_pin_threshold: int = 10
@@ -110,7 +110,9 @@ class UvmKnobs:
     thrashing_epoch: int = 2000
     """``uvm_perf_thrashing_epoch`` (x lapse): after this, thrashing is considered over."""
     thrashing_pin: int = 300
-    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned."""
+    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned (0: forever)."""
+    thrashing_max_resets: int = 4
+    """``uvm_perf_thrashing_max_resets``: epoch resets of a block's tracking before it is kept."""
     stream_priority: str = "lowest"
     """MODEL parameter: which stalled threads of a concurrent kernel fill a fault batch (uvmlab.sim.uvm.concurrent):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or

@@ -458,6 +458,7 @@ class _Replayer:
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
+        self.sim.now_ns = self.t
         if is_map:
             self.sim.map_range(range_id, size)
             self.mapped.add(range_id)
@@ -482,6 +483,7 @@ class _Replayer:
         ``ids``: the allocation of each row (needed when per-tensor hints are on, ``self.hints``).
         """
         sim = self.sim
+        sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing)
         kind = st.api[i]
         if kind in HOST_API:  # API calls and host accesses between kernels: the stream waits for them
             c = self._api_call(kind, st.api_arg[i], rows)
