@@ -166,8 +166,9 @@ class TensorRef:
 
 
 def foreach_lists(rows: list[Row]) -> list[list[TensorRef]] | None:
-    """The tensor lists of a foreach kernel from its trace rows (module docstring): ``depth`` lists of ``n``
-    tensors, tensor i of every list of the same size; None when the rows do not split that way."""
+    """The tensor lists of a foreach kernel from its trace rows (module docstring): ``depth`` (at most 5) lists of
+    ``n`` tensors, tensor i of every list of the same size, ``n`` the number of tensors written (one list is) or else
+    the smallest that splits (one list of every tensor at worst); None for no rows."""
     seen: dict[tuple[int, int, int], int] = {}
     refs: list[TensorRef] = []
     for rid, off, size, w in rows:
@@ -179,13 +180,14 @@ def foreach_lists(rows: list[Row]) -> list[list[TensorRef]] | None:
         elif w and not refs[j].write:
             refs[j] = TensorRef(rid, off, size, True)
     t = len(refs)
-    for n in range(1, t + 1):
-        if t % n:
+    written = sum(r.write for r in refs)  # one list is written (in place: the first; out of place: the output)
+    for n in ([written] if written else []) + list(range(1, t + 1)):
+        d = t // n if n else 0
+        if not n or t % n or d > len(FOREACH_MAX_TENSORS[0]):
             continue
         sizes = [r.size for r in refs[:n]]
-        if all(refs[j * n + i].size == sizes[i] for j in range(t // n) for i in range(n)):
-            d = t // n
-            return [refs[j * n : (j + 1) * n] for j in range(d)] if d <= 5 else None
+        if all(refs[j * n + i].size == sizes[i] for j in range(d) for i in range(n)):
+            return [refs[j * n : (j + 1) * n] for j in range(d)]
     return None
 
 

@@ -13,8 +13,9 @@ kernels use within half a millisecond (CPU faults migrate with the same ``REPLAY
 
 **Detection** (per page of a tracked block): each migration within the lapse of the page's previous one counts an
 event; at ``thrashing_threshold`` (3) events the page is thrashing; a migration more than a lapse after the previous
-one ends it (unless pinned). ``thrashing_epoch`` (2000 lapses) after the block's last thrashing event its tracking is
-dropped, at most ``thrashing_max_resets`` (4) times per block.
+one ends it (unless pinned; the page's throttle count survives, ``thrashing_reset_page``). ``thrashing_epoch`` (2000
+lapses) after the block's last thrashing event its tracking is dropped, at most ``thrashing_max_resets`` (4) times
+per block.
 
 **Mitigation** (``uvm_perf_thrashing_get_hint`` -> ``get_hint_for_migration_thrashing``, for a processor faulting
 on a thrashing page):
@@ -121,18 +122,17 @@ class ThrashingService:
         if (close & (tr.events >= int(knobs.thrashing_threshold))).any():
             tr.last_thrashing = t
         over = seen & ~close & (tr.events >= int(knobs.thrashing_threshold)) & ~(tr.pinned_until > t)
-        if over.any():  # the lapse passed: no longer thrashing (thrashing_reset_page)
-            tr.events[over] = 0
-            tr.throttles[over] = 0
-            tr.not_throttled[over] = -1
         tr.time[mask] = t
+        if over.any():  # the lapse passed: no longer thrashing (thrashing_reset_page: the throttling count stays)
+            tr.events[over] = 0
+            tr.time[over] = 0.0
+            tr.not_throttled[over] = -1
 
     def thr_reset(self, s: int, mask: np.ndarray) -> None:
         """A user migration (prefetch, advice) resets the pages' tracking (``thrashing_reset_pages_in_region``)."""
         tr = self._thr.get(s)
         if tr is not None:
             tr.events[mask] = 0
-            tr.throttles[mask] = 0
             tr.time[mask] = 0.0
             tr.not_throttled[mask] = -1
             self._unpin(s, mask & (tr.pinned_until > 0))
@@ -192,6 +192,7 @@ class ThrashingService:
         tr = self._thr[s]
         fresh = m & ~(tr.pinned_until > t)
         tr.pinned_until[fresh] = t + self._thr_pin
+        tr.throttles[fresh] = 0
         self.pinned_pages += int(np.count_nonzero(fresh))
         if requester == GPU:
             self._ensure_hint_state()  # type: ignore[attr-defined]
