@@ -45,12 +45,15 @@ migration went to a different processor within the lapse; with one GPU, the GPU 
 the GPU (``uvmlab.sim.uvm.thrashing`` models where it does act: CPU-GPU ping-pong).
 
 **Steady state** (``UvmKnobs.cascade_steady``): a cascade is 1e7-1e8 faults of rounds that repeat. Every
-:data:`STEADY_WINDOW` rounds the engine compares the last three windows' rates (accesses completed, time, faults,
-bytes, evictions per round); when they agree within :data:`STEADY_TOLERANCE` and the remaining work is at least
-:data:`STEADY_MIN_LEFT` windows, the rest of the launch is extrapolated at their mean rate (every counter and the
-time), the walkers are retired and the GPU state is left as it was at that point (its resident chunks are those a
-cascade leaves: the most recently migrated). The error of this extrapolation is measured against the full
-simulation in tests/test_uvm_concurrent.py and benchmarks/uvm_cascade_speed.py.
+:data:`STEADY_WINDOW` rounds the engine compares the last three windows: their rates (lane accesses completed, time,
+faults, bytes, evictions per round) must agree within :data:`STEADY_TOLERANCE`, the GPU must be full at each
+window's end (no filling phase), the resident share of a seeded sample of the pages the rest of the launch will touch
+must stay within :data:`STEADY_AHEAD_DRIFT` (what was run was as resident as what is left), and at least
+:data:`STEADY_MIN_LEFT` windows of work must remain. Then the rest of the launch is extrapolated at their mean rate
+(every counter and the time), the walkers are retired and the GPU state is left as it was at that point (a cascade's
+resident chunks are the most recently migrated ones; the next kernel sees those of that point, not of the end: an
+approximation of the end state). The error is measured against the full simulation in
+tests/test_uvm_concurrent.py and benchmarks/uvm_cascade_speed.py (docs/uvm-sim.md).
 
 Approximations (docs/uvm-sim.md "Concurrent kernels"): the evictions of a batch are applied before the walkers'
 concurrent progress during it is checked; the pages a batch brings are usable for that progress (the driver replays
@@ -82,8 +85,9 @@ STEADY_TOLERANCE = 0.03
 """Largest spread (relative to the largest) of three windows' per-round rates that counts as a steady state."""
 STEADY_MIN_LEFT = 16
 """Extrapolate only when at least this many windows' worth of work remains (else simulate to the end)."""
-STEADY_AHEAD_RESIDENT = 0.1
-"""Largest share of resident pages in the rest of a launch that an extrapolation accepts."""
+STEADY_AHEAD_DRIFT = 0.03
+"""Largest change of the resident share of the pages ahead over the last three window ends: a constant share means
+the part of the launch already run was as resident as the rest (residency changing only by the launch's own work)."""
 STEADY_FREE_CHUNKS = 4
 """A steady state needs the GPU full: at most this many 2 MiB chunks free at each window's end."""
 STEADY_SAMPLE = 2048
@@ -257,6 +261,7 @@ class _Engine:
         self.steady_on = bool(knobs.cascade_steady)
         self.snaps: list[np.ndarray] = []
         self.used: list[int] = []  # GPU bytes in chunks after each round
+        self.ahead: list[float] = []  # resident share of the pages ahead, at each window's end
         self.extrapolated = False
 
     # -- page look-ups -------------------------------------------------------------------------
@@ -509,8 +514,8 @@ class _Engine:
     # -- steady state --------------------------------------------------------------------------
     def _ahead_resident_share(self) -> float:
         """Share of GPU-resident pages among :data:`STEADY_SAMPLE` pages the rest of the launch will touch (seeded
-        sample): the steady rate holds for what is left only if that is as missing as what the windows faulted in
-        (a launch whose rest is resident, e.g. a pass after the first at 1.0x, is not extrapolated)."""
+        sample). The steady rate holds for what is left only if this share stays constant from window to window
+        (a pass after the first at 1.0x, whose rest is resident while its start faults, sees it rise)."""
         s, src = self.s, self.src
         rng = np.random.default_rng(len(self.snaps))
         live = np.flatnonzero(s.wid >= 0)
@@ -560,6 +565,9 @@ class _Engine:
         if n < 3 * w or n % w:
             return False
         snaps = self.snaps
+        self.ahead.append(self._ahead_resident_share())
+        if len(self.ahead) < 3 or max(self.ahead[-3:]) - min(self.ahead[-3:]) > STEADY_AHEAD_DRIFT:
+            return False  # the rest of the launch is not as resident as what the windows worked on
         marks = [self.used[-1 - i * w] for i in range(4)]
         cap = self.sim.capacity_bytes  # type: ignore[attr-defined]
         if min(marks) < cap - STEADY_FREE_CHUNKS * VA_BLOCK_BYTES:
@@ -574,7 +582,7 @@ class _Engine:
             return False
         rate = sum(wins) / (3 * w)  # per round
         rounds_left = (self.total * self.src.lanes - self._done_accesses()) / rate[0]
-        if rounds_left < STEADY_MIN_LEFT * w or self._ahead_resident_share() > STEADY_AHEAD_RESIDENT:
+        if rounds_left < STEADY_MIN_LEFT * w:
             return False
         d = self.k.__dict__
         for j, name in enumerate(COUNTER_NAMES):
