@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import time
 
-
 from rich.console import Console
 from rich.table import Table
 
@@ -85,7 +84,6 @@ def main() -> None:
             f"{full['cpu']:.1f} / {fast['cpu']:.1f}",
         )
     con.print(t)
-
 
 
 if __name__ == "__main__":
