@@ -238,3 +238,28 @@ def test_a_launch_whose_rest_is_resident_is_not_extrapolated() -> None:
         if not steady:
             want = got
     assert got == pytest.approx(want)
+
+
+# -- the documented experiment, through uvmlab run ------------------------------------------------------------------
+def test_row_per_thread_fits_once_and_streams_when_it_does_not(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """docs/examples/programs/row_per_thread.py (small: 2,048 rows of 64 KiB) through the CLI: at 0.9x the matrix
+    migrates once and later launches run at native speed; at 1.5x every launch faults again (the warps of the whole
+    matrix are in flight at once: LRM evicts rows other warps still walk) and is tens of times slower."""
+    from pathlib import Path
+
+    from uvmlab.cli import main
+    from uvmlab.files.rundir import RunDir
+
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
+    prog = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "programs" / "row_per_thread.py")
+    args = [prog, "--option", "rows=2048", "--option", "row_kib=64", "-n", "3", "--mode", "sim"]
+    out = {}
+    for f in ("0.9", "1.5"):
+        assert main(["run", *args, "--oversub", f, "-o", str(tmp_path / f)]) == 0
+        out[f] = RunDir(tmp_path / f).read_result()
+    fits, over = out["0.9"], out["1.5"]
+    assert fits["slowdown_vs_native"] == pytest.approx(1.0, abs=0.01)
+    assert fits["fault_count"] == 2048 * 64 * 1024 // PAGE_BYTES // 16  # the first launch: one fault per 64 KiB
+    assert over["slowdown_vs_native"] > 10
+    assert over["fault_count"] > 1.5 * fits["fault_count"] and over["dtoh_bytes"] > 0
+    assert over["thrashing"]["thrashing_pages"] == 0  # one GPU, no host access between launches

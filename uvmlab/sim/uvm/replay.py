@@ -113,6 +113,10 @@ class ReplayResult:
     """The scale the replay ran at (uvmlab.sim.uvm.order, ``UvmKnobs.sim_scale``; 1 = exact)."""
     stream_kernels: int = 0
     """Kernels replayed through the stream path (a given or derived access order, not all pages resident)."""
+    concurrent_kernels: int = 0
+    """Traced ops replayed through the concurrent engine (foreach launches whose window exceeds the GPU)."""
+    thrashing: dict[str, int] = field(default_factory=dict)
+    """Thrashing detection (uvmlab.sim.uvm.thrashing): pages detected, faults throttled, pages pinned."""
     events: list[tuple] | None = None
     """With ``replay(record_events=True)``: the driver's events (``UvmSim.events``: ``("batch", kind, faults,
     blocks)``, ``("service", ...)``, ``("evict", ...)``, ``("destroy", ...)``), each prefixed by the ``kernel_id``
@@ -731,6 +735,12 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
         api_calls=rp.api,
         sim_scale=rp.scale,
         stream_kernels=rp.stream_kernels,
+        concurrent_kernels=rp.concurrent_kernels,
+        thrashing={
+            "thrashing_pages": rp.sim.thrashing_pages_detected,
+            "throttled_faults": rp.sim.throttled_faults,
+            "pinned_pages": rp.sim.pinned_pages,
+        },
     )
 
 
