@@ -1,16 +1,16 @@
-"""A row-per-thread kernel (docs/uvm-sim.md "Concurrent kernels and cascades"): each of ``rows`` threads sums its
-own row of a ``rows x row_kib`` fp32 matrix, 4 bytes at a time, and writes one float. Every resident thread walks
-its own row at once, so the kernel's concurrent working set is the whole matrix when the GPU keeps every thread
-in flight.
+"""A row-per-thread kernel (docs/uvm-sim.md "Concurrent kernels, cascades and thrashing"): each of ``rows`` threads
+sums its own row of a ``rows x row_kib`` fp32 matrix, 4 bytes at a time, and writes one float. The GPU keeps every
+thread in flight (65,536 threads; an A100 holds 221,184), so the kernel's concurrent working set is the whole matrix.
 
-    uvmlab run docs/examples/programs/row_per_thread.py --gpu A100-80GB --gpu-memory 24GiB -n 3
-    uvmlab run docs/examples/programs/row_per_thread.py --gpu A100-80GB --gpu-memory 12GiB -n 3
+    uvmlab run docs/examples/programs/row_per_thread.py --oversub 0.9 -n 3
+    uvmlab run docs/examples/programs/row_per_thread.py --oversub 1.25 -n 3
 
-The first run fits (the 16 GiB matrix stays resident after the first launch); the second is 1.4x oversubscribed.
+At 0.9x the 16 GiB matrix migrates once and later launches run at native speed; at 1.25x LRM evicts rows other warps
+still walk and every launch migrates again (measured in docs/uvm-sim.md).
 """
 
 OPTIONS = {"rows": 65536, "row_kib": 256}
-DESCRIPTION = "a row-per-thread reduction: each thread walks its own row (a cascade when the matrix does not fit)"
+DESCRIPTION = "a row-per-thread reduction: every thread walks its own row of a matrix at once"
 
 
 def program(uvm, cfg, options):

@@ -25,12 +25,13 @@ launch goes through the concurrent engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from uvmlab.sim.uvm.concurrent import AffinePages
-from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 
 Row = tuple[int, int, int, bool]
 
@@ -306,10 +307,14 @@ def op_launches(
     dtype: str,
     gpu_name: str,
     driver_major: int,
-    gids: dict[int, np.ndarray],
+    gids: Callable[[int], np.ndarray],
     native_ns: float,
+    capacity_blocks: int,
 ) -> list[LaunchPlan] | None:
-    """The launches of a traced op whose geometry the module docstring gives (foreach ops), or None."""
+    """The launches of a traced op whose geometry the module docstring gives (foreach ops) when one of their windows
+    exceeds ``capacity_blocks`` (:func:`window_blocks`), else None (the address-order model then). ``gids``: a
+    range's page -> global page id table (``UvmSim.range_gids``). A launch whose window surely fits (its first wave's
+    bytes per list in 2 MiB blocks, plus one block per tensor and list) is not built."""
     e = ELEM_BYTES.get(dtype, 4)
     if not is_foreach(op):
         return None
@@ -321,8 +326,39 @@ def op_launches(
     if not launches or total <= 0:
         return None
     resident = resident_blocks(gpu_name, FOREACH_BLOCK_THREADS)
+    if all(_window_bound(lists, x, resident, e) <= capacity_blocks for x in launches):
+        return None
+    tables = {rid: gids(rid) for rid in sorted({r.range_id for lst in lists for r in lst})}
     sms = sm_count(gpu_name)
-    return [LaunchPlan(foreach_pages(lists, x, e, gids), resident, sms, native_ns * x.nbytes / total) for x in launches]
+    plans = [
+        LaunchPlan(foreach_pages(lists, x, e, tables), resident, sms, native_ns * x.nbytes / total) for x in launches
+    ]
+    return plans if needs_concurrency(plans, capacity_blocks) else None
+
+
+def windows_fit(op: str, rows: list[Row], dtype: str, gpu_name: str, driver_major: int, capacity_blocks: int) -> bool:
+    """True when every launch of a foreach op surely fits the GPU (its first wave's bytes per list in 2 MiB blocks
+    plus one block per tensor and list: whatever the tensors' offsets); independent of where the tensors are."""
+    e = ELEM_BYTES.get(dtype, 4)
+    lists = foreach_lists(rows) if is_foreach(op) else None
+    if lists is None:
+        return True
+    resident = resident_blocks(gpu_name, FOREACH_BLOCK_THREADS)
+    launches = foreach_launches(lists, e, driver_major)
+    return all(_window_bound(lists, x, resident, e) <= capacity_blocks for x in launches)
+
+
+def _window_bound(lists: list[list[TensorRef]], launch: ForeachLaunch, resident: int, elem_bytes: int) -> int:
+    """An upper bound of a foreach launch's window in blocks (see :func:`op_launches`)."""
+    wave = launch.chunks[:resident]
+    chunk = FOREACH_CHUNK_ELEMS * elem_bytes
+    tensors = np.unique(wave[:, 0]).size
+    out = 0
+    for lst in lists:
+        size = np.array([lst[t].size for t in wave[:, 0].tolist()], dtype=np.int64)
+        nbytes = int(np.minimum(chunk, size - wave[:, 1] * chunk).sum())
+        out += -(-nbytes // VA_BLOCK_BYTES) + tensors + 1
+    return out
 
 
 def needs_concurrency(plans: list[LaunchPlan], capacity_blocks: int) -> bool:

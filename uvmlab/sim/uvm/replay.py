@@ -35,7 +35,7 @@ from uvmlab.sim.uvm.concurrent import Launch
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
-from uvmlab.sim.uvm.occupancy import is_foreach, needs_concurrency, op_launches
+from uvmlab.sim.uvm.occupancy import is_foreach, op_launches, windows_fit
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
     STREAM_ORDERS,
@@ -392,6 +392,7 @@ class _Replayer:
         self.dtype, self.gpu_name = dtype, gpu_name
         self.driver_major = driver_major(driver or DEFAULT_DRIVER)
         self.concurrent_kernels = 0  # traced ops replayed through the concurrent engine (uvmlab.sim.uvm.occupancy)
+        self.windows_fit: dict[tuple, bool] = {}  # (op, sizes, writes) -> its launches' windows surely fit
         self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
         self.t = 0.0
         self.mapped: set[int] = set()
@@ -423,13 +424,7 @@ class _Replayer:
             self.stream_kernels += 1
             native = float(st.native_ns[i]) if sim.knobs.walker_time else 0.0
             return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale, native))
-        if (
-            sim.knobs.concurrent_ops
-            and self.scale == 1
-            and st.is_concurrent[i]
-            and not sim.resident(rows)
-            and not sim.advised(rows)
-        ):
+        if sim.knobs.concurrent_ops and self.scale == 1 and st.is_concurrent[i]:
             c = self._concurrent(i, rows, st)
             if c is not None:
                 return c
@@ -447,10 +442,16 @@ class _Replayer:
         """A traced op with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) through the concurrent
         engine when a launch's window exceeds the GPU; None when every window fits (address order then)."""
         sim = self.sim
-        gids = {r[0]: sim.range_gids(r[0]) for r in rows}
+        op, cap = op_base(st.names[i]), sim.capacity_bytes // VA_BLOCK_BYTES
+        key = (op, tuple(r[2] for r in rows), tuple(r[3] for r in rows))
+        fits = self.windows_fit.get(key)
+        if fits is None:  # the same op over the same tensor sizes comes back every iteration
+            fits = self.windows_fit[key] = windows_fit(op, rows, self.dtype, self.gpu_name, self.driver_major, cap)
+        if fits or sim.resident(rows) or sim.advised(rows):
+            return None
         native = float(st.native_ns[i])
-        plans = op_launches(op_base(st.names[i]), rows, self.dtype, self.gpu_name, self.driver_major, gids, native)
-        if plans is None or not needs_concurrency(plans, sim.capacity_bytes // VA_BLOCK_BYTES):
+        plans = op_launches(op, rows, self.dtype, self.gpu_name, self.driver_major, sim.range_gids, native, cap)
+        if plans is None:
             return None
         self.concurrent_kernels += 1
         launches = []
