@@ -166,14 +166,19 @@ def _foreach_program(mb: int) -> Program:
 def test_a_foreach_whose_window_fits_keeps_address_order() -> None:
     """``_foreach_addcdiv_`` over three 64 MiB lists: one launch of 256 chunks, all resident on an A100 (432 blocks
     of 512 threads), so its window is the three lists, 96 blocks. A 512 MiB GPU holds them: the replay is the
-    address-order one; a 64 MiB GPU does not: the launch goes through the engine."""
+    address-order one; a 64 MiB GPU does not: with the option ``concurrent_ops=1`` the launch goes through the
+    engine, by default (issue 41: the option moves the seed grid away from the study) it keeps address order."""
     p = _foreach_program(64)
-    _, k_fits = p.run(512 * MiB)
-    _, k_off = p.run(512 * MiB, knobs=UvmKnobs(concurrent_ops=False))
+    on, off = UvmKnobs(concurrent_ops=True), UvmKnobs(concurrent_ops=False)
+    _, k_fits = p.run(512 * MiB, knobs=on)
+    _, k_off = p.run(512 * MiB, knobs=off)
     assert np.array_equal(k_fits["fault_count"], k_off["fault_count"])  # every window fits: address order
-    _, k_tight = p.run(64 * MiB)
-    _, k_tight_off = p.run(64 * MiB, knobs=UvmKnobs(concurrent_ops=False))
+    _, k_tight = p.run(64 * MiB, knobs=on)
+    _, k_tight_off = p.run(64 * MiB, knobs=off)
     assert not np.array_equal(k_tight["fault_count"], k_tight_off["fault_count"])  # the engine ran
+    _, k_default = p.run(64 * MiB)
+    assert not UvmKnobs().concurrent_ops
+    assert np.array_equal(k_default["fault_count"], k_tight_off["fault_count"])  # the default: address order
 
 
 def test_window_of_a_foreach_launch() -> None:

@@ -130,11 +130,15 @@ class UvmKnobs:
     """Cost, not physics: a concurrent kernel whose fault rounds reach a steady state (uvmlab.sim.uvm.concurrent:
     three windows of rounds with the same rates) is extrapolated to its end instead of simulated round by round
     (a cascade of 1e8 faults in seconds; its error is measured in tests/test_uvm_concurrent.py); 0 = every round."""
-    concurrent_ops: bool = True
-    """MODEL parameter: traced ops with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) whose
-    concurrent working set exceeds the GPU go through the occupancy-bounded concurrent engine
-    (uvmlab.sim.uvm.concurrent), where in-flight blocks can lose pages they still need; 0 = address order (the model
-    before issue 41)."""
+    concurrent_ops: bool = False
+    """MODEL option, off by default: traced ops with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches)
+    whose concurrent working set exceeds the GPU go through the occupancy-bounded concurrent engine
+    (uvmlab.sim.uvm.concurrent), where in-flight blocks can lose pages they still need; 0 = address order. Off
+    because the two routes disagree on the batch composition of the same op (the engine's batches hold up to
+    ``fault_batch_count`` distinct pages, the address-order model ``batch_unique_pages``), no source or
+    measurement we hold says which is right for an optimizer step, and the switch at the window makes the seed
+    grid jump (AlexNet PCA on 639.9 ms per iteration at x5, 616.5 ms at x6) and moves its maxima away from the
+    study (14.8x -> 14.5x PCA on, 4.47x -> 3.66x off; docs/uvm-sim.md "Grid results")."""
     gemm_rereads: bool = True
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
