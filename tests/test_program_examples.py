@@ -30,7 +30,7 @@ def test_every_example_is_in_the_docs() -> None:
     doc = (REPO / "docs" / "workloads.md").read_text()
     assert "## Programs: more than a training loop" in doc
     linked = set(re.findall(r"examples/programs/(\w+)\.py", doc))
-    assert set(NAMES) == linked and len(NAMES) == 6
+    assert set(NAMES) == linked and len(NAMES) == 7
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,6 +91,12 @@ def _prefetching_allocator(k, result) -> None:
     assert len(pf) > 0 and set(pf["phase"]) == {"compute"}  # the activations of the loop, not features/scratch
 
 
+def _row_per_thread(k, result) -> None:
+    row = k[k["name"] == "row_sum"].iloc[0]
+    assert (row["order"], row["threads"], row["stride_bytes"]) == ("sequential", 65536, 4)
+    assert result["slowdown_vs_native"] == pytest.approx(1.0, abs=0.01)  # --oversub 1: the matrix fits
+
+
 CHECKS = {
     "host_data": _host_data,
     "hints": _hints,
@@ -98,4 +104,5 @@ CHECKS = {
     "solver": _solver,
     "custom_kernels": _custom_kernels,
     "prefetching_allocator": _prefetching_allocator,
+    "row_per_thread": _row_per_thread,
 }

@@ -270,6 +270,8 @@ def result_dict(
             "knobs": knobs.to_dict(),
             "sim_scale": res.sim_scale,
             "stream_kernels": res.stream_kernels,
+            "concurrent_kernels": res.concurrent_kernels,
+            "thrashing": res.thrashing,
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
             "cost_params_source": costs_source,
         }

@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 
+from uvmlab.sim.uvm.occupancy import sm_count
 from uvmlab.trace.orchestrate import op_base
 
 Access = tuple[int, int, int, bool]
@@ -55,27 +56,6 @@ TILE_N = 128
 """CTA tile columns (same source)."""
 CTAS_PER_SM = 1
 """[U] resident CTAs of one 128x128 GEMM tile per SM (register/shared-memory bound; 1-2 on A100)."""
-SM_COUNT = {
-    "A100-80GB": 108,
-    "A100-40GB": 108,
-    "H100-80GB": 132,
-    "H100-PCIe": 114,
-    "H200": 132,
-    "GH200": 132,
-    "L40S": 142,
-    "A6000": 84,
-    "V100-32GB": 80,
-    "V100-16GB": 80,
-    "TitanV": 80,
-    "RTX4090": 128,
-    "RTX5090": 170,
-    "RTX4060": 24,
-    "T4": 40,
-}
-"""Streaming multiprocessors per GPU (NVIDIA datasheets / architecture whitepapers: A100 108, H100 SXM 132, H100 PCIe
-114, GV100 Titan V / V100 80, AD102 RTX 4090 128, GB202 RTX 5090 170, AD107 RTX 4060 24, TU104 T4 40)."""
-DEFAULT_SM_COUNT = 108
-"""SMs of a GPU not in SM_COUNT (e.g. ``--gpu-memory`` renamed specs): the study's A100."""
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
 SPLIT_K_MIN = 128
 """[U] Smallest K slice a split-K GEMM gives one CTA (``occupancy``): CUTLASS's split-K kernels divide K among
@@ -83,11 +63,6 @@ SPLIT_K_MIN = 128
 their splits by closed heuristics, so this floor is our choice, not measured."""
 
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
-
-
-def sm_count(gpu_name: str) -> int:
-    """SMs of ``gpu_name`` (a renamed spec such as ``"A100-80GB (40.0 GiB)"`` keeps its base name's count)."""
-    return SM_COUNT.get(gpu_name.split(" (")[0], DEFAULT_SM_COUNT)
 
 
 def sweep_passes(mt: int, nt: int, ctas: int) -> int:
