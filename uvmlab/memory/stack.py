@@ -105,7 +105,7 @@ def read_measured(path: str | Path) -> list[MeasuredRow]:
             workload=workload,
             batch_size=_int(raw["batch"], "batch", n),
             optimizer=(raw.get("optimizer") or "adam").strip(),
-            dtype=(raw.get("dtype") or "fp32").strip(),
+            dtype=(raw.get("dtype") or "auto").strip(),
             iterations=_int(raw["iterations"], "iterations", n) if raw.get("iterations") else DEFAULT_ITERATIONS,
             options=options,
         )

@@ -43,6 +43,7 @@ from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
 from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
 from uvmlab.trace.heap import frozen_heap
+from uvmlab.trace.known_values import KnownLiterals, KnownValues
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
@@ -215,6 +216,7 @@ def capture_trace(
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
+    values = KnownValues() if device == "meta" else None
     guard = _user_code_guard(cfg, spec.source)
     start = time.perf_counter()
     gc.collect()
@@ -243,9 +245,10 @@ def capture_trace(
             attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
         else:
             n_params, param_bytes, trainable_bytes, attention, extra_notes = _train(
-                spec, cfg, device, rec, cat, guard, progress, autocast_emu
+                spec, cfg, device, rec, cat, guard, progress, autocast_emu, values
             )
     elapsed = time.perf_counter() - start
+    weights_bf16 = 0 < param_bytes <= 2 * n_params  # the model was built in a 2-byte dtype (workloads.hf_dtype)
     tables = rec.tables(cat.categories())
     notes = [
         *(
@@ -277,6 +280,12 @@ def capture_trace(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
         )
+    if values is not None and values.counts["value reads"] + values.counts["copies to the CPU"]:
+        notes.append(
+            "data-dependent scalars read from CPU copies of the small tensors they come from, seeded "
+            f"(uvmlab.trace.known_values): {values.counts['value reads']} value reads, "
+            f"{values.counts['copies to the CPU']} copies to the CPU, {values.counts['ops mirrored']} ops mirrored"
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "
@@ -293,6 +302,7 @@ def capture_trace(
         "emulate_cuda": bool(emulate_cuda),
         "attention_impl": attention,
         "iterations": cfg.iterations,
+        "compute_dtype": "bf16" if cfg.dtype == "bf16" or weights_bf16 else "fp32",
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
@@ -314,9 +324,12 @@ def _train(
     guard: Any,
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
+    values: KnownValues | None = None,
 ) -> tuple[int, int, int, str | None, list[str]]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
-    count, parameter bytes, trainable bytes, attention implementation and the header notes."""
+    count, parameter bytes, trainable bytes, attention implementation and the header notes. ``values`` (meta
+    captures) mirrors the small tensors of the iterations on the CPU (not the model's build: parameters have no
+    values a scalar read needs)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
@@ -341,7 +354,7 @@ def _train(
 
     autocast = autocast_emu.region if autocast_emu is not None else None
     for it in range(cfg.iterations):
-        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
+        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"), _knowing(values):
             train_step(workload, optimizer, cfg, hook, it, autocast)
         if progress is not None:
             progress(it + 1, cfg.iterations)
@@ -354,6 +367,16 @@ def _train(
         workload.attention,
         [*workload.notes, *checkpointed],
     )
+
+
+@contextlib.contextmanager
+def _knowing(values: KnownValues | None) -> Any:
+    """``values`` (and its literals' function mode) active, or nothing."""
+    if values is None:
+        yield
+        return
+    with KnownLiterals(values), values:
+        yield
 
 
 def _run_program(

@@ -1,7 +1,8 @@
 """Emulate CUDA's choices while capturing on the meta device (see DESIGN.md "Traps").
 
 * SDPA: on meta, ``F.scaled_dot_product_attention`` takes the math path (materializing B x H x T x T); on CUDA
-  it takes flash attention (fp16/bf16, no mask, head dim <= 256) or memory-efficient attention (otherwise),
+  it takes flash attention (fp16/bf16, no mask, one head dim <= 256 for q, k and v) or memory-efficient attention
+  (otherwise, e.g. multi-head latent attention, whose values have a smaller head dim than queries and keys),
   which keep only a logsumexp. :class:`SdpaEmulation` routes the call to
   ``aten._scaled_dot_product_flash_attention`` / ``aten._scaled_dot_product_efficient_attention`` (both have
   meta kernels and autograd formulas). A boolean mask becomes an additive float bias first, as CUDA's
@@ -214,7 +215,8 @@ class SdpaEmulation(TorchFunctionMode):
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
         head_dim = query.size(-1)
-        if query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM:
+        same_dims = head_dim == key.size(-1) == value.size(-1)  # check_head_dim_size_flash: MLA's v differs
+        if query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM and same_dims:
             self.counts["flash"] += 1
             out = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
