@@ -10,7 +10,7 @@ without an exception. No uvmlab code runs the model: the capture, the
 emulations and the meta device are all out of it.
 
 What "small" changes (:func:`tiny_fields`), so that the check fits in a few GiB on a shared 2-core machine: the
-vocabulary is cut to :data:`TINY_VOCAB` tokens (never below a special token id the config names), expert counts to
+vocabulary is cut to :data:`TINY_VOCAB` tokens (special token ids above it are moved below it), expert counts to
 :data:`TINY_EXPERTS` (routing at most 2 per token, one expert group), feed-forward widths to :data:`TINY_FFN`. Hidden
 sizes, heads, head dimensions, layer kinds and everything else stay the config's. What this can miss: a failure
 that only a full-width or full-depth model shows (a shape rule that the cut widths happen to satisfy).
@@ -35,19 +35,32 @@ EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_pe
 GROUPS = ("n_group", "topk_group")
 
 
-def _special_ids(fields: dict[str, Any]) -> list[int]:
-    ids: list[int] = []
+def _is_token_id(key: str) -> bool:
+    return key.endswith(("token_id", "token_ids", "_token_index"))
+
+
+def _small_ids(fields: dict[str, Any]) -> dict[str, Any]:
+    """The config's special token ids at or above ``TINY_VOCAB`` moved below it (distinct values from the top down):
+    an id names a token, it shapes nothing."""
+    out: dict[str, Any] = {}
+    free = iter(range(TINY_VOCAB - 1, 0, -1))
+    moved: dict[int, int] = {}
     for key, value in fields.items():
-        if key.endswith("token_id") or key.endswith("token_ids") or key.endswith("_token_index"):
-            values = value if isinstance(value, list) else [value]
-            ids += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    return ids
+        if not _is_token_id(key):
+            continue
+        values = value if isinstance(value, list) else [value]
+        new = [moved.setdefault(v, next(free)) if isinstance(v, int) and not isinstance(v, bool) and v >= TINY_VOCAB
+               else v for v in values]  # fmt: skip
+        out[key] = new if isinstance(value, list) else new[0]
+    return out
 
 
 def tiny_fields(fields: dict[str, Any], narrow: int = 1) -> dict[str, Any]:
     """``fields`` (a config.json's, sub-configs included) made small for the CPU (module docstring); ``narrow`` > 1
     also divides the model width (:data:`WIDTHS`) by it where that leaves a multiple of 8."""
     out = dict(fields)
+    if isinstance(fields.get("vocab_size"), int):
+        out.update(_small_ids(fields))
     for key, value in fields.items():
         if isinstance(value, dict) and isinstance(value.get("model_type"), str):
             out[key] = tiny_fields(value, narrow)
@@ -57,7 +70,7 @@ def tiny_fields(fields: dict[str, Any], narrow: int = 1) -> dict[str, Any]:
         elif isinstance(value, bool) or not isinstance(value, int | list):
             continue
         elif key == "vocab_size" and isinstance(value, int):
-            out[key] = min(value, max([TINY_VOCAB, *(i + 1 for i in _special_ids(fields))]))
+            out[key] = min(value, TINY_VOCAB)
         elif key in EXPERT_COUNTS and isinstance(value, int):
             out[key] = min(value, TINY_EXPERTS)
         elif key in EXPERTS_PER_TOKEN and isinstance(value, int):

@@ -37,8 +37,9 @@
     labels of a known range), else ``x.numel()`` (values assumed below the count, e.g. indices); no upper bound
     exists without the data.
 
-  Not emulated: ``.item()``/``.tolist()`` (Python needs the value), ``repeat_interleave`` without
-  ``output_size``, and the ``nonzero`` temporary CUDA's ``masked_select`` makes (it goes through ``index``).
+  Not emulated: ``repeat_interleave`` without ``output_size``, and the ``nonzero`` temporary CUDA's
+  ``masked_select`` makes (it goes through ``index``). ``.item()``/``.tolist()`` of values that come from the
+  inputs: uvmlab.trace.known_values.
   A CPU capture cannot see the ``nonzero`` inside a boolean-mask ``index`` (it happens inside the CPU kernel);
   the meta rule records it, as the CUDA caching allocator sees it.
 """
