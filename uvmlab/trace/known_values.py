@@ -58,6 +58,8 @@ UNDEFINED_FACTORIES = frozenset({"empty", "empty_strided", "new_empty", "new_emp
 WHOLE_WRITES = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_"})
 """In-place ops that overwrite all of ``self`` without reading it: they give an unknown storage a value when ``self``
 covers all of it."""
+SPECIAL = VALUE_READS | WHOLE_WRITES | {"_to_copy"}
+"""Ops that need the full path even when an input has no value (reads, copies out, whole writes)."""
 _CPU_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError)
 """What a CPU op may raise for a mirrored op it cannot run (no CPU kernel, a dtype it lacks): the value stays
 unknown."""
@@ -142,6 +144,14 @@ class KnownValues(TorchDispatchMode):
             return func(*args, **kwargs)
         name = func._opname
         metas = [t for t in _tensors(args, kwargs) if t.device.type == "meta"]
+        values = self._values
+        if name not in SPECIAL and not all(t.untyped_storage()._cdata in values for t in metas):
+            # the common case (an op on the weights or activations): nothing to mirror; forget what it overwrites
+            out = func(*args, **kwargs)
+            if values:
+                for t in self._mutated(func, args, kwargs):
+                    self.drop(t)
+            return out
         known = all(self._storage_value(t) is not None for t in metas)
         if metas and (name in VALUE_READS or self._is_copy_out(func, args, kwargs)):
             if known:
