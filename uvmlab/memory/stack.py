@@ -310,7 +310,7 @@ def fit_rows(rows: list[FitRow], gpu: str, module_loading: str) -> StackFit:
     ]
     if used:
         notes.append(
-            f"the used jobs pin the stack term to {_mib(low)} .. {_mib(high)}; fitted {_mib(fixed)} (the value nearest "
+            f"the used rows pin the stack term to {_mib(low)} .. {_mib(high)}; fitted {_mib(fixed)} (the value nearest "
             "uvmlab's model): trust it to +-" + f"{(high - low) / 2 / MiB:,.0f} MiB"
         )
     else:
