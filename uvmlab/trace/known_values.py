@@ -8,9 +8,9 @@ padding mask is all ones (BART, Blenderbot, BioGPT, ...), XLM/Flaubert assert ``
 
 :class:`KnownValues` answers them the first way issue 44 names: it evaluates **the small scalar-producing subgraph on
 the CPU from the same seeded inputs**. It mirrors, on the CPU, every op whose meta tensor inputs all have known
-values and whose outputs are small (at most ``max_elements`` elements each): random factories (``randint``, ``rand``,
-...) draw from a private CPU generator seeded with ``seed``; deterministic factories (``arange``, ``full``, ``zeros``,
-a CPU tensor copied to the device) and every op on known tensors are run on the CPU copies. A value read
+values and whose outputs are not too large (at most ``max_elements`` elements each): random factories (``randint``,
+``rand``, ...) draw from a private CPU generator seeded with ``seed``; deterministic factories (``arange``, ``full``,
+``zeros``, a CPU tensor copied to the device) and every op on known tensors are run on the CPU copies. A value read
 (``_local_scalar_dense``, ``equal``, ``is_nonzero``, a copy to the CPU) of a tensor with a known value returns it;
 without one it raises :class:`UnknownValueError` (the capture refuses the model in one sentence that says so). The
 meta trace itself is unchanged: the ops still run on meta under the recorder; this mode only adds the values next to
@@ -46,9 +46,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 aten = torch.ops.aten
 
-MAX_ELEMENTS = 1 << 20
-"""Largest tensor (elements) whose value is kept: 8 MiB of int64. Token ids of batch 64 x 4,096 (262,144) and the
-per-sequence reductions of them fit; B x T x T masks and activations do not (a choice that bounds the CPU work)."""
+MAX_ELEMENTS = 1 << 24
+"""Largest tensor (elements) whose value is kept: 16 Mi elements (64 MiB in fp32). Token ids, their reductions and the
+B x 1 x T x T masks made from them up to batch 8 x 1,448 tokens (Longformer's padding check reads one of batch 8 x
+512 x 512) fit; activations of real sizes do not (a choice that bounds the CPU work and memory)."""
 SEED = 0
 """Seed of the private CPU generator random factories draw from (one draw per capture, repeatable)."""
 VALUE_READS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "allclose"})
