@@ -109,6 +109,8 @@ def trace_capture(
     # (terms: see uvmlab trace show --help)
     from pathlib import Path
 
+    cfg = workload_config(workload, **kw)  # the settings are checked before torch is imported
+
     from uvmlab.console import progress_bar
     from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.trace.capture import capture_trace
@@ -116,7 +118,6 @@ def trace_capture(
     from uvmlab.trace.summary import summarize
     from workloads.registry import load_workload
 
-    cfg = workload_config(workload, **kw)
     refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
     load_workload(cfg.workload).resolve_options(cfg)  # a bad name or option is refused before -o DIR is made
     with TraceFolder.for_writing(out_dir, force) as folder:  # the writer's lock, held until the header is written

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError
+from uvmlab.numbers import json_loads
 
 MAX_JSON_DEPTH = 32
 """Nesting of a JSON value given on the command line (``--option``, ``--sim-option``) or in a CSV cell (evaluate's
@@ -134,7 +135,7 @@ def loads_json(raw: str, what: str) -> Any:
         raise InputError(f"{what} is {len(raw):,} characters long; at most {MAX_JSON_CHARS:,} are accepted")
     if text_depth(raw) > MAX_JSON_DEPTH:
         raise InputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    return json.loads(raw)
+    return json_loads(raw, what)  # numbers checked while decoding (uvmlab.numbers)
 
 
 def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:

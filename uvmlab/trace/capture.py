@@ -41,9 +41,16 @@ import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
-from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
+from uvmlab.trace.emulate import (
+    AutocastEmulation,
+    ConvLayoutEmulation,
+    DataDependentEmulation,
+    DropoutEmulation,
+    SdpaEmulation,
+)
 from uvmlab.trace.heap import frozen_heap
 from uvmlab.trace.known_values import KnownLiterals, KnownValues
+from uvmlab.trace.param_map import ParamMap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
@@ -212,8 +219,9 @@ def capture_trace(
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
     cat = _Categorizer(rec)
-    sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
+    sdpa = SdpaEmulation(cfg.sdpa_backend) if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
+    conv_layout = ConvLayoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
     values = KnownValues() if device == "meta" else None
@@ -234,6 +242,8 @@ def capture_trace(
             stack.enter_context(sdpa)
         if dropout is not None:
             stack.enter_context(dropout)
+        if conv_layout is not None:
+            stack.enter_context(conv_layout)  # outside the recorder: it records the emulated outputs
         stack.enter_context(rec)
         if data_dep is not None:
             stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
@@ -243,12 +253,16 @@ def capture_trace(
             rec.close()  # the program's own frees at its end are part of it (its tensors die as it returns)
             n_params = param_bytes = trainable_bytes = 0
             attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
+            parameters: list[dict[str, Any]] = []
+            model_hidden_size = None
         else:
-            n_params, param_bytes, trainable_bytes, attention, extra_notes = _train(
+            n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters, model_hidden_size = _train(
                 spec, cfg, device, rec, cat, guard, progress, autocast_emu, values
             )
     elapsed = time.perf_counter() - start
-    weights_bf16 = 0 < param_bytes <= 2 * n_params  # the model was built in a 2-byte dtype (workloads.hf_dtype)
+    # --dtype auto built the model in a 2-byte dtype (workloads.hf_dtype), not a base cast by --weights-dtype/--qlora
+    built_bf16 = cfg.weights_dtype == "fp32" and not cfg.qlora and 0 < param_bytes <= 2 * n_params
+    weights_bf16 = cfg.dtype == "auto" and built_bf16
     tables = rec.tables(cat.categories())
     notes = [
         *(
@@ -286,6 +300,17 @@ def capture_trace(
             f"(uvmlab.trace.known_values): {values.counts['value reads']} value reads, "
             f"{values.counts['copies to the CPU']} copies to the CPU, {values.counts['ops mirrored']} ops mirrored"
         )
+    if conv_layout is not None and conv_layout.counts:
+        notes.append(
+            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
+            "distinct call shapes (the meta memo replays repeats): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(conv_layout.counts.items()))
+        )
+    if rec.temporaries_failed:
+        notes.append(
+            "kernel temporaries not derived (their rule failed on these arguments; uvmlab.trace.internal_rules): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rec.temporaries_failed.items()))
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "
@@ -306,12 +331,18 @@ def capture_trace(
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
+        "parameters": parameters,
+        "model_hidden_size": model_hidden_size,
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,
     }
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")
+    if cfg.shard:  # one rank of a data-parallel job (uvmlab.trace.shard)
+        from uvmlab.trace.shard import shard_trace
+
+        return shard_trace(trace, cfg.shard, cfg.world_size, cfg.shard_options)
     return trace
 
 
@@ -325,17 +356,19 @@ def _train(
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
     values: KnownValues | None = None,
-) -> tuple[int, int, int, str | None, list[str]]:
+) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]], int | None]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
-    count, parameter bytes, trainable bytes, attention implementation and the header notes. ``values`` (meta
-    captures) mirrors the small tensors of the iterations on the CPU (not the model's build: parameters have no
-    values a scalar read needs)."""
+    count, parameter bytes, trainable bytes, attention implementation, the header notes, the parameter map
+    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none). ``values`` (meta captures)
+    mirrors the small tensors of the iterations on the CPU (not the model's build: parameters have no values a scalar
+    read needs)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
     with guard("building its optimizer"):
         optimizer = make_optimizer(workload.model, cfg)
     cat.after_setup(workload.model)
+    pmap = ParamMap(workload.model, rec.alloc_id)
     state = {"phase": "setup"}
 
     def hook(phase: str, iteration: int) -> None:
@@ -346,6 +379,7 @@ def _train(
             cat.after_optimizer(optimizer)
         if phase == "optimizer":
             cat.before_optimizer(workload.model)
+            pmap.record_gradients(iteration)
         state["phase"] = phase
         if phase != PHASE_END:
             rec.set_phase(phase, iteration)
@@ -353,11 +387,15 @@ def _train(
             gc.collect()  # cyclic garbage (if any) is freed at iteration ends, not whenever gc runs
 
     autocast = autocast_emu.region if autocast_emu is not None else None
-    for it in range(cfg.iterations):
-        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"), _knowing(values):
-            train_step(workload, optimizer, cfg, hook, it, autocast)
-        if progress is not None:
-            progress(it + 1, cfg.iterations)
+    with contextlib.ExitStack() as modes:
+        if device == "meta":  # the workload's own emulations of CUDA kernels, inside the recorder
+            for make in workload.capture_modes:
+                modes.enter_context(make())
+        for it in range(cfg.iterations):
+            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"), _knowing(values):
+                train_step(workload, optimizer, cfg, hook, it, autocast)
+            if progress is not None:
+                progress(it + 1, cfg.iterations)
     rec.close()  # while the model and optimizer are alive: tearing them down is not part of the trace
     params = list(workload.model.parameters())
     return (
@@ -366,6 +404,8 @@ def _train(
         sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         workload.attention,
         [*workload.notes, *checkpointed],
+        pmap.to_header(cfg.iterations),
+        pmap.hidden_size,
     )
 
 

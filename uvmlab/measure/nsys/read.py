@@ -26,6 +26,7 @@ from uvmlab.errors import InputError
 from uvmlab.files.inputs import short
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import json_to_sqlite, looks_like_json_export
+from uvmlab.measure.nsys.plausible import check_measurements
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _API_SUFFIX = re.compile(r"_v\d+$")
@@ -136,6 +137,7 @@ class Export:
         for table in S.KNOWN_COLUMNS:
             if table in self.tables:
                 self._check_types(table)
+        check_measurements(self)  # impossible rows (uvmlab.measure.nsys.plausible)
 
     def _check_types(self, table: str) -> None:
         """Refuse a value whose type contradicts its column's declared type among the columns uvmlab reads: text
