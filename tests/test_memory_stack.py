@@ -252,7 +252,7 @@ def test_every_choice_of_the_calibration_job_leaves_the_other_jobs_no_worse(data
     their median error must be no worse than without a calibration, their worst no worse than twice. The whole-residual
     fit of uvmlab before issue 44 broke both on xMem's sample (ConvNeXt-Tiny with Adam at batch 500, -507 MiB of its own
     error, moved every other row by it) and on GPUMemNet's rows; CARMA's summary, not in ../shared, is in
-    docs/evaluation.md's table (tools/memory_residuals.py --stack-choices)."""
+    docs/evaluation.md's table (tools/memory_residuals.py)."""
     from uvmlab.evaluate.memory_validation import stack_choices
 
     folder = REAL / ("xmem_rtx3060_sample" if dataset == "xmem" else "gpumemnet_mlp_a100")
