@@ -25,7 +25,22 @@ ATTENTION_IMPLS = ("auto", "sdpa", "eager")
 """``auto``: transformers' own choice, SDPA where the model class can dispatch it, else eager attention
 (``PreTrainedModel.get_correct_attn_implementation`` with no request, transformers 5.24); ``sdpa`` refuses a class
 without it."""
-DTYPES = ("fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16")
+"""``auto``: the dtype the model trains in: fp32, except a model that cannot train in fp32 on a GPU (transformers'
+mixture-of-experts layers on ``grouped_mm``: bf16 weights, workloads.hf_dtype); ``fp32`` asks for fp32 (refused where
+the model cannot); ``bf16``: bf16 autocast."""
+COMPUTE_DTYPES = ("fp32", "bf16")
+
+
+def compute_dtype(dtype: str, header: dict[str, Any] | None = None) -> str:
+    """``fp32`` or ``bf16``: what a run's kernels compute in, for the timing models. ``auto`` is resolved by the capture
+    (the trace header's ``compute_dtype``: the dtype the model was built in), else fp32."""
+    if dtype in COMPUTE_DTYPES:
+        return dtype
+    recorded = (header or {}).get("compute_dtype")
+    return recorded if recorded in COMPUTE_DTYPES else "fp32"
+
+
 WEIGHTS_DTYPES = ("fp32", "bf16")
 """Storage dtype of the model's weights (``--weights-dtype``): fp32, or bf16 as ``from_pretrained(torch_dtype=
 torch.bfloat16)`` loads them (the frozen base of a LoRA fine-tune; the non-quantized modules under QLoRA)."""
@@ -110,7 +125,7 @@ class WorkloadConfig:
     optimizer: str = "adam"
     zero_grad: str = "iteration_start"
     attention: str = "auto"
-    dtype: str = "fp32"
+    dtype: str = "auto"
     iterations: int = 3
     options: dict[str, Any] = field(default_factory=dict)
     accumulation_steps: int = 1

@@ -5,7 +5,9 @@ entry) or the path of a ``config.json`` (or of a folder holding one). The model 
 ``architectures[0]`` when transformers has it, else the causal-LM (then masked-LM) class for its
 ``model_type``; only language-model heads are supported (the loss is the model's own, ``labels = input_ids``,
 as for the built-in gpt2/bert workloads). Weights are fp32 (the checkpoints' ``torch_dtype`` is a storage
-format; ``--dtype bf16`` selects bf16 autocast). Options: ``seq_len`` (default: 1024 for GPT-2, 512 for
+format; ``--dtype bf16`` selects bf16 autocast), except mixture-of-experts models whose experts run on grouped_mm,
+which train in 16-bit weights (workloads.hf_dtype). Config fields, fewer layers, transformers' validation and the
+class's sub-config: workloads.hf_config. Options: ``seq_len`` (default: 1024 for GPT-2, 512 for
 BERT, 2048 for the others, never above the model's positions), ``num_layers`` (0: the config's; fewer layers
 make a quick small model).
 """
@@ -20,6 +22,15 @@ from typing import Any
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from workloads.base import Workload, WorkloadSpec, hf_attention, positive, token_lm_workload
+from workloads.hf_config import (
+    build_config,
+    check_layer_kinds,
+    instantiate,
+    layer_kinds,
+    read_config_text,
+    reduce_layers,
+)
+from workloads.hf_dtype import default_dtype, training_dtype
 
 DEFAULT_BATCH_SIZE = 8
 """Default batch size of an ``hf:`` model (the seed study's GPT-2 batch)."""
@@ -154,7 +165,7 @@ def config_file(arch: str) -> Path | None:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = read_config_text(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"hf config {path} is not readable JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
@@ -219,35 +230,34 @@ def _model_class(config: dict[str, Any]) -> Any:
 def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
     """Build the language model of ``config`` on ``device`` with random weights, in train mode."""
     import torch
-    from transformers import CONFIG_MAPPING
 
     positive(label, opts, "seq_len")
     if opts["num_layers"] < 0:
         raise InputError(f"workload {label} option num_layers must be >= 0, not {opts['num_layers']}")
     fields = dict(config)
     model_type = fields.pop("model_type")
-    if model_type not in CONFIG_MAPPING:
-        raise InputError(f"{label}: transformers has no model_type {model_type!r}")
-    if opts["num_layers"]:
-        key = "n_layer" if "n_layer" in fields else "num_hidden_layers"
-        before = fields.get(key)
-        fields[key] = opts["num_layers"]
-        for name, value in list(fields.items()):  # per-layer lists (layer_types, mlp_layer_types, ...) follow
-            if "layer" in name and isinstance(value, list) and len(value) == before:
-                fields[name] = value[: opts["num_layers"]]
-    hf_config = CONFIG_MAPPING[model_type].from_dict(fields)
+    hf_config = build_config(label, model_type, fields)
+    if opts["num_layers"]:  # workloads.hf_config: every stack cut, per-layer fields with it, every kind of layer kept
+        full = layer_kinds(hf_config)
+        hf_config = build_config(f"{label} with num_layers {opts['num_layers']}", model_type,
+                                 reduce_layers(fields, opts["num_layers"]))  # fmt: skip
+        check_layer_kinds(label, full, layer_kinds(hf_config), opts["num_layers"])
     hf_config._attn_implementation = hf_attention(cfg)
     positions = _positions(config)
     if positions is not None and opts["seq_len"] > positions:
         raise InputError(f"{label} seq_len {opts['seq_len']} exceeds the model's {positions} positions")
     cls = _model_class(config)
+    weights, notes = training_dtype(label, cls, hf_config, fields, cfg.dtype)  # workloads.hf_dtype: MoE on grouped_mm
     dev = torch.device(device)
-    with dev:
-        model = cls(hf_config)
+    with dev, default_dtype(weights):
+        model = instantiate(cls, hf_config)
+    model.to(dev)  # what a constructor made on the CPU (torch.normal(mean, std, size) ignores the device context)
     model.loss_type = "ForMaskedLM" if cls.__name__.endswith("ForMaskedLM") else "ForCausalLM"
     model.train()
-    vocab = hf_config.get_text_config().vocab_size
-    return token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+    vocab = model.config.get_text_config().vocab_size  # the config the class took (a sub-config: MusicGen's decoder)
+    workload = token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+    workload.notes.extend(notes)
+    return workload
 
 
 def hf_type_names() -> list[str]:

@@ -318,20 +318,16 @@ def calibrate_cmd(
             return
         print_table(
             f"Stack fixed costs ({fit.gpu}, {fit.module_loading} module loading)",
-            ["row", "workload", "batch", "measured MiB", "predicted MiB", "residual MiB"],
+            ["row", "workload", "batch", "measured MiB", "predicted MiB", "residual MiB", "own error band MiB",
+             "used", "residual after fit MiB"],
             [
-                [
-                    r["line"],
-                    r["workload"],
-                    r["batch"],
-                    r["measured_bytes"] // MiB,
-                    r["predicted_bytes"] // MiB,
-                    r["residual_bytes"] // MiB,
-                ]
+                [r["line"], r["workload"], r["batch"], r["measured_bytes"] // MiB, r["predicted_bytes"] // MiB,
+                 r["residual_bytes"] // MiB, f"+-{r.get('band_bytes', 0) // MiB}", "yes" if r.get("used") else "no",
+                 r.get("residual_after_fit_bytes", 0) // MiB]
                 for r in fit.rows
             ],
-        )
-        for n in [*fit.notes, f"fixed_bytes {fit.fixed_bytes // MiB} MiB, cudnn_bytes {fit.cudnn_bytes // MiB} MiB"]:
+        )  # fmt: skip
+        for n in [*fit.notes, f"stack term (fixed_bytes) {fit.fixed_bytes / MiB:+,.0f} MiB"]:
             note(n)
         note(f"Wrote {out}")
         return

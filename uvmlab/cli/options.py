@@ -95,7 +95,12 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 "model class has it, else eager).",
             ),
             click.option(
-                "--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True, help="fp32, or bf16 autocast."
+                "--dtype",
+                type=click.Choice(DTYPES),
+                default="auto",
+                show_default=True,
+                help="auto: the dtype the model trains in (fp32; bf16 weights where fp32 cannot run on a GPU: "
+                "transformers MoE layers on grouped_mm); fp32; or bf16 autocast.",
             ),
             click.option(
                 "--iterations",

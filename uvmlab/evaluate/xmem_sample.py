@@ -116,6 +116,7 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
                 workload=f"torchvision:{arch}",  # CIFAR-10's 10 label values change no allocation
                 batch_size=int(row["batch_size"]),
                 optimizer=opt,
+                dtype="fp32",  # xMem's trainer: fp32 inputs and weights, no autocast
                 iterations=ITERATIONS,
                 options={"image_size": int(row["input_hw"]), "num_classes": classes},
             )

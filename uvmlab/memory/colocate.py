@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uvmlab.config import WorkloadConfig
+from uvmlab.config import WorkloadConfig, compute_dtype
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
 from uvmlab.memory.estimate import CARMA_PLACEMENT_MARGIN_MB
@@ -201,7 +201,7 @@ def simulate_together(
     sim.check_invariants()
     rows = []
     for j, job in enumerate(jobs):
-        dtype = job.cfg.dtype if job.cfg is not None else "fp32"
+        dtype = compute_dtype(job.cfg.dtype if job.cfg is not None else "fp32", job.trace.header)
         compute = float(kernel_time_ns(np.array(flops[j]), np.array(nbytes[j]), gpu, cost, dtype).sum())
         rows.append(
             {"job_index": j, "job": job.name, "compute_ns": compute, "kernels": len(flops[j]), **totals[j].as_dict()}

@@ -49,6 +49,7 @@ from uvmlab.trace.emulate import (
     SdpaEmulation,
 )
 from uvmlab.trace.heap import frozen_heap
+from uvmlab.trace.known_values import KnownLiterals, KnownValues
 from uvmlab.trace.param_map import ParamMap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -223,6 +224,7 @@ def capture_trace(
     conv_layout = ConvLayoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
+    values = KnownValues() if device == "meta" else None
     guard = _user_code_guard(cfg, spec.source)
     start = time.perf_counter()
     gc.collect()
@@ -255,9 +257,12 @@ def capture_trace(
             model_hidden_size = None
         else:
             n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters, model_hidden_size = _train(
-                spec, cfg, device, rec, cat, guard, progress, autocast_emu
+                spec, cfg, device, rec, cat, guard, progress, autocast_emu, values
             )
     elapsed = time.perf_counter() - start
+    # --dtype auto built the model in a 2-byte dtype (workloads.hf_dtype), not a base cast by --weights-dtype/--qlora
+    built_bf16 = cfg.weights_dtype == "fp32" and not cfg.qlora and 0 < param_bytes <= 2 * n_params
+    weights_bf16 = cfg.dtype == "auto" and built_bf16
     tables = rec.tables(cat.categories())
     notes = [
         *(
@@ -289,6 +294,12 @@ def capture_trace(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
         )
+    if values is not None and values.counts["value reads"] + values.counts["copies to the CPU"]:
+        notes.append(
+            "data-dependent scalars read from CPU copies of the small tensors they come from, seeded "
+            f"(uvmlab.trace.known_values): {values.counts['value reads']} value reads, "
+            f"{values.counts['copies to the CPU']} copies to the CPU, {values.counts['ops mirrored']} ops mirrored"
+        )
     if conv_layout is not None and conv_layout.counts:
         notes.append(
             "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
@@ -316,6 +327,7 @@ def capture_trace(
         "emulate_cuda": bool(emulate_cuda),
         "attention_impl": attention,
         "iterations": cfg.iterations,
+        "compute_dtype": "bf16" if cfg.dtype == "bf16" or weights_bf16 else "fp32",
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
@@ -343,10 +355,13 @@ def _train(
     guard: Any,
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
+    values: KnownValues | None = None,
 ) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]], int | None]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
     count, parameter bytes, trainable bytes, attention implementation, the header notes, the parameter map
-    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none)."""
+    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none). ``values`` (meta captures)
+    mirrors the small tensors of the iterations on the CPU (not the model's build: parameters have no values a scalar
+    read needs)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
@@ -377,7 +392,7 @@ def _train(
             for make in workload.capture_modes:
                 modes.enter_context(make())
         for it in range(cfg.iterations):
-            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
+            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"), _knowing(values):
                 train_step(workload, optimizer, cfg, hook, it, autocast)
             if progress is not None:
                 progress(it + 1, cfg.iterations)
@@ -392,6 +407,16 @@ def _train(
         pmap.to_header(cfg.iterations),
         pmap.hidden_size,
     )
+
+
+@contextlib.contextmanager
+def _knowing(values: KnownValues | None) -> Any:
+    """``values`` (and its literals' function mode) active, or nothing."""
+    if values is None:
+        yield
+        return
+    with KnownLiterals(values), values:
+        yield
 
 
 def _run_program(

@@ -1,7 +1,8 @@
 """Emulate CUDA's choices while capturing on the meta device (see DESIGN.md "Traps").
 
 * SDPA: on meta, ``F.scaled_dot_product_attention`` takes the math path (materializing B x H x T x T); on CUDA
-  it takes flash attention (fp16/bf16, no mask, head dim <= 256) or memory-efficient attention (otherwise),
+  it takes flash attention (fp16/bf16, no mask, one head dim <= 256 for q, k and v) or memory-efficient attention
+  (otherwise, e.g. multi-head latent attention, whose values have a smaller head dim than queries and keys),
   which keep only a logsumexp. :class:`SdpaEmulation` routes the call to
   ``aten._scaled_dot_product_flash_attention`` / ``aten._scaled_dot_product_efficient_attention`` (both have
   meta kernels and autograd formulas). A boolean mask becomes an additive float bias first, as CUDA's
@@ -44,8 +45,9 @@
     labels of a known range), else ``x.numel()`` (values assumed below the count, e.g. indices); no upper bound
     exists without the data.
 
-  Not emulated: ``.item()``/``.tolist()`` (Python needs the value), ``repeat_interleave`` without
-  ``output_size``, and the ``nonzero`` temporary CUDA's ``masked_select`` makes (it goes through ``index``).
+  Not emulated: ``repeat_interleave`` without ``output_size``, and the ``nonzero`` temporary CUDA's
+  ``masked_select`` makes (it goes through ``index``). ``.item()``/``.tolist()`` of values that come from the
+  inputs: uvmlab.trace.known_values.
   A CPU capture cannot see the ``nonzero`` inside a boolean-mask ``index`` (it happens inside the CPU kernel);
   the meta rule records it, as the CUDA caching allocator sees it.
 """
@@ -232,7 +234,8 @@ class SdpaEmulation(TorchFunctionMode):
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
         head_dim = query.size(-1)
-        flash_ok = query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM
+        same_dims = head_dim == key.size(-1) == value.size(-1)  # check_head_dim_size_flash: MLA's v differs
+        flash_ok = query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM and same_dims
         if self.backend == "math":
             self.counts["math"] += 1
             return torch.ops.aten._scaled_dot_product_attention_math(
@@ -241,8 +244,9 @@ class SdpaEmulation(TorchFunctionMode):
         if self.backend == "flash" and not flash_ok:
             raise InputError(
                 f"--sdpa-backend flash cannot run this attention (dtype {str(query.dtype).removeprefix('torch.')}, "
-                f"mask {'given' if attn_mask is not None else 'none'}, head dim {head_dim}; flash needs fp16/bf16, "
-                f"no mask, head dim <= {FLASH_MAX_HEAD_DIM}): PyTorch raises 'No available kernel'"
+                f"mask {'given' if attn_mask is not None else 'none'}, head dims {head_dim}/{key.size(-1)}/"
+                f"{value.size(-1)}; flash needs fp16/bf16, no mask, one head dim <= {FLASH_MAX_HEAD_DIM}): PyTorch "
+                "raises 'No available kernel'"
             )
         if flash_ok and self.backend != "efficient":
             self.counts["flash"] += 1

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uvmlab.config import compute_dtype
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec, sm_info
 from uvmlab.trace.cudnn_conv import (
@@ -434,7 +435,8 @@ def rule_cudnn_workspace(
     cfg = trace.header.get("config") or {}
     batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
     batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
-    elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
+    dtype = compute_dtype(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", trace.header)
+    elem = ELEMENT_BYTES[dtype]  # --dtype auto: what the capture built the model in
     with_category = acc.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")  # once
     rows_of = with_category.groupby("kernel_id").indices
     sizes_a = with_category["size_bytes"].to_numpy()

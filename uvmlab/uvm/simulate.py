@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.config import RunConfig, WorkloadConfig
+from uvmlab.config import RunConfig, WorkloadConfig, compute_dtype
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.files.env import env_info
 from uvmlab.files.inputs import short
@@ -330,7 +330,7 @@ def simulate_prepared(
         prep.gpu,
         knobs,
         costs,
-        dtype=cfg.workload.dtype,
+        dtype=compute_dtype(cfg.workload.dtype, prep.trace.header),
         progress=progress,
         record_events=record_events,
     )
