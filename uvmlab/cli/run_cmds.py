@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from uvmlab.cli.options import (
+    PathParam,
     figure_format_option,
     format_option,
     out_option,
@@ -66,7 +67,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
 
 
 @click.command("run")
-@click.argument("workload")
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
 @click.option(
     "--oversub",
     "-f",
@@ -108,6 +109,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
 @click.option(
     "--params",
     "params_file",
+    type=PathParam("input", folder=False, path_type=str),
     default=None,
     metavar="FILE",
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
@@ -150,6 +152,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
 @click.option(
     "--snapshot",
     "snapshot_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.pickle",
     help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
@@ -157,6 +160,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
 @click.option(
     "--timeline",
     "timeline_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import figure_format_option, format_option, out_option
+from uvmlab.cli.options import PathParam, figure_format_option, format_option, out_option
 
 
 class _SweepGroup(click.Group):
@@ -34,11 +34,11 @@ def sweep() -> None:
 
 
 @sweep.command("run")
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("spec", type=PathParam("input", folder=False, dir_okay=False, path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=V1,V2,...]...")
 @out_option(
     "Sweep folder (runs/<workload>-x<F>-pca<on|off>-<hash>/ per configuration, results.parquet).",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathParam("output", folder=True, file_okay=False, path_type=Path),
     required=True,
 )
 @click.option(
@@ -204,7 +204,7 @@ def _raise_if_failed(summary: Any, out: Path) -> None:
 
 
 @sweep.command("collect")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=PathParam("inout", folder=True, file_okay=False, path_type=Path))
 @format_option()
 def sweep_collect(out: Path, fmt: str) -> None:
     """Rebuild OUT/results.parquet from the run directories (one row per complete run)."""
@@ -227,11 +227,21 @@ def sweep_collect(out: Path, fmt: str) -> None:
 
 
 @click.command("report")
-@click.argument("sweep_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument(
+    "sweep_dir",
+    type=PathParam(
+        "input",
+        folder=True,
+        reads=("results.parquet", "sweep.json", "spec.yaml", "runs"),
+        file_okay=False,
+        exists=True,
+        path_type=Path,
+    ),
+)
 @out_option(
     "HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
     dest="out_html",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathParam("output", folder=False, beside=("figures",), dir_okay=False, path_type=Path),
     default=None,
 )
 @click.option(

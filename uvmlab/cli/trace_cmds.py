@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.cli.options import PathParam, format_option, out_option, workload_config, workload_options
 from uvmlab.config import CAPTURE_DEVICES
 from uvmlab.console import err, note, out, plain, print_csv, print_table, say
 from uvmlab.files.atomic import to_json
@@ -91,8 +91,10 @@ def _print_summary(s: dict[str, Any], fmt: str = "table") -> None:
 
 
 @trace_group.command("capture")
-@click.argument("workload")
-@out_option("Trace folder to write.", dest="out_dir", required=True, type=click.Path(file_okay=False))
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
+@out_option(
+    "Trace folder to write.", dest="out_dir", required=True, type=PathParam("output", folder=True, file_okay=False)
+)
 @click.option("--device", type=click.Choice(CAPTURE_DEVICES), default="meta", show_default=True)
 @click.option(
     "--no-emulate-cuda",
@@ -137,7 +139,7 @@ def trace_capture(
 
 
 @trace_group.command("show", epilog=TRACE_TERMS)
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=PathParam("input", folder=True, file_okay=False))
 @format_option()
 def trace_show(directory: str, fmt: str) -> None:
     """Summarize the trace folder DIRECTORY: counts, bytes per category, peak live bytes, phases, FLOPs."""

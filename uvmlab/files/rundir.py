@@ -66,6 +66,14 @@ class RunDir(OwnedFolder):
     kind = "run"
     complete_name = "result.json"
     names = OWNED_NAMES
+    patterns = (
+        "config.json",
+        "env.json",
+        "result.json",
+        "tables/*.parquet",
+        *(f"figures/*.{fmt}" for fmt in FIGURE_FORMATS),
+        "logs/*",
+    )
     keep_incomplete = ("config.json", "logs/")
     link_folders = ("tables", "figures", "logs")
 
