@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from uvmlab.errors import InputError
+from uvmlab.files.atomic import claim_new
 
 PathLike = str | os.PathLike[str]
 
@@ -122,6 +123,7 @@ def check_output_file(
     parent = path.parent
     if parent.exists() and not parent.is_dir():
         raise InputError(f"{option} {path}: {parent} is not a folder")
+    claim_new(path, new=not force)  # without --force, a file that appears meanwhile is not replaced either
     return path
 
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import fnmatch
 import glob
 import hashlib
-import json
 import os
 import stat
 import time
@@ -54,7 +53,7 @@ from typing import Any, Self
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json, atomic_write_with
-from uvmlab.files.inputs import read_input_text, short
+from uvmlab.files.inputs import read_json_file, short
 
 MARKER_NAME = ".uvmlab-run"
 """Ownership marker: its presence says uvmlab created the folder, so ``--force`` may replace uvmlab's files."""
@@ -145,8 +144,8 @@ class OwnedFolder:
     def marker_doc(self) -> dict[str, Any]:
         """The marker's JSON object ({} when it cannot be read)."""
         try:
-            doc = json.loads(read_input_text(self.marker, MAX_MARKER_BYTES, "an ownership marker"))
-        except (InputError, ValueError, RecursionError):
+            doc = read_json_file(self.marker, MAX_MARKER_BYTES, "an ownership marker")
+        except InputError:
             return {}
         return doc if isinstance(doc, dict) else {}
 
@@ -177,9 +176,9 @@ class OwnedFolder:
         if self.manifest.is_symlink():
             raise InputError(f"{self.manifest} is a symbolic link; uvmlab cannot tell its files from yours there")
         try:
-            doc = json.loads(read_input_text(self.manifest, MAX_MANIFEST_BYTES, "a uvmlab manifest"))
-        except (ValueError, RecursionError):
-            raise InputError(damaged) from None
+            doc = read_json_file(self.manifest, MAX_MANIFEST_BYTES, "a uvmlab manifest")
+        except InputError as exc:
+            raise InputError(f"{damaged} ({exc})") from None
         files = doc.get("files") if isinstance(doc, dict) else None
         if isinstance(files, list) and all(isinstance(f, str) for f in files):  # version 1: names only
             files = {name: [] for name in files}
@@ -255,6 +254,17 @@ class OwnedFolder:
         if rel in entries and self._state(rel, entries[rel]) == "ours":
             entries[rel] = [*entries[rel], file_digest(target)][-KEPT_WRITES:]
             self._write_manifest(entries)
+
+    def adopt(self, path: str | os.PathLike[str]) -> None:
+        """List the file already at ``path`` as uvmlab's, with its current content. Only for a file the caller has
+        established is uvmlab's (a sweep folder of an uvmlab before markers, a spec.yaml identical to the spec)."""
+        target = self.check_inside(Path(path))
+        rel = self._relative(target)
+        if not self.uvmlab_name(rel) or not target.is_file() or target.is_symlink():
+            raise RuntimeError(f"uvmlab bug: {target} cannot be adopted into a {self.kind} folder")
+        entries = self.entries() or {}
+        entries[rel] = [file_digest(target)]
+        self._write_manifest(entries)
 
     def _relative(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.path)).as_posix()

@@ -19,9 +19,13 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_with
-from uvmlab.files.rundir import RunDir
+from uvmlab.files.inputs import read_json_file, read_parquet_file
+from uvmlab.files.rundir import MAX_JSON_BYTES, RunDir
+from uvmlab.sweep.folder import SweepFolder
 
 RESULTS_NAME = "results.parquet"
+MAX_RESULTS_BYTES = 1 << 30
+"""Largest results.parquet read (1 GiB; one row per run, ~1 KB a row)."""
 GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
 """What identifies 'the same job' across factors and PCA settings."""
 
@@ -89,9 +93,14 @@ def config_columns(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A run's JSON file as a mapping; None when it is missing or not a readable JSON object (through the one
+    input reader: a FIFO, a device, a file over the limit, deep nesting or text that is not UTF-8 count as
+    unreadable, and the run is left out, said, never a traceback)."""
+    if not (path.exists() or path.is_symlink()):
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = read_json_file(path, MAX_JSON_BYTES, "a JSON file written by uvmlab")
+    except InputError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -148,7 +157,11 @@ def write_results(out: str | os.PathLike[str]) -> Path:
     """Rebuild ``out/results.parquet`` from the run directories (atomic); return its path."""
     df = collect(out)
     path = Path(out) / RESULTS_NAME
-    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    folder = SweepFolder(out)
+    if folder.is_owned():  # listed with its content: a results.parquet of the user's is never replaced
+        folder.write_file_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
+        atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
 
 
@@ -163,9 +176,13 @@ def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_mtime < newest:
         write_results(out)
     try:
-        return pd.read_parquet(path)
-    except Exception:  # derived data: a damaged results.parquet is rebuilt from the run directories
+        return read_parquet_file(path, MAX_RESULTS_BYTES, "a sweep's results.parquet")
+    except InputError:  # derived data: a damaged results.parquet is moved aside (kept) and rebuilt from the runs
+        import time
+
         from uvmlab.console import note
 
-        note(f"warning: {path} is unreadable; rebuilding it from {Path(out) / 'runs'}")
+        aside = path.with_name(f"{RESULTS_NAME}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        os.replace(path, aside)
+        note(f"warning: {path} is unreadable; moved to {aside.name} and rebuilt from {Path(out) / 'runs'}")
         return pd.read_parquet(write_results(out))
