@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+UVMLAB_ROOT = Path(os.environ.get("HOSTILE_UVMLAB_ROOT", REPO))
+"""The checkout whose uvmlab the probes run (``HOSTILE_UVMLAB_ROOT``: e.g. an export of main, to see the probes
+fail on the code before a fix); the test helpers always come from this checkout's tests/."""
 MEMORY_LIMIT = 1 << 30
 """Address space of every probe (``RLIMIT_AS``): 1 GiB (issue 42's acceptance)."""
 TIME_LIMIT_S = 60.0
@@ -44,6 +47,9 @@ TIME_LIMIT_S = 60.0
 MAX_LINE_CHARS = 500
 """Longest error line a refusal may print (a bounded sentence, never a 5,000-character value)."""
 PREFIX = "uvmlab: error: "
+LARGE_FILE_BYTES = 64 << 20
+"""Files above this size (the sparse 1 GB probes) are identified by their first and last MiB, size, modification and
+change times and inode instead of a full hash (any write changes the times)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,14 @@ def _entry(p: Path) -> str:
     if stat.S_ISREG(mode):
         h = hashlib.sha256()
         with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+            if st.st_size <= LARGE_FILE_BYTES:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            else:  # a large (often sparse) probe file: its ends, and what any write changes (size, times, inode)
+                h.update(fh.read(1 << 20))
+                fh.seek(-(1 << 20), os.SEEK_END)
+                h.update(fh.read(1 << 20))
+                h.update(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}".encode())
         return h.hexdigest()
     if stat.S_ISFIFO(mode):
         return "fifo"
@@ -139,7 +151,7 @@ def _skips(probe: Probe) -> list[Path]:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    paths = [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    paths = [str(UVMLAB_ROOT), str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "NO_COLOR": "1", **(extra or {})}
 
 

@@ -87,9 +87,7 @@ def shared_events_pickle(d: Path, name: str = "shared.pickle", n: int = 1_980_00
 def shared_strings_pickle(d: Path, name: str = "strings.pickle", mib: int = 15, n: int = 400) -> Path:
     """Issue 42: ``n`` events whose frames share two ``mib`` MiB strings (file name and function name)."""
     filename, func = "f" * (mib << 20), "g" * (mib << 20)
-    events = [
-        {**_event(4096 * (i + 1)), "frames": [{"filename": filename, "name": func, "line": i}]} for i in range(n)
-    ]
+    events = [{**_event(4096 * (i + 1)), "frames": [{"filename": filename, "name": func, "line": i}]} for i in range(n)]
     doc = {"segments": [], "device_traces": [events]}
     path = d / name
     path.write_bytes(pickle.dumps(doc, protocol=4))

@@ -18,7 +18,7 @@ import click
 
 from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import parse_options
+from uvmlab.files.inputs import parse_options, refuse_special
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,6 +92,8 @@ def check_command_paths(ctx: click.Context) -> None:
                 if kind.role == "output":
                     outputs.append((name, path, bool(kind.folder)))
                     outputs += [(name, os.path.join(os.path.dirname(path) or ".", b), True) for b in kind.beside]
+    for name, path in inputs:
+        refuse_special(path, name)
     if outputs:
         check_paths(outputs, inputs)
 

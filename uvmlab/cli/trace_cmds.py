@@ -113,13 +113,18 @@ def trace_capture(
 
     from uvmlab.console import progress_bar
     from uvmlab.files.outputs import refuse_input_as_output
-    from uvmlab.trace.capture import capture_trace
     from uvmlab.trace.schema import TraceFolder, write_trace
-    from uvmlab.trace.summary import summarize
-    from workloads.registry import load_workload
 
     cfg = workload_config(workload, **kw)
     refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
+    TraceFolder(out_dir).check(force)  # a folder uvmlab may not write is refused before torch is loaded
+
+    from workloads.registry import load_workload, workload_identity
+
+    workload_identity(cfg.workload)  # a workload file is read (and refused) before torch is loaded
+    from uvmlab.trace.capture import capture_trace
+    from uvmlab.trace.summary import summarize
+
     load_workload(cfg.workload).resolve_options(cfg)  # a bad name or option is refused before -o DIR is made
     with TraceFolder.for_writing(out_dir, force) as folder:  # the writer's lock, held until the header is written
         with progress_bar(disable=fmt != "table") as bar:

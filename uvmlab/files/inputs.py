@@ -41,9 +41,9 @@ any structured option while staying far from Python's recursion limit (1000)."""
 MAX_JSON_CHARS = 1 << 20
 """Characters of one such JSON value (1 MiB; real option values are a few characters)."""
 
-MAX_DATA_FILE_BYTES = 1 << 28
+MAX_DATA_FILE_BYTES = 1 << 26
 """Largest data file read from a data folder the user names (``validate DATA``, ``calibrate --uvm-timings DIR``,
-``collect``'s layout): 256 MiB; the largest file in ../shared/real-data is 4 MB."""
+``collect``'s layout): 64 MiB; the largest file in ../shared/real-data is 4 MB."""
 MAX_CSV_BYTES = 64 * 1024 * 1024
 """Largest CSV data file read (64 MiB; a row is ~100 bytes, the real-data sets have at most a few thousand)."""
 MAX_CSV_FIELD_CHARS = 1 << 20
@@ -151,6 +151,18 @@ def open_input(path: str | os.PathLike[str], max_bytes: int, what: str) -> Itera
     fd, _ = _open_checked(p, max_bytes, what)
     with io.BufferedReader(_Bounded(fd, p, max_bytes, what), buffer_size=1 << 20) as fh:
         yield fh
+
+
+def refuse_special(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (InputError) an input ``path`` given as ``option`` that exists but is neither a regular file nor a
+    folder (a FIFO, a device such as ``/dev/urandom``, a socket; links followed): checked for every input path of
+    every command before it starts (``uvmlab.cli.options.check_command_paths``), the readers check again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # missing (or unreadable): the command says so in its own words
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise InputError(f"{option} {path} is not a regular file (a device, pipe or socket); give a file or folder")
 
 
 def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) -> bytes:

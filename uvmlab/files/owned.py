@@ -266,6 +266,14 @@ class OwnedFolder:
         entries[rel] = [file_digest(target)]
         self._write_manifest(entries)
 
+    def verify(self) -> None:
+        """Refuse (InputError) a folder whose manifest is not uvmlab's or lists a file that is no longer what uvmlab
+        wrote (changed, a link, not a file): checked before a sweep resumes, so it refuses at once, not run by run."""
+        for rel, writes in (self.entries() or {}).items():
+            state = self._state(rel, writes)
+            if state not in ("ours", "absent"):
+                raise InputError(self._refusal(rel, state))
+
     def _relative(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.path)).as_posix()
 
@@ -320,12 +328,7 @@ class OwnedFolder:
         ``force``. With ``force``, only the files in the manifest, as uvmlab wrote them, are removed.
         """
         p = self.path
-        if p.is_symlink():
-            raise InputError(f"{p} is a symbolic link; give the folder itself (uvmlab does not write through links)")
-        if p.exists() and not p.is_dir():
-            raise InputError(f"{p} exists and is not a folder; choose another output folder")
-        if p.is_dir():
-            self._check_foreign()  # before the lock file is created: refuse a user's folder without touching it
+        self.check(force)  # before the lock file is created: refuse a user's folder without touching it
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -336,6 +339,27 @@ class OwnedFolder:
         except BaseException:
             self.release()
             raise
+
+    def check(self, force: bool = False) -> None:
+        """Everything :meth:`prepare` would refuse, checked without touching the folder (no lock file, nothing
+        created or removed): a command calls it before its slow work (a capture) so a refusal comes first."""
+        p = self.path
+        if p.is_symlink():
+            raise InputError(f"{p} is a symbolic link; give the folder itself (uvmlab does not write through links)")
+        if p.exists() and not p.is_dir():
+            raise InputError(f"{p} exists and is not a folder; choose another output folder")
+        if not p.is_dir():
+            return
+        self._check_foreign()
+        if self.is_complete() and not force:
+            raise InputError(f"will not overwrite the complete {self.kind} in {self.path} without --force")
+        keep = () if self.is_complete() else self.keep_incomplete
+        for rel, writes in (self.entries() or {}).items():
+            if any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in keep):
+                continue
+            state = self._state(rel, writes)
+            if state not in ("ours", "absent"):
+                raise InputError(self._refusal(rel, state))
 
     def _check_foreign(self) -> None:
         present = [n for n in self.names if (self.path / n).exists() or (self.path / n).is_symlink()]

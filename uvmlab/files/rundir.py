@@ -45,8 +45,8 @@ __all__ = [
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 """Figure file formats (matplotlib backends on the Agg canvas; ``--figure-format``)."""
-MAX_JSON_BYTES = 256 * 1024 * 1024
-"""Largest JSON file of a run directory read (256 MiB; result.json and config.json are a few KB, a validate
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""Largest JSON file of a run directory read (64 MiB; result.json and config.json are a few KB, a validate
 run's result.json a few MB)."""
 MAX_TABLE_BYTES = 16 << 30
 """Largest table of a run directory read (16 GiB; a GPT-2 x4 run's kernels table is about 3 MB, a large nsys

@@ -24,8 +24,8 @@ from uvmlab.files.rundir import MAX_JSON_BYTES, RunDir
 from uvmlab.sweep.folder import SweepFolder
 
 RESULTS_NAME = "results.parquet"
-MAX_RESULTS_BYTES = 1 << 30
-"""Largest results.parquet read (1 GiB; one row per run, ~1 KB a row)."""
+MAX_RESULTS_BYTES = 256 << 20
+"""Largest results.parquet read (256 MiB; one row per run, ~1 KB a row: 100,000 runs are ~100 MB)."""
 GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
 """What identifies 'the same job' across factors and PCA settings."""
 
@@ -153,11 +153,20 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
+def _refuse_non_file(path: Path) -> None:
+    """results.parquet is replaced only where it is a regular file (or absent): never a link, FIFO or device."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path} is not a regular file; uvmlab writes results.parquet only in place of its own")
+
+
 def write_results(out: str | os.PathLike[str]) -> Path:
     """Rebuild ``out/results.parquet`` from the run directories (atomic); return its path."""
-    df = collect(out)
     path = Path(out) / RESULTS_NAME
+    _refuse_non_file(path)
     folder = SweepFolder(out)
+    if folder.is_owned():
+        folder.check()  # a folder uvmlab may not write in is refused before the runs are read
+    df = collect(out)
     if folder.is_owned():  # listed with its content: a results.parquet of the user's is never replaced
         folder.write_file_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     else:
@@ -168,6 +177,7 @@ def write_results(out: str | os.PathLike[str]) -> Path:
 def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     """``out/results.parquet``, rebuilt first when missing or older than a run's result.json."""
     path = Path(out) / RESULTS_NAME
+    _refuse_non_file(path)
     newest = 0.0
     for p in run_dirs(out):
         r = RunDir(p).result_json

@@ -173,7 +173,7 @@ def check_uvm(data_dir: Path) -> list[Point]:
     meta = L.read_meta(folder)
     ds = L.UVM_DIR
     points: list[Point] = []
-    if (folder / "streams.csv").is_file():
+    if (folder / "streams.csv").exists():
         for _, r in L.read_csv(folder / "streams.csv", L.STREAM_COLUMNS).iterrows():
             total = int(r["total_bytes"])
             spec, note = collected_gpu(meta, total)

@@ -108,8 +108,9 @@ def _json_raw_faults(path: Path) -> dict[str, float]:
 
 
 def export_files(folder: Path) -> list[Path]:
-    """The SQLite and JSON exports directly in ``folder``."""
-    return sorted(p for p in folder.iterdir() if p.suffix in (".sqlite", ".json") and p.is_file())
+    """The SQLite and JSON exports directly in ``folder`` (anything but a folder: a FIFO or device named like an
+    export is refused by the reader, never skipped as if absent)."""
+    return sorted(p for p in folder.iterdir() if p.suffix in (".sqlite", ".json") and not p.is_dir())
 
 
 @check("nsys-parser", needs="nsys", fast=True)

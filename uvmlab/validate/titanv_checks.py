@@ -149,7 +149,7 @@ def check_cublas(data_dir: Path) -> list[Point]:
     from uvmlab.sim.uvm.knobs import UvmKnobs
 
     path = data_dir / "uvm" / "uvm-eval_titanv_460.27.04" / CUBLAS_LOG
-    if not path.is_file():
+    if not path.exists():
         return []
     return [
         Point(

@@ -217,7 +217,7 @@ def uvmbench_mode_points(data_dir: Path) -> list[Point]:
         pts.append(
             Point(ds, f"t0rq3_results: {k} {mode} {f}x", "kernel_time", "ms", m, s, fit, band=None if fit else 1.5)
         )
-    if not (uvm / RQ4_CSV).is_file():
+    if not (uvm / RQ4_CSV).exists():
         return pts
     for k in ("seq_stream", "rand_stream"):
         for mode, miss in RQ4_MODES.items():

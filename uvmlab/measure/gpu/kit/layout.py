@@ -121,8 +121,8 @@ def write_manifest(folder: Path, rows: list[dict[str, Any]]) -> None:
     path = folder / MANIFEST
     kept: list[dict[str, Any]] = []
     if path.exists():
-        _, rows = read_csv_rows(path, MAX_DATA_FILE_BYTES, "a snapshot MANIFEST.tsv", delimiter="\t")
-        kept = [r for r in rows if not str(r.get("file", "")).startswith(SNAPSHOT_PREFIX)]
+        _, old = read_csv_rows(path, MAX_DATA_FILE_BYTES, "a snapshot MANIFEST.tsv", delimiter="\t")
+        kept = [r for r in old if not str(r.get("file", "")).startswith(SNAPSHOT_PREFIX)]
     every = [*kept, *rows]
     columns = ["file", *sorted({k for r in every for k in r} - {"file"})]
     lines = ["\t".join(columns)]
