@@ -131,6 +131,22 @@ FOLDERS: dict[tuple[str, str], tuple[Callable[[Path], Path], FILE]] = {
 """Input folders: a builder of a valid folder (every file of which is then spoiled), and the command line."""
 
 
+def _snapshots(d: Path) -> Path:
+    import pickle
+
+    (d / "snaps").mkdir()
+    event = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "frames": []}
+    (d / "snaps" / "a.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[event]]}))
+    return d / "snaps"
+
+
+SHAPES: dict[tuple[str, str], tuple[Callable[[Path], Path], FILE]] = {
+    ("evaluate", "ground_truth"): (_snapshots, lambda d, x: ["evaluate", x]),
+    ("fragmentation", "source"): (_trace, lambda d, x: ["fragmentation", x]),
+}
+"""Input options that also take a folder (a folder of snapshots, a trace folder): probed in that shape too."""
+
+
 def test_every_input_option_is_probed() -> None:
     """A new input option fails here until it has a probe (or says why its command reads no file)."""
     inputs = {(p, param.name) for p, c in commands() for param, k in path_params(c) if k.role in ("input", "inout")}
@@ -139,7 +155,10 @@ def test_every_input_option_is_probed() -> None:
 
 
 def special_cases() -> list[tuple[str, tuple[str, str], str]]:
-    return [(f"{c}:{p}-{how}", (c, p), how) for (c, p) in sorted(set(FILES) | set(FOLDERS)) for how in SPECIALS]
+    keys = sorted(set(FILES) | set(FOLDERS))
+    return [(f"{c}:{p}-{how}", (c, p), how) for (c, p) in keys for how in SPECIALS] + [
+        (f"{c}:{p}-folder-{how}", (c, p), how) for (c, p) in sorted(SHAPES) for how in SPECIALS
+    ]
 
 
 SPECIAL_CASES = special_cases()
@@ -152,7 +171,11 @@ def special_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, obje
     for name, key, how in SPECIAL_CASES:
         d = root / name.replace(" ", "_").replace(":", "_")
         d.mkdir()
-        if key in FILES:
+        if "-folder-" in name:
+            build, argv = SHAPES[key]
+            x = spoil(build(d), how)
+            line = argv(d, str(x))
+        elif key in FILES:
             file_name, argv = FILES[key]
             x = special(d, file_name, how)
             line = argv(d, str(x))

@@ -345,7 +345,7 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
             if rel.exists():
                 src_path = rel
         if src_path.suffix in SNAPSHOT_SUFFIXES:
-            if not src_path.is_file():
+            if not src_path.exists():  # anything but a regular file is refused by the reader, in its words
                 raise InputError(f"{where}: snapshot {source} not found")
             dev = config.get("device")
             case = snapshot_case(src_path, None if dev is None else int(dev), gpu, case_id=cid, group=group)

@@ -266,10 +266,13 @@ class OwnedFolder:
         entries[rel] = [file_digest(target)]
         self._write_manifest(entries)
 
-    def verify(self) -> None:
-        """Refuse (InputError) a folder whose manifest is not uvmlab's or lists a file that is no longer what uvmlab
-        wrote (changed, a link, not a file): checked before a sweep resumes, so it refuses at once, not run by run."""
+    def verify(self, skip: tuple[str, ...] = ()) -> None:
+        """Refuse (InputError) a folder whose manifest is not uvmlab's or lists a file (but ``skip``) that is no
+        longer what uvmlab wrote (changed, a link, not a file): checked before a sweep resumes, so it refuses at
+        once, not run by run."""
         for rel, writes in (self.entries() or {}).items():
+            if rel in skip:
+                continue
             state = self._state(rel, writes)
             if state not in ("ours", "absent"):
                 raise InputError(self._refusal(rel, state))

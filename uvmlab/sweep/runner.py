@@ -185,8 +185,8 @@ def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     try:
         _check_same_spec(out, spec, entries, digest)
         for e in entries:  # a run's manifest that is not uvmlab's is refused before anything runs (or is removed)
-            if e.path.is_dir() and e.status == "pending":
-                RunDir(e.path).verify()
+            if e.path.is_dir() and e.status == "pending":  # an unreadable result.json is moved aside by the worker
+                RunDir(e.path).verify(skip=(RunDir.complete_name,))
         _write_sweep_json(out, spec, entries, None, digest)  # first: from here on, a kill leaves a resumable folder
         copy = out / "spec.yaml"
         ours = copy.is_file() and folder.owns(copy) and data is not None and copy.read_bytes() == data

@@ -8,19 +8,24 @@ Snapshot pickles come from other people's machines, so ``pickle.load`` is never 
 2. ``persistent_load`` refuses persistent ids (PERSID/BINPERSID), which would otherwise hand control to us.
 3. After loading, the object tree is checked: only dict, list, tuple, str, bytes, int, float, bool and None are
    accepted (e.g. a set or bytearray built by protocol-4/5 opcodes is refused too).
-4. Before the unpickler runs, the opcode stream is scanned (:func:`scan_opcodes`, a walk over the opcodes and
-   their argument lengths, ~0.2 s for the largest real snapshot): the file may hold at most
-   :data:`MAX_OPCODES` opcodes (each builds at most one object, so this bounds what loading can allocate), a
-   memo index (PUT/BINPUT/LONG_BINPUT) may not exceed the file's length (the C unpickler grows its memo array
-   to twice the index: the 9-byte ``\\x80\\x04]r\\x00\\x46\\xc3\\x23.`` asked for ~9 GB), and no str/bytes or int
-   may exceed the limits below. The file itself is read only if it is a regular file of at most
-   :data:`MAX_PICKLE_BYTES` (:func:`uvmlab.files.inputs.read_input_bytes`).
-5. Limits, counted after loading and before anything is expanded: a pickle's memo lets one small object be
+4. Before the unpickler runs, the opcode stream is scanned (:func:`scan_opcodes`): a walk over the opcodes that
+   models the unpickler's stack and memo without building anything, so the limits hold WHILE the pickle is
+   parsed: at most :data:`MAX_OPCODES` opcodes (each builds at most one object), a memo slot never beyond the
+   opcodes read so far (the C unpickler grows its memo array to twice the index: a sparse 4 KB file naming slot
+   290 M asked for 4.6 GB), dict keys that are strings only (their hashes are randomized per process, so no file
+   can make them collide: 400,000 int keys hashing to 0 made building one dict quadratic), at most
+   :data:`MAX_DICT_KEYS` keys per dict, an expanded size (objects and string bytes, shared references counted at
+   every use; a lower bound here) within :data:`MAX_EXPANDED_OBJECTS` and :data:`MAX_EXPANDED_BYTES`, no str/bytes
+   or int beyond the limits below, and :data:`PARSE_TIME_LIMIT_S` for the scan, the load and the tree check
+   together. The file itself is read only if it is a regular file of at most :data:`MAX_PICKLE_BYTES`
+   (:func:`uvmlab.files.inputs.read_input_bytes`).
+5. Limits, counted exactly after loading and before anything is expanded: a pickle's memo lets one small object be
    referenced many times (a 400 KB file can name a list of 200,000 events 500 times), so the EXPANDED size is
    computed (every use of a shared object counts again, memoized per object so the count itself costs one visit
-   per distinct object) and refused above :data:`MAX_EXPANDED_OBJECTS`; a cycle (infinite expansion), nesting
-   deeper than :data:`MAX_DEPTH`, a str/bytes over :data:`MAX_STRING_BYTES` or an int over :data:`MAX_INT_BITS`
-   bits are refused too. Snapshot-level limits (devices, events, segments, blocks) live in :mod:`uvmlab.trace.snapshot`.
+   per distinct object) and refused above :data:`MAX_EXPANDED_OBJECTS` objects or :data:`MAX_EXPANDED_BYTES`
+   bytes of strings; a cycle (infinite expansion), nesting deeper than :data:`MAX_DEPTH`, a dict key that is not a
+   str, a str/bytes over :data:`MAX_STRING_BYTES` or an int over :data:`MAX_INT_BITS` bits are refused too.
+   Snapshot-level limits (devices, events, segments, blocks) live in :mod:`uvmlab.trace.snapshot`.
 
 Every failure is an :class:`~uvmlab.errors.InputError` with one sentence naming the file and the reason. The
 loader is the C unpickler (``pickle.Unpickler`` subclass), so it is fast (0.06 s for a 3.9 MB snapshot).
