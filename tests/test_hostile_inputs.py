@@ -232,6 +232,8 @@ def format_cases() -> list[tuple[str, Callable[[Path], Path], Callable[[Path, st
                 build = lambda d, t=table, e=endless: H.view_export(d, t, e)  # noqa: E731
                 cases.append((f"{command}-view-{table}-{how}", build, argv, "defines a view"))
     cases.append(("nsys summarize-300MB-name", H.huge_string_export, SQLITE_COMMANDS["nsys summarize"], "longer than"))
+    json_line = lambda d: H.sparse_json_line(d, "x.json", 240_000_000)  # noqa: E731 (a JSON export's string table)
+    cases.append(("nsys summarize-240MB-json-line", json_line, SQLITE_COMMANDS["nsys summarize"], "longer than"))
     for command, argv in PICKLE_COMMANDS.items():
         for name, (build, words) in PICKLES.items():
             cases.append((f"{command}-{name}", build, argv, words))
