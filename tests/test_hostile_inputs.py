@@ -21,7 +21,7 @@ from pathlib import Path
 
 import hostile_files as H
 import pytest
-from hostile import Probe, assert_refused, run_probes
+from hostile import Probe, assert_all, assert_refused, run_probes
 from test_hostile_paths import commands, path_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,9 +164,11 @@ def special_cases() -> list[tuple[str, tuple[str, str], str]]:
 SPECIAL_CASES = special_cases()
 
 
-@pytest.fixture(scope="module")
-def special_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("specials")
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one probe per case, each under 60 s; together a few minutes on 2 busy cores
+def test_a_special_file_on_any_input_path_is_one_sentence(tmp_path: Path) -> None:
+    """Every case (SPECIAL_CASES), each under the limits: one sentence, exit 2, nothing around it changed."""
+    root = tmp_path
     probes = []
     for name, key, how in SPECIAL_CASES:
         d = root / name.replace(" ", "_").replace(":", "_")
@@ -184,12 +186,8 @@ def special_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, obje
             x = spoil(build(d), how)
             line = argv(d, str(x))
         probes.append(Probe(name, line, cwd=d, root=d, outputs=(d / OUT,)))
-    return run_probes(probes)
-
-
-@pytest.mark.parametrize("name", [c[0] for c in SPECIAL_CASES])
-def test_a_special_file_on_any_input_path_is_one_sentence(name: str, special_outcomes: dict) -> None:
-    assert_refused(special_outcomes[name])
+    outcomes = run_probes(probes)
+    assert_all({name: (lambda o=outcome: assert_refused(o)) for name, outcome in outcomes.items()})
 
 
 # -- format probes -------------------------------------------------------------------------------------------------
@@ -260,21 +258,18 @@ def format_cases() -> list[tuple[str, Callable[[Path], Path], Callable[[Path, st
 FORMAT_CASES = format_cases()
 
 
-@pytest.fixture(scope="module")
-def format_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("formats")
-    probes = []
-    for name, build, argv, _ in FORMAT_CASES:
-        d = root / name
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one probe per case, each under 60 s; together a few minutes on 2 busy cores
+def test_a_hostile_file_of_a_known_format_is_refused_by_its_limit(tmp_path: Path) -> None:
+    """Every case (FORMAT_CASES), each under the limits: refused by the limit that names it, in one sentence."""
+    probes, words = [], {}
+    for name, build, argv, limit_words in FORMAT_CASES:
+        d = tmp_path / name
         d.mkdir()
         probes.append(Probe(name, argv(d, str(build(d))), cwd=d, root=d, outputs=(d / OUT,)))
-    return run_probes(probes)
-
-
-@pytest.mark.parametrize("case", FORMAT_CASES, ids=[c[0] for c in FORMAT_CASES])
-def test_a_hostile_file_of_a_known_format_is_refused_by_its_limit(case: tuple, format_outcomes: dict) -> None:
-    name, _, _, words = case
-    assert_refused(format_outcomes[name], words)
+        words[name] = limit_words
+    outcomes = run_probes(probes)
+    assert_all({name: (lambda o=outcome, w=words[name]: assert_refused(o, w)) for name, outcome in outcomes.items()})
 
 
 def test_a_dry_run_of_a_large_sweep_counts_and_shows_a_sample_without_expanding_it(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import click
 import pytest
-from hostile import Probe, assert_refused, run_probes
+from hostile import Outcome, Probe, assert_all, assert_refused, run_probes
 
 from uvmlab.cli import cli, main
 from uvmlab.cli.options import PathParam
@@ -180,9 +180,7 @@ def _two(params, o, o2, inside):  # type: ignore[no-untyped-def]
 CONFLICTS = conflict_cases()
 
 
-@pytest.fixture(scope="module")
-def conflict_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("conflicts")
+def conflict_outcomes(root: Path) -> dict[str, Outcome]:
     probes = []
     for i, (name, command, path, build) in enumerate(CONFLICTS):
         d = root / f"c{i}"
@@ -205,10 +203,17 @@ CONFLICT_WORDS = ("is also an input", "holds the input", "inside the input folde
 """The path check's sentences: a conflict must be refused BY the check (not by a later, unrelated error)."""
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CONFLICTS])
-def test_an_output_never_meets_an_input_or_another_output(name: str, conflict_outcomes: dict) -> None:
-    line = assert_refused(conflict_outcomes[name])
-    assert any(w in line for w in CONFLICT_WORDS), line
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one probe per case, each under 60 s; together a few minutes on 2 busy cores
+def test_an_output_never_meets_an_input_or_another_output(tmp_path: Path) -> None:
+    """Every case of the matrix (CONFLICTS), each under the limits, refused by the path check's own sentence."""
+    outcomes = conflict_outcomes(tmp_path)
+
+    def check(outcome: Outcome) -> None:
+        line = assert_refused(outcome)
+        assert any(w in line for w in CONFLICT_WORDS), line
+
+    assert_all({name: (lambda o=outcome: check(o)) for name, outcome in outcomes.items()})
 
 
 def test_run_into_the_folder_of_its_workload_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -325,10 +330,8 @@ def manifest_cases() -> list[tuple[str, str, str, bool]]:
 MANIFESTS = manifest_cases()
 
 
-@pytest.fixture(scope="module")
-def manifest_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, Path]]:
+def manifest_outcomes(root: Path) -> dict[str, tuple[Outcome, Path]]:
     """{case: (outcome, the crafted folder)}; every case run under the limits."""
-    root = tmp_path_factory.mktemp("manifests")
     probes, folders = [], {}
     for name, command, variant, complete in MANIFESTS:
         d = root / name
@@ -360,11 +363,18 @@ def test_the_manifest_matrix_covers_every_owned_folder() -> None:
     assert len(MANIFESTS) >= 80, len(MANIFESTS)
 
 
-@pytest.mark.parametrize("name", [m[0] for m in MANIFESTS])
-def test_a_crafted_manifest_removes_nothing_outside_what_uvmlab_wrote(name: str, manifest_outcomes: dict) -> None:
-    outcome, folder = manifest_outcomes[name]
-    assert_refused(outcome)  # nothing outside the output folder changed: the victim is there, unchanged
-    assert (folder / "notes.txt").read_text() == "the user's own notes\n"  # nor a user's file inside it
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one probe per case, each under 60 s; together a few minutes on 2 busy cores
+def test_a_crafted_manifest_removes_nothing_outside_what_uvmlab_wrote(tmp_path: Path) -> None:
+    """Every case of the matrix (MANIFESTS), each under the limits: refused, nothing outside the folder changed (the
+    victim is there, unchanged), and the user's file inside it kept."""
+
+    def check(outcome: Outcome, folder: Path) -> None:
+        assert_refused(outcome)
+        assert (folder / "notes.txt").read_text() == "the user's own notes\n", "a user's file was removed"
+
+    cases = manifest_outcomes(tmp_path)
+    assert_all({name: (lambda o=outcome, f=folder: check(o, f)) for name, (outcome, folder) in cases.items()})
 
 
 def test_collect_writes_nothing_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
