@@ -33,7 +33,7 @@ def test_measured_csv_is_checked(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="measured_mib"):
         read_measured(bad)
     bad.write_text("workload,batch,measured_mib\nresnet50,32,lots\n")
-    with pytest.raises(InputError, match="line 2: measured_mib 'lots' is not a number"):
+    with pytest.raises(InputError, match="line 2: measured_mib must be a number, not 'lots'"):
         read_measured(bad)
     good = tmp_path / "g.csv"
     good.write_text("workload,batch,measured_mib,optimizer,image_size\ntimm:resnet18,32,788,adamw,32\n")

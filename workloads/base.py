@@ -40,6 +40,9 @@ class Workload:
     checkpoint_segments: Callable[[], list[Any]] | None = None
     """Optional: the modules ``checkpoint=auto`` wraps in activation checkpointing (workloads.checkpointing);
     None: the generic repeated-blocks rule."""
+    capture_modes: list[Callable[[], Any]] = field(default_factory=list)
+    """Context managers a meta capture enters inside its recorder while the workload trains: emulations of what a
+    library's CUDA kernels allocate that their meta kernels do not (workloads.peft_adapt.gemm_4bit_emulation)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,25 @@ class WorkloadSpec:
     def build(self, cfg: WorkloadConfig, device: str = "meta") -> Workload:
         """Build the model on ``device`` with random weights, plus its batch maker and loss.
 
-        ``build_fn`` receives ``cfg`` with ``batch_size`` already resolved (never None).
+        ``build_fn`` receives ``cfg`` with ``batch_size`` already resolved (never None). LoRA, QLoRA and the
+        weights dtype of ``cfg`` are applied after (workloads.peft_adapt); on meta the model is built and adapted
+        unrecorded, then its tensors are allocated again under the recorder, as a loaded model holds them.
         """
-        return self.build_fn(replace(cfg, batch_size=self.batch_size(cfg)), device, self.resolve_options(cfg))
+        cfg = replace(cfg, batch_size=self.batch_size(cfg))
+        from workloads.peft_adapt import adapt, adapts, rematerialize, unrecorded
+
+        if not adapts(cfg):
+            return self.build_fn(cfg, device, self.resolve_options(cfg))
+        if device != "meta":
+            workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            workload.notes.extend(adapt(workload, cfg))
+            return workload
+        with unrecorded():
+            workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            notes = adapt(workload, cfg)
+        rematerialize(workload.model, workload.device)
+        workload.notes.extend(notes)
+        return workload
 
 
 COMMON_OPTIONS: dict[str, Any] = {"data_dependent_fraction": 1.0}

@@ -63,6 +63,52 @@ def _qwen25(hidden: int, ffn: int, layers: int, heads: int) -> dict[str, Any]:
             "use_sliding_window": False, "hidden_act": "silu"}  # fmt: skip
 
 
+FINE_TUNING_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "llama-2-7b": (
+        {**_llama(4096, 11008, 32, 32, 128), "num_key_value_heads": 32, "vocab_size": 32000,
+         "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json",
+    ),
+    "llama-2-13b": (
+        {**_llama(5120, 13824, 40, 40, 128), "num_key_value_heads": 40, "vocab_size": 32000,
+         "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json",
+    ),
+    "llama-3.1-8b": (
+        {**_llama(4096, 14336, 32, 32, 128), "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0},
+         "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json",
+    ),
+    "mistral-7b": (
+        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 4096,
+         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "vocab_size": 32000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "sliding_window": 4096, "tie_word_embeddings": False, "hidden_act": "silu"},
+        "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+    ),
+    "qwen2.5-7b": (
+        {**_qwen25(3584, 18944, 28, 28), "num_key_value_heads": 4, "vocab_size": 152064,
+         "max_position_embeddings": 131072, "tie_word_embeddings": False},
+        "https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
+    ),
+    "gemma-2b": (
+        {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 2048,
+         "intermediate_size": 16384, "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1,
+         "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+        "https://huggingface.co/google/gemma-2b/blob/main/config.json",
+    ),
+    "gemma-7b": (
+        {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 3072,
+         "intermediate_size": 24576, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+         "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+        "https://huggingface.co/google/gemma-7b/blob/main/config.json",
+    ),
+}  # fmt: skip
+"""The fine-tuning families of issue 45 (Llama 2 / 3.1, Mistral, Qwen2.5, Gemma): dimensions from each config.json
+(cited); the LoRA, QLoRA and data-parallel estimates and the published-measurement comparison use them."""
+
 PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "gpt2": (_gpt2(768, 12, 12), _GPT2.format("gpt2")),
     "gpt2-medium": (_gpt2(1024, 24, 16), _GPT2.format("gpt2-medium")),
@@ -86,6 +132,7 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "qwen2.5-0.5b": (_qwen25(896, 4864, 24, 14), "https://huggingface.co/Qwen/Qwen2.5-0.5B/blob/main/config.json"),
     "qwen2.5-1.5b": (_qwen25(1536, 8960, 28, 12), "https://huggingface.co/Qwen/Qwen2.5-1.5B/blob/main/config.json"),
+    **FINE_TUNING_PRESETS,
 }
 """Built-in configs: name -> (config.json fields that set the model's size and shape, source)."""
 LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")

@@ -1,5 +1,6 @@
 """Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate),
-``--format table|json[|csv]``, and the path types that declare what a path is to its command (:class:`PathParam`).
+``--format table|json[|csv]``, the path types that declare what a path is to its command (:class:`PathParam`),
+and :func:`harden_numbers`, which gives every numeric option of every command uvmlab's number checks.
 
 Every option or argument that names a file or folder has a :class:`PathParam` type saying whether the command reads
 it, writes it, or both. Before any command starts, ``uvmlab.cli`` hands the paths of the command line to
@@ -16,9 +17,19 @@ from typing import Any, TypeVar
 
 import click
 
-from uvmlab.config import ATTENTION_IMPLS, DTYPES, OPTIMIZERS, ZERO_GRAD_POSITIONS, WorkloadConfig
+from uvmlab.config import (
+    ATTENTION_IMPLS,
+    DTYPES,
+    OPTIMIZERS,
+    SDPA_BACKENDS,
+    SHARD_MODES,
+    WEIGHTS_DTYPES,
+    ZERO_GRAD_POSITIONS,
+    WorkloadConfig,
+)
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import parse_options, refuse_special
+from uvmlab.numbers import parse_float, parse_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -200,12 +211,39 @@ def workload_options(iterations_default: int = 3) -> Callable[[F], F]:
                 metavar="KEY=VALUE",
                 help="Workload-specific setting, e.g. --option seq_len=512 (repeatable; JSON values).",
             ),
+            *training_setup_options(),
         ]
         for opt in reversed(opts):
             fn = opt(fn)
         return fn
 
     return decorate
+
+
+def training_setup_options() -> list[Callable[[F], F]]:
+    """--lora, --lora-targets, --qlora, --weights-dtype, --shard, --world-size, --sdpa-backend (docs/estimate.md,
+    "Fine-tuning, data parallelism, long context")."""
+    return [
+        click.option("--lora", "lora_rank", type=int, default=0, metavar="R",
+                     help="LoRA adapters of rank R through peft; the base weights are frozen.") ,
+        click.option("--lora-targets", default="", metavar="NAMES",
+                     help="Comma-separated modules the adapters wrap [default: peft's for the model type, e.g. "
+                     "q_proj,v_proj].") ,
+        click.option("--qlora", is_flag=True,
+                     help="QLoRA: frozen linear weights in 4-bit NF4 with double quantization (bitsandbytes); needs "
+                     "--lora.") ,
+        click.option("--weights-dtype", type=click.Choice(WEIGHTS_DTYPES), default="fp32", show_default=True,
+                     help="Storage dtype of the weights (bf16: from_pretrained(torch_dtype=torch.bfloat16)).") ,
+        click.option("--shard", type=click.Choice(SHARD_MODES), default=None,
+                     help="Data-parallel layout: one rank of DDP, DeepSpeed ZeRO-1/2/3, FSDP or FSDP2.") ,
+        click.option("--world-size", type=int, default=1, show_default=True, metavar="N",
+                     help="Data-parallel ranks (with --shard).") ,
+        click.option("--sdpa-backend", type=click.Choice(SDPA_BACKENDS), default="auto", show_default=True,
+                     help="scaled_dot_product_attention backend on CUDA (auto: PyTorch's choice).") ,
+        click.option("--shard-option", "shard_options", multiple=True, metavar="KEY=VALUE",
+                     help="A setting of the --shard layout, e.g. reduce_bucket_size=auto (DeepSpeed, HF's rule) or "
+                     "bucket_cap_mb=50 (DDP); repeatable (docs/estimate.md).") ,
+    ]  # fmt: skip
 
 
 SHORTCUTS = {"seq_len": "--seq-len", "image_size": "--image-size", "num_classes": "--num-classes"}
@@ -232,6 +270,14 @@ def workload_config(workload: str, **kw: Any) -> WorkloadConfig:
         iterations=kw["iterations"],
         options=options,
         checkpoint=kw.get("checkpoint") or "",
+        lora_rank=kw.get("lora_rank") or 0,
+        lora_targets=kw.get("lora_targets") or (),
+        qlora=bool(kw.get("qlora")),
+        weights_dtype=kw.get("weights_dtype") or "fp32",
+        shard=kw.get("shard") or "",
+        world_size=kw.get("world_size") or 1,
+        sdpa_backend=kw.get("sdpa_backend") or "auto",
+        shard_options=parse_options(kw.get("shard_options", ()), "--shard-option"),
     )
 
 
@@ -247,3 +293,48 @@ def figure_format_option() -> Callable[[F], F]:
         show_default=True,
         help="File format of the figures (svg and pdf scale for papers).",
     )
+
+
+def _checked_convert(self: Any, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    """``convert`` of a checked number type: text goes through uvmlab.numbers first (an integer of at most 19 digits
+    within int64, a real that is finite), so a 5,000-digit value or ``inf`` is one short sentence quoting a prefix;
+    then click's own conversion and range check run on the parsed number."""
+    if isinstance(value, str):
+        try:
+            if isinstance(self, click.types.IntParamType):
+                value = parse_int(value, "the value")
+            else:
+                value = parse_float(value, "the value")
+        except InputError as exc:
+            self.fail(str(exc)[0].upper() + str(exc)[1:] + ".", param, ctx)
+    return type(self).__mro__[1].convert(self, value, param, ctx)
+
+
+_CHECKED: dict[type, type] = {}
+
+
+def _checked_type(t: click.ParamType) -> click.ParamType:
+    """A copy of the number type ``t`` (INT, FLOAT, IntRange, FloatRange: its class, range and help kept) whose
+    conversion is :func:`_checked_convert`."""
+    cls = type(t)
+    sub = _CHECKED.get(cls)
+    if sub is None:
+        sub = _CHECKED[cls] = type(f"Checked{cls.__name__}", (cls,), {"convert": _checked_convert, "checked": True})
+    new = object.__new__(sub)
+    new.__dict__.update(t.__dict__)
+    return new
+
+
+def harden_numbers(command: click.Command) -> None:
+    """Give every integer and real parameter of ``command`` and its subcommands (the whole click tree when
+    ``command`` is the ``uvmlab`` group) uvmlab's number checks (:func:`_checked_convert`).
+
+    Done once, where the commands are registered (``uvmlab.cli._register``), so no option (a new one included) can
+    take a number that the checks of uvmlab.numbers refuse: ``tests/test_numbers_cli.py`` walks the same tree."""
+    for param in command.params:
+        t = param.type
+        if isinstance(t, click.types.IntParamType | click.types.FloatParamType) and not getattr(t, "checked", False):
+            param.type = _checked_type(t)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            harden_numbers(sub)

@@ -287,6 +287,12 @@ def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure
     print_table(*table)
     for skipped in built.skipped:
         note(f"skipped: {skipped}", style="yellow")
+    if built.broken:
+        note(
+            f"{len(built.broken)} run(s) broken (their result.json cannot be read; e.g. runs/{built.broken[0]}): "
+            "listed under 'Runs that did not finish', in no figure",
+            style="yellow",
+        )
     note(f"Wrote {built.html}")
 
 

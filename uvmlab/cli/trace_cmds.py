@@ -111,11 +111,12 @@ def trace_capture(
     # (terms: see uvmlab trace show --help)
     from pathlib import Path
 
+    cfg = workload_config(workload, **kw)  # the settings are checked before torch is imported
+
     from uvmlab.console import progress_bar
     from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.trace.schema import TraceFolder, write_trace
 
-    cfg = workload_config(workload, **kw)
     refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
     TraceFolder(out_dir).check(force)  # a folder uvmlab may not write is refused before torch is loaded
 

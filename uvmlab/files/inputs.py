@@ -6,10 +6,10 @@
   blocks: it is opened non-blocking) and no larger than the caller's limit, checked on the opened file (``fstat``)
   and again while reading, so a file that reports size 0 (``/proc``) cannot grow past the limit.
 - One reader per format on top of it, each with limits: :func:`read_json_file` (size; nesting, as Python's decoder
-  refuses it; numbers finite and of at most 4,300 digits; NaN/Infinity refused), :func:`read_csv_rows` and
-  :func:`read_csv_frame` (size; one field at most :data:`MAX_CSV_FIELD_CHARS`), :func:`read_parquet_file` (size;
-  rows and uncompressed bytes from the footer, before any column is decoded). Foreign SQLite has its own
-  opener (:mod:`uvmlab.files.foreign_sqlite`).
+  refuses it; numbers through :func:`uvmlab.numbers.json_loads`: integers within int64, reals finite, no
+  NaN/Infinity), :func:`read_csv_rows` and :func:`read_csv_frame` (size; one field at most
+  :data:`MAX_CSV_FIELD_CHARS`), :func:`read_parquet_file` (size; rows and uncompressed bytes from the footer, before
+  any column is decoded). Foreign SQLite has its own opener (:mod:`uvmlab.files.foreign_sqlite`).
 - :func:`loads_json`: JSON text from the command line or a CSV cell, nested at most :data:`MAX_JSON_DEPTH` levels
   (checked on the text before decoding: Python's decoder recurses, and deep input would be a RecursionError).
 - :func:`short`: a bounded ``repr`` for error sentences (a value may be huge, and a sentence quoting it must stay
@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import reprlib
 import stat
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from uvmlab.errors import InputError
+from uvmlab.numbers import json_loads
 
 MAX_JSON_DEPTH = 32
 """Nesting of a JSON value given on the command line (``--option``, ``--sim-option``) or in a CSV cell (evaluate's
@@ -225,7 +225,7 @@ def loads_json(raw: str, what: str) -> Any:
         raise InputError(f"{what} is {len(raw):,} characters long; at most {MAX_JSON_CHARS:,} are accepted")
     if text_depth(raw) > MAX_JSON_DEPTH:
         raise InputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    return json.loads(raw)
+    return json_loads(raw, what)  # numbers checked while decoding (uvmlab.numbers)
 
 
 def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
@@ -291,30 +291,17 @@ def read_parquet_file(
             raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {short(text)} is beyond what a float holds")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def decode_json(text: str, source: str, what: str) -> Any:
     """Decode JSON ``text`` read from ``source``: any failure is one sentence (InputError): not JSON, nested too
-    deeply (Python's decoder stops at its recursion limit), NaN/Infinity, a number beyond a float, an integer of
-    more than 4,300 digits."""
+    deeply (Python's decoder stops at its recursion limit), or a number :func:`uvmlab.numbers.json_loads` refuses
+    while decoding (an integer beyond int64, a 5,000-digit literal before Python converts it, a real beyond a
+    float, NaN/Infinity)."""
     try:
-        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        return json_loads(text, source)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}); give {what}") from None
     except RecursionError:
         raise InputError(f"{source} nests too deeply to be {what}") from None
-    except ValueError as exc:  # int-conversion limit, a float beyond range, NaN/Infinity
-        first = (str(exc).splitlines() or ["a number it cannot hold"])[0]
-        raise InputError(f"{source} is not usable JSON ({short(first)[1:-1]}); give {what}") from None
 
 
 def read_json_file(path: str | os.PathLike[str], max_bytes: int, what: str) -> Any:

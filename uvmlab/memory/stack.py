@@ -29,7 +29,8 @@ from typing import Any
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import read_csv_rows, read_json_file
-from uvmlab.units import MiB
+from uvmlab.numbers import parse_float, parse_int, prefix
+from uvmlab.units import MAX_BYTES, MiB
 
 STACK_SCHEMA = "uvmlab.memory.stack/1"
 MAX_MEASURED_BYTES = 16 << 20
@@ -74,12 +75,13 @@ class StackFit:
 
 
 def _int(text: str, what: str, line: int) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(f"measured CSV line {line}: {what} {text!r} is not a number") from None
+    """A positive whole number of a measured CSV cell, at most 2**63 - 1 (uvmlab.numbers: inf, nan and a
+    5,000-digit value are one sentence)."""
+    value = parse_float(text, f"measured CSV line {line}: {what}")
     if not value > 0:
-        raise InputError(f"measured CSV line {line}: {what} {text!r} is not positive")
+        raise InputError(f"measured CSV line {line}: {what} {prefix(text)} is not positive")
+    if value > MAX_BYTES:
+        raise InputError(f"measured CSV line {line}: {what} {prefix(text)} does not fit 64 bits")
     return int(value)
 
 
@@ -96,7 +98,11 @@ def read_measured(path: str | Path) -> list[MeasuredRow]:
         if not workload:
             raise InputError(f"measured CSV line {n}: empty workload")
         if raw.get("measured_mib"):
-            measured = int(float(_int(raw["measured_mib"], "measured_mib", n)) * MiB)
+            measured = _int(raw["measured_mib"], "measured_mib", n) * MiB
+            if measured > MAX_BYTES:
+                raise InputError(
+                    f"measured CSV line {n}: measured_mib {prefix(raw['measured_mib'])} is over 2**63 bytes"
+                )
         else:
             measured = _int(raw.get("measured_bytes") or "", "measured_bytes", n)
         options = {k: _int(raw[k], k, n) for k in OPTION_COLUMNS if raw.get(k)}
@@ -148,6 +154,11 @@ def fit_stack(rows: list[MeasuredRow], estimate_fn: EstimateFn, gpu: str, module
     return StackFit(gpu, module_loading, fixed, cudnn, table, notes)
 
 
+def _stack_bytes(value: Any, what: str) -> int:
+    """A byte count of a stack file: a finite number within int64 (a fit may be negative: cuDNN's share)."""
+    return parse_int(int(parse_float(value, what)), what)
+
+
 def load_stack(path: str | Path) -> StackFit:
     """A stack file written by :func:`fit_stack` / ``uvmlab calibrate --memory``."""
     src = Path(path)
@@ -158,8 +169,8 @@ def load_stack(path: str | Path) -> StackFit:
         return StackFit(
             gpu=str(doc["gpu"]),
             module_loading=str(doc["module_loading"]),
-            fixed_bytes=int(doc["fixed_bytes"]),
-            cudnn_bytes=int(doc.get("cudnn_bytes", 0)),
+            fixed_bytes=_stack_bytes(doc["fixed_bytes"], f"stack file {src}: fixed_bytes"),
+            cudnn_bytes=_stack_bytes(doc.get("cudnn_bytes", 0), f"stack file {src}: cudnn_bytes"),
             rows=list(doc.get("rows", [])),
             notes=list(doc.get("notes", [])),
         )

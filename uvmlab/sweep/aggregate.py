@@ -19,8 +19,8 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_with
-from uvmlab.files.inputs import read_json_file, read_parquet_file
-from uvmlab.files.rundir import MAX_JSON_BYTES, RunDir
+from uvmlab.files.inputs import read_parquet_file
+from uvmlab.files.rundir import RunDir
 from uvmlab.sweep.folder import SweepFolder
 
 RESULTS_NAME = "results.parquet"
@@ -93,16 +93,23 @@ def config_columns(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    """A run's JSON file as a mapping; None when it is missing or not a readable JSON object (through the one
-    input reader: a FIFO, a device, a file over the limit, deep nesting or text that is not UTF-8 count as
-    unreadable, and the run is left out, said, never a traceback)."""
-    if not (path.exists() or path.is_symlink()):
-        return None
+    """A run folder's JSON object, or None when it is missing or cannot be read (not UTF-8, not JSON, nested
+    deeper than Python's decoder goes, too large, not an object: uvmlab.files.rundir.RunDir.read_json)."""
+    return _json_or_why(path)[0]
+
+
+def _json_or_why(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the JSON object in ``path``, '') or (None, why it cannot be read)."""
     try:
-        data = read_json_file(path, MAX_JSON_BYTES, "a JSON file written by uvmlab")
-    except InputError:
-        return None
-    return data if isinstance(data, dict) else None
+        data = RunDir(path.parent).read_json(path)
+    except InputError as exc:
+        return None, str(exc)
+    return (data, "") if isinstance(data, dict) else (None, f"{path} holds no JSON object")
+
+
+BROKEN = "broken"
+"""Outcome of a run whose result.json cannot be read: listed (with why) in results.parquet and the report, left out
+of every figure and statistic; the other runs still count."""
 
 
 def run_dirs(out: str | os.PathLike[str]) -> list[Path]:
@@ -121,14 +128,15 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         rundir = RunDir(path)
         if not rundir.is_complete():
             continue
-        result = _read_json(rundir.result_json)
-        if not isinstance(result, dict):
-            unreadable.append(path.name)  # not written by uvmlab (its writes are atomic): said, then left out
-            continue
+        result, why = _json_or_why(rundir.result_json)
         row: dict[str, Any] = {"run_id": path.name, "run_dir": str(path)}
         cfg = unwrap_config(_read_json(rundir.config_json))
         if isinstance(cfg, dict):
             row.update(config_columns(cfg))
+        if result is None:  # not written by uvmlab (its writes are atomic): a broken run, said and counted as such
+            unreadable.append(path.name)
+            rows.append({**row, "outcome": BROKEN, "error": why[:500]})
+            continue
         row.update(_scalars(result))
         env = _read_json(rundir.env_json)
         if env is not None:
@@ -138,8 +146,8 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         from uvmlab.console import note
 
         note(
-            f"warning: {len(unreadable)} run(s) of {out} have an unreadable result.json and are left out "
-            f"(e.g. runs/{unreadable[0]}); `uvmlab sweep SPEC -o {out}` redoes them"
+            f"warning: {len(unreadable)} run(s) of {out} have an unreadable result.json: outcome {BROKEN}, left out "
+            f"of the figures (e.g. runs/{unreadable[0]}); `uvmlab sweep SPEC -o {out}` redoes them"
         )
     df = pd.DataFrame(rows)
     if df.empty:

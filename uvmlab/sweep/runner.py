@@ -118,7 +118,7 @@ def _status(rundir: RunDir) -> str:
 
 
 def run_dir_name(cfg: Any) -> str:
-    """Readable run directory name: ``<workload>-x<F>-pca<on|off>-<8 hex digits of config_hash()>``.
+    """Readable run directory name: ``<workload>-x<F>-pca<on|off>[-<policy>]-<8 hex digits of config_hash()>``.
 
     The same name as ``uvmlab run``'s default directory (uvmlab.run.default_run_dir), e.g. gpt2-x4-pcaoff-1a2b3c4d.
     """
@@ -428,7 +428,7 @@ def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, s
         rundir = RunDir(e.path)
         if path not in seen and rundir.is_complete():
             progress.update(_outcome(rundir))
-        outcome = rundir.read_result().get("outcome", "ok") if rundir.is_complete() else "missing"
+        outcome = _outcome(rundir) if rundir.is_complete() else "missing"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
 
 

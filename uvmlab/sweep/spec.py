@@ -48,6 +48,7 @@ from uvmlab.config import ATTENTION_IMPLS, DTYPES, MODES, OPTIMIZERS, ZERO_GRAD_
 from uvmlab.config import check_oversub as _check_oversub
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import read_input_text, short
+from uvmlab.numbers import MAX_NUMBER_CHARS, parse_float, parse_int, prefix
 from uvmlab.sweep.slurm import SLURM_FIELDS, SlurmOptions, check_slurm_field
 from uvmlab.units import parse_bytes
 
@@ -118,8 +119,29 @@ class _Where:
         return InputError(f"{self.source}{line}{where}: {message}")
 
 
+class _CheckedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader whose numbers pass uvmlab.numbers' checks: an integer literal longer than
+    ``MAX_NUMBER_CHARS`` is refused before PyYAML converts it (a 5,000-digit one raised Python's int-conversion
+    error), integers fit int64, and ``.inf`` / ``.nan`` are refused (no setting of a spec takes them)."""
+
+
+def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(node.value)
+    if len(text) > MAX_NUMBER_CHARS:
+        raise InputError(f"the integer {prefix(text)} does not fit 64 bits")
+    return parse_int(yaml.SafeLoader.construct_yaml_int(loader, node), "the value")
+
+
+def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    return parse_float(yaml.SafeLoader.construct_yaml_float(loader, node), "the value")
+
+
+_CheckedLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+_CheckedLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+
+
 def _construct(node: yaml.Node) -> Any:
-    loader = yaml.SafeLoader("")
+    loader = _CheckedLoader("")
     try:
         return loader.construct_object(node, deep=True)
     finally:
@@ -234,6 +256,9 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
         path = Path(str(value)) if Path(str(value)).is_absolute() else base_dir / str(value)
         if not path.is_file():
             raise InputError(f"parameter file {short(str(path))} does not exist")
+        from uvmlab.sim.uvm.timing import read_params_file
+
+        read_params_file(path)  # its costs checked once, before any configuration runs
         return str(path.resolve())
     if name in ("options", "sim_options"):
         if not isinstance(value, dict):
@@ -381,7 +406,7 @@ def parse_overrides(items: list[str] | tuple[str, ...], base_dir: Path | None = 
         values = []
         for part in parts:
             try:
-                value = yaml.safe_load(part)
+                value = yaml.load(part, Loader=_CheckedLoader)  # a SafeLoader: plain values only
             except (yaml.YAMLError, RecursionError):
                 value = part
             try:

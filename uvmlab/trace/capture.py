@@ -41,8 +41,15 @@ import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
-from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
+from uvmlab.trace.emulate import (
+    AutocastEmulation,
+    ConvLayoutEmulation,
+    DataDependentEmulation,
+    DropoutEmulation,
+    SdpaEmulation,
+)
 from uvmlab.trace.heap import frozen_heap
+from uvmlab.trace.param_map import ParamMap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
@@ -211,8 +218,9 @@ def capture_trace(
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
     cat = _Categorizer(rec)
-    sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
+    sdpa = SdpaEmulation(cfg.sdpa_backend) if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
+    conv_layout = ConvLayoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
     guard = _user_code_guard(cfg, spec.source)
@@ -232,6 +240,8 @@ def capture_trace(
             stack.enter_context(sdpa)
         if dropout is not None:
             stack.enter_context(dropout)
+        if conv_layout is not None:
+            stack.enter_context(conv_layout)  # outside the recorder: it records the emulated outputs
         stack.enter_context(rec)
         if data_dep is not None:
             stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
@@ -241,8 +251,10 @@ def capture_trace(
             rec.close()  # the program's own frees at its end are part of it (its tensors die as it returns)
             n_params = param_bytes = trainable_bytes = 0
             attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
+            parameters: list[dict[str, Any]] = []
+            model_hidden_size = None
         else:
-            n_params, param_bytes, trainable_bytes, attention, extra_notes = _train(
+            n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters, model_hidden_size = _train(
                 spec, cfg, device, rec, cat, guard, progress, autocast_emu
             )
     elapsed = time.perf_counter() - start
@@ -277,6 +289,17 @@ def capture_trace(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
         )
+    if conv_layout is not None and conv_layout.counts:
+        notes.append(
+            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
+            "distinct call shapes (the meta memo replays repeats): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(conv_layout.counts.items()))
+        )
+    if rec.temporaries_failed:
+        notes.append(
+            "kernel temporaries not derived (their rule failed on these arguments; uvmlab.trace.internal_rules): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rec.temporaries_failed.items()))
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "
@@ -296,12 +319,18 @@ def capture_trace(
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
+        "parameters": parameters,
+        "model_hidden_size": model_hidden_size,
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,
     }
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")
+    if cfg.shard:  # one rank of a data-parallel job (uvmlab.trace.shard)
+        from uvmlab.trace.shard import shard_trace
+
+        return shard_trace(trace, cfg.shard, cfg.world_size, cfg.shard_options)
     return trace
 
 
@@ -314,15 +343,17 @@ def _train(
     guard: Any,
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
-) -> tuple[int, int, int, str | None, list[str]]:
+) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]], int | None]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
-    count, parameter bytes, trainable bytes, attention implementation and the header notes."""
+    count, parameter bytes, trainable bytes, attention implementation, the header notes, the parameter map
+    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
     with guard("building its optimizer"):
         optimizer = make_optimizer(workload.model, cfg)
     cat.after_setup(workload.model)
+    pmap = ParamMap(workload.model, rec.alloc_id)
     state = {"phase": "setup"}
 
     def hook(phase: str, iteration: int) -> None:
@@ -333,6 +364,7 @@ def _train(
             cat.after_optimizer(optimizer)
         if phase == "optimizer":
             cat.before_optimizer(workload.model)
+            pmap.record_gradients(iteration)
         state["phase"] = phase
         if phase != PHASE_END:
             rec.set_phase(phase, iteration)
@@ -340,11 +372,15 @@ def _train(
             gc.collect()  # cyclic garbage (if any) is freed at iteration ends, not whenever gc runs
 
     autocast = autocast_emu.region if autocast_emu is not None else None
-    for it in range(cfg.iterations):
-        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
-            train_step(workload, optimizer, cfg, hook, it, autocast)
-        if progress is not None:
-            progress(it + 1, cfg.iterations)
+    with contextlib.ExitStack() as modes:
+        if device == "meta":  # the workload's own emulations of CUDA kernels, inside the recorder
+            for make in workload.capture_modes:
+                modes.enter_context(make())
+        for it in range(cfg.iterations):
+            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
+                train_step(workload, optimizer, cfg, hook, it, autocast)
+            if progress is not None:
+                progress(it + 1, cfg.iterations)
     rec.close()  # while the model and optimizer are alive: tearing them down is not part of the trace
     params = list(workload.model.parameters())
     return (
@@ -353,6 +389,8 @@ def _train(
         sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         workload.attention,
         [*workload.notes, *checkpointed],
+        pmap.to_header(cfg.iterations),
+        pmap.hidden_size,
     )
 
 

@@ -35,8 +35,19 @@ from uvmlab.files.atomic import to_json
 from uvmlab.files.inputs import read_json_file, read_parquet_table
 from uvmlab.files.owned import OwnedFolder
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
-"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
+CATEGORIES = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "input",
+    "temporary",
+    "workspace",
+    "other",
+    "communication",
+)
+"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces), ``communication`` by
+a data-parallel layout (uvmlab.trace.shard: all-gather / reduce-scatter buffers, DDP and ZeRO buckets)."""
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad", "compute")
 """Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration; ``compute`` is an
 iteration of a workload program (workloads.program), which has no forward/backward/optimizer."""
@@ -86,6 +97,7 @@ KERNEL_OPTIONAL: dict[str, tuple[pa.DataType, Any]] = {
     "warp_size": (pa.int32(), 0),
     "stride_bytes": (pa.int64(), 0),
     "seed": (pa.int64(), 0),
+    "temporaries": (pa.string(), ""),
 }
 """Optional kernel columns, (Arrow type, default): every write stores them (defaults filled), a read of an older
 trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host access between kernels
@@ -94,7 +106,9 @@ trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host
 ``uvmlab.sim.uvm.advice.ADVICE`` for an advise; ``touched_bytes``: DRAM bytes the kernel really moves (NaN: the sum
 of its access sizes); ``host_ns``: host time of ``host``/``host_async`` rows; ``order`` and the launch shape
 (``threads``, ``warp_size``, ``stride_bytes``, ``seed``; 0: derived) say in which order the kernel's threads touch
-its ranges (ACCESS_ORDERS; "" derives it from the op, docs/uvm-sim.md)."""
+its ranges (ACCESS_ORDERS; "" derives it from the op, docs/uvm-sim.md); ``temporaries``: what the CUDA kernel
+allocates inside itself and frees before it returns, which the capture device's kernel does not (a JSON list,
+``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator."""
 ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")
 """Values of the ``order`` column: "" derived from the op by the replay; "address" every range in address order;
 "sequential" / "strided" each thread its own contiguous chunk of every range, ascending, one access every

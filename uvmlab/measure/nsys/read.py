@@ -27,6 +27,7 @@ from uvmlab.files import foreign_sqlite
 from uvmlab.files.inputs import open_input, short
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import json_to_sqlite, looks_like_json_export
+from uvmlab.measure.nsys.plausible import check_measurements
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 MAX_TABLE_ROWS = 1_000_000_000
@@ -149,6 +150,7 @@ class Export:
                     f"{self.path}: table {table} has {rows:,} rows, more than the {MAX_TABLE_ROWS:,} uvmlab reads "
                     "from one table of an export"
                 )
+        check_measurements(self)  # impossible rows (uvmlab.measure.nsys.plausible)
 
     def _check_types(self, table: str) -> None:
         """Refuse a value whose type contradicts its column's declared type among the columns uvmlab reads: text

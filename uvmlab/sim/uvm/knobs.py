@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import short
 
 PAGE_BYTES = 4096
 """x86 ``PAGE_SIZE``: the unit of faults and residency (uvm.md 1.2)."""
@@ -216,5 +217,5 @@ class UvmKnobs:
             options.setdefault("prefetch_enable", bool(prefetch))
         try:
             return cls(**options)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"bad simulator option: {exc}") from None
+        except (TypeError, ValueError, OverflowError) as exc:  # int("x"), int(inf): one sentence
+            raise InputError(f"bad simulator option: {short(str(exc))}") from None

@@ -531,7 +531,9 @@ class _Replayer:
         if remote:
             rc, link_ns = sim.remote_access(remote)
         rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
-        snap = sim.read_snapshot(rm_rows) if rm_rows else None
+        if rm_rows:
+            sim.mark_read_mostly(rm_rows)
+        snap = sim.advised_read_snapshot(rows) if h.read_mostly_ids else None
         c = self._access(i, rows, st)
         if snap is not None:
             c.add(sim.read_mostly_after(snap, rows))

@@ -2,10 +2,13 @@
 
 ::
 
-    DIR/collect.json                     the kit's record: uvmlab version, the GPU, versions, the plan, each step's
-                                         outcome (written last: its presence means the collection finished)
+    DIR/collect.json                     the kit's record: uvmlab version, the GPU, the machine (runtime: gVisor or
+                                         Firecracker), the plan, each step's outcome, the facts and probe records;
+                                         rewritten after every step, ``complete`` true once the last step has run
     DIR/README.md                        what each folder holds and how it was made (like real-data's READMEs)
-    DIR/raw/<step>/                      each step's own output and its stdout/stderr (kept for inspection)
+    DIR/raw/<set>/<step>/                each step's own output (written as ``<step>.partial``, renamed when the
+                                         step succeeds) and, in ``raw/logs``, its stdout/stderr
+    DIR/raw/progress.json                every step's status so far (what ``uvmlab collect --resume`` reads)
     DIR/memory/uvmlab_collect/runs.csv   one row per training case (RUN_COLUMNS): PyTorch's peaks, NVML's peak
     DIR/snapshots/MANIFEST.tsv           the memory snapshots (``file`` column first, like real-data/snapshots)
     DIR/snapshots/uvmlab_collect_*.pickle  torch.cuda.memory._snapshot() with frames, one per case
@@ -94,9 +97,13 @@ STREAM_COLUMNS = (
     "free_factor",
     "free_bytes",
     "total_bytes",
+    "cold_ms",
+    "limited_by_margin",
 )
 """``streams.csv``: uvmbench's columns (``size_factor`` = working set / total memory, as uvmbench's ``W = size_factor
-x total``), plus ``free_factor`` (working set / free memory: what the kit asked) and the memory it measured."""
+x total``), plus ``free_factor`` (working set / free memory: what the kit asked), the memory it measured, ``cold_ms``
+(the first launch: migration of the host-written input and first touch of the output, uvm_step docstring) and
+``limited_by_margin`` (the working set was cut to the managed limit, uvmlab.measure.gpu.kit.sizing)."""
 WORKSPACE_COLUMNS = ("case", "index", "size_bytes", "frame")
 
 
