@@ -34,9 +34,9 @@ from uvmlab.cli.options import PathParam
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "docs" / "examples" / "tiny_mlp.py"
 NOT_PATHS = {
-    "alloc_conf", "checkpoint", "factors", "footprint", "gpu", "gpu_memory", "gpu_name", "iteration_pattern",
-    "margin", "only", "options", "overrides", "oversub", "partition", "pca", "policies", "policy", "sim_options",
-    "what", "workloads",
+    "alloc_conf", "budget", "checkpoint", "factors", "footprint", "gpu", "gpu_memory", "gpu_name",
+    "iteration_pattern", "lora_targets", "margin", "only", "options", "overrides", "oversub", "partition", "pca",
+    "policies", "policy", "shard_options", "sim_options", "what", "workloads",
 }  # fmt: skip
 """String parameters that are not paths (workload options, GPU names, sizes, patterns, policy names)."""
 
