@@ -91,17 +91,52 @@ class WorkloadSpec:
         from workloads.peft_adapt import adapt, adapts, rematerialize, unrecorded
 
         if not adapts(cfg):
-            return self.build_fn(cfg, device, self.resolve_options(cfg))
+            with module_limit(self.name):
+                return self.build_fn(cfg, device, self.resolve_options(cfg))
         if device != "meta":
-            workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            with module_limit(self.name):
+                workload = self.build_fn(cfg, device, self.resolve_options(cfg))
             workload.notes.extend(adapt(workload, cfg))
             return workload
         with unrecorded():
-            workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            with module_limit(self.name):  # the adapters are not part of the construction
+                workload = self.build_fn(cfg, device, self.resolve_options(cfg))
             notes = adapt(workload, cfg)
         rematerialize(workload.model, workload.device)
         workload.notes.extend(notes)
         return workload
+
+
+MAX_MODULES = 250_000
+"""Submodules a model may register while it is built. The largest real models hold tens of thousands
+(DeepSeek-V3: 61 layers x 256 routed experts x 3 projections = about 47,000 linear layers); an option such as
+``n_layer=1000000000`` would otherwise build modules for hours before the trace starts (issue 42)."""
+
+
+@contextlib.contextmanager
+def module_limit(workload: str, limit: int | None = None) -> Iterator[None]:
+    """Refuse, with one sentence, a model whose construction registers more than ``limit`` submodules
+    (``torch.nn.modules.module.register_module_module_registration_hook``: every ``__setattr__``/``add_module`` of
+    a module)."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    limit = MAX_MODULES if limit is None else limit
+    count = 0
+
+    def hook(module: Any, name: str, submodule: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > limit:
+            raise InputError(
+                f"workload {workload}: the model registers more than {limit:,} submodules while it is built "
+                "(larger than any real model); lower the option that sets its depth or width"
+            )
+
+    handle = register_module_module_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 COMMON_OPTIONS: dict[str, Any] = {"data_dependent_fraction": 1.0}
