@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_json_file
+from uvmlab.numbers import UINT64_MAX
 
 FWD_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
              "WINOGRAD_NONFUSED")  # fmt: skip
@@ -45,7 +46,7 @@ class Layer:
 
 def read_layers(path: str | Path, advised: bool = False) -> list[Layer]:
     """The forward convolution layers of one DLPerf JSON file (``advised``: the heuristic's choice)."""
-    entries = read_json_file(path, MAX_DATA_FILE_BYTES, "a DLPerf layer file (JSON)")
+    entries = read_json_file(path, MAX_DATA_FILE_BYTES, "a DLPerf layer file (JSON)", UINT64_MAX)
     out = []
     for e in entries:
         b: dict[str, Any] = e.get("benchmark", {})

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from uvmlab.errors import InputError
-from uvmlab.numbers import json_loads
+from uvmlab.numbers import INT64_MAX, json_loads
 
 MAX_JSON_DEPTH = 32
 """Nesting of a JSON value given on the command line (``--option``, ``--sim-option``) or in a CSV cell (evaluate's
@@ -291,22 +291,22 @@ def read_parquet_file(
             raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
 
 
-def decode_json(text: str, source: str, what: str) -> Any:
+def decode_json(text: str, source: str, what: str, int_max: int = INT64_MAX) -> Any:
     """Decode JSON ``text`` read from ``source``: any failure is one sentence (InputError): not JSON, nested too
     deeply (Python's decoder stops at its recursion limit), or a number :func:`uvmlab.numbers.json_loads` refuses
     while decoding (an integer beyond int64, a 5,000-digit literal before Python converts it, a real beyond a
-    float, NaN/Infinity)."""
+    float, NaN/Infinity); ``int_max``: :data:`uvmlab.numbers.UINT64_MAX` for a foreign tool's data file."""
     try:
-        return json_loads(text, source)
+        return json_loads(text, source, int_max)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}); give {what}") from None
     except RecursionError:
         raise InputError(f"{source} nests too deeply to be {what}") from None
 
 
-def read_json_file(path: str | os.PathLike[str], max_bytes: int, what: str) -> Any:
+def read_json_file(path: str | os.PathLike[str], max_bytes: int, what: str, int_max: int = INT64_MAX) -> Any:
     """The JSON value in the regular file ``path`` (:func:`read_input_text`, :func:`decode_json`)."""
-    return decode_json(read_input_text(path, max_bytes, what), str(path), what)
+    return decode_json(read_input_text(path, max_bytes, what), str(path), what, int_max)
 
 
 def read_csv_rows(
