@@ -189,7 +189,7 @@ class OwnedFolder:
             if not self.uvmlab_name(name) or name in BOOKKEEPING:
                 raise InputError(
                     f"{self.manifest} lists {short(name)}, which is not a file uvmlab writes inside a {self.kind} "
-                    f"folder; the list is not uvmlab's, so nothing in {self.path} is removed or replaced: choose "
+                    "folder; the list is not uvmlab's, so nothing in that folder is removed or replaced: choose "
                     "another folder"
                 )
             if not isinstance(writes, list) or not all(_valid_write(w) for w in writes):
