@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,6 +228,18 @@ def assert_refused(outcome: Outcome, words: str | Sequence[str] = (), max_chars:
         assert w in lines[0], f"{outcome.name}: {w!r} not in: {lines[0]}"
     assert not outcome.changed, f"{outcome.name}: changed outside its outputs: {outcome.changed[:10]}"
     return lines[0]
+
+
+def assert_all(checks: dict[str, Callable[[], object]]) -> None:
+    """Run every check (a case name -> a callable that asserts) and fail once, listing every case that failed: one
+    test per matrix, so a parallel test run never runs a matrix's probes twice."""
+    failures = []
+    for name, check in checks.items():
+        try:
+            check()
+        except AssertionError as exc:
+            failures.append(f"{name}: {str(exc).splitlines()[0][:400]}")
+    assert not failures, f"{len(failures)} of {len(checks)} cases failed:\n" + "\n".join(failures[:40])
 
 
 def make_fifo(path: Path) -> Path:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from uvmlab.errors import InputError
-from uvmlab.numbers import INT64_MAX, INT64_MIN, json_loads, parse_float, parse_int, prefix
+from uvmlab.numbers import INT64_MAX, INT64_MIN, UINT64_MAX, json_loads, parse_float, parse_int, prefix
 
 JSON_VALUES = st.recursive(
     st.none()
@@ -77,3 +77,14 @@ def test_prefix_never_prints_a_huge_value() -> None:
     assert prefix("9" * 5000) == "'999999999999999999999999'... (5,000 characters)"
     assert prefix(10**5000) == "an integer of about 5,000 digits"  # str() of it would raise (4,300-digit limit)
     assert prefix(12) == "12" and prefix(math.pi).startswith("3.14")
+
+
+def test_a_foreign_data_file_may_hold_unsigned_64_bit_integers() -> None:
+    """DLPerf's benchmark files label entries with uint64 hashes (1.58e19): read with ``int_max=UINT64_MAX``, and
+    nothing wider; a user's file stays within int64."""
+    assert json_loads(f"[{UINT64_MAX}]", "x", UINT64_MAX) == [UINT64_MAX]
+    for text in (str(UINT64_MAX + 1), "9" * 21, "9" * 5000):
+        with pytest.raises(InputError, match="does not fit 64 bits"):
+            json_loads(f"[{text}]", "x", UINT64_MAX)
+    with pytest.raises(InputError, match="does not fit 64 bits"):
+        json_loads(f"[{INT64_MAX + 1}]", "x")

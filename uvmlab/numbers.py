@@ -25,6 +25,9 @@ from uvmlab.errors import InputError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+"""Largest integer a foreign data file may hold (:func:`json_loads` with ``int_max``): tools write unsigned 64-bit
+counters and hashes (DLPerf's benchmark files label every entry with uint64 hashes up to 1.8e19)."""
 MAX_INT_DIGITS = 19
 """Digits of the longest integer accepted (int64's largest, 9,223,372,036,854,775,807, has 19)."""
 MAX_NUMBER_CHARS = 64
@@ -107,8 +110,8 @@ def _range(lo: float, hi: float) -> str:
 
 
 # -- JSON ---------------------------------------------------------------------------------------------------------
-def _json_int(text: str) -> int:
-    if _digits(text) > MAX_INT_DIGITS or not INT64_MIN <= int(text) <= INT64_MAX:
+def _json_int(text: str, int_max: int = INT64_MAX) -> int:
+    if _digits(text) > len(str(int_max)) or not INT64_MIN <= int(text) <= int_max:
         raise InputError(f"the integer {prefix(text)} does not fit 64 bits")
     return int(text)
 
@@ -123,13 +126,18 @@ def _json_constant(name: str) -> float:
     raise InputError(f"{name} is not a number uvmlab accepts (only finite numbers)")
 
 
-def json_loads(text: str | bytes, what: str) -> Any:
-    """``json.loads(text)`` with every number checked while it is decoded: integers within int64 (a
-    5,000-digit literal is refused before Python converts it), reals finite (``1e400``), no ``NaN`` /
-    ``Infinity``. A refused number is an InputError naming ``what``; text that is not JSON raises
-    ``json.JSONDecodeError`` as ``json.loads`` does."""
+def json_loads(text: str | bytes, what: str, int_max: int = INT64_MAX) -> Any:
+    """``json.loads(text)`` with every number checked while it is decoded: integers within int64 (up to ``int_max``:
+    :data:`UINT64_MAX` for a foreign data file; a 5,000-digit literal is refused before Python converts it), reals
+    finite (``1e400``), no ``NaN`` / ``Infinity``. A refused number is an InputError naming ``what``; text that is
+    not JSON raises ``json.JSONDecodeError`` as ``json.loads`` does."""
     try:
-        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+        return json.loads(
+            text,
+            parse_int=_json_int if int_max == INT64_MAX else lambda t: _json_int(t, int_max),
+            parse_float=_json_float,
+            parse_constant=_json_constant,
+        )
     except InputError as exc:
         raise InputError(f"{what}: {exc}") from None
 
@@ -139,6 +147,7 @@ __all__ = [
     "INT64_MIN",
     "MAX_INT_DIGITS",
     "MAX_NUMBER_CHARS",
+    "UINT64_MAX",
     "json_loads",
     "parse_float",
     "parse_int",

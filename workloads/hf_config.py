@@ -23,11 +23,11 @@ Only :func:`read_config_text` and :func:`reduce_layers` run without transformers
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import decode_json
 
 LAYER_COUNT_KEYS = (
     "num_hidden_layers",
@@ -52,9 +52,20 @@ def _decode(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def read_config_text(text: str) -> Any:
-    """The JSON of a config.json with transformers' special floats decoded (module docstring)."""
-    return json.loads(text, object_hook=_decode)
+def read_config_text(text: str, source: str = "config.json") -> Any:
+    """The JSON of a config.json with transformers' special floats decoded (module docstring); the text goes
+    through :func:`uvmlab.files.inputs.decode_json` (numbers checked as every JSON input's, one sentence on bad
+    JSON), then the ``{"__float__": ...}`` objects are replaced."""
+    return _decoded(decode_json(text, source, "a transformers config.json"))
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, dict):
+        value = {k: _decoded(v) for k, v in value.items()}
+        return _decode(value)
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    return value
 
 
 def _count(value: Any) -> bool:

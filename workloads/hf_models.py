@@ -14,13 +14,13 @@ make a quick small model).
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import read_input_text
 from workloads.base import Workload, WorkloadSpec, hf_attention, positive, token_lm_workload
 from workloads.hf_config import (
     build_config,
@@ -163,11 +163,12 @@ def config_file(arch: str) -> Path | None:
     return path.resolve()
 
 
+MAX_CONFIG_BYTES = 16 << 20
+"""Largest transformers config.json read (16 MiB; real ones are a few KB)."""
+
+
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = read_config_text(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"hf config {path} is not readable JSON: {exc}") from None
+    data = read_config_text(read_input_text(path, MAX_CONFIG_BYTES, "a transformers config.json"), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise InputError(f"hf config {path} has no model_type (a transformers config.json names one)")
     return data

@@ -9,6 +9,7 @@ prints their one sentence to stderr and exits with the code they carry (2 for ba
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import re
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import click
 
 from uvmlab import __version__
+from uvmlab.cli.options import check_command_paths
 from uvmlab.errors import UvmlabError
 
 COMMAND_MODULES = (
@@ -47,6 +49,29 @@ def cli() -> None:
     """
 
 
+def leaf_commands(group: click.Group = cli) -> list[click.Command]:
+    """Every command that runs (groups walked), in registration order."""
+    out: list[click.Command] = []
+    for command in group.commands.values():
+        out += leaf_commands(command) if isinstance(command, click.Group) else [command]
+    return out
+
+
+def _checked(command: click.Command) -> None:
+    """Make ``command`` check its paths together before it starts (uvmlab.cli.options.check_command_paths)."""
+    callback = command.callback
+    if callback is None or getattr(callback, "paths_checked", False):
+        return
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        check_command_paths(click.get_current_context())
+        return callback(*args, **kwargs)
+
+    run.paths_checked = True  # type: ignore[attr-defined]
+    command.callback = run
+
+
 def _register() -> None:
     from uvmlab.cli.options import harden_numbers
 
@@ -54,6 +79,8 @@ def _register() -> None:
         module = importlib.import_module(f"uvmlab.cli.{name}")
         for command in module.COMMANDS:
             cli.add_command(command)
+    for command in leaf_commands():
+        _checked(command)
     harden_numbers(cli)  # every integer / real option of every command: uvmlab.numbers' checks
 
 

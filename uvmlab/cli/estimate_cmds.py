@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.cli.options import PathParam, format_option, out_option, workload_config, workload_options
 from uvmlab.config import ALLOCATORS, WorkloadConfig
 from uvmlab.console import note, plain, print_csv, print_table, say, scalar_rows
 from uvmlab.files.atomic import to_json
@@ -22,7 +22,7 @@ def snapshot_group() -> None:
 
 
 @snapshot_group.command("show")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("file", type=PathParam("input", folder=False, dir_okay=False, path_type=str))
 @format_option()
 def snapshot_show(file: str, fmt: str) -> None:
     """Summarize FILE: format generation, segments, reserved/allocated bytes and trace events per device.
@@ -92,7 +92,7 @@ def snapshot_show(file: str, fmt: str) -> None:
 
 
 @click.command("estimate")
-@click.argument("workload")
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
 @workload_options()
 @click.option("--gpu", "gpu_name", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 80GiB.")
@@ -117,7 +117,8 @@ def snapshot_show(file: str, fmt: str) -> None:
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
               "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
-@click.option("--stack", "stack_file", default=None, metavar="STACK.json", type=click.Path(dir_okay=False),
+@click.option("--stack", "stack_file", default=None, metavar="STACK.json",
+              type=PathParam("input", folder=False, dir_okay=False),
               help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets module loading.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
@@ -126,8 +127,9 @@ def snapshot_show(file: str, fmt: str) -> None:
     "task files take).",
     extra=("carma",),
 )
-@click.option("--snapshot", "snapshot_out", default=None, metavar="OUT.pickle", help="Write the simulated run as a "
-              "PyTorch memory snapshot (open it at pytorch.org/memory_viz).")  # fmt: skip
+@click.option("--snapshot", "snapshot_out", default=None, type=PathParam("output", folder=False, path_type=str),
+              metavar="OUT.pickle", help="Write the simulated run as a PyTorch memory snapshot (open it at "
+              "pytorch.org/memory_viz).")  # fmt: skip
 @click.option("--max-seq-len", "fit_seq", is_flag=True, help="Find the longest sequence that fits the GPU (a multiple "
               "of --seq-len-step) and estimate at it (docs/estimate.md).")  # fmt: skip
 @click.option("--seq-len-step", type=int, default=64, show_default=True, metavar="N",

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.cli.options import PathParam, format_option, job_path, out_option, workload_config, workload_options
 from uvmlab.console import err, note, plain, print_csv, print_table, say
 from uvmlab.files.atomic import to_json
 from uvmlab.units import format_bytes, parse_bytes
@@ -41,8 +41,12 @@ def _pct(x: float) -> str:
 
 
 @click.command("evaluate")
-@click.argument("ground_truth", type=click.Path(exists=False, path_type=str))
-@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@click.argument("ground_truth", type=PathParam("input", exists=False, path_type=str))
+@out_option(
+    "Write tables/figure here.",
+    dest="output",
+    type=PathParam("output", folder=True, file_okay=False, path_type=str),
+)
 @click.option(
     "--estimator",
     "estimators",
@@ -160,7 +164,7 @@ def evaluate_cmd(
 
 
 @click.command("fragmentation")
-@click.argument("source")
+@click.argument("source", type=PathParam("input", maybe_name=True, path_type=str))
 @workload_options(iterations_default=3)
 @click.option("--device", type=int, default=None, help="Snapshot device [default: the one with most events].")
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU whose CUDA rules shape a workload's trace.")
@@ -171,7 +175,11 @@ def evaluate_cmd(
     show_default=True,
     help="Planner grouping (HomoPhase groups, one group per request, or the smaller of both).",
 )
-@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@out_option(
+    "Write tables/figure here.",
+    dest="output",
+    type=PathParam("output", folder=True, file_okay=False, path_type=str),
+)
 @click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def fragmentation_cmd(
@@ -241,7 +249,7 @@ def _plan_words(plan: object) -> str:
 
 
 @click.command("colocate")
-@click.argument("jobs", nargs=-1, required=True)
+@click.argument("jobs", nargs=-1, required=True, type=PathParam("input", maybe_name=True, path_of=job_path))
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
 @click.option("--gpu-memory", default=None, help="Override the GPU's memory, e.g. 24GiB.")
 @click.option(
@@ -259,7 +267,7 @@ def _plan_words(plan: object) -> str:
     help="Simulate UVM oversubscription: auto = only when the jobs do not fit.",
 )
 @workload_options(iterations_default=2)
-@out_option("Write tables here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@out_option("Write tables here.", dest="output", type=PathParam("output", folder=True, file_okay=False, path_type=str))
 @click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def colocate_cmd(

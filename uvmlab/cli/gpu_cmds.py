@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from uvmlab.cli.options import format_option, out_option
+from uvmlab.cli.options import PathParam, format_option, out_option
 from uvmlab.numbers import parse_float
 
 FORMAT = format_option()
@@ -21,7 +21,8 @@ def shim_group() -> None:
 
 @shim_group.command("build")
 @click.option("--force", is_flag=True, help="Rebuild even if the current source is already built.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("output", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 def shim_build(force: bool, cache_dir: Path | None) -> None:
     """Compile the shim with g++ (no CUDA needed) into the per-user cache and print its path."""
     from uvmlab.measure.gpu.shim import build_shim
@@ -30,7 +31,8 @@ def shim_build(force: bool, cache_dir: Path | None) -> None:
 
 
 @shim_group.command("path")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("input", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 def shim_path_cmd(cache_dir: Path | None) -> None:
     """Print where the shim for the current source is built (exit 1 if it is not built yet)."""
     from uvmlab.errors import UvmlabError
@@ -43,7 +45,8 @@ def shim_path_cmd(cache_dir: Path | None) -> None:
 
 
 @shim_group.command("status")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("input", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 @FORMAT
 def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
     """Whether the shim is built for the current source, where, and with which compiler."""
@@ -187,7 +190,7 @@ def _floats(value: str) -> tuple[float, ...]:
 
 @click.command("collect")
 @out_option("Folder to write the data sets into (the layout `uvmlab validate DIR` reads).", required=True,
-            type=click.Path(path_type=Path))  # fmt: skip
+            type=PathParam("output", folder=True, path_type=Path))  # fmt: skip
 @click.option(
     "--what",
     default="facts,probe,memory,cudnn,link,run,uvm",

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import figure_format_option, format_option, out_option
+from uvmlab.cli.options import PathParam, figure_format_option, format_option, out_option
 from uvmlab.console import note, print_csv, print_table, scalar_rows
 from uvmlab.units import MiB
 
@@ -28,7 +28,7 @@ def nsys() -> None:
 
 
 @nsys.command("summarize")
-@click.argument("report", type=click.Path(path_type=Path))
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path))
 @format_option(
     "table; json; csv: one row per entity, a first column `table` naming its table (export, "
     "what_was_collected, page_faults, um_migrations, um_total_sum_figures, um_sum_top_addresses, attribution, "
@@ -83,15 +83,15 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
 
 
 @nsys.command("import")
-@click.argument("report", type=click.Path(path_type=Path))
-@out_option("Run directory to write.", type=click.Path(path_type=Path), required=True)
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path))
+@out_option("Run directory to write.", type=PathParam("output", folder=True, path_type=Path), required=True)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory, and an existing --timeline file.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
 @format_option()
 @click.option(
     "--timeline",
     "timeline_out",
-    type=click.Path(path_type=Path),
+    type=PathParam("output", folder=False, path_type=Path),
     default=None,
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
@@ -184,9 +184,9 @@ def _measured_rows(r: dict) -> list[tuple[str, str]]:
 
 
 @click.command("compare")
-@click.argument("run_a", type=click.Path(path_type=Path))
-@click.argument("run_b", type=click.Path(path_type=Path))
-@out_option("Folder for tables and figures.", type=click.Path(path_type=Path), default=None)
+@click.argument("run_a", type=PathParam("input", folder=True, path_type=Path))
+@click.argument("run_b", type=PathParam("input", folder=True, path_type=Path))
+@out_option("Folder for tables and figures.", type=PathParam("output", folder=True, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="Replace an earlier comparison in -o.")
 @format_option(
     "table; json; csv: one row per figure, iteration or kernel (a first column `table`: totals, footprint, "
@@ -231,24 +231,24 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 
 
 @click.command("calibrate")
-@click.argument("report", type=click.Path(path_type=Path), required=False)
-@out_option("Parameter file to write (JSON).", type=click.Path(path_type=Path), required=True)
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path), required=False)
+@out_option("Parameter file to write (JSON).", type=PathParam("output", folder=False, path_type=Path), required=True)
 @click.option(
     "--sim-run",
-    type=click.Path(path_type=Path),
+    type=PathParam("input", folder=True, path_type=Path),
     default=None,
     help="A simulated run of the same job: fits the kernel time scale from matched kernels.",
 )
 @click.option(
     "--base",
-    type=click.Path(path_type=Path),
+    type=PathParam("input", folder=False, path_type=Path),
     default=None,
     help="Start from this parameter file instead of the built-in defaults.",
 )
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
 @click.option(
     "--microbench-timings",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     default=None,
     help="Fit to recorded microbenchmark timings instead (a CSV: link/uvmlab_collect/timings.csv of uvmlab collect).",
 )
@@ -256,7 +256,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 @click.option(
     "--memory",
     "memory_csv",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     default=None,
     help="Fit a software stack's fixed memory costs from measured peaks instead (CSV: workload, batch, measured_mib; "
     "one row is enough); -o is then the stack file uvmlab estimate --stack reads.",
@@ -272,7 +272,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
               help="CUDA module loading of the --memory measurements' stack.")  # fmt: skip
 @click.option(
     "--uvm-timings",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=PathParam("input", folder=True, path_type=Path, file_okay=False),
     default=None,
     help="Fit the RTX 5090 profile from workload timings (real-data/uvm: GCN epochs, uvmbench CSV) instead.",
 )

@@ -1,9 +1,17 @@
 """Click options shared by commands: the workload options (trace, estimate, run, fragmentation, colocate),
-``--format table|json[|csv]``, and :func:`harden_numbers`, which gives every numeric option of every command
-uvmlab's number checks."""
+``--format table|json[|csv]``, the path types that declare what a path is to its command (:class:`PathParam`),
+and :func:`harden_numbers`, which gives every numeric option of every command uvmlab's number checks.
+
+Every option or argument that names a file or folder has a :class:`PathParam` type saying whether the command reads
+it, writes it, or both. Before any command starts, ``uvmlab.cli`` hands the paths of the command line to
+:func:`check_command_paths`, which runs the one check of outputs against outputs and inputs
+(:func:`uvmlab.files.outputs.check_paths`); ``tests/test_hostile_paths.py`` walks the command tree and fails for a
+path option that declares no role.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,10 +28,85 @@ from uvmlab.config import (
     WorkloadConfig,
 )
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import parse_options
+from uvmlab.files.inputs import parse_options, refuse_special
 from uvmlab.numbers import parse_float, parse_int
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+ROLES = ("input", "output", "inout")
+
+
+class PathParam(click.Path):
+    """A path with its role in the command: ``input`` (read), ``output`` (written) or ``inout`` (a folder the
+    command reads and writes in place: ``sweep collect OUT``).
+
+    ``folder``: the path is a folder (True), a file (False), or either (None, inputs only). ``maybe_name``: the
+    value may be a name rather than a path (a built-in workload): it is a path only where one exists.
+    ``path_of``: the path inside a larger value (``colocate``'s ``NAME[:BATCH][,K=V]``). ``reads``: the names
+    inside an input folder the command reads, where that is not the whole folder (``report SWEEP`` reads its
+    results, and writes beside them). ``beside``: folders an output file brings with it (a report page's
+    ``figures/``). Conversion is click.Path's (``path_type``, ``file_okay``, ``dir_okay`` ... are passed on;
+    ``folder`` only tells the check what the path is).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        *,
+        folder: bool | None = None,
+        maybe_name: bool = False,
+        path_of: Callable[[str], str] | None = None,
+        reads: tuple[str, ...] = (),
+        beside: tuple[str, ...] = (),
+        **kw: Any,
+    ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        super().__init__(**kw)
+        self.role, self.folder, self.maybe_name = role, folder, maybe_name
+        self.path_of, self.reads, self.beside = path_of, reads, beside
+
+    def paths(self, value: Any) -> list[str]:
+        """The paths in one converted ``value`` (a name that is no path gives none)."""
+        text = os.fspath(value)
+        if self.path_of is not None:
+            text = self.path_of(text)
+        if self.maybe_name and not os.path.lexists(text):
+            return []
+        return [text]
+
+
+def job_path(text: str) -> str:
+    """The workload part of a ``colocate`` job ``NAME[:BATCH][,KEY=VALUE...]`` (a name or a workload file)."""
+    head = text.split(",", 1)[0]
+    name, sep, batch = head.rpartition(":")
+    return name if sep and batch.isdigit() else head
+
+
+def check_command_paths(ctx: click.Context) -> None:
+    """Check the paths of ``ctx``'s command line together (:func:`uvmlab.files.outputs.check_paths`) before the
+    command runs: every output against every other output and every input, links resolved."""
+    from uvmlab.files.outputs import check_paths
+
+    outputs: list[tuple[str, str, bool]] = []
+    inputs: list[tuple[str, str]] = []
+    for param in ctx.command.params:
+        kind = param.type
+        value = ctx.params.get(param.name or "")
+        if not isinstance(kind, PathParam) or value is None:
+            continue
+        name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        for item in value if isinstance(value, tuple | list) else [value]:
+            for path in kind.paths(item):
+                if kind.role in ("input", "inout"):
+                    inputs += [(name, os.path.join(path, r)) for r in kind.reads] or [(name, path)]
+                if kind.role == "output":
+                    outputs.append((name, path, bool(kind.folder)))
+                    outputs += [(name, os.path.join(os.path.dirname(path) or ".", b), True) for b in kind.beside]
+    for name, path in inputs:
+        refuse_special(path, name)
+    if outputs:
+        check_paths(outputs, inputs)
 
 
 def format_option(help: str | None = None, csv: bool = True, extra: tuple[str, ...] = ()) -> Callable[[F], F]:
@@ -67,7 +150,11 @@ def simulated_gpu_option() -> Callable[[F], F]:
 
 
 def out_option(help: str, dest: str = "out", **kw: Any) -> Callable[[F], F]:
-    """``-o/--out`` (as ``dest``), the one spelling of an output path everywhere; ``--output`` is a hidden alias."""
+    """``-o/--out`` (as ``dest``), the one spelling of an output path everywhere; ``--output`` is a hidden alias.
+    ``type`` must be a :class:`PathParam` (an output folder by default)."""
+    kw.setdefault("type", PathParam("output", folder=True, path_type=str))  # a plain string, as before
+    if not isinstance(kw["type"], PathParam):
+        raise TypeError("out_option needs a PathParam type (what the path is to the command)")
     return click.option("-o", "--out", "--output", dest, cls=_OutOption, help=help, **kw)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from uvmlab.cli.options import (
+    PathParam,
     figure_format_option,
     format_option,
     out_option,
@@ -75,7 +76,7 @@ def _oversub_label(r: dict[str, Any]) -> str:
 
 
 @click.command("run")
-@click.argument("workload")
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
 @click.option(
     "--oversub",
     "-f",
@@ -117,6 +118,7 @@ def _oversub_label(r: dict[str, Any]) -> str:
 @click.option(
     "--params",
     "params_file",
+    type=PathParam("input", folder=False, path_type=str),
     default=None,
     metavar="FILE",
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
@@ -159,6 +161,7 @@ def _oversub_label(r: dict[str, Any]) -> str:
 @click.option(
     "--snapshot",
     "snapshot_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.pickle",
     help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
@@ -166,6 +169,7 @@ def _oversub_label(r: dict[str, Any]) -> str:
 @click.option(
     "--timeline",
     "timeline_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",

@@ -9,17 +9,17 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import out_option
+from uvmlab.cli.options import PathParam, out_option
 from uvmlab.console import note, print_table
 
 TABLE_COLUMNS = ["dataset", "case", "quantity", "measured", "predicted", "ratio", "within 1.5x", "within 2x", "fitted"]
 
 
 @click.command("validate")
-@click.argument("data_dir", type=click.Path(path_type=Path), required=False)
+@click.argument("data_dir", type=PathParam("input", folder=True, path_type=Path), required=False)
 @click.option("--fast", is_flag=True, help="Only the CI subset of checks (under 2 minutes).")
 @click.option("--check", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable).")
-@out_option("Run directory to write.", type=click.Path(path_type=Path), default=None)
+@out_option("Run directory to write.", type=PathParam("output", folder=True, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option(

@@ -37,6 +37,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
 from uvmlab.gpus import GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
@@ -290,12 +291,8 @@ def calibrate_from_timings(timings: str | os.PathLike[str], out: str | os.PathLi
     """Fit CostParams to recorded microbenchmark timings (a CSV with uvmlab.measure.gpu.microbench.TIMING_COLUMNS, e.g.
     ``link/uvmlab_collect/timings.csv`` of ``uvmlab collect``), write them to ``out`` and return the file's content
     (``fitted``, ``notes``, ``timings`` as ``uvmlab calibrate --microbench``). Needs no GPU."""
-    from uvmlab.errors import InputError
     from uvmlab.measure.gpu.microbench import fit, write_fit
 
     path = Path(timings)
-    try:
-        table = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise InputError(f"cannot read microbenchmark timings {path}: {exc}") from None
+    table = read_csv_frame(path, MAX_DATA_FILE_BYTES, "microbenchmark timings (a CSV of uvmlab collect)")
     return write_fit(fit(table), table, out, f"uvmlab calibrate --microbench-timings {path.resolve()}")

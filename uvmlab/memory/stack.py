@@ -43,8 +43,6 @@ whole-device peak as ``measured_mib`` (nvidia-smi's MiB) or ``measured_bytes``; 
 
 from __future__ import annotations
 
-import csv
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -53,10 +51,15 @@ from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
-from uvmlab.numbers import json_loads, parse_float, parse_int, prefix
+from uvmlab.files.inputs import read_csv_rows, read_json_file
+from uvmlab.numbers import parse_float, parse_int, prefix
 from uvmlab.units import MAX_BYTES, MiB
 
 STACK_SCHEMA = "uvmlab.memory.stack/1"
+MAX_MEASURED_BYTES = 16 << 20
+"""Largest measured-memory CSV read (16 MiB; one row per measurement, a few dozen bytes each)."""
+MAX_STACK_BYTES = 16 << 20
+"""Largest stack file read (16 MiB; uvmlab writes about 2 KB)."""
 OPTION_COLUMNS = ("image_size", "num_classes", "seq_len")
 DEFAULT_ITERATIONS = 3
 
@@ -364,16 +367,12 @@ def _int(text: str, what: str, line: int) -> int:
 def read_measured(path: str | Path) -> list[MeasuredRow]:
     """The rows of a measurement CSV (module docstring); InputError names the line and column at fault."""
     src = Path(path)
-    try:
-        text = src.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the measured CSV {src}: {exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    cols = set(reader.fieldnames or [])
+    fields, raws = read_csv_rows(src, MAX_MEASURED_BYTES, "a measured-memory CSV (workload, batch, measured_mib)")
+    cols = set(fields)
     if not {"workload", "batch"} <= cols or not cols & {"measured_mib", "measured_bytes"}:
         raise InputError(f"measured CSV {src} needs the columns workload, batch and measured_mib (or measured_bytes)")
     rows = []
-    for n, raw in enumerate(reader, start=2):
+    for n, raw in enumerate(raws, start=2):
         workload = (raw.get("workload") or "").strip()
         if not workload:
             raise InputError(f"measured CSV line {n}: empty workload")
@@ -444,10 +443,7 @@ def _stack_bytes(value: Any, what: str) -> int:
 def load_stack(path: str | Path) -> StackFit:
     """A stack file written by :func:`fit_stack` / ``uvmlab calibrate --memory``."""
     src = Path(path)
-    try:
-        doc = json_loads(src.read_text(), f"stack file {src}")  # numbers checked while decoding (uvmlab.numbers)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"stack file {src} is not readable JSON: {exc}") from None
+    doc = read_json_file(src, MAX_STACK_BYTES, "a stack file (uvmlab calibrate --memory)")
     if not isinstance(doc, dict) or doc.get("schema") != STACK_SCHEMA:
         raise InputError(f"stack file {src} is not a {STACK_SCHEMA} file (write one with uvmlab calibrate --memory)")
     try:

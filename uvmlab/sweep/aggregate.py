@@ -19,9 +19,13 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_with
+from uvmlab.files.inputs import read_parquet_file
 from uvmlab.files.rundir import RunDir
+from uvmlab.sweep.folder import SweepFolder
 
 RESULTS_NAME = "results.parquet"
+MAX_RESULTS_BYTES = 256 << 20
+"""Largest results.parquet read (256 MiB; one row per run, ~1 KB a row: 100,000 runs are ~100 MB)."""
 GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
 """What identifies 'the same job' across factors and PCA settings."""
 
@@ -157,17 +161,31 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
+def _refuse_non_file(path: Path) -> None:
+    """results.parquet is replaced only where it is a regular file (or absent): never a link, FIFO or device."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path} is not a regular file; uvmlab writes results.parquet only in place of its own")
+
+
 def write_results(out: str | os.PathLike[str]) -> Path:
     """Rebuild ``out/results.parquet`` from the run directories (atomic); return its path."""
-    df = collect(out)
     path = Path(out) / RESULTS_NAME
-    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    _refuse_non_file(path)
+    folder = SweepFolder(out)
+    if folder.is_owned():
+        folder.check()  # a folder uvmlab may not write in is refused before the runs are read
+    df = collect(out)
+    if folder.is_owned():  # listed with its content: a results.parquet of the user's is never replaced
+        folder.write_file_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
+        atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
 
 
 def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     """``out/results.parquet``, rebuilt first when missing or older than a run's result.json."""
     path = Path(out) / RESULTS_NAME
+    _refuse_non_file(path)
     newest = 0.0
     for p in run_dirs(out):
         r = RunDir(p).result_json
@@ -176,9 +194,13 @@ def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_mtime < newest:
         write_results(out)
     try:
-        return pd.read_parquet(path)
-    except Exception:  # derived data: a damaged results.parquet is rebuilt from the run directories
+        return read_parquet_file(path, MAX_RESULTS_BYTES, "a sweep's results.parquet")
+    except InputError:  # derived data: a damaged results.parquet is moved aside (kept) and rebuilt from the runs
+        import time
+
         from uvmlab.console import note
 
-        note(f"warning: {path} is unreadable; rebuilding it from {Path(out) / 'runs'}")
+        aside = path.with_name(f"{RESULTS_NAME}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        os.replace(path, aside)
+        note(f"warning: {path} is unreadable; moved to {aside.name} and rebuilt from {Path(out) / 'runs'}")
         return pd.read_parquet(write_results(out))

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from uvmlab import SCHEMA_VERSION
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import to_json
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import read_json_file, read_parquet_table
 from uvmlab.files.owned import OwnedFolder
 
 CATEGORIES = (
@@ -125,6 +125,8 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 WRITE_ID_KEY = b"uvmlab.write_id"
 """Parquet schema-metadata key holding the write id of the header the table was written with."""
+MAX_TABLE_BYTES = 16 << 30
+"""Largest table of a trace folder read (16 GiB; GPT-2's accesses table is a few MB)."""
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 """Largest trace.json read (64 MiB; a header is a few KB)."""
 UNIQUE_COLUMNS = {"allocations": ("alloc_id", "alloc_seq"), "kernels": ("kernel_id", "seq")}
@@ -319,7 +321,7 @@ def read_trace(directory: str | Path) -> Trace:
     if not head_path.is_file():
         raise InputError(f"{src} is not a uvmlab trace (no trace.json); write one with: uvmlab trace WORKLOAD -o DIR")
     try:
-        header = json.loads(read_input_text(head_path, MAX_HEADER_BYTES, "a uvmlab trace header"))
+        header = read_json_file(head_path, MAX_HEADER_BYTES, "a uvmlab trace header")
     except json.JSONDecodeError as exc:
         raise InputError(f"{head_path} is not valid JSON ({exc.msg})") from None
     except RecursionError:
@@ -336,10 +338,7 @@ def read_trace(directory: str | Path) -> Trace:
     tables: dict[str, pd.DataFrame] = {}
     for name, schema in SCHEMAS.items():
         path = src / f"{name}.parquet"
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
+        table = read_parquet_table(path, MAX_TABLE_BYTES, "a table of a uvmlab trace folder")
         missing = [c for c in schema.names if c not in table.column_names]
         if missing:
             raise InputError(

@@ -146,7 +146,7 @@ def carma_file(data_dir: Path) -> Path | None:
     import os
 
     for cand in (data_dir / CARMA_DIR / "ehsan-summary.csv", Path(os.environ.get(CARMA_ENV, "/nonexistent"))):
-        if cand.is_file():
+        if cand.exists() and not cand.is_dir():  # a FIFO or device is refused by the reader, not skipped
             return cand
     return None
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError, UnavailableError
+from uvmlab.files.inputs import read_input_bytes
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "uvmlab_shim.cpp"
 ABI_HEADER = SOURCE.with_name("uvmlab_cuda_abi.h")
@@ -204,6 +205,10 @@ def shim_env(
     return env
 
 
+MAX_ALLOC_LOG_BYTES = 256 << 20
+"""Largest shim allocation log read (256 MiB; a record is 48 bytes: 5 million allocator calls)."""
+
+
 def read_alloc_log(path: Path | str) -> pd.DataFrame:
     """Parse a shim allocation log into a DataFrame (one row per call, in file order).
 
@@ -212,12 +217,9 @@ def read_alloc_log(path: Path | str) -> pd.DataFrame:
     records; a file that is not a shim log is an InputError.
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(
-            f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)"
-        ) from None
+    if not (p.exists() or p.is_symlink()):
+        raise InputError(f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)")
+    data = read_input_bytes(p, MAX_ALLOC_LOG_BYTES, "a uvmlab shim allocation log")
     if len(data) < LOG_HEADER_BYTES or data[:8] != LOG_MAGIC:
         raise InputError(f"{p} is not a uvmlab shim allocation log (no UVMLBLOG header)")
     version = int.from_bytes(data[8:12], "little")

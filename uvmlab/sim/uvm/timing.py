@@ -19,7 +19,6 @@ The parameter file is JSON ``{"schema_version": 1, "source": "...", "params": {f
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -29,9 +28,9 @@ import numpy as np
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import read_json_file
 from uvmlab.gpus import LINKS, GpuSpec
-from uvmlab.numbers import json_loads, prefix
+from uvmlab.numbers import prefix
 
 PARAMS_SCHEMA_VERSION = 1
 MAX_PARAMS_BYTES = 16 * 1024 * 1024
@@ -256,13 +255,7 @@ def read_params_file(path: str | Path) -> ParamsFile:
     p = Path(path)
     if not p.exists():
         raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate")
-    text = read_input_text(p, MAX_PARAMS_BYTES, "a cost parameter file (JSON)")
-    try:
-        doc = json_loads(text, f"cost parameter file {p}")
-    except json.JSONDecodeError as exc:
-        raise InputError(f"cost parameter file {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise InputError(f"cost parameter file {p} nests too deeply to be one") from None
+    doc = read_json_file(p, MAX_PARAMS_BYTES, "a cost parameter file (JSON)")  # numbers checked (uvmlab.numbers)
     if not isinstance(doc, dict) or doc.get("schema_version") != PARAMS_SCHEMA_VERSION:
         got = doc.get("schema_version") if isinstance(doc, dict) else None
         raise InputError(

@@ -22,7 +22,6 @@ the machine it came from (uvmlab.measure.gpu.machine: gVisor or Firecracker, ker
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError, UnavailableError
 from uvmlab.files.atomic import atomic_write_json, atomic_write_text
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_json_file
 from uvmlab.measure.gpu.detect import GpuStatus, gpu_status
 from uvmlab.measure.gpu.kit import layout as L
 from uvmlab.measure.gpu.kit.plan import (
@@ -108,10 +108,8 @@ def _read_progress(raw: Path) -> dict[str, Any]:
     path = raw / PROGRESS
     if not path.is_file():
         return {}
-    try:
-        return dict(json.loads(path.read_text()).get("steps") or {})
-    except json.JSONDecodeError:
-        return {}
+    doc = _json_of(path)
+    return dict(doc.get("steps") or {}) if isinstance(doc, dict) else {}
 
 
 def _finish_output(ks: KitStep) -> None:
@@ -215,10 +213,9 @@ def _case_records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
     for case_json in sorted(folder.glob("*/case.json")):
         if case_json.parent.name.endswith((STAGING_SUFFIX, ".replaced")):
             continue
-        try:
-            found.append((case_json.parent, dict(json.loads(case_json.read_text()))))
-        except json.JSONDecodeError:
-            continue
+        doc = _json_of(case_json)
+        if isinstance(doc, dict):
+            found.append((case_json.parent, doc))
     return found
 
 
@@ -237,9 +234,10 @@ def _meta(status: GpuStatus, plan: KitPlan, records: list[dict[str, Any]], machi
 
 
 def _json_of(path: Path) -> Any:
+    """The JSON in ``path`` (a file a step wrote; read through the one input reader), None when it cannot be read."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json_file(path, MAX_DATA_FILE_BYTES, "a JSON file written by uvmlab collect")
+    except InputError:
         return None
 
 
@@ -412,7 +410,9 @@ def _assemble_uvm(out: Path, folder: Path, status: GpuStatus, plan: KitPlan, mac
         if run.name.endswith((STAGING_SUFFIX, ".replaced")) or variant not in ("uvm", "native"):
             continue
         for js in sorted(run.glob("[0-9]*.json")):
-            doc = json.loads(js.read_text())
+            doc = read_json_file(js, MAX_DATA_FILE_BYTES, "a GCN result of uvmlab collect (JSON)")
+            if not isinstance(doc, dict):
+                raise InputError(f"{js} holds no JSON object; is it a GCN result of uvmlab collect?")
             log = run / "gcn.alloc.bin"
             if variant == "uvm" and log.is_file():  # every tensor one managed allocation: the peak of live bytes
                 doc["uvm_stats"] = {
