@@ -68,7 +68,10 @@ def test_run_takes_a_workload_name_and_the_cli_settings(tiny: tuple, tmp_path: P
     assert by_name.result["pca"] is False
     assert by_name.result["iteration_time_ns"] == res.result["iteration_time_ns"]  # the same job as the RunConfig
     config = api.RunDir(by_name.path).read_json(api.RunDir(by_name.path).config_json)
-    assert config["run"] == cfg.to_dict()
+    from uvmlab.run import canonical
+    from workloads.registry import load_workload
+
+    assert config["run"] == canonical(cfg, load_workload(TINY)).to_dict()  # the workload's defaults resolved once
     replaced = api.run(cfg, oversub=4, out=tmp_path / "x4", quiet=True)  # keywords replace a RunConfig's fields
     assert replaced.result["oversub"] == 4 and replaced.result["pca"] is False
     with pytest.raises(InputError, match=r"unknown parameters \['oversubscription'\].*RunConfig fields"):

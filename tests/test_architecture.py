@@ -23,6 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "uvmlab"
 
 LAYERS = (
     ("uvmlab", "errors"),
+    ("numbers",),
     ("units",),
     ("gpus", "console"),
     ("config",),

@@ -292,7 +292,8 @@ def test_the_opcode_scan_refuses_before_the_unpickler_allocates(monkeypatch: pyt
     with pytest.raises(InputError, match="not a pickle opcode"):
         safe_loads(b"\x80\x04\xff.", "bad.pickle")
     monkeypatch.setattr(safe_pickle, "MAX_OPCODES", 50)
-    monkeypatch.setattr(safe_pickle.scan_opcodes, "__defaults__", (50,))
+    defaults = safe_pickle.scan_opcodes.__defaults__ or ()
+    monkeypatch.setattr(safe_pickle.scan_opcodes, "__defaults__", (50, *defaults[1:]))
     with pytest.raises(InputError, match="more than 50 opcodes"):
         safe_loads(pickle.dumps(list(range(100)), protocol=4), "many.pickle")
     assert safe_loads(pickle.dumps([1, 2, 3], protocol=0), "ok.pickle") == [1, 2, 3]
@@ -417,3 +418,89 @@ def test_a_python_warning_is_one_line_without_its_source(
     assert main(["workloads", "--format", "json"]) == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert lines == ["uvmlab: warning: something odd second line (RuntimeWarning)"], lines
+
+
+# -- issue 42: the mechanisms' own invariants ---------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab./\\\x00~ ")), max_size=12))
+def test_a_plain_manifest_name_never_leaves_its_folder(name: str) -> None:
+    """Whatever a manifest lists, a name that passes the check resolves inside the folder (no '..', no absolute
+    path, no empty or '.' part); everything else is refused."""
+    from uvmlab.files.owned import plain_relative_name
+
+    root = "/srv/run"
+    if plain_relative_name(name):
+        joined = os.path.normpath(os.path.join(root, name))
+        assert joined.startswith(root + os.sep) and os.path.relpath(joined, root) == name.rstrip("/")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.recursive(
+        st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.text(max_size=3) | st.none() | st.booleans(),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=2), kids, max_size=3),
+        max_leaves=20,
+    ),
+    st.sampled_from([0, 1, -5, 2**61 - 1, 1.5, (1, 2), b"k"]),
+)
+def test_the_scan_refuses_exactly_the_dicts_keyed_by_something_else_than_strings(tree: object, key: object) -> None:
+    """Plain data keyed by strings loads unchanged (every protocol); one dict key of another type anywhere is
+    refused by the opcode scan, before the unpickler builds anything (str hashes are randomized, others are not)."""
+    for protocol in (2, 3, 4, 5):
+        assert safe_loads(pickle.dumps(tree, protocol=protocol), "ok") == tree
+    for protocol in (3, 4, 5):  # (protocol 2 pickles bytes through a global: refused as such)
+        with pytest.raises(InputError, match="not a string"):
+            safe_loads(pickle.dumps([tree, {key: tree}], protocol=protocol), "keyed")
+
+
+def test_the_scan_bounds_memo_slots_by_the_opcodes_read() -> None:
+    """A sparse file naming a memo slot far beyond its opcodes (290 M in the issue) is refused, however long the file
+    is: the C unpickler would grow its memo array to twice the slot."""
+    data = b"\x80\x04]r" + (10_000_000).to_bytes(4, "little") + b"." + b"\x00" * 10_000_001
+    with pytest.raises(InputError, match="beyond the 3 opcodes read so far"):
+        safe_loads(data, "sparse.pickle")
+
+
+def test_foreign_sqlite_stops_a_statement_past_its_time_limit(tmp_path: Path) -> None:
+    import sqlite3
+
+    from uvmlab.files import foreign_sqlite
+
+    db = tmp_path / "x.sqlite"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.commit()
+    conn = foreign_sqlite.connect(db, "a test database", time_limit_s=0.2)
+    endless = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT count(*) FROM r"
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        conn.execute(endless).fetchall()
+    assert "took more than 0 s" in foreign_sqlite.sqlite_failure(caught.value, db, conn)
+    with pytest.raises(sqlite3.OperationalError):  # and nothing is ever written through it
+        conn.execute("INSERT INTO t VALUES (1)")
+
+
+def test_an_export_table_over_the_row_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvmlab.measure.nsys import read as nsys_read
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
+
+    write_synthetic_export(tmp_path / "x.sqlite", faults=50, migrations=20, iterations=2, kernels_per_iteration=5)
+    monkeypatch.setattr(nsys_read, "MAX_TABLE_ROWS", 30)
+    with pytest.raises(InputError, match="more than the 30 uvmlab reads"):
+        nsys_read.open_export(tmp_path / "x.sqlite")
+
+
+def test_one_reader_per_format_refuses_what_python_would_raise(tmp_path: Path) -> None:
+    """JSON: NaN, a float beyond range, 5,000 digits, 100,000 levels; CSV: a 2 MiB field; Parquet: a footer that
+    declares more rows than the limit. Each is one sentence (InputError), never ValueError or RecursionError."""
+    from uvmlab.files.inputs import read_csv_rows, read_json_file, read_parquet_file
+
+    for text in ('{"x": NaN}', '{"x": 1e400}', '{"x": ' + "9" * 5000 + "}", "[" * 100_000 + "]" * 100_000):
+        (tmp_path / "x.json").write_text(text)
+        with pytest.raises(InputError):
+            read_json_file(tmp_path / "x.json", 1 << 20, "a JSON file")
+    (tmp_path / "x.csv").write_text("a,b\n" + "x" * (2 << 20) + ",1\n")
+    with pytest.raises(InputError, match="not a readable CSV"):
+        read_csv_rows(tmp_path / "x.csv", 16 << 20, "a CSV file")
+    pd.DataFrame({"x": range(100)}).to_parquet(tmp_path / "x.parquet")
+    with pytest.raises(InputError, match="declares 100 rows"):
+        read_parquet_file(tmp_path / "x.parquet", 1 << 20, "a table", max_rows=10)

@@ -12,7 +12,7 @@ import pytest
 
 from uvmlab.cli import main
 from uvmlab.files.rundir import RunDir
-from uvmlab.measure.calibrate import calibrate
+from uvmlab.measure.calibrate import calibrate, costs_against
 from uvmlab.measure.nsys.synthetic import GLOBAL_PID, write_synthetic_export
 from uvmlab.sim.uvm.timing import STREAM_EFFICIENCY, CostParams, transfer_bandwidth
 from uvmlab.stats.schema import KERNEL_COLUMNS, RESULT_KEYS
@@ -46,7 +46,7 @@ def test_link_bandwidth_and_batch_cost_recovered(tmp_path: Path) -> None:
     con.commit()
     con.close()
     doc = calibrate(db, tmp_path / "p.json")
-    d = CostParams()
+    d = costs_against(None, None, None)[0]  # fitted against the default GPU's profile, which a run keeps
     assert doc["fitted"] == ["batch_turnaround_ns", "link_bytes_per_s"]
     assert doc["params"]["link_bytes_per_s"] == pytest.approx(LINK, rel=0.01)
     want = dur - 2 * d.fault_entry_ns * d.raw_entries_per_fault - d.block_service_ns

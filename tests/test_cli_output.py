@@ -193,7 +193,7 @@ def test_every_table_command_takes_format_json() -> None:
 def test_run_help_explains_the_default_directory(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "runs/<workload>-x<F>-pca<on|off>-<hash>" in text and "SHA-256" in text
+    assert "runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>" in text and "SHA-256" in text
 
 
 def test_output_alias_still_works(tmp_path: Path) -> None:
@@ -271,9 +271,11 @@ def test_fragmentation_plan_line_says_what_none_means() -> None:
 
 
 def test_calibrate_shows_where_a_null_parameter_comes_from() -> None:
-    from uvmlab.cli.nsys_cmds import _param_cell
+    from uvmlab.cli.nsys_cmds import _param_rows
 
-    value, source = _param_cell("zero_fill_bytes_per_s", None, False)
-    assert value is None and "HBM bandwidth" in source
-    assert _param_cell("fault_entry_ns", 300.0, False) == (300.0, "default")
-    assert _param_cell("link_bytes_per_s", 2e10, True) == (2e10, "fitted")
+    doc = {"params": {"zero_fill_bytes_per_s": None, "link_bytes_per_s": 2e10, "evict_fixed_ns": 5.0},
+           "fitted": ["link_bytes_per_s"]}  # fmt: skip
+    rows = {name: (value, source) for name, value, source in _param_rows(doc)}
+    assert rows["zero_fill_bytes_per_s"][0] is None and "HBM bandwidth" in rows["zero_fill_bytes_per_s"][1]
+    assert rows["link_bytes_per_s"] == (2e10, "fitted") and rows["evict_fixed_ns"] == (5.0, "set by the file")
+    assert rows["fault_entry_ns"] == ("", "the run GPU's profile (not in the file)")  # issue 42: not a default

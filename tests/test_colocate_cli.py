@@ -31,7 +31,20 @@ def test_two_jobs_fit_on_an_a100(capsys: pytest.CaptureFixture[str]) -> None:
     peaks = {j["job"]: j["peak_reserved_bytes"] for j in res["jobs"]}
     assert peaks[RESNET] > peaks[GPT2] > 0  # ResNet-50's 25 M parameters + Adam state outweigh the tiny GPT-2
     assert {j["job"]: j["context_bytes"] for j in res["jobs"]} == CONTEXT
-    assert res["need_bytes"] == sum(peaks.values()) + sum(CONTEXT.values()) + 2 * 2**30
+    margins = {j["job"]: j["model_margin_bytes"] for j in res["jobs"]}
+    assert all(m > 0 for m in margins.values())  # each job's need is uvmlab estimate's required_mb
+    assert res["need_bytes"] == sum(peaks.values()) + sum(CONTEXT.values()) + sum(margins.values()) + 2 * 2**30
+
+
+def test_colocate_needs_what_estimate_says_carma_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: estimate --format carma said 21,735 MiB for GPT-2 on 24 GiB where colocate said it needs 15.80 GiB,
+    with another margin; now one rule: each job's need is estimate's required_mb, CARMA's 2 GiB comes on top once."""
+    assert main(["colocate", GPT2, "-n", "2", "--format", "json"]) == 0
+    job = json.loads(capsys.readouterr().out)["jobs"][0]
+    args = ["gpt2", "-b", "2", *[a for kv in GPT2.split(",")[1:] for a in ("--option", kv)], "-n", "2"]
+    assert main(["estimate", *args, "--format", "carma"]) == 0
+    captured = capsys.readouterr()
+    assert int(captured.out) == job["required_mb"] and "uvmlab colocate: the same rule per job" in captured.err
 
 
 def test_colocate_and_estimate_give_one_context_per_job(capsys: pytest.CaptureFixture[str]) -> None:

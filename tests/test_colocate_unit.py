@@ -11,6 +11,7 @@ from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
 from uvmlab.memory.colocate import DEFAULT_MARGIN_BYTES, colocate, parse_job, simulate_together
 from uvmlab.memory.devicemem import context_model
+from uvmlab.memory.estimate import required_margin
 from uvmlab.units import GiB, MiB
 
 
@@ -37,11 +38,14 @@ def test_verdict_arithmetic() -> None:
     a = synthetic_job("a", 4, 64 * MiB, 2)
     b = synthetic_job("b", 4, 64 * MiB, 2)
     res = colocate([a, b], gpu, simulate="no")
-    assert res.need_bytes == 2 * (256 * MiB + CONTEXT) + DEFAULT_MARGIN_BYTES
+    device_peak = 256 * MiB + CONTEXT
+    model_margin = required_margin(device_peak, a.trace)[0]  # uvmlab estimate's required_mb rule, per job
+    assert model_margin > 0 and list(res.verdict["model_margin_bytes"]) == [model_margin] * 2
+    assert res.need_bytes == 2 * (device_peak + model_margin) + DEFAULT_MARGIN_BYTES
     assert res.fits and res.uvm is None
     small = gpu.with_memory(2 * CONTEXT + 300 * MiB)  # room for one job, not two
     res = colocate([a, b], small, margin_bytes=0, simulate="no")
-    assert not res.fits and res.need_bytes == 2 * (256 * MiB + CONTEXT)
+    assert not res.fits and res.need_bytes == 2 * (device_peak + model_margin)
     given = replace(gpu, context_bytes=600 * MiB)  # a GpuSpec's explicit context is kept, as in estimate
     assert set(colocate([a, b], given, simulate="no").verdict["context_bytes"]) == {600 * MiB}
 

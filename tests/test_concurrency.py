@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -113,3 +115,32 @@ def test_four_traces_into_one_out_leave_one_consistent_trace(tmp_path: Path) -> 
     again = read_trace(out)
     assert again.header["config"]["batch_size"] in batches
     assert main(["trace", "show", str(out), "--format", "json"]) == 0
+
+
+def test_two_calibrations_into_one_file_never_both_succeed(tmp_path: Path) -> None:
+    """Two ``calibrate -o p.json`` at once: one writes, the other is refused (never a silent replacement)."""
+    from uvmlab.measure.nsys.synthetic import write_synthetic_export
+
+    export = tmp_path / "v.sqlite"
+    write_synthetic_export(export, faults=40, migrations=20, iterations=2, kernels_per_iteration=5)
+    code = (
+        "import sys, time\n"
+        "from uvmlab.cli import main\n"
+        "t = float(sys.argv[1])\n"
+        "while time.time() < t: time.sleep(0.01)\n"
+        "sys.exit(main(sys.argv[2:]))\n"
+    )
+    import time
+
+    start = str(time.time() + 8)
+    argv = ["calibrate", str(export), "-o", str(tmp_path / "p.json")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, start, *argv], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    codes = sorted(p.wait(timeout=240) for p in procs)
+    errs = [p.stderr.read() for p in procs if p.stderr]
+    assert codes == [0, 2], (codes, errs)
+    assert any("appeared while uvmlab was writing it" in e or "exists; pass --force" in e for e in errs), errs
+    json.loads((tmp_path / "p.json").read_text())

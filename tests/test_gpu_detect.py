@@ -132,7 +132,10 @@ def test_doctor_json_lists_every_probe_and_mode(capsys: pytest.CaptureFixture[st
     assert main(["doctor", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     items = [c["item"] for c in doc["checks"]]
-    assert items == ["GPU", "NVIDIA driver", "CUDA runtime", "torch", "nsys", "g++", "shim", "nvidia-ml-py", "cupy"]
+    assert items == [
+        *("GPU", "NVIDIA driver", "CUDA runtime", "torch", "worker imports", "nsys", "g++", "shim", "nvidia-ml-py"),
+        "cupy",
+    ]
     modes = {m["item"]: m for m in doc["modes"]}
     assert modes["run --mode sim"]["ok"] is True
     gpu_ok = next(c for c in doc["checks"] if c["item"] == "GPU")["ok"]

@@ -23,15 +23,36 @@ torch = pytest.importorskip("torch")
 
 
 class FakeRt:
+    """CudaRuntime's methods, recorded in order (``log``); handles are small numbers."""
+
     def __init__(self) -> None:
         self.advised: list[tuple[int, int, int, int]] = []
         self.prefetched: list[tuple[int, int, int, int]] = []
+        self.log: list[tuple] = []
+        self._next = 100
 
     def advise(self, ptr: int, n: int, advice: int, device: int) -> None:
         self.advised.append((ptr, n, advice, device))
 
     def prefetch(self, ptr: int, n: int, device: int, stream: int) -> None:
         self.prefetched.append((ptr, n, device, stream))
+        self.log.append(("prefetch", stream))
+
+    def _new(self) -> int:
+        self._next += 1
+        return self._next
+
+    def stream_create(self) -> int:
+        return self._new()
+
+    def event_create(self) -> int:
+        return self._new()
+
+    def event_record(self, event: int, stream: int) -> None:
+        self.log.append(("record", event, stream))
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        self.log.append(("wait", stream, event))
 
 
 def _job() -> tuple[object, object]:
@@ -56,7 +77,29 @@ def test_read_mostly_advises_every_parameter_once() -> None:
     params = list(model.parameters())  # type: ignore[attr-defined]
     assert [a[0] for a in rt.advised] == [p.data_ptr() for p in params]
     assert {a[2] for a in rt.advised} == {ADVISE_READ_MOSTLY}
-    assert [a[1] for a in rt.advised] == [p.untyped_storage().nbytes() for p in params]
+    assert [a[1] for a in rt.advised] == [p.numel() * p.element_size() for p in params]
+
+
+def test_advice_spans_are_the_views_own_bytes_rounded_to_pages_by_cuda() -> None:
+    """Issue 43 defect 9: a span was data_ptr + the whole storage's size, which runs past the storage's end for a
+    view with an offset (and advises its neighbours): now the view's own bytes; CUDA rounds each advised range out
+    to CPU pages, which ``advised_pages`` records (the neighbours on the first and last page get the advice)."""
+    from uvmlab.measure.gpu.hints import page_span, view_span
+
+    flat = torch.zeros(4096)  # 16 KiB of float32: four 4 KiB pages (its own storage)
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(flat[1000:1100])  # a view at byte offset 4000: bytes 4000..4400
+    rt = FakeRt()
+    h = _hints(["read-mostly-parameters"], rt)
+    h.on_built(model)
+    base = flat.data_ptr()
+    assert rt.advised == [(base + 4000, 400, ADVISE_READ_MOSTLY, 0)]  # not (base + 4000, 16384)
+    assert view_span(flat[::2]) == (base, (2047 * 2 + 1) * 4)  # a strided view reaches its last element
+    assert view_span(flat[5:5])[1] == 0  # nothing to advise
+    assert page_span(4096 * 10 + 4000, 400) == (4096 * 10, 2 * 4096)  # crosses a page boundary: two pages
+    assert page_span(4096 * 10 + 8, 400) == (4096 * 10, 4096)
+    lo, n = page_span(base + 4000, 400)
+    assert sorted(h.advised_pages) == list(range(lo, lo + n, 4096))
 
 
 def test_remote_optimizer_state_advises_the_state_after_the_first_step_only() -> None:
@@ -75,6 +118,9 @@ def test_remote_optimizer_state_advises_the_state_after_the_first_step_only() ->
 
 
 def test_prefetch_hooks_fetch_the_next_module_ahead_and_the_state_before_the_step() -> None:
+    """Issue 43 defect 5: the prefetches went on the compute stream (7), so the next kernel waited for them and
+    nothing overlapped. Now: on a side stream, after an event marking the compute stream's queued work, with a
+    done event the compute stream waits for right before the prefetched module runs."""
     model, opt = _job()
     rt = FakeRt()
     h = _hints(["prefetch-next-kernel"], rt)
@@ -86,7 +132,13 @@ def test_prefetch_hooks_fetch_the_next_module_ahead_and_the_state_before_the_ste
     fetched = [p[0] for p in rt.prefetched]
     assert set(fetched[:2]) == second  # the forward pre-hook of layer 0 fetched layer 2's parameters
     assert first <= set(fetched[2:])  # the backward pre-hook of layer 2 fetched layer 0's
-    assert all(p[3] == 7 for p in rt.prefetched)  # on the current stream
+    side = rt.prefetched[0][3]
+    assert side != 7 and all(p[3] == side for p in rt.prefetched)  # on the side stream, never the compute stream
+    mark, first_prefetch = rt.log[0], rt.log.index(("prefetch", side))
+    assert mark[0] == "record" and mark[2] == 7 and rt.log[1] == ("wait", side, mark[1])  # after queued work
+    done = rt.log[first_prefetch + 2]  # layer 2 has two parameters
+    assert done[0] == "record" and done[2] == side
+    assert rt.log[first_prefetch + 3] == ("wait", 7, done[1])  # layer 2's forward waits for its prefetch
     before = len(rt.prefetched)
     opt.step()  # type: ignore[attr-defined]  # no state yet at the first step: nothing to prefetch
     _step(model, opt)

@@ -244,11 +244,24 @@ def test_worker_memory_helpers_without_a_gpu() -> None:
     fake_torch = types.SimpleNamespace(
         cuda=cuda, _C=types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: calls.append("cublas"))
     )
-    probe = worker.memory_probe(fake_torch, "after iteration 0")
+    import ctypes
+
+    class Lib:  # cudaMemGetInfo(size_t *free, size_t *total) of a runtime: 3 GiB free, twice
+        def __init__(self) -> None:
+            self.reads = [3 << 30, 3 << 30]
+
+        def cudaMemGetInfo(self, free: object, total: object) -> int:
+            ctypes.cast(free, ctypes.POINTER(ctypes.c_size_t))[0] = self.reads.pop(0)
+            ctypes.cast(total, ctypes.POINTER(ctypes.c_size_t))[0] = 80 << 30
+            return 0
+
+    probe = worker.memory_probe(Lib(), "after iteration 0", lambda: calls.append("sync"))
     assert probe == {
         "when": "after iteration 0",
         "free_bytes": 3 << 30,
         "total_bytes": 80 << 30,
+        "free_reads": [3 << 30, 3 << 30],
+        "settled": True,
         "live_managed_bytes": None,
         "balloon_bytes": None,
     }

@@ -199,6 +199,7 @@ def test_rules_change_nothing_on_a_well_formed_trace() -> None:
         "persist_parameters": 0,
         "optimizer_state_persists": 0,
         "gradients_until_zero_grad": 0,
+        "kernel_temporaries": 0,
         "cudnn_workspace": 0,
     }
     pd.testing.assert_frame_equal(out.allocations, t.allocations)

@@ -50,6 +50,7 @@ def stub(built, tmp_path, monkeypatch):
     for var in ("FAKE_CUDART_VERSION", "FAKE_CUDART_NO_DEVICE", "FAKE_CUDART_PAGEABLE_ACCESS", "FAKE_CUDART_DEVICE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FAKE_CUDART_LOG", str(tmp_path / "cudart.log"))
+    monkeypatch.setenv("FAKE_CUDART_DEVICE_COUNT", "2")  # the tests name device 1: the stub refuses an ordinal >= count
     return ctypes.CDLL(str(built["cudart"]))
 
 

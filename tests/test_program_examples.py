@@ -30,7 +30,7 @@ def test_every_example_is_in_the_docs() -> None:
     doc = (REPO / "docs" / "workloads.md").read_text()
     assert "## Programs: more than a training loop" in doc
     linked = set(re.findall(r"examples/programs/(\w+)\.py", doc))
-    assert set(NAMES) == linked and len(NAMES) == 11
+    assert set(NAMES) == linked and len(NAMES) == 12
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -120,6 +120,12 @@ def _declared_time(k, result) -> None:
     assert set(result["native_by_class_ns"]) >= {"declared", "compute", "serial"}
 
 
+def _row_per_thread(k, result) -> None:
+    row = k[k["name"] == "row_sum"].iloc[0]
+    assert (row["order"], row["threads"], row["stride_bytes"]) == ("sequential", 65536, 4)
+    assert result["slowdown_vs_native"] == pytest.approx(1.0, abs=0.01)  # --oversub 1: the matrix fits
+
+
 CHECKS = {
     "streams_overlap": _streams_overlap,
     "device_memory": _device_memory,
@@ -132,4 +138,5 @@ CHECKS = {
     "solver": _solver,
     "custom_kernels": _custom_kernels,
     "prefetching_allocator": _prefetching_allocator,
+    "row_per_thread": _row_per_thread,
 }

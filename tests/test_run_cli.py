@@ -78,8 +78,9 @@ def test_default_batch_is_recorded_in_config_json(tmp_path: Path) -> None:
     args = [a for a in TINY_ARGS if a not in ("--batch-size", "256")]
     assert main(["run", *args, "--oversub", "1", "-o", str(tmp_path / "d")]) == 0
     cfg = json.loads(RunDir(tmp_path / "d").config_json.read_text())
-    assert cfg["run"]["workload"]["batch_size"] is None  # requested: the workload's default ...
-    assert isinstance(cfg["used"]["batch_size"], int) and cfg["used"]["batch_size"] >= 1  # ... and the one used
+    # the workload's default, resolved where the run starts (issue 42: a default given or left out is one run)
+    assert isinstance(cfg["used"]["batch_size"], int) and cfg["used"]["batch_size"] >= 1
+    assert cfg["run"]["workload"]["batch_size"] == cfg["used"]["batch_size"]
 
 
 def test_refuses_to_overwrite_without_force(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,9 +97,11 @@ def test_partial_files_are_never_results(tmp_path: Path, fake_env: dict[str, str
     spec = parse_spec(SPEC)
     out = tmp_path / "out"
     entries = plan_entries(spec, out)
-    # a killed attempt: tables and a temp file of result.json, but no result.json
+    # a killed attempt: tables (listed in its manifest, as uvmlab lists a name before writing it) and a temp file
+    # of result.json, but no result.json
     victim = entries[0].path
     (victim / "tables").mkdir(parents=True)
+    RunDir(victim).record(victim / "tables" / "kernels.parquet")
     (victim / "tables" / "kernels.parquet").write_bytes(b"PAR1 truncated")
     (victim / ".result.json.abc123.tmp").write_text('{"outcome": "ok"')
     (victim / "notes.txt").write_text("mine")  # a user's file in the run folder: never removed by a resume

@@ -542,3 +542,22 @@ def test_check_invariants_catches_each_corruption(corrupt: object, message: str)
     corrupt(sim)  # type: ignore[operator]
     with pytest.raises(InvariantError, match=message):
         sim.check_invariants()
+
+
+def test_read_mostly_advice_reaches_a_neighbour_on_the_same_page() -> None:
+    """Issue 43 defect 9, in the simulator: CUDA rounds an advised range out to CPU pages, so a neighbour that
+    shares the advised tensor's last page reads a duplicate there too (before: only the advised tensor's own
+    accesses made duplicates). Range 0 holds a 6 KiB read-mostly tensor at 0 and a neighbour at 6 KiB: the
+    neighbour's first 2 KiB lie on the advised tensor's second page, its rest on a page of its own."""
+    sim = _sim(advise_read_mostly="parameter")
+    sim.map_range(0, BLOCK)
+    sim.host_write(0, 0, 16 * 1024)  # four pages on the CPU
+    sim.mark_read_mostly([(0, 0, 6 * 1024, False)])  # the advised tensor: pages 0 and 1
+    neighbour = [(0, 6 * 1024, 10 * 1024, False)]  # pages 1..3
+    snap = sim.advised_read_snapshot(neighbour)
+    sim.access(neighbour)
+    sim.read_mostly_after(snap, neighbour)
+    dup = sim._dup[sim._ranges[0][0]]
+    assert dup[:4].tolist() == [False, True, False, False]  # the shared page only
+    sim.unmap_range(0)
+    assert not sim.__dict__.get("_rm_spans")  # the advised spans go with the range

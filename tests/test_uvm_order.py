@@ -226,8 +226,8 @@ def test_scaled_stream_counters_are_the_scaled_down_run_times_s(
     plan = OrderPlan(order, threads, 32, 4096, 1)
     rows = [(0, 0, small, False), (1, 0, small, True)]
     for launch in range(2):
-        c = sim.access_streams(stream_kernel(plan, rows, GPU.name, scale))
         row = k.iloc[1 + launch]
+        c = sim.access_streams(stream_kernel(plan, rows, GPU.name, scale, float(row["native_ns"])))
         assert row["fault_count"] == scale * c.fault_count
         assert row["htod_bytes"] == scale * c.htod_bytes
         assert row["eviction_count"] == scale * c.eviction_count
@@ -272,7 +272,7 @@ def test_index_touched_bytes_rules() -> None:
     assert index_touched_bytes(OrderPlan("gather", 0, 32, 4096, 0), rows) == 110
     rows = [(0, 0, 1000, True), (0, 0, 1000, False), (1, 0, 10, False), (2, 0, 100, False)]
     assert index_touched_bytes(OrderPlan("scatter", 0, 32, 4096, 0), rows) == 210
-    assert front_threads("RTX5090") == 170 * 2048
+    assert front_threads("RTX5090") == 170 * 1536  # compute capability 12.0: 1536 resident threads per SM
 
 
 def test_strided_columns_of_a_page_strided_view() -> None:
@@ -326,10 +326,13 @@ def test_general_path_reproduces_the_uvmbench_replica() -> None:
             order = "sequential" if kernel == "seq_stream" else "lcg"
             p.kernels[k].update(order=order, threads=65536, warp_size=32, stride_bytes=4096, seed=0x12345678)
         tr = p.trace()
-        res = replay(tr, nocache_placement(tr), total - gpu.context_bytes, gpu, UvmKnobs(), costs)
+        res = replay(tr, nocache_placement(tr), total - gpu.context_bytes, gpu, UvmKnobs(walker_time=0), costs)
         assert res.sim_scale == 16
         got = res.kernels["duration_ns"].to_numpy()[1:]
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kernel)  # ns rounding of the native time
+        # with the warps' native progress during the batches (issue 41) the launches overlap a little
+        timed = replay(tr, nocache_placement(tr), total - gpu.context_bytes, gpu, UvmKnobs(), costs)
+        np.testing.assert_allclose(timed.kernels["duration_ns"].to_numpy()[1:], want, rtol=0.02, err_msg=kernel)
 
 
 def test_torch_uvmbench_behaves_like_the_replica() -> None:

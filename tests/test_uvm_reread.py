@@ -173,18 +173,20 @@ def test_htod_records_match_the_exports(real_data: Path) -> None:
 
 
 def test_cli_gemm_rereads_knob_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    """A 4096 x 2048 MLP at x10: its 80 MiB matmuls exceed the 30-odd MiB left, so the sweeps migrate more."""
+    """A 4096 x 2048 MLP at x10: its 80 MiB matmuls exceed the 30-odd MiB left, so the sweeps migrate more (1.18x the
+    HtoD bytes since the trace has its bias gradients' 64 MiB reduction staging buffers, which enlarge the footprint
+    and so the x10 capacity; above 1.2x before)."""
     from uvmlab.cli import main
     from uvmlab.files.rundir import RunDir
 
     monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
     tiny = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py")
     args = [tiny, "--option", "hidden=2048", "--batch-size", "4096", "--iterations", "2", "--mode", "sim"]
-    args += ["--oversub", "10", "--pca", "on"]
+    args += ["--oversub", "10", "--pca", "on", "--sim-option", "concurrent_ops=0"]  # the sweeps alone (not foreach)
     assert main(["run", *args, "-o", str(tmp_path / "on")]) == 0
     assert main(["run", *args, "--sim-option", "gemm_rereads=0", "-o", str(tmp_path / "off")]) == 0
     on, off = RunDir(tmp_path / "on").read_result(), RunDir(tmp_path / "off").read_result()
-    assert on["htod_bytes"] > 1.2 * off["htod_bytes"]
+    assert on["htod_bytes"] > 1.15 * off["htod_bytes"]
     assert on["iteration_time_ns"] > off["iteration_time_ns"]
     capsys.readouterr()
     assert main(["run", *args, "--sim-option", "gemm_rereads=2", "-o", str(tmp_path / "bad")]) == 2

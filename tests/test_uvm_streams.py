@@ -437,7 +437,7 @@ def test_a_kernel_that_cannot_progress_raises_instead_of_spinning(monkeypatch: p
     """The guard: batches that complete nothing (here a service that never makes a page resident) end in one
     clear error after STALL_BATCH_LIMIT batches, not in an endless loop."""
     from uvmlab.errors import SimulationStalledError
-    from uvmlab.sim.uvm.streams import STALL_BATCH_LIMIT
+    from uvmlab.sim.uvm.concurrent import STALL_BATCH_LIMIT
 
     sim = UvmSim(4 * VA_BLOCK_BYTES, None, CostParams(), GPU)
     sim.map_range(0, VA_BLOCK_BYTES)

@@ -146,3 +146,23 @@ def test_optimizers_use_foreach() -> None:
     for name in ("sgd", "adam", "adamw"):
         opt = make_optimizer(wl.model, WorkloadConfig(str(EXAMPLE), optimizer=name))
         assert opt.defaults["foreach"] is True
+
+
+def test_a_model_built_past_the_module_limit_is_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--option n_layer=1000000000`` built modules for hours (issue 42); construction now stops at
+    ``workloads.base.MAX_MODULES`` registered submodules, and the hook is gone afterwards."""
+    import torch
+
+    import workloads.base as base
+
+    with base.module_limit("toy", limit=20):
+        torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(20)])  # 20 registrations: allowed
+    too_many = r"^workload toy: the model registers more than 20 submodules"
+    with pytest.raises(InputError, match=too_many), base.module_limit("toy", limit=20):
+        torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(21)])
+    torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(30)])  # no hook left behind
+    monkeypatch.setattr(base, "MAX_MODULES", 40)
+    spec = load_workload("gpt2")
+    spec.build(WorkloadConfig("gpt2", batch_size=1, options={"n_layer": 2, "n_embd": 8, "n_head": 2}))
+    with pytest.raises(InputError, match="more than 40 submodules"):
+        spec.build(WorkloadConfig("gpt2", batch_size=1, options={"n_layer": 50, "n_embd": 8, "n_head": 2}))

@@ -6,6 +6,7 @@ summary per data set, one row per (data set, quantity) with the spread of the ra
 outside 1.5x or without a promised band (the misses, with their notes). Never edit that section by hand.
 
 Usage: python tools/gen_fidelity_doc.py [DATA_DIR] [--fast] [--jobs N]
+       python tools/gen_fidelity_doc.py --from DIR   # the scorecard `uvmlab validate -o DIR` wrote (no run)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from uvmlab.files.atomic import atomic_write_text, atomic_write_with
 from uvmlab.validate.figure import scorecard_figure
-from uvmlab.validate.scorecard import Scorecard, usable_cpus, validate
+from uvmlab.validate.scorecard import Scorecard, family_lines, overall_line, usable_cpus, validate, weakest_first
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "fidelity.md"
@@ -50,30 +51,32 @@ def render(card: Scorecard) -> str:
         lines.append("Skipped: " + "; ".join(f"{k} ({v})" for k, v in card.skipped.items()) + ".")
     if card.errors:
         lines.append("**Crashed** (a bug): " + "; ".join(f"{k}: {v}" for k, v in card.errors.items()) + ".")
+    weakest, verdict = family_lines(s)[0]
     lines += [
         "",
-        f"**{s['validation_within_1.5x']}/{s['validation_points']} validation points within 1.5x, "
-        f"{s['validation_within_2x']}/{s['validation_points']} within 2x** "
-        f"({s['fitted_points']} more points were used for fitting and are not counted).",
+        f"**The verdict per family, weakest first** (as `uvmlab validate` prints it): **{weakest}: {verdict}**.",
         "",
     ]
+    lines += _table(["family", "verdict (validation points)"], [list(r) for r in family_lines(s)])
+    lines += ["", overall_line(s) + f" ({s['fitted_points']} fitted points are not counted).", ""]
     rows = [
         [ds, c["validation_points"], c["validation_within_1.5x"], c["validation_within_2x"],
          f"{c['validation_band_kept']}/{c['validation_with_band']}", c["fitted_points"]]
-        for ds, c in s["by_dataset"].items()
+        for ds, c in ((ds, s["by_dataset"][ds]) for ds in weakest_first(s["by_dataset"]))
     ]  # fmt: skip
     lines += _table(["data set", "validation points", "within 1.5x", "within 2x", "band kept", "fitted points"], rows)
     lines += ["", "![predicted vs measured](figures/fidelity_scorecard.png)", "", "### By quantity", ""]
     rows = []
-    for (ds, q, fitted), g in df.groupby(["dataset", "quantity", "fitted"], sort=True):
+    for (family, ds, q, fitted), g in df.groupby(["family", "dataset", "quantity", "fitted"], sort=True):
         r = g["ratio"].dropna()
         rows.append(
-            [ds, q, "fitted" if fitted else "validation", len(g), _g(r.min() if len(r) else None),
+            [family, ds, q, "fitted" if fitted else "validation", len(g), _g(r.min() if len(r) else None),
              _g(r.median() if len(r) else None), _g(r.max() if len(r) else None),
              int(g["within_1.5x"].fillna(False).sum()), int(g["within_2x"].fillna(False).sum()),
              "n/a" if g["band"].isna().all() else f"{g['band'].max():g}x"]
         )  # fmt: skip
     header = [
+        "family",
         "data set",
         "quantity",
         "role",
@@ -120,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("data_dir", nargs="?", default=None)
     ap.add_argument("--fast", action="store_true", help="only the CI subset")
     ap.add_argument("--jobs", type=int, default=usable_cpus(), help="worker processes (default: usable CPUs)")
+    ap.add_argument("--from", dest="stored", default=None, help="render the scorecard `uvmlab validate -o DIR` wrote")
     args = ap.parse_args(argv)
-    card = validate(args.data_dir, fast=args.fast, jobs=args.jobs)
+    card = Scorecard.read(args.stored) if args.stored else validate(args.data_dir, fast=args.fast, jobs=args.jobs)
     import matplotlib.pyplot as plt
 
     text = splice(DOC.read_text(), render(card))  # fails on missing markers before anything is written

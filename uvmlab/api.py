@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import re
 from collections.abc import Callable
@@ -105,7 +106,7 @@ def _gpu(x: Any) -> Any:
 def _workload(x: Any) -> Any:
     from uvmlab.config import WorkloadConfig
 
-    return WorkloadConfig(x) if isinstance(x, str) else x
+    return WorkloadConfig(os.fspath(x)) if _is_path(x) else x
 
 
 def _trace(x: Any) -> Any:
@@ -161,6 +162,121 @@ _KWARGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "replay_snapshot": {"path": _path_of},
     "evaluate": {"cases": _cases},
 }
+
+_ACCEPTS: dict[Callable[[Any], Any], tuple[str, str]] = {
+    _gpu: ("uvmlab.gpus.GpuSpec", "a GPU name (uvmlab gpus) or a GpuSpec"),
+    _workload: ("uvmlab.config.WorkloadConfig", "a workload name or file path, or a WorkloadConfig"),
+    _trace: ("uvmlab.trace.schema.Trace", "a trace folder's path or a Trace (read_trace)"),
+    _rundir: ("uvmlab.files.rundir.RunDir", "a run directory's path, a RunDir or a RunResult"),
+    _cases: ("collections.abc.Sequence", "a ground-truth CSV or snapshot folder path, or a list of EvalCase"),
+    _spec: ("uvmlab.sweep.spec.SweepSpec", "a sweep spec's path or a SweepSpec (load_spec)"),
+    _path_of: ("", "a path (str or os.PathLike) or an object opened from one (an export, a run, a RunDir)"),
+}
+"""Per converter: the type it passes through unchanged ('': none) and what the parameter takes, in words."""
+
+_REPLACED_TAKES: dict[tuple[str, str], tuple[str, str]] = {
+    ("summarize", "ex"): (
+        "uvmlab.measure.nsys.read.Export",
+        "an nsys export's path (str or os.PathLike) or an export opened with open_export",
+    ),
+    ("characterize_source", "source"): (
+        "uvmlab.trace.schema.Trace",
+        "a workload name, a snapshot or trace folder path, a read snapshot or a Trace",
+    ),
+}
+"""Parameters of the functions in ``_REPLACED`` that take a path besides their annotated type."""
+
+_WORDS = {
+    "str": "text",
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "True or False",
+    "PathLike": "a path (str or os.PathLike)",
+    "Path": "a path (str or os.PathLike)",
+    "NoneType": "None",
+    "GpuSpec": "a GPU name (uvmlab gpus) or a GpuSpec",
+    "WorkloadConfig": "a workload name or file path, or a WorkloadConfig",
+    "RunConfig": "a RunConfig (run also takes a workload name)",
+}
+
+
+def _klass(dotted: str) -> type | None:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name, None) if module else None
+
+
+def _classes(annotation: Any) -> tuple[type, ...] | None:
+    """The runtime classes an annotation admits, or None where it cannot be checked (Any, a type variable)."""
+    import types
+    import typing
+
+    if annotation is None or annotation is type(None):
+        return (type(None),)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        parts = [_classes(a) for a in typing.get_args(annotation)]
+        return None if any(p is None for p in parts) else tuple(c for p in parts if p for c in p)
+    if origin is not None:
+        return (origin,) if isinstance(origin, type) else None
+    if annotation is float:
+        return (float, int)
+    return (annotation,) if isinstance(annotation, type) and annotation is not typing.Any else None
+
+
+def _annotation(fn: Callable[..., Any], param: inspect.Parameter) -> tuple[type, ...] | None:
+    """``param``'s annotation of ``fn`` as runtime classes (None when absent or not resolvable here)."""
+    ann = param.annotation
+    if ann is inspect.Parameter.empty:
+        return None
+    if isinstance(ann, str):
+        try:
+            ann = eval(ann, getattr(fn, "__globals__", {}), {})  # the module's own annotation text, never user input
+        except Exception:  # a name imported for type checkers only: not checked here
+            return None
+    return _classes(ann)
+
+
+def _words(classes: tuple[type, ...]) -> str:
+    if str in classes and any(issubclass(c, os.PathLike) or c is os.PathLike for c in classes):
+        classes = tuple(c for c in classes if c is not str)  # "a path (str or os.PathLike)" says it
+    names = list(dict.fromkeys(_WORDS.get(c.__name__, f"a {c.__name__}") for c in classes))
+    return " or ".join(names)
+
+
+def _check_arguments(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse (InputError, one sentence naming the function and the parameter) an argument of a type the function
+    cannot take, before it runs: a parameter with a converter takes a path (or a name) or the converter's type, any
+    other the classes of its annotation. An unknown GPU type lists the known GPUs, as the CLI does."""
+    try:
+        sig = inspect.signature(fn)
+        bound = sig.bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return  # a call of the wrong shape: Python's own TypeError when the function is called
+    names = list(sig.parameters)
+    by_name = {names[i]: c for i, c in _ARGS.get(name, {}).items() if i < len(names)} | _KWARGS.get(name, {})
+    for pname, value in bound.arguments.items():
+        param = sig.parameters[pname]
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or (value is None and param.default is None):
+            continue
+        conv = by_name.get(pname)
+        taken = _ACCEPTS.get(conv) if conv is not None else _REPLACED_TAKES.get((name, pname))
+        if taken is not None:
+            passes, words = taken
+            klass = _klass(passes) if passes else None
+            has_path = conv in (_path_of, _rundir, None) and _is_path(getattr(value, "path", None))
+            if _is_path(value) or has_path or (klass is not None and isinstance(value, klass)):
+                continue
+        else:
+            classes = _annotation(fn, param)
+            if classes is None or isinstance(value, classes):
+                continue
+            words = _words(classes)
+        from uvmlab.errors import InputError
+        from uvmlab.gpus import GPUS
+        from uvmlab.numbers import prefix
+
+        known = f"; known GPUs: {', '.join(GPUS)}" if "GPU name" in words else ""
+        raise InputError(f"{name}(): {pname} must be {words}, not {prefix(value)}{known}")
 
 
 def _summarize(ex: Any, *args: Any, **kwargs: Any) -> Any:
@@ -222,6 +338,10 @@ def _run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
     return run(cfg, *args, **kwargs)
 
 
+_UNCHECKED = frozenset({"run"})
+"""Functions whose arguments are checked by their own replacement (``_run``: a RunConfig or a workload and its
+settings, checked by RunConfig and WorkloadConfig)."""
+
 _REPLACED: dict[str, Callable[..., Any]] = {
     "summarize": _summarize,
     "characterize_source": _characterize_source,
@@ -266,6 +386,8 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
+            if name not in _UNCHECKED:
+                _check_arguments(name, fn, args, kwargs)
             args = tuple(pos[i](a) if i in pos else a for i, a in enumerate(args))
             kwargs = {k: kw[k](v) if k in kw else v for k, v in kwargs.items()}
             return target(*args, **kwargs)

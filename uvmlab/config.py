@@ -11,11 +11,12 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
+from uvmlab.numbers import parse_float, prefix
 from uvmlab.units import parse_bytes
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -24,7 +25,46 @@ ATTENTION_IMPLS = ("auto", "sdpa", "eager")
 """``auto``: transformers' own choice, SDPA where the model class can dispatch it, else eager attention
 (``PreTrainedModel.get_correct_attn_implementation`` with no request, transformers 5.24); ``sdpa`` refuses a class
 without it."""
-DTYPES = ("fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16")
+"""``auto``: the dtype the model trains in: fp32, except a model that cannot train in fp32 on a GPU (transformers'
+mixture-of-experts layers on ``grouped_mm``: bf16 weights, workloads.hf_dtype); ``fp32`` asks for fp32 (refused where
+the model cannot); ``bf16``: bf16 autocast."""
+COMPUTE_DTYPES = ("fp32", "bf16")
+
+
+def compute_dtype(dtype: str, header: dict[str, Any] | None = None) -> str:
+    """``fp32`` or ``bf16``: what a run's kernels compute in, for the timing models. ``auto`` is resolved by the capture
+    (the trace header's ``compute_dtype``: the dtype the model was built in), else fp32."""
+    if dtype in COMPUTE_DTYPES:
+        return dtype
+    recorded = (header or {}).get("compute_dtype")
+    return recorded if recorded in COMPUTE_DTYPES else "fp32"
+
+
+WEIGHTS_DTYPES = ("fp32", "bf16")
+"""Storage dtype of the model's weights (``--weights-dtype``): fp32, or bf16 as ``from_pretrained(torch_dtype=
+torch.bfloat16)`` loads them (the frozen base of a LoRA fine-tune; the non-quantized modules under QLoRA)."""
+SHARD_MODES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2")
+"""Data-parallel layouts of one rank (``--shard``; uvmlab.trace.shard): PyTorch DDP, DeepSpeed ZeRO stage 1/2/3,
+PyTorch FSDP (FullyShardedDataParallel, FULL_SHARD) and FSDP2 (``fully_shard``)."""
+SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
+"""``F.scaled_dot_product_attention`` backend on CUDA (``--sdpa-backend``), as ``torch.nn.attention.sdpa_kernel``
+forces it: ``auto`` is PyTorch's own choice (uvmlab.trace.emulate.SdpaEmulation)."""
+SHARD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "bucket_cap_mb": ("ddp",),
+    "reduce_bucket_size": ("zero1", "zero2", "zero3"),
+    "allgather_bucket_size": ("zero1", "zero2"),
+    "overlap_comm": ("zero1", "zero2", "zero3"),
+    "prefetch_bucket_size": ("zero3",),
+    "param_persistence_threshold": ("zero3",),
+    "max_reuse_distance": ("zero3",),
+}
+"""``--shard-option KEY=VALUE`` keys and the layouts that read them: DDP's ``bucket_cap_mb`` and DeepSpeed's
+``zero_optimization`` settings (``stage3_`` prefixes dropped); ``auto`` for the three hidden-size keys is HF
+Trainer's rule (uvmlab.trace.shard.zero)."""
+MAX_WORLD_SIZE = 1 << 16
+"""Largest ``world_size`` accepted (65,536 ranks)."""
+MAX_LORA_RANK = 1 << 16
 CAPTURE_DEVICES = ("meta", "cpu")
 MODES = ("sim", "gpu", "auto")
 ALLOCATORS = ("pca", "nocache")
@@ -37,7 +77,7 @@ OFF_WORDS = ("off", "false", "no", "0")
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
-        raise InputError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+        raise InputError(f"{name} must be one of {', '.join(choices)}, not {prefix(value)}")
 
 
 def parse_on_off(name: str, value: Any) -> bool:
@@ -54,7 +94,7 @@ def parse_on_off(name: str, value: Any) -> bool:
             return True
         if word in OFF_WORDS:
             return False
-    raise InputError(f"{name} takes on or off (or True / False), not {value!r}")
+    raise InputError(f"{name} takes on or off (or True / False), not {prefix(value)}")
 
 
 def _text(name: str, value: Any, what: str) -> str:
@@ -62,13 +102,13 @@ def _text(name: str, value: Any, what: str) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
-        raise InputError(f"{name} must be {what}, not {value!r}")
+        raise InputError(f"{name} must be {what}, not {prefix(value)}")
     return value
 
 
 def _mapping(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise InputError(f"{name} must be a mapping of names to values (a dict), not {value!r}")
+        raise InputError(f"{name} must be a mapping of names to values (a dict), not {prefix(value)}")
     return value
 
 
@@ -85,7 +125,7 @@ class WorkloadConfig:
     optimizer: str = "adam"
     zero_grad: str = "iteration_start"
     attention: str = "auto"
-    dtype: str = "fp32"
+    dtype: str = "auto"
     iterations: int = 3
     options: dict[str, Any] = field(default_factory=dict)
     accumulation_steps: int = 1
@@ -94,6 +134,24 @@ class WorkloadConfig:
     """Activation checkpointing (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) of the model's
     segments: "" off, ``auto`` the workload's own segments (``workloads.checkpointing``), or a module class name
     (every outermost module of that class). Left out of :meth:`to_dict` when off, so existing hashes stay."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank through ``peft`` (workloads.peft_adapt); 0: none. The base weights are frozen."""
+    lora_targets: tuple[str, ...] = ()
+    """Module names the adapters wrap (peft ``target_modules``); empty: peft's default for the model type (the
+    attention projections, e.g. q_proj and v_proj for Llama)."""
+    qlora: bool = False
+    """QLoRA: the frozen linear layers' weights in 4-bit NF4 with double quantization (bitsandbytes ``Linear4bit``),
+    bf16 compute; needs ``lora_rank``."""
+    weights_dtype: str = "fp32"
+    """Storage dtype of the model's weights (WEIGHTS_DTYPES)."""
+    shard: str = ""
+    """Data-parallel layout of one rank (SHARD_MODES), "" for a single-GPU job (uvmlab.trace.shard)."""
+    world_size: int = 1
+    """Data-parallel ranks the job runs on (``shard`` set)."""
+    sdpa_backend: str = "auto"
+    """The CUDA SDPA backend (SDPA_BACKENDS)."""
+    shard_options: dict[str, Any] = field(default_factory=dict)
+    """Settings of the data-parallel layout (SHARD_OPTIONS), e.g. ``{"reduce_bucket_size": "auto"}``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workload", _text("workload", self.workload, "a workload name or a file path"))
@@ -101,31 +159,91 @@ class WorkloadConfig:
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
         ):
-            raise InputError(f"batch size must be a whole number >= 1, not {self.batch_size!r}")
+            raise InputError(f"batch size must be a whole number >= 1, not {prefix(self.batch_size)}")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("zero_grad", self.zero_grad, ZERO_GRAD_POSITIONS)
         _choice("attention", self.attention, ATTENTION_IMPLS)
         _choice("dtype", self.dtype, DTYPES)
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
-            raise InputError(f"iterations must be a whole number >= 1, not {self.iterations!r}")
+            raise InputError(f"iterations must be a whole number >= 1, not {prefix(self.iterations)}")
         if self.iterations > MAX_ITERATIONS:
-            raise InputError(f"iterations {self.iterations:,} is over uvmlab's limit of {MAX_ITERATIONS:,} per run")
+            raise InputError(
+                f"iterations {prefix(self.iterations)} is over uvmlab's limit of {MAX_ITERATIONS:,} per run"
+            )
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1024:
-            raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {steps!r}")
+            raise InputError(f"gradient accumulation steps must be a whole number from 1 to 1024, not {prefix(steps)}")
         if not isinstance(self.checkpoint, str) or not (self.checkpoint == "" or self.checkpoint.isidentifier()):
             raise InputError(
-                f"checkpoint must be 'auto' or a module class name (an identifier), not {self.checkpoint!r}"
+                f"checkpoint must be 'auto' or a module class name (an identifier), not {prefix(self.checkpoint)}"
             )
+        self._check_training_setup()
+
+    def _check_training_setup(self) -> None:
+        """LoRA/QLoRA, weight dtype, data-parallel layout and SDPA backend (issue 45)."""
+        rank = self.lora_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_LORA_RANK:
+            raise InputError(f"LoRA rank must be a whole number from 1 to {MAX_LORA_RANK} (0: no LoRA), not {rank!r}")
+        targets = self.lora_targets
+        if isinstance(targets, str):
+            targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        if not isinstance(targets, list | tuple) or not all(isinstance(t, str) and t for t in targets):
+            raise InputError(f"LoRA targets must be module names (e.g. q_proj,v_proj), not {self.lora_targets!r}")
+        object.__setattr__(self, "lora_targets", tuple(targets))
+        if targets and not rank:
+            raise InputError("--lora-targets needs --lora R (the adapters' rank)")
+        object.__setattr__(self, "qlora", parse_on_off("qlora", self.qlora))
+        if self.qlora and not rank:
+            raise InputError("QLoRA trains LoRA adapters on the 4-bit base: give their rank with --lora R")
+        _choice("weights dtype", self.weights_dtype, WEIGHTS_DTYPES)
+        if self.shard != "":
+            _choice("shard", self.shard, SHARD_MODES)
+        ws = self.world_size
+        if isinstance(ws, bool) or not isinstance(ws, int) or not 1 <= ws <= MAX_WORLD_SIZE:
+            raise InputError(f"world size must be a whole number from 1 to {MAX_WORLD_SIZE:,}, not {ws!r}")
+        if ws > 1 and not self.shard:
+            raise InputError(f"--world-size {ws} needs a data-parallel layout: --shard {'|'.join(SHARD_MODES)}")
+        _choice("sdpa backend", self.sdpa_backend, SDPA_BACKENDS)
+        opts = _mapping("shard options", self.shard_options)
+        for key, value in opts.items():
+            if key not in SHARD_OPTIONS:
+                raise InputError(f"unknown --shard-option {key}; known: {', '.join(SHARD_OPTIONS)}")
+            if self.shard not in SHARD_OPTIONS[key]:
+                raise InputError(f"--shard-option {key} applies to --shard {'/'.join(SHARD_OPTIONS[key])}")
+            if key == "overlap_comm":
+                opts[key] = parse_on_off(key, value)
+            elif not (value == "auto" and key in AUTO_SHARD_OPTIONS) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                what = " or auto" if key in AUTO_SHARD_OPTIONS else ""
+                raise InputError(f"--shard-option {key} must be a whole number >= 1{what}, not {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (config.json, hashing); ``checkpoint`` only when set (older hashes stay valid)."""
+        """Plain-dict form (config.json, hashing); ``checkpoint`` and the training-setup fields only when not at
+        their defaults (older hashes stay valid)."""
         d = asdict(self)
-        if not self.checkpoint:
-            d.pop("checkpoint")
+        for f in fields(self):
+            if f.name not in OPTIONAL_KEYS:
+                continue
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            if d[f.name] == default:
+                d.pop(f.name)
+        if "lora_targets" in d:
+            d["lora_targets"] = list(d["lora_targets"])
         return d
 
+    @property
+    def single_gpu(self) -> WorkloadConfig:
+        """This job without its data-parallel layout: what one GPU captures (uvmlab.trace.cache)."""
+        return replace(self, shard="", world_size=1, shard_options={})
 
+
+OPTIONAL_KEYS = frozenset(
+    {"checkpoint", "lora_rank", "lora_targets", "qlora", "weights_dtype", "shard", "world_size", "sdpa_backend",
+     "shard_options"}
+)  # fmt: skip
+AUTO_SHARD_OPTIONS = ("reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold")
+"""WorkloadConfig fields left out of ``to_dict`` at their defaults."""
 MIN_OVERSUB = 1e-3
 """Smallest factor accepted: footprint / factor must stay a byte count (1e-300 overflowed to infinity)."""
 MAX_ITERATIONS = 10_000
@@ -136,12 +254,12 @@ a handful), and 10**12 was accepted and ran without an end."""
 def check_oversub(value: float) -> float:
     """Validate an oversubscription factor: any finite number > 0 (<= 1 means no oversubscription)."""
     try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"oversubscription factor must be a number > 0, not {value!r}") from None
+        f = parse_float(value, "oversubscription factor")  # text, an int or a float; never inf, nan or a bool
+    except InputError:
+        f = math.nan
     if not math.isfinite(f) or f <= 0:
         raise InputError(
-            f"oversubscription factor must be a finite number > 0, not {value!r} "
+            f"oversubscription factor must be a finite number > 0, not {prefix(value)} "
             "(it is allocated UVM memory / available GPU memory; <= 1 means no oversubscription)"
         )
     if f > 1000:
@@ -219,10 +337,10 @@ class RunConfig:
         """Check and normalise every field as the CLI does (``pca="off"`` is False, never truthy text)."""
         if not isinstance(self.workload, WorkloadConfig):
             raise InputError(
-                f"workload must be a WorkloadConfig, not {self.workload!r} (api.run also takes a workload name)"
+                f"workload must be a WorkloadConfig, not {prefix(self.workload)} (api.run also takes a workload name)"
             )
         if isinstance(self.oversub, bool):
-            raise InputError(f"oversubscription factor must be a number > 0, not {self.oversub!r}")
+            raise InputError(f"oversubscription factor must be a number > 0, not {prefix(self.oversub)}")
         object.__setattr__(self, "oversub", check_oversub(self.oversub))
         object.__setattr__(self, "pca", parse_on_off("pca", self.pca))
         object.__setattr__(self, "prefetch", parse_on_off("prefetch", self.prefetch))
@@ -234,7 +352,9 @@ class RunConfig:
             if isinstance(memory, str):
                 memory = parse_bytes(memory)
             if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-                raise InputError(f"gpu_memory_bytes must be a whole number of bytes > 0 (or '40GiB'), not {memory!r}")
+                raise InputError(
+                    f"gpu_memory_bytes must be a whole number of bytes > 0 (or '40GiB'), not {prefix(memory)}"
+                )
             object.__setattr__(self, "gpu_memory_bytes", memory)
         if self.params_file is not None:
             object.__setattr__(self, "params_file", _text("params_file", self.params_file, "a file path"))

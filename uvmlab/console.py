@@ -19,7 +19,7 @@ import csv
 import numbers
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from time import monotonic
 from typing import Any
 
@@ -191,6 +191,22 @@ def markdown_table(title: str, columns: Sequence[str], cells: Sequence[Sequence[
     )
     text = ["", title, "", line(head), align + "|", *(line(r) for r in body), ""]
     return "\n".join(text) + "\n"
+
+
+def scalar_rows(doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every scalar of the JSON document ``doc`` as ``(key, value)`` rows, nested ones under dotted keys
+    (``knobs.prefetch_threshold``, ``hint_api_calls.cudaMemPrefetchAsync``; a list's items as ``name.0``): the CSV
+    form of a result (``--format csv``) holds every scalar its ``--format json`` holds."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            rows += scalar_rows(value, f"{name}.")
+        elif isinstance(value, list | tuple):
+            rows += scalar_rows({str(i): v for i, v in enumerate(value)}, f"{name}.")
+        else:
+            rows.append((name, value))
+    return rows
 
 
 def table_key(title: str) -> str:

@@ -313,6 +313,16 @@ SM_FP64_SOURCE = (
 )
 
 
+H200_MEMORY_BYTES = 143_771 * MiB
+"""What a real H200 reports: nvidia-smi shows 143,771 MiB on the H200 this project can be lent (KINDS.md, seen
+2026-10-27), not the datasheet's 141 GB (the spec's memory is the capacity CUDA reports, as for the other GPUs)."""
+
+
+def _with_reported_memory(spec: GpuSpec, memory_bytes: int, source: str) -> GpuSpec:
+    """``spec`` with the capacity a real card reports instead of the datasheet's rounded figure."""
+    return replace(spec, memory_bytes=memory_bytes, sources=(*spec.sources, ("memory as CUDA reports it", source)))
+
+
 PAGE_64K_SOURCE = "64 KiB PAGE_SIZE (gpus.PAGE_64K: POWER9 RHEL kernels; NVIDIA Grace tuning guide)"
 _P3, _P4, _P5 = "PCIe 3.0 x16", "PCIe 4.0 x16", "PCIe 5.0 x16"
 
@@ -335,7 +345,11 @@ GPUS: dict[str, GpuSpec] = {
         # Hopper
         _gpu("H100-80GB", "Hopper", 80, 67e12, 989e12, 3350e9, _P5, "NVIDIA H100 SXM5 datasheet"),
         _gpu("H100-PCIe", "Hopper", 80, 51e12, 756e12, 2000e9, _P5, "NVIDIA H100 PCIe datasheet"),
-        _gpu("H200", "Hopper", 141, 67e12, 989e12, 4800e9, _P5, "NVIDIA H200 SXM datasheet"),
+        _with_reported_memory(
+            _gpu("H200", "Hopper", 141, 67e12, 989e12, 4800e9, _P5, "NVIDIA H200 SXM datasheet"),
+            H200_MEMORY_BYTES,
+            "nvidia-smi on an H200: 143,771 MiB (the lent machine, 2026-10-27)",
+        ),
         _gpu(
             "GH200",
             "Hopper",
@@ -622,3 +636,49 @@ def known_gpu(detected: str | None) -> str | None:
     pairs = {a + b for a, b in itertools.pairwise(words)}  # "RTX 4060" is the listed "RTX4060"
     fits = [k for k in GPUS if all(part in words or part in pairs for part in k.upper().split("-"))]
     return max(fits, key=len) if fits else None
+
+
+SM_VERSION: dict[str, int] = {
+    "A100": 80, "H100": 90, "H200": 90, "GH200": 90, "L40S": 89, "A6000": 86, "V100": 70, "TitanV": 70,
+    "RTX4090": 89, "RTX5090": 120, "RTX4060": 89, "RTX3060": 86, "T4": 75,
+}  # fmt: skip
+"""Compute capability x 10 by GpuSpec name prefix (NVIDIA CUDA GPUs list)."""
+
+# (SM count, max resident threads per SM) by GpuSpec name prefix: vendor datasheets; CUDA C Programming Guide.
+SM_TABLE: dict[str, tuple[int, int]] = {
+    "A100": (108, 2048),
+    "H100-PCIe": (114, 2048),
+    "H100": (132, 2048),
+    "H200": (132, 2048),
+    "GH200": (132, 2048),
+    "L40S": (142, 1536),
+    "A6000": (84, 1536),
+    "V100": (80, 2048),
+    "TitanV": (80, 2048),
+    "RTX4090": (128, 1536),
+    "RTX5090": (170, 1536),
+    "RTX4060": (24, 1536),
+    "RTX3060": (28, 1536),
+    "T4": (40, 1024),
+}
+DEFAULT_SMS = (108, 2048)
+"""GPUs missing from ``SM_TABLE`` are taken as an A100 (``uvmlab.memory.devicemem.ContextModel.notes`` says so)."""
+
+
+def prefix_lookup(table: dict[str, Any], gpu_name: str) -> Any:
+    for prefix in sorted(table, key=len, reverse=True):
+        if gpu_name.startswith(prefix):
+            return table[prefix]
+    return None
+
+
+def sm_info(gpu_name: str) -> tuple[int, int, bool]:
+    """(SMs, threads per SM, known) for a GpuSpec name (longest matching prefix)."""
+    found = prefix_lookup(SM_TABLE, gpu_name)
+    return (*found, True) if found is not None else (*DEFAULT_SMS, False)
+
+
+def sm_version(gpu_name: str) -> int:
+    """Compute capability x 10 of a GpuSpec name (80, an A100's, when unknown)."""
+    found = prefix_lookup(SM_VERSION, gpu_name)
+    return 80 if found is None else int(found)

@@ -55,10 +55,26 @@ def gpu_availability() -> Any:
 
 
 def default_run_dir(cfg: RunConfig, root: Path | str = "runs") -> Path:
-    """``runs/<workload>-x<F>-pca<on|off>-<hash>``."""
+    """``runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>``: the folder names the policy a run applies."""
     name = Path(cfg.workload.workload).stem if "/" in cfg.workload.workload else cfg.workload.workload
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "workload"
-    return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}-{cfg.config_hash()[:8]}"
+    policy = f"-{re.sub(r'[^A-Za-z0-9_.+-]+', '_', cfg.policy)}" if cfg.policy else ""
+    return Path(root) / f"{name}-x{cfg.oversub:g}-pca{'on' if cfg.pca else 'off'}{policy}-{cfg.config_hash()[:8]}"
+
+
+def canonical(cfg: RunConfig, spec: Any) -> RunConfig:
+    """``cfg`` with its workload's defaults resolved one way, so that one job is one configuration (one hash, one
+    run folder) whether a default is given or left out: the batch size as a number (the workload's default when
+    None), and workload options equal to their defaults dropped (``spec``: the workload's
+    ``workloads.base.WorkloadSpec``). ``api.run("gpt2", batch_size=8)`` and ``api.run("gpt2")`` are one run."""
+    from dataclasses import replace
+
+    wl = cfg.workload
+    defaults = dict(spec.options)
+    options = {
+        k: v for k, v in wl.options.items() if not (k in defaults and type(v) is type(defaults[k]) and v == defaults[k])
+    }
+    return replace(cfg, workload=replace(wl, batch_size=spec.batch_size(wl), options=options))
 
 
 def stored_run_differs(path: Path, cfg: RunConfig, figure_format: str = "png") -> str | None:
@@ -87,7 +103,12 @@ def stored_run_differs(path: Path, cfg: RunConfig, figure_format: str = "png") -
         return f"uvmlab {env.get('uvmlab')} wrote it (this is {__version__})"
     if not all(rd.figure(name).is_file() for name in RUN_FIGURES):
         return f"it has no {figure_format} figures"
-    return None
+    from uvmlab.uvm.simulate import stored_tables_problem
+
+    try:  # what is shown again must be what the run wrote
+        return stored_tables_problem(rd, rd.read_result())
+    except InputError as exc:
+        return str(exc)
 
 
 def default_output(cfg: RunConfig, mode: str, reusable: bool = True, figure_format: str = "png") -> tuple[Path, bool]:
@@ -135,6 +156,13 @@ def choose_mode(cfg: RunConfig, quiet: bool = False, dry_run: bool = False) -> s
     """
     if cfg.mode == "sim":
         return "sim"
+    if cfg.workload.shard:  # one rank of a data-parallel job: only the simulator makes it (uvmlab.trace.shard)
+        if cfg.mode == "gpu":
+            raise UnavailableError(
+                f"--mode gpu runs one process; --shard {cfg.workload.shard} is one rank of a {cfg.workload.world_size}"
+                "-rank job, which only the simulator models: use --mode sim"
+            )
+        return "sim"
     if cfg.mode == "gpu" and dry_run:
         return "gpu"
     avail = gpu_availability()
@@ -167,6 +195,10 @@ def _gpu_run_options(gpu_options: Any) -> Any:
     fp = given.get("footprint")
     if isinstance(fp, str) and fp not in ("measure", "estimate"):
         given["footprint"] = parse_bytes(fp)
+    if isinstance(given.get("alloc_conf"), str):
+        from uvmlab.measure.gpu.plan import build_alloc_conf
+
+        build_alloc_conf(given["alloc_conf"])  # checked before anything is estimated or run
     try:
         return GpuRunOptions(**given)
     except TypeError as exc:
@@ -190,9 +222,12 @@ def run(
     ``snapshot`` (simulation only): also write a PyTorch memory snapshot; ``timeline``: a Perfetto JSON timeline;
     ``figure_format``: png, svg or pdf for the run's figures.
     """
+    from uvmlab.uvm.simulate import check_simulator_inputs
     from workloads.registry import load_workload
 
-    load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    check_simulator_inputs(cfg)  # --sim-option knobs and the --params file: before anything is captured or removed
+    spec = load_workload(cfg.workload.workload)  # an unknown workload is reported before anything else happens
+    cfg = canonical(cfg, spec)  # a default given or left out: one configuration
     dry_run = bool(
         gpu_options.get("dry_run") if isinstance(gpu_options, dict) else getattr(gpu_options, "dry_run", False)
     )
@@ -234,6 +269,10 @@ def run(
             note(f"{', '.join('--' + k.replace('_', '-') for k in used)} only apply to --mode gpu; ignored")
     from uvmlab.uvm.simulate import simulate_run
 
+    if cfg.params_file:  # read (and refused) before the run folder is taken and the trace captured
+        from uvmlab.sim.uvm.timing import CostParams
+
+        CostParams.from_file(cfg.params_file)
     rundir.prepare(force=force)
     with rundir:  # releases the writer's lock
         result = simulate_run(

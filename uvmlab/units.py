@@ -6,6 +6,7 @@ import math
 import re
 
 from uvmlab.errors import InputError
+from uvmlab.numbers import prefix
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -39,21 +40,23 @@ def parse_bytes(text: str | int | float) -> int:
     Decimal suffixes (kB, MB, GB) are powers of 1000, binary ones (KiB, MiB, GiB) powers of 1024.
     """
     if isinstance(text, bool):
-        raise InputError(f"not a byte size: {text!r}")
+        raise InputError(f"not a byte size: {prefix(text)}")
     if isinstance(text, int | float):
         value, unit = float(text), ""
     else:
         m = _SIZE_RE.match(text)
         if not m:
-            raise InputError(f"not a byte size: {text!r} (examples: 4096, 512MiB, 80GiB, 1.5GB)")
+            raise InputError(f"not a byte size: {prefix(text)} (examples: 4096, 512MiB, 80GiB, 1.5GB)")
         value, unit = float(m.group(1)), m.group(2).lower()
     if unit not in _UNITS:
-        raise InputError(f"unknown byte unit {unit!r} in {text!r}; use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB")
+        raise InputError(
+            f"unknown byte unit {prefix(unit)} in {prefix(text)}; use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB"
+        )
     result = value * _UNITS[unit]
     if result < 0:
-        raise InputError(f"a byte size cannot be negative: {text!r}")
+        raise InputError(f"a byte size cannot be negative: {prefix(text)}")
     if not math.isfinite(result) or result > MAX_BYTES:
-        raise InputError(f"byte size {text!r} is larger than {MAX_BYTES:,} bytes (2**63 - 1, the int64 limit)")
+        raise InputError(f"byte size {prefix(text)} is larger than {MAX_BYTES:,} bytes (2**63 - 1, the int64 limit)")
     return round(result)
 
 

@@ -40,6 +40,9 @@ class Workload:
     checkpoint_segments: Callable[[], list[Any]] | None = None
     """Optional: the modules ``checkpoint=auto`` wraps in activation checkpointing (workloads.checkpointing);
     None: the generic repeated-blocks rule."""
+    capture_modes: list[Callable[[], Any]] = field(default_factory=list)
+    """Context managers a meta capture enters inside its recorder while the workload trains: emulations of what a
+    library's CUDA kernels allocate that their meta kernels do not (workloads.peft_adapt.gemm_4bit_emulation)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,60 @@ class WorkloadSpec:
     def build(self, cfg: WorkloadConfig, device: str = "meta") -> Workload:
         """Build the model on ``device`` with random weights, plus its batch maker and loss.
 
-        ``build_fn`` receives ``cfg`` with ``batch_size`` already resolved (never None).
+        ``build_fn`` receives ``cfg`` with ``batch_size`` already resolved (never None). LoRA, QLoRA and the
+        weights dtype of ``cfg`` are applied after (workloads.peft_adapt); on meta the model is built and adapted
+        unrecorded, then its tensors are allocated again under the recorder, as a loaded model holds them.
         """
-        return self.build_fn(replace(cfg, batch_size=self.batch_size(cfg)), device, self.resolve_options(cfg))
+        cfg = replace(cfg, batch_size=self.batch_size(cfg))
+        from workloads.peft_adapt import adapt, adapts, rematerialize, unrecorded
+
+        if not adapts(cfg):
+            with module_limit(self.name):
+                return self.build_fn(cfg, device, self.resolve_options(cfg))
+        if device != "meta":
+            with module_limit(self.name):
+                workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            workload.notes.extend(adapt(workload, cfg))
+            return workload
+        with unrecorded():
+            with module_limit(self.name):  # the adapters are not part of the construction
+                workload = self.build_fn(cfg, device, self.resolve_options(cfg))
+            notes = adapt(workload, cfg)
+        rematerialize(workload.model, workload.device)
+        workload.notes.extend(notes)
+        return workload
+
+
+MAX_MODULES = 250_000
+"""Submodules a model may register while it is built. The largest real models hold tens of thousands
+(DeepSeek-V3: 61 layers x 256 routed experts x 3 projections = about 47,000 linear layers); an option such as
+``n_layer=1000000000`` would otherwise build modules for hours before the trace starts (issue 42)."""
+
+
+@contextlib.contextmanager
+def module_limit(workload: str, limit: int | None = None) -> Iterator[None]:
+    """Refuse, with one sentence, a model whose construction registers more than ``limit`` submodules
+    (``torch.nn.modules.module.register_module_module_registration_hook``: every ``__setattr__``/``add_module`` of
+    a module)."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    limit = MAX_MODULES if limit is None else limit
+    count = 0
+
+    def hook(module: Any, name: str, submodule: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > limit:
+            raise InputError(
+                f"workload {workload}: the model registers more than {limit:,} submodules while it is built "
+                "(larger than any real model); lower the option that sets its depth or width"
+            )
+
+    handle = register_module_module_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 COMMON_OPTIONS: dict[str, Any] = {"data_dependent_fraction": 1.0}

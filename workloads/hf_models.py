@@ -5,21 +5,32 @@ entry) or the path of a ``config.json`` (or of a folder holding one). The model 
 ``architectures[0]`` when transformers has it, else the causal-LM (then masked-LM) class for its
 ``model_type``; only language-model heads are supported (the loss is the model's own, ``labels = input_ids``,
 as for the built-in gpt2/bert workloads). Weights are fp32 (the checkpoints' ``torch_dtype`` is a storage
-format; ``--dtype bf16`` selects bf16 autocast). Options: ``seq_len`` (default: 1024 for GPT-2, 512 for
+format; ``--dtype bf16`` selects bf16 autocast), except mixture-of-experts models whose experts run on grouped_mm,
+which train in 16-bit weights (workloads.hf_dtype). Config fields, fewer layers, transformers' validation and the
+class's sub-config: workloads.hf_config. Options: ``seq_len`` (default: 1024 for GPT-2, 512 for
 BERT, 2048 for the others, never above the model's positions), ``num_layers`` (0: the config's; fewer layers
 make a quick small model).
 """
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import read_input_text
 from workloads.base import Workload, WorkloadSpec, hf_attention, positive, token_lm_workload
+from workloads.hf_config import (
+    build_config,
+    check_layer_kinds,
+    instantiate,
+    layer_kinds,
+    read_config_text,
+    reduce_layers,
+)
+from workloads.hf_dtype import default_dtype, training_dtype
 
 DEFAULT_BATCH_SIZE = 8
 """Default batch size of an ``hf:`` model (the seed study's GPT-2 batch)."""
@@ -63,6 +74,52 @@ def _qwen25(hidden: int, ffn: int, layers: int, heads: int) -> dict[str, Any]:
             "use_sliding_window": False, "hidden_act": "silu"}  # fmt: skip
 
 
+FINE_TUNING_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "llama-2-7b": (
+        {**_llama(4096, 11008, 32, 32, 128), "num_key_value_heads": 32, "vocab_size": 32000,
+         "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json",
+    ),
+    "llama-2-13b": (
+        {**_llama(5120, 13824, 40, 40, 128), "num_key_value_heads": 40, "vocab_size": 32000,
+         "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json",
+    ),
+    "llama-3.1-8b": (
+        {**_llama(4096, 14336, 32, 32, 128), "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0},
+         "tie_word_embeddings": False},
+        "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json",
+    ),
+    "mistral-7b": (
+        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 4096,
+         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "vocab_size": 32000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "sliding_window": 4096, "tie_word_embeddings": False, "hidden_act": "silu"},
+        "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+    ),
+    "qwen2.5-7b": (
+        {**_qwen25(3584, 18944, 28, 28), "num_key_value_heads": 4, "vocab_size": 152064,
+         "max_position_embeddings": 131072, "tie_word_embeddings": False},
+        "https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
+    ),
+    "gemma-2b": (
+        {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 2048,
+         "intermediate_size": 16384, "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1,
+         "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+        "https://huggingface.co/google/gemma-2b/blob/main/config.json",
+    ),
+    "gemma-7b": (
+        {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 3072,
+         "intermediate_size": 24576, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+         "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+        "https://huggingface.co/google/gemma-7b/blob/main/config.json",
+    ),
+}  # fmt: skip
+"""The fine-tuning families of issue 45 (Llama 2 / 3.1, Mistral, Qwen2.5, Gemma): dimensions from each config.json
+(cited); the LoRA, QLoRA and data-parallel estimates and the published-measurement comparison use them."""
+
 PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "gpt2": (_gpt2(768, 12, 12), _GPT2.format("gpt2")),
     "gpt2-medium": (_gpt2(1024, 24, 16), _GPT2.format("gpt2-medium")),
@@ -86,6 +143,7 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "qwen2.5-0.5b": (_qwen25(896, 4864, 24, 14), "https://huggingface.co/Qwen/Qwen2.5-0.5B/blob/main/config.json"),
     "qwen2.5-1.5b": (_qwen25(1536, 8960, 28, 12), "https://huggingface.co/Qwen/Qwen2.5-1.5B/blob/main/config.json"),
+    **FINE_TUNING_PRESETS,
 }
 """Built-in configs: name -> (config.json fields that set the model's size and shape, source)."""
 LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
@@ -105,11 +163,12 @@ def config_file(arch: str) -> Path | None:
     return path.resolve()
 
 
+MAX_CONFIG_BYTES = 16 << 20
+"""Largest transformers config.json read (16 MiB; real ones are a few KB)."""
+
+
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"hf config {path} is not readable JSON: {exc}") from None
+    data = read_config_text(read_input_text(path, MAX_CONFIG_BYTES, "a transformers config.json"), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise InputError(f"hf config {path} has no model_type (a transformers config.json names one)")
     return data
@@ -172,35 +231,34 @@ def _model_class(config: dict[str, Any]) -> Any:
 def build_hf(label: str, config: dict[str, Any], cfg: WorkloadConfig, device: str, opts: dict[str, Any]) -> Workload:
     """Build the language model of ``config`` on ``device`` with random weights, in train mode."""
     import torch
-    from transformers import CONFIG_MAPPING
 
     positive(label, opts, "seq_len")
     if opts["num_layers"] < 0:
         raise InputError(f"workload {label} option num_layers must be >= 0, not {opts['num_layers']}")
     fields = dict(config)
     model_type = fields.pop("model_type")
-    if model_type not in CONFIG_MAPPING:
-        raise InputError(f"{label}: transformers has no model_type {model_type!r}")
-    if opts["num_layers"]:
-        key = "n_layer" if "n_layer" in fields else "num_hidden_layers"
-        before = fields.get(key)
-        fields[key] = opts["num_layers"]
-        for name, value in list(fields.items()):  # per-layer lists (layer_types, mlp_layer_types, ...) follow
-            if "layer" in name and isinstance(value, list) and len(value) == before:
-                fields[name] = value[: opts["num_layers"]]
-    hf_config = CONFIG_MAPPING[model_type].from_dict(fields)
+    hf_config = build_config(label, model_type, fields)
+    if opts["num_layers"]:  # workloads.hf_config: every stack cut, per-layer fields with it, every kind of layer kept
+        full = layer_kinds(hf_config)
+        hf_config = build_config(f"{label} with num_layers {opts['num_layers']}", model_type,
+                                 reduce_layers(fields, opts["num_layers"]))  # fmt: skip
+        check_layer_kinds(label, full, layer_kinds(hf_config), opts["num_layers"])
     hf_config._attn_implementation = hf_attention(cfg)
     positions = _positions(config)
     if positions is not None and opts["seq_len"] > positions:
         raise InputError(f"{label} seq_len {opts['seq_len']} exceeds the model's {positions} positions")
     cls = _model_class(config)
+    weights, notes = training_dtype(label, cls, hf_config, fields, cfg.dtype)  # workloads.hf_dtype: MoE on grouped_mm
     dev = torch.device(device)
-    with dev:
-        model = cls(hf_config)
+    with dev, default_dtype(weights):
+        model = instantiate(cls, hf_config)
+    model.to(dev)  # what a constructor made on the CPU (torch.normal(mean, std, size) ignores the device context)
     model.loss_type = "ForMaskedLM" if cls.__name__.endswith("ForMaskedLM") else "ForCausalLM"
     model.train()
-    vocab = hf_config.get_text_config().vocab_size
-    return token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+    vocab = model.config.get_text_config().vocab_size  # the config the class took (a sub-config: MusicGen's decoder)
+    workload = token_lm_workload(label, model, dev, cfg.batch_size, opts["seq_len"], vocab)
+    workload.notes.extend(notes)
+    return workload
 
 
 def hf_type_names() -> list[str]:

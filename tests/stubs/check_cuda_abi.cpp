@@ -15,6 +15,7 @@
 UVMLAB_CUDA_COMMON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t)
 UVMLAB_CUDA_ATTR_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaDeviceAttr)
 UVMLAB_CUDA_PYTHON_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, struct ::cudaPointerAttributes)
+UVMLAB_CUDA_STREAM_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, ::cudaStream_t, ::cudaEvent_t)
 #if CUDART_VERSION >= 13000
 static_assert(CUDART_VERSION >= uvmlab_abi::kCuda13Version, "the shim's CUDA 13 version switch");
 UVMLAB_CUDA13_FUNCTIONS(UVMLAB_CHECK_FN, ::cudaError_t, enum ::cudaMemoryAdvise, struct ::cudaMemLocation,

@@ -8,11 +8,18 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, simulated_gpu_option, workload_config, workload_options
+from uvmlab.cli.options import (
+    PathParam,
+    format_option,
+    out_option,
+    simulated_gpu_option,
+    workload_config,
+    workload_options,
+)
 
 
 @click.command("advise")
-@click.argument("workload", required=False)
+@click.argument("workload", required=False, type=PathParam("input", maybe_name=True, path_type=str))
 @simulated_gpu_option()
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 24GiB.")
 @click.option(

@@ -7,12 +7,13 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
-from uvmlab.config import ALLOCATORS
-from uvmlab.console import note, plain, print_csv, print_table, say
+from uvmlab.cli.options import PathParam, format_option, out_option, workload_config, workload_options
+from uvmlab.config import ALLOCATORS, WorkloadConfig
+from uvmlab.console import note, plain, print_csv, print_table, say, scalar_rows
 from uvmlab.files.atomic import to_json
+from uvmlab.gpus import MAX_MEMORY_BYTES
 from uvmlab.trace.cudnn_conv import WORKSPACE_MODELS
-from uvmlab.units import format_bytes
+from uvmlab.units import MiB, format_bytes
 
 
 @click.group("snapshot")
@@ -21,7 +22,7 @@ def snapshot_group() -> None:
 
 
 @snapshot_group.command("show")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("file", type=PathParam("input", folder=False, dir_okay=False, path_type=str))
 @format_option()
 def snapshot_show(file: str, fmt: str) -> None:
     """Summarize FILE: format generation, segments, reserved/allocated bytes and trace events per device.
@@ -91,7 +92,7 @@ def snapshot_show(file: str, fmt: str) -> None:
 
 
 @click.command("estimate")
-@click.argument("workload")
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
 @workload_options()
 @click.option("--gpu", "gpu_name", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 80GiB.")
@@ -99,9 +100,10 @@ def snapshot_show(file: str, fmt: str) -> None:
 @click.option("--alloc-conf", default="", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
 @click.option(
     "--margin-mb",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_MEMORY_BYTES // MiB),
     default=None,
-    help="Margin added to required_mb, in MiB [default: max(5% of peak reserved, 256 MiB)].",
+    help="Margin added to required_mb, in MiB (at most 64 TiB, the simulated device range) [default: the coverage "
+    "rule of uvmlab.memory.intervals, docs/estimate.md].",
 )
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the run (lazy: CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 "
@@ -115,7 +117,8 @@ def snapshot_show(file: str, fmt: str) -> None:
               "or the buffers of one cuDNN algorithm family (docs/estimate.md).")  # fmt: skip
 @click.option("--cudnn-workspace-range", is_flag=True, help="Also estimate under every workspace model and "
               "report the range of the device peak: what only cuDNN's engine choice could settle.")  # fmt: skip
-@click.option("--stack", "stack_file", default=None, metavar="STACK.json", type=click.Path(dir_okay=False),
+@click.option("--stack", "stack_file", default=None, metavar="STACK.json",
+              type=PathParam("input", folder=False, dir_okay=False),
               help="Fixed costs fitted to your stack (uvmlab calibrate --memory); sets module loading.")  # fmt: skip
 @out_option("Write a run directory here.", dest="out_dir", default=None, metavar="DIR")
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory (-o) or snapshot (--snapshot).")
@@ -124,8 +127,13 @@ def snapshot_show(file: str, fmt: str) -> None:
     "task files take).",
     extra=("carma",),
 )
-@click.option("--snapshot", "snapshot_out", default=None, metavar="OUT.pickle", help="Write the simulated run as a "
-              "PyTorch memory snapshot (open it at pytorch.org/memory_viz).")  # fmt: skip
+@click.option("--snapshot", "snapshot_out", default=None, type=PathParam("output", folder=False, path_type=str),
+              metavar="OUT.pickle", help="Write the simulated run as a PyTorch memory snapshot (open it at "
+              "pytorch.org/memory_viz).")  # fmt: skip
+@click.option("--max-seq-len", "fit_seq", is_flag=True, help="Find the longest sequence that fits the GPU (a multiple "
+              "of --seq-len-step) and estimate at it (docs/estimate.md).")  # fmt: skip
+@click.option("--seq-len-step", type=int, default=64, show_default=True, metavar="N",
+              help="Granularity of --max-seq-len in tokens.")  # fmt: skip
 def estimate_cmd(
     workload: str,
     gpu_name: str,
@@ -142,6 +150,8 @@ def estimate_cmd(
     force: bool,
     fmt: str,
     snapshot_out: str | None,
+    fit_seq: bool,
+    seq_len_step: int,
     **kw: Any,
 ) -> None:
     """Estimate the peak GPU memory of training WORKLOAD on a GPU, on this CPU (no GPU needed).
@@ -163,7 +173,6 @@ def estimate_cmd(
         write_estimate,
     )
     from uvmlab.trace.orchestrate import OrchestrationRules
-    from uvmlab.units import MiB
 
     cfg = workload_config(workload, **kw)
     gpu = get_gpu(gpu_name, gpu_memory)
@@ -198,17 +207,31 @@ def estimate_cmd(
             "module_loading": module_loading,
             "stack": stack,
         }
-        est = estimate(
-            cfg,
-            gpu,
-            **common,
-            progress=lambda msg: bar.update(task, description=plain(msg)),
-            capture_progress=capture_progress,
-        )
+        seq_fit = None
+        if fit_seq:
+            from uvmlab.memory.fit_seq import max_seq_len
+
+            seq_fit = max_seq_len(cfg, gpu, seq_len_step, lambda msg: bar.update(task, description=plain(msg)),
+                                  capture_progress=capture_progress, **common)  # fmt: skip
+            est = seq_fit.estimate
+            if est is None:
+                _no_length_fits(seq_fit, cfg, gpu, fmt)
+                return
+            cfg = WorkloadConfig(**{**cfg.to_dict(), "options": {**cfg.options, "seq_len": seq_fit.max_seq_len}})
+        else:
+            est = estimate(
+                cfg,
+                gpu,
+                **common,
+                progress=lambda msg: bar.update(task, description=plain(msg)),
+                capture_progress=capture_progress,
+            )
         if cudnn_workspace_range:
             bar.update(task, description="estimating under every cuDNN workspace model")
             est.cudnn_workspace_range = workspace_range(est, cfg, gpu, **common)
     result = est.to_json()
+    if seq_fit is not None:
+        result["max_seq_len"] = seq_fit.to_json()
     if snapshot_out is not None:
         from uvmlab.trace.snapshot import write_snapshot
 
@@ -231,7 +254,7 @@ def estimate_cmd(
         note(
             f"required_mb = peak reserved {format_bytes(est.peak_reserved_bytes)} + CUDA context and modules "
             f"{format_bytes(est.context_bytes)} + margin {format_bytes(est.margin_bytes)} ({est.margin_rule}); "
-            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement"
+            f"CARMA adds its own {CARMA_PLACEMENT_MARGIN_MB} MiB at placement (uvmlab colocate: the same rule per job)"
         )
         click.echo(est.carma_text(), nl=False)
         return
@@ -239,13 +262,13 @@ def estimate_cmd(
         "fits" if not est.oom else f"OUT OF MEMORY at event {est.oom_seq} ({est.oom_phase}, it {est.oom_iteration})"
     )
     if fmt == "csv":
-        scalars = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
-        print_csv(("estimate", ("key", "value"), scalars))
+        print_csv(("estimate", ("key", "value"), scalar_rows(result)))
         return
     print_table(
         f"{cfg.workload} on {gpu.name}, {allocator} allocator",
         ["quantity", "value"],
         [
+            *_seq_rows(seq_fit),
             ["peak reserved", format_bytes(est.peak_reserved_bytes)],
             ["peak reached in", f"{est.peak_reserved_phase}, iteration {est.peak_reserved_iteration}"],
             ["peak allocated", format_bytes(est.peak_allocated_bytes)],
@@ -268,6 +291,25 @@ def estimate_cmd(
 
 
 COMMANDS = [snapshot_group, estimate_cmd]
+
+
+def _seq_rows(seq_fit: Any) -> list[list[str]]:
+    """The ``--max-seq-len`` rows: the answer and the lengths tried."""
+    if seq_fit is None:
+        return []
+    tried = ", ".join(f"{p['seq_len']:,} {'fits' if p['fits'] else 'no'}" for p in seq_fit.probes)
+    return [
+        ["longest seq_len that fits", f"{seq_fit.max_seq_len:,} tokens (multiples of {seq_fit.step})"],
+        ["  lengths tried", tried],
+    ]
+
+
+def _no_length_fits(seq_fit: Any, cfg: Any, gpu: Any, fmt: str) -> None:
+    """``--max-seq-len`` when not even one step fits."""
+    if fmt == "json":
+        click.echo(to_json({"max_seq_len": seq_fit.to_json(), "fits": False}), nl=False)
+        return
+    say(f"{cfg.workload} does not fit {gpu.name} even at seq_len {seq_fit.step} (--seq-len-step)\n")
 
 
 def _interval_rows(est: Any) -> list[list[str]]:

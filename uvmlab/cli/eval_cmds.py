@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.cli.options import PathParam, format_option, job_path, out_option, workload_config, workload_options
 from uvmlab.console import err, note, plain, print_csv, print_table, say
 from uvmlab.files.atomic import to_json
 from uvmlab.units import format_bytes, parse_bytes
@@ -41,8 +41,12 @@ def _pct(x: float) -> str:
 
 
 @click.command("evaluate")
-@click.argument("ground_truth", type=click.Path(exists=False, path_type=str))
-@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@click.argument("ground_truth", type=PathParam("input", exists=False, path_type=str))
+@out_option(
+    "Write tables/figure here.",
+    dest="output",
+    type=PathParam("output", folder=True, file_okay=False, path_type=str),
+)
 @click.option(
     "--estimator",
     "estimators",
@@ -160,7 +164,7 @@ def evaluate_cmd(
 
 
 @click.command("fragmentation")
-@click.argument("source")
+@click.argument("source", type=PathParam("input", maybe_name=True, path_type=str))
 @workload_options(iterations_default=3)
 @click.option("--device", type=int, default=None, help="Snapshot device [default: the one with most events].")
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU whose CUDA rules shape a workload's trace.")
@@ -171,7 +175,11 @@ def evaluate_cmd(
     show_default=True,
     help="Planner grouping (HomoPhase groups, one group per request, or the smaller of both).",
 )
-@out_option("Write tables/figure here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@out_option(
+    "Write tables/figure here.",
+    dest="output",
+    type=PathParam("output", folder=True, file_okay=False, path_type=str),
+)
 @click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def fragmentation_cmd(
@@ -241,10 +249,16 @@ def _plan_words(plan: object) -> str:
 
 
 @click.command("colocate")
-@click.argument("jobs", nargs=-1, required=True)
+@click.argument("jobs", nargs=-1, required=True, type=PathParam("input", maybe_name=True, path_of=job_path))
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU model (see uvmlab.gpus).")
 @click.option("--gpu-memory", default=None, help="Override the GPU's memory, e.g. 24GiB.")
-@click.option("--margin", default="2GiB", show_default=True, help="Safety margin (CARMA uses 2 GB).")
+@click.option(
+    "--margin",
+    default="2GiB",
+    show_default=True,
+    help="CARMA's placement margin, added once to the jobs' needs (CARMA uses 2 GB; each job's need already holds "
+    "uvmlab estimate's required_mb margin).",
+)
 @click.option(
     "--simulate",
     type=click.Choice(["auto", "yes", "no"]),
@@ -253,7 +267,7 @@ def _plan_words(plan: object) -> str:
     help="Simulate UVM oversubscription: auto = only when the jobs do not fit.",
 )
 @workload_options(iterations_default=2)
-@out_option("Write tables here.", dest="output", type=click.Path(file_okay=False, path_type=str))
+@out_option("Write tables here.", dest="output", type=PathParam("output", folder=True, file_okay=False, path_type=str))
 @click.option("--force", is_flag=True, help="Replace a complete result in -o (only files uvmlab wrote).")
 @format_option()
 def colocate_cmd(
@@ -270,8 +284,9 @@ def colocate_cmd(
     """Do JOBS fit together on one GPU (CARMA)? If not, what would UVM oversubscription cost each job?
 
     Each JOB is a workload name with an optional batch size and per-job options: gpt2:8 resnet50:32
-    resnet50:8,image_size=64 (--option values apply to every job). Fit when the sum of the jobs'
-    simulated peak reserved bytes, one CUDA context per job and the margin is at most the GPU memory. Otherwise
+    resnet50:8,image_size=64 (--option values apply to every job). Fit when the sum of the jobs' needs (each
+    job's required_mb of uvmlab estimate --format carma: simulated peak reserved bytes, its CUDA context and the
+    estimate's margin) and CARMA's placement margin (--margin) is at most the GPU memory. Otherwise
     the jobs run interleaved (round-robin by kernel) on one simulated UVM GPU: faults, migrations, slowdown.
     """
     from uvmlab.gpus import get_gpu
@@ -296,21 +311,22 @@ def colocate_cmd(
         return
     print_table(
         f"Collocation on {spec.name} ({format_bytes(spec.memory_bytes)})",
-        ["job", "peak reserved", "CUDA context", "needs"],
+        ["job", "peak reserved", "CUDA context", "estimate margin", "needs (required_mb)"],
         [
             [
                 r["job"],
                 format_bytes(r["peak_reserved_bytes"]),
                 format_bytes(r["context_bytes"]),
-                format_bytes(r["need_bytes"]),
+                format_bytes(r["model_margin_bytes"]),
+                f"{format_bytes(r['need_bytes'])} ({r['required_mb']:,} MiB)",
             ]
             for r in res.verdict.to_dict("records")
         ],
     )
     verdict = "FIT" if res.fits else "DO NOT FIT"
     say(
-        f"{verdict}: {format_bytes(res.need_bytes)} needed (incl. {format_bytes(res.margin_bytes)} margin) "
-        f"of {format_bytes(spec.memory_bytes)}"
+        f"{verdict}: {format_bytes(res.need_bytes)} needed (the jobs' required_mb, as uvmlab estimate --format carma "
+        f"gives it, + CARMA's {format_bytes(res.margin_bytes)} placement margin) of {format_bytes(spec.memory_bytes)}"
     )
     if res.uvm is not None:
         print_table(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from uvmlab.cli.options import format_option, out_option
+from uvmlab.cli.options import PathParam, format_option, out_option
+from uvmlab.numbers import parse_float
 
 FORMAT = format_option()
 
@@ -20,7 +21,8 @@ def shim_group() -> None:
 
 @shim_group.command("build")
 @click.option("--force", is_flag=True, help="Rebuild even if the current source is already built.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("output", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 def shim_build(force: bool, cache_dir: Path | None) -> None:
     """Compile the shim with g++ (no CUDA needed) into the per-user cache and print its path."""
     from uvmlab.measure.gpu.shim import build_shim
@@ -29,7 +31,8 @@ def shim_build(force: bool, cache_dir: Path | None) -> None:
 
 
 @shim_group.command("path")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("input", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 def shim_path_cmd(cache_dir: Path | None) -> None:
     """Print where the shim for the current source is built (exit 1 if it is not built yet)."""
     from uvmlab.errors import UvmlabError
@@ -42,7 +45,8 @@ def shim_path_cmd(cache_dir: Path | None) -> None:
 
 
 @shim_group.command("status")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Build cache folder.")
+@click.option("--cache-dir", type=PathParam("input", folder=True, file_okay=False, path_type=Path), default=None,
+              help="Build cache folder.")  # fmt: skip
 @FORMAT
 def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
     """Whether the shim is built for the current source, where, and with which compiler."""
@@ -65,9 +69,12 @@ def shim_status_cmd(cache_dir: Path | None, fmt: str) -> None:
 @FORMAT
 def doctor(fmt: str) -> None:
     """What this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, shim), which modes it can run, and which
-    memory policies of uvmlab advise it can apply (nvidia_uvm parameters, root, concurrent managed access)."""
+    memory policies of uvmlab advise it can apply (nvidia_uvm parameters, root, concurrent managed access).
+
+    Exits 1 when the GPU worker cannot import what it needs (a broken install), else 0."""
     from uvmlab.advise.environment import env_rows, policy_marks, probe_env
     from uvmlab.console import print_csv, print_table
+    from uvmlab.errors import UvmlabError
     from uvmlab.measure.gpu.doctor import doctor_report
 
     report = doctor_report()
@@ -77,6 +84,8 @@ def doctor(fmt: str) -> None:
         report["uvm_environment"] = env.to_dict()
         report["policies"] = [{"policy": p, "here": s, "why": w} for p, s, w in marks]
         click.echo(json.dumps(report, indent=2, default=str))
+        if report["fatal"]:
+            raise UvmlabError(report["fatal"])
         return
     tables = [
         (
@@ -94,9 +103,11 @@ def doctor(fmt: str) -> None:
     ]
     if fmt == "csv":
         print_csv(tables)
-        return
-    for table in tables:
-        print_table(*table)
+    else:
+        for table in tables:
+            print_table(*table)
+    if report["fatal"]:
+        raise UvmlabError(report["fatal"])
 
 
 @click.command("gpus")
@@ -173,27 +184,33 @@ def gpus_cmd(fmt: str) -> None:
 
 
 def _floats(value: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma list of numbers") from None
+    """A comma list of finite positive numbers (``--factors``), each through the one number parser."""
+    return tuple(parse_float(x, "--factors", lo=0.0) for x in value.split(",") if x.strip())
 
 
 @click.command("collect")
 @out_option("Folder to write the data sets into (the layout `uvmlab validate DIR` reads).", required=True,
-            type=click.Path(path_type=Path))  # fmt: skip
+            type=PathParam("output", folder=True, path_type=Path))  # fmt: skip
 @click.option(
     "--what",
-    default="memory,cudnn,uvm,link",
+    default="facts,probe,memory,cudnn,link,run,uvm",
     show_default=True,
-    help="Comma list of the data sets to record: memory, cudnn, uvm, link.",
+    help="Comma list of the sets to record: facts, probe, memory, cudnn, link, run, uvm.",
 )
 @click.option(
     "--factors",
-    default="0.25,0.5,0.9",
+    default="0.1,0.25",
     show_default=True,
     help="UVM working sets as fractions of the GPU's free memory (streams and GCN).",
 )
+@click.option(
+    "--budget",
+    "budget",
+    default="540",
+    show_default=True,
+    help="Seconds the collection may take: the most valuable steps that fit, each stopped at its cap; 'none': all.",
+)
+@click.option("--resume", is_flag=True, help="Continue a collection in DIR: keep its finished steps, run the rest.")
 @click.option(
     "--allow-oversubscription",
     is_flag=True,
@@ -208,12 +225,14 @@ def _floats(value: str) -> tuple[float, ...]:
 @click.option("--no-gcn", is_flag=True, help="Leave out the GCN runs of the uvm set.")
 @click.option("--gpu", default="A100-80GB", show_default=True, help="GPU a dry run assumes where none is detected.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every step, shell-quoted) and run nothing.")
-@click.option("--force", is_flag=True, help="Replace the kit's own files in the folder (never other files).")
+@click.option("--force", is_flag=True, help="Rerun every step (each output is replaced only when its step succeeds).")
 @format_option(csv=False)
 def collect_cmd(
     out: Path,
     what: str,
     factors: str,
+    budget: str,
+    resume: bool,
     allow_oversubscription: bool,
     workloads: tuple[str, ...],
     no_gcn: bool,
@@ -222,18 +241,26 @@ def collect_cmd(
     force: bool,
     fmt: str,
 ) -> None:
-    """Record the evidence kit on this machine's GPU: memory snapshots and peaks, cuDNN logs, UVM streams and the
-    GCN, the host-device link (docs/gpu.md "The first GPU run").
+    """Record the evidence kit on this machine's GPU: machine facts, the shim and balloon probe, memory snapshots and
+    peaks, cuDNN logs, the host-device link, one end-to-end run, UVM streams and the GCN (docs/gpu.md "The first GPU
+    run").
 
-    The default never asks for more managed memory than 0.9 of the GPU's free memory. The result is read by
-    `uvmlab validate DIR`; `--dry-run` works without a GPU.
+    Steps run in value order while their estimates fit --budget (default 540 s), each stopped at its time cap; each
+    data set is written as soon as its steps finish, and --resume continues. Every step sizes its managed memory from
+    the free memory it measures, minus a margin. The result is read by `uvmlab validate DIR`; `--dry-run` works
+    without a GPU.
     """
     from uvmlab.console import note, say
     from uvmlab.errors import UvmlabError
     from uvmlab.measure.gpu.kit.plan import DEFAULT_CASES, CollectOptions, parse_workloads
     from uvmlab.measure.gpu.kit.runner import collect_evidence
 
+    budget_s = (
+        None if budget.strip().lower() == "none" else parse_float(budget, "--budget (seconds, or 'none')", lo=1.0)
+    )
     opts = CollectOptions(
+        budget_s=budget_s,
+        resume=resume,
         what=tuple(w.strip() for w in what.split(",") if w.strip()),
         cases=parse_workloads(workloads) if workloads else DEFAULT_CASES,
         factors=_floats(factors),

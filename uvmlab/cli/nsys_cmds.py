@@ -4,12 +4,14 @@ simulated)."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import click
 
-from uvmlab.cli.options import figure_format_option, format_option, out_option
-from uvmlab.console import note, print_csv, print_table
+from uvmlab.cli.options import PathParam, figure_format_option, format_option, out_option
+from uvmlab.console import note, print_csv, print_table, scalar_rows
 from uvmlab.units import MiB
 
 KERNEL_ROWS_SHOWN = 20
@@ -26,7 +28,7 @@ def nsys() -> None:
 
 
 @nsys.command("summarize")
-@click.argument("report", type=click.Path(path_type=Path))
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path))
 @format_option(
     "table; json; csv: one row per entity, a first column `table` naming its table (export, "
     "what_was_collected, page_faults, um_migrations, um_total_sum_figures, um_sum_top_addresses, attribution, "
@@ -81,15 +83,15 @@ def summarize_cmd(report: Path, fmt: str, only: str | None, iteration_pattern: s
 
 
 @nsys.command("import")
-@click.argument("report", type=click.Path(path_type=Path))
-@out_option("Run directory to write.", type=click.Path(path_type=Path), required=True)
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path))
+@out_option("Run directory to write.", type=PathParam("output", folder=True, path_type=Path), required=True)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory, and an existing --timeline file.")
 @click.option("--iteration-pattern", default=None, help=ITERATION_HELP)
 @format_option()
 @click.option(
     "--timeline",
     "timeline_out",
-    type=click.Path(path_type=Path),
+    type=PathParam("output", folder=False, path_type=Path),
     default=None,
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
@@ -124,8 +126,7 @@ def import_cmd(
     for w in result["nsys"]["warnings"]:
         note(f"warning: {w}")
     if fmt == "csv":  # result.json's keys and raw values (bytes, nanoseconds), as the other machine formats
-        rows = [[k, v] for k, v in result.items() if not isinstance(v, dict | list)]
-        print_csv(("result", ["key", "value"], rows))
+        print_csv(("result", ["key", "value"], scalar_rows(result)))
         return
     print_table(f"Measured run: {report.name}", ["", "value"], _measured_rows(result))
     note(rd.summary_line())
@@ -183,9 +184,9 @@ def _measured_rows(r: dict) -> list[tuple[str, str]]:
 
 
 @click.command("compare")
-@click.argument("run_a", type=click.Path(path_type=Path))
-@click.argument("run_b", type=click.Path(path_type=Path))
-@out_option("Folder for tables and figures.", type=click.Path(path_type=Path), default=None)
+@click.argument("run_a", type=PathParam("input", folder=True, path_type=Path))
+@click.argument("run_b", type=PathParam("input", folder=True, path_type=Path))
+@out_option("Folder for tables and figures.", type=PathParam("output", folder=True, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="Replace an earlier comparison in -o.")
 @format_option(
     "table; json; csv: one row per figure, iteration or kernel (a first column `table`: totals, footprint, "
@@ -230,17 +231,17 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 
 
 @click.command("calibrate")
-@click.argument("report", type=click.Path(path_type=Path), required=False)
-@out_option("Parameter file to write (JSON).", type=click.Path(path_type=Path), required=True)
+@click.argument("report", type=PathParam("input", folder=False, path_type=Path), required=False)
+@out_option("Parameter file to write (JSON).", type=PathParam("output", folder=False, path_type=Path), required=True)
 @click.option(
     "--sim-run",
-    type=click.Path(path_type=Path),
+    type=PathParam("input", folder=True, path_type=Path),
     default=None,
     help="A simulated run of the same job: fits the kernel time scale from matched kernels.",
 )
 @click.option(
     "--base",
-    type=click.Path(path_type=Path),
+    type=PathParam("input", folder=False, path_type=Path),
     default=None,
     help="Start from this parameter file instead of the built-in defaults.",
 )
@@ -263,7 +264,7 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
 @click.option(
     "--microbench-timings",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     default=None,
     help="Fit to recorded microbenchmark timings instead (a CSV: link/uvmlab_collect/timings.csv of uvmlab collect).",
 )
@@ -271,17 +272,23 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
 @click.option(
     "--memory",
     "memory_csv",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     default=None,
     help="Fit a software stack's fixed memory costs from measured peaks instead (CSV: workload, batch, measured_mib; "
     "one row is enough); -o is then the stack file uvmlab estimate --stack reads.",
 )
-@click.option("--gpu", "gpu_name", default="A100-40GB", show_default=True, help="GPU of the --memory measurements.")
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default=None,
+    help="GPU of the measurements: of --memory [default: A100-40GB]; of REPORT: the profile whose costs the fits are "
+    "made against, and which a run keeps for every cost not fitted [default: uvmlab run's, A100-80GB].",
+)
 @click.option("--module-loading", type=click.Choice(["lazy", "eager"]), default="lazy", show_default=True,
               help="CUDA module loading of the --memory measurements' stack.")  # fmt: skip
 @click.option(
     "--uvm-timings",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=PathParam("input", folder=True, path_type=Path, file_okay=False),
     default=None,
     help="Fit the RTX 5090 profile from workload timings (real-data/uvm: GCN epochs, uvmbench CSV) instead.",
 )
@@ -297,7 +304,7 @@ def calibrate_cmd(
     force: bool,
     fmt: str,
     memory_csv: Path | None = None,
-    gpu_name: str = "A100-40GB",
+    gpu_name: str | None = None,
     module_loading: str = "lazy",
     kernel_exports: tuple[Path, ...] = (),
     work_file: Path | None = None,
@@ -343,27 +350,23 @@ def calibrate_cmd(
     if memory_csv is not None:
         from uvmlab.memory.stack import calibrate_memory
 
-        fit = calibrate_memory(memory_csv, gpu_name, module_loading, progress=note)
+        fit = calibrate_memory(memory_csv, gpu_name or "A100-40GB", module_loading, progress=note)
         fit.write(out)
         if fmt == "json":
             click.echo(json.dumps(fit.to_json(), indent=2))
             return
         print_table(
             f"Stack fixed costs ({fit.gpu}, {fit.module_loading} module loading)",
-            ["row", "workload", "batch", "measured MiB", "predicted MiB", "residual MiB"],
+            ["row", "workload", "batch", "measured MiB", "predicted MiB", "residual MiB", "own error band MiB",
+             "used", "residual after fit MiB"],
             [
-                [
-                    r["line"],
-                    r["workload"],
-                    r["batch"],
-                    r["measured_bytes"] // MiB,
-                    r["predicted_bytes"] // MiB,
-                    r["residual_bytes"] // MiB,
-                ]
+                [r["line"], r["workload"], r["batch"], r["measured_bytes"] // MiB, r["predicted_bytes"] // MiB,
+                 r["residual_bytes"] // MiB, f"+-{r.get('band_bytes', 0) // MiB}", "yes" if r.get("used") else "no",
+                 r.get("residual_after_fit_bytes", 0) // MiB]
                 for r in fit.rows
             ],
-        )
-        for n in [*fit.notes, f"fixed_bytes {fit.fixed_bytes // MiB} MiB, cudnn_bytes {fit.cudnn_bytes // MiB} MiB"]:
+        )  # fmt: skip
+        for n in [*fit.notes, f"stack term (fixed_bytes) {fit.fixed_bytes / MiB:+,.0f} MiB"]:
             note(n)
         note(f"Wrote {out}")
         return
@@ -393,18 +396,19 @@ def calibrate_cmd(
     else:
         if report is None:
             raise InputError("give REPORT.sqlite to calibrate from, or --microbench to measure on this GPU")
-        doc = calibrate(report, out, sim_run=sim_run, base=base)
+        doc = calibrate(report, out, sim_run=sim_run, base=base, gpu=gpu_name)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2, default=str))
         return
-    fitted = doc.get("fitted", {})
-    rows = [[k, *_param_cell(k, v, k in fitted)] for k, v in doc["params"].items()]
+    rows = _param_rows(doc)
     if fmt == "csv":
         print_csv(("params", ["parameter", "value", "source"], rows))
         return
     print_table(
         "Cost parameters", ["parameter", "value", "source"], [[k, "per GPU" if v is None else v, s] for k, v, s in rows]
     )
+    if doc.get("fitted_against"):
+        note(f"Fitted against (and kept at run time for every cost not in the file): {doc['fitted_against']}")
     for n in doc.get("notes", []):
         note(n)
     note(f"Wrote {out}")
@@ -417,12 +421,21 @@ PER_GPU = {
 """Parameters a file leaves null: CostParams.for_gpu fills them from the run's GPU (uvmlab.sim.uvm.timing)."""
 
 
-def _param_cell(name: str, value: object, fitted: bool) -> tuple[object, str]:
-    """(value as written in the file, where it comes from): a null per-GPU parameter is not 'n/a', a run takes it
-    from its GPU."""
-    if value is None and name in PER_GPU:
-        return None, f"default: {PER_GPU[name]}"
-    return value, "fitted" if fitted else "default"
+def _param_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """(parameter, value in the file, where a run takes it from) for every cost: fitted, set by the file (--base),
+    or, for a cost the file does not set, the run GPU's profile (uvmlab.uvm.simulate.costs_and_source)."""
+    from uvmlab.sim.uvm.timing import CostParams
+
+    fitted, params = set(doc.get("fitted", ())), doc.get("params", {})
+    rows = []
+    for name in (f.name for f in fields(CostParams)):
+        if name not in params:
+            rows.append([name, "", "the run GPU's profile (not in the file)"])
+        elif params[name] is None and name in PER_GPU:
+            rows.append([name, None, f"the file: {PER_GPU[name]}"])
+        else:
+            rows.append([name, params[name], "fitted" if name in fitted else "set by the file"])
+    return rows
 
 
 nsys.add_command(summarize_cmd)

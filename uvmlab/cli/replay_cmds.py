@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from uvmlab.cli.options import format_option
+from uvmlab.cli.options import PathParam, format_option
 
 
 def _fmt_div(d: dict | None) -> str:
@@ -23,7 +23,7 @@ def _same(a: int, b: int) -> str:
 
 
 @click.command("replay")
-@click.argument("snapshot", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("snapshot", type=PathParam("input", folder=False, dir_okay=False, path_type=str))
 @format_option()
 @click.option("--device", type=int, default=None, help="Replay only this device (default: every device with a trace).")
 @click.option(

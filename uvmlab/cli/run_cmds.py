@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from uvmlab.cli.options import (
+    PathParam,
     figure_format_option,
     format_option,
     out_option,
@@ -42,7 +43,7 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
         *applied,
         ("mode", r.get("mode")),
         ("PCA", "on" if r.get("pca") else "off"),
-        ("oversubscription", f"x{r.get('oversub'):g}"),
+        ("oversubscription", _oversub_label(r)),
         ("GPU", r.get("gpu")),
         ("footprint (peak managed)", b("footprint_bytes")),
         ("available to UVM", b("available_bytes")),
@@ -80,8 +81,17 @@ def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     return [("time per iteration (ms)", ", ".join(parts) or "n/a")]
 
 
+def _oversub_label(r: dict[str, Any]) -> str:
+    """The oversubscription factor the run had: footprint / GPU memory (``effective_oversub``), and the factor asked
+    for when they differ (a policy runs on the GPU memory of the job as given; a job that does not fit)."""
+    asked, achieved = r.get("oversub"), r.get("effective_oversub")
+    if achieved is None or asked is None or abs(achieved - asked) <= 0.005 * asked:
+        return f"x{asked:g}"
+    return f"x{achieved:.3g} (footprint / GPU memory; x{asked:g} asked for the job as given)"
+
+
 @click.command("run")
-@click.argument("workload")
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
 @click.option(
     "--oversub",
     "-f",
@@ -131,13 +141,14 @@ def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option(
     "--params",
     "params_file",
+    type=PathParam("input", folder=False, path_type=str),
     default=None,
     metavar="FILE",
     help="Simulator cost parameters (JSON written by uvmlab calibrate).",
 )
 @out_option(
-    "Run directory [default: runs/<workload>-x<F>-pca<on|off>-<hash>, <hash> = the first 8 hex digits of the "
-    "configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
+    "Run directory [default: runs/<workload>-x<F>-pca<on|off>[-<policy>]-<hash>, <hash> = the first 8 hex digits of "
+    "the configuration's SHA-256 (uvmlab.config.RunConfig.config_hash), so distinct settings never share a folder; "
     "run again, the stored result of the same simulation is shown, or the run goes to <dir>-2, -3, ...].",
     default=None,
     metavar="DIR",
@@ -173,6 +184,7 @@ def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option(
     "--snapshot",
     "snapshot_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.pickle",
     help="Also write a PyTorch memory snapshot (simulated runs; open at pytorch.org/memory_viz).",
@@ -180,6 +192,7 @@ def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
 @click.option(
     "--timeline",
     "timeline_out",
+    type=PathParam("output", folder=False, path_type=str),
     default=None,
     metavar="FILE.json",
     help="Also write a Chrome trace-event timeline (open in ui.perfetto.dev or chrome://tracing).",
@@ -220,7 +233,7 @@ def run_command(
     Example: uvmlab run gpt2 --oversub 4 --pca off
     """
     from uvmlab.config import RunConfig, parse_on_off
-    from uvmlab.console import note, print_csv, print_table, say
+    from uvmlab.console import note, print_csv, print_table, say, scalar_rows
     from uvmlab.files.gpu_file import resolve_gpu
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
@@ -273,8 +286,7 @@ def run_command(
         click.echo(res.result["plan"], nl=False)
         return
     if fmt == "csv":
-        scalars = [(k, v) for k, v in res.result.items() if not isinstance(v, dict | list)]
-        print_csv(("result", ("key", "value"), scalars))
+        print_csv(("result", ("key", "value"), scalar_rows(res.result)))
         note(where)
         return
     print_table("uvmlab run", ("", "value"), _summary_rows(res.result, policy))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import figure_format_option, format_option, out_option
+from uvmlab.cli.options import PathParam, figure_format_option, format_option, out_option
 
 
 class _SweepGroup(click.Group):
@@ -34,11 +34,11 @@ def sweep() -> None:
 
 
 @sweep.command("run")
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("spec", type=PathParam("input", folder=False, dir_okay=False, path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=V1,V2,...]...")
 @out_option(
     "Sweep folder (runs/<workload>-x<F>-pca<on|off>-<hash>/ per configuration, results.parquet).",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathParam("output", folder=True, file_okay=False, path_type=Path),
     required=True,
 )
 @click.option(
@@ -60,10 +60,10 @@ def sweep() -> None:
 @click.option("--retry-failed", is_flag=True, help="Run again the configurations whose outcome was 'error'.")
 @click.option(
     "--max-configs",
-    type=click.IntRange(min=1, max=1_000_000),
+    type=click.IntRange(min=1, max=100_000),
     default=None,
     help="Most configurations the spec may expand to, checked before they are built [default: 10,000; at most "
-    "1,000,000].",
+    "100,000, what one machine can prepare; a --dry-run of any size builds only the configurations it shows].",
 )
 @click.option("--configs-per-task", type=int, default=None, help="Configurations per Slurm array task.")
 @click.option("--time-min", type=int, default=None, help="Slurm time limit per configuration, minutes.")
@@ -96,9 +96,10 @@ def sweep_run(
     from uvmlab.errors import InputError
     from uvmlab.sweep.runner import executor_plan, plan_entries, render_sbatch, run_sweep
     from uvmlab.sweep.slurm import check_slurm_field
-    from uvmlab.sweep.spec import DEFAULT_MAX_CONFIGS, load_spec
+    from uvmlab.sweep.spec import DEFAULT_MAX_CONFIGS, SAMPLE_CONFIGS, load_spec
 
-    loaded = load_spec(spec, overrides, max_configs=max_configs or DEFAULT_MAX_CONFIGS)
+    sample = SAMPLE_CONFIGS if dry_run else None  # a dry run counts the spec and builds only what it shows
+    loaded = load_spec(spec, overrides, max_configs=max_configs or DEFAULT_MAX_CONFIGS, sample=sample)
     overrides: dict[str, tuple[str, Any]] = {
         "configs_per_task": ("--configs-per-task", configs_per_task),
         "time_min": ("--time-min", time_min),
@@ -122,6 +123,8 @@ def sweep_run(
                 json.dumps(
                     {
                         "name": loaded.name,
+                        "count": loaded.size,
+                        "shown": len(entries),
                         "configs": [
                             {"run_id": e.run_id, "status": e.status, "config": e.config.to_dict()} for e in entries
                         ],
@@ -147,9 +150,13 @@ def sweep_run(
         if fmt == "csv":
             print_csv(("configs", cols, rows))
             return
-        print_table(
-            f"{loaded.name}: {len(entries)} configurations ({loaded.duplicates} duplicates dropped)", cols, rows
-        )
+        title = f"{loaded.name}: {len(entries)} configurations ({loaded.duplicates} duplicates dropped)"
+        if loaded.sampled:
+            title = (
+                f"{loaded.name}: {loaded.size:,} configurations (the product of the axes and the include entries, "
+                f"before exclusions and duplicates); the first {len(entries):,}"
+            )
+        print_table(title, cols, rows)
         if plan is not None:
             click.echo(f"array of {len(plan.chunks)} tasks; submitit parameters: {json.dumps(plan.parameters)}")
             if plan.cluster == "slurm" and plan.chunks:
@@ -204,7 +211,7 @@ def _raise_if_failed(summary: Any, out: Path) -> None:
 
 
 @sweep.command("collect")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=PathParam("inout", folder=True, file_okay=False, path_type=Path))
 @format_option()
 def sweep_collect(out: Path, fmt: str) -> None:
     """Rebuild OUT/results.parquet from the run directories (one row per complete run)."""
@@ -227,11 +234,21 @@ def sweep_collect(out: Path, fmt: str) -> None:
 
 
 @click.command("report")
-@click.argument("sweep_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument(
+    "sweep_dir",
+    type=PathParam(
+        "input",
+        folder=True,
+        reads=("results.parquet", "sweep.json", "spec.yaml", "runs"),
+        file_okay=False,
+        exists=True,
+        path_type=Path,
+    ),
+)
 @out_option(
     "HTML page to write [default: SWEEP_DIR/report/report.html]; PNGs go beside it in figures/.",
     dest="out_html",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathParam("output", folder=False, beside=("figures",), dir_okay=False, path_type=Path),
     default=None,
 )
 @click.option(
@@ -270,6 +287,12 @@ def report(sweep_dir: Path, out_html: Path | None, force: bool, fmt: str, figure
     print_table(*table)
     for skipped in built.skipped:
         note(f"skipped: {skipped}", style="yellow")
+    if built.broken:
+        note(
+            f"{len(built.broken)} run(s) broken (their result.json cannot be read; e.g. runs/{built.broken[0]}): "
+            "listed under 'Runs that did not finish', in no figure",
+            style="yellow",
+        )
     note(f"Wrote {built.html}")
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from uvmlab.cli.options import format_option, out_option, workload_config, workload_options
+from uvmlab.cli.options import PathParam, format_option, out_option, workload_config, workload_options
 from uvmlab.config import CAPTURE_DEVICES
 from uvmlab.console import err, note, out, plain, print_csv, print_table, say
 from uvmlab.files.atomic import to_json
@@ -91,8 +91,10 @@ def _print_summary(s: dict[str, Any], fmt: str = "table") -> None:
 
 
 @trace_group.command("capture")
-@click.argument("workload")
-@out_option("Trace folder to write.", dest="out_dir", required=True, type=click.Path(file_okay=False))
+@click.argument("workload", type=PathParam("input", maybe_name=True, path_type=str))
+@out_option(
+    "Trace folder to write.", dest="out_dir", required=True, type=PathParam("output", folder=True, file_okay=False)
+)
 @click.option("--device", type=click.Choice(CAPTURE_DEVICES), default="meta", show_default=True)
 @click.option(
     "--no-emulate-cuda",
@@ -109,15 +111,21 @@ def trace_capture(
     # (terms: see uvmlab trace show --help)
     from pathlib import Path
 
+    cfg = workload_config(workload, **kw)  # the settings are checked before torch is imported
+
     from uvmlab.console import progress_bar
     from uvmlab.files.outputs import refuse_input_as_output
-    from uvmlab.trace.capture import capture_trace
     from uvmlab.trace.schema import TraceFolder, write_trace
-    from uvmlab.trace.summary import summarize
-    from workloads.registry import load_workload
 
-    cfg = workload_config(workload, **kw)
     refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
+    TraceFolder(out_dir).check(force)  # a folder uvmlab may not write is refused before torch is loaded
+
+    from workloads.registry import load_workload, workload_identity
+
+    workload_identity(cfg.workload)  # a workload file is read (and refused) before torch is loaded
+    from uvmlab.trace.capture import capture_trace
+    from uvmlab.trace.summary import summarize
+
     load_workload(cfg.workload).resolve_options(cfg)  # a bad name or option is refused before -o DIR is made
     with TraceFolder.for_writing(out_dir, force) as folder:  # the writer's lock, held until the header is written
         with progress_bar(disable=fmt != "table") as bar:
@@ -137,7 +145,7 @@ def trace_capture(
 
 
 @trace_group.command("show", epilog=TRACE_TERMS)
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=PathParam("input", folder=True, file_okay=False))
 @format_option()
 def trace_show(directory: str, fmt: str) -> None:
     """Summarize the trace folder DIRECTORY: counts, bytes per category, peak live bytes, phases, FLOPs."""

@@ -5,22 +5,29 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from uvmlab.cli.options import out_option
+from uvmlab.cli.options import PathParam, out_option
 from uvmlab.console import note, print_table
 
 TABLE_COLUMNS = ["dataset", "case", "quantity", "measured", "predicted", "ratio", "within 1.5x", "within 2x", "fitted"]
 
 
 @click.command("validate")
-@click.argument("data_dir", type=click.Path(path_type=Path), required=False)
+@click.argument("data_dir", type=PathParam("input", folder=True, path_type=Path), required=False)
 @click.option("--fast", is_flag=True, help="Only the CI subset of checks (under 2 minutes).")
 @click.option("--check", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable).")
-@out_option("Run directory to write.", type=click.Path(path_type=Path), default=None)
+@out_option("Run directory to write.", type=PathParam("output", folder=True, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="Overwrite a complete run directory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also print the per-point table (thousands of rows; -o DIR writes it to tables/scorecard.parquet).",
+)
 @click.option(
     "--jobs",
     type=click.IntRange(min=1),
@@ -29,14 +36,22 @@ TABLE_COLUMNS = ["dataset", "case", "quantity", "measured", "predicted", "ratio"
     "depend on it.",
 )
 def validate_cmd(
-    data_dir: Path | None, fast: bool, only: tuple[str, ...], out: Path | None, force: bool, fmt: str, jobs: int | None
+    data_dir: Path | None,
+    fast: bool,
+    only: tuple[str, ...],
+    out: Path | None,
+    force: bool,
+    fmt: str,
+    verbose: bool,
+    jobs: int | None,
 ) -> None:
-    """Run every registered fidelity check on DATA_DIR and print measured vs predicted.
+    """Run every registered fidelity check on DATA_DIR: measured vs predicted, the verdict per family.
 
     DATA_DIR defaults to $UVMLAB_REAL_DATA, else ../shared/real-data beside the checkout. Checks whose folder is
-    absent are skipped with the reason. The summary counts validation points (not those used for fitting) within
-    1.5x and 2x. With -o: tables/scorecard.parquet, figures/scorecard.png, result.json. Exit code 1 when a
-    validation point leaves the band it promises, 3 when a check crashed (a uvmlab bug).
+    absent are skipped with the reason. The verdict is given per family (memory, allocator, UVM timing, UVM
+    structure, nsys), weakest first: validation points (not those used for fitting) within 1.5x and 2x. The
+    per-point table: --verbose, or -o DIR (tables/scorecard.parquet, figures/scorecard.png, result.json). Exit
+    code 1 when a validation point leaves the band it promises, 3 when a check crashed (a uvmlab bug).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
@@ -66,24 +81,7 @@ def validate_cmd(
     elif fmt == "csv":
         card.frame().to_csv(sys.stdout, index=False)
     else:
-        rows = [
-            [p.dataset, p.case, f"{p.quantity} ({p.unit})", _value(p.measured),
-             _value(p.predicted), p.ratio, _flag(p.within(1.5)), _flag(p.within(2.0)), "fitted" if p.fitted else ""]
-            for _, p in card.points
-        ]  # fmt: skip
-        print_table("Fidelity scorecard (ratio = predicted / measured)", TABLE_COLUMNS, rows)
-        val = summary["validation_points"]
-        note(
-            f"{summary['points']} points ({summary['fitted_points']} fitted, {val} validation): "
-            f"{summary['validation_within_1.5x']}/{val} validation points within 1.5x, "
-            f"{summary['validation_within_2x']}/{val} within 2x"
-        )
-        for ds, c in summary["by_dataset"].items():
-            v = c["validation_points"]
-            note(f"  {ds}: {c['validation_within_1.5x']}/{v} within 1.5x, {c['validation_within_2x']}/{v} within 2x")
-        note(f"time: {card.wall_seconds:.1f} s wall, {card.cpu_seconds:.1f} s CPU (with worker processes); per check:")
-        for name, (wall, cpu) in card.timings.items():
-            note(f"  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU")
+        _print_verdict(card, summary, verbose, out)
     for name, why in card.skipped.items():
         note(f"skipped {name}: {why}")
     if out is not None:
@@ -98,6 +96,31 @@ def validate_cmd(
             f"{len(broken)} validation point(s) left their band, e.g. {p.dataset} {p.case} {p.quantity}: "
             f"predicted {p.predicted} vs measured {p.measured} (band {p.band:g}x)"
         )
+
+
+def _print_verdict(card: Any, summary: dict[str, Any], verbose: bool, out: Path | None) -> None:
+    """The verdict per family, weakest first, on stdout (the per-point table only with ``verbose``); the counts per
+    data set, over all points and the time on stderr."""
+    from uvmlab.validate.scorecard import family_lines, overall_line, weakest_first
+
+    if verbose:
+        rows = [
+            [p.dataset, p.case, f"{p.quantity} ({p.unit})", _value(p.measured),
+             _value(p.predicted), p.ratio, _flag(p.within(1.5)), _flag(p.within(2.0)), "fitted" if p.fitted else ""]
+            for _, p in card.points
+        ]  # fmt: skip
+        print_table("Fidelity scorecard (ratio = predicted / measured)", TABLE_COLUMNS, rows)
+    print_table("Fidelity by family (validation points; weakest first)", ["family", "verdict"], family_lines(summary))
+    for ds in weakest_first(summary["by_dataset"]):
+        c = summary["by_dataset"][ds]
+        v = c["validation_points"]
+        note(f"  {ds}: {c['validation_within_1.5x']}/{v} within 1.5x, {c['validation_within_2x']}/{v} within 2x")
+    note(overall_line(summary))
+    if not verbose and out is None:
+        note("the per-point table: --verbose, or -o DIR (tables/scorecard.parquet)")
+    note(f"time: {card.wall_seconds:.1f} s wall, {card.cpu_seconds:.1f} s CPU (with worker processes); per check:")
+    for name, (wall, cpu) in card.timings.items():
+        note(f"  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU")
 
 
 def _value(v: float | None) -> float | int | None:

@@ -26,7 +26,6 @@ ImageNet rows validate it (``uvmlab evaluate`` adds a "(validation runs)" score)
 
 from __future__ import annotations
 
-import csv
 import re
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
 from uvmlab.evaluate.xmem_sample import csv_header, find_csv
+from uvmlab.files.inputs import MAX_CSV_BYTES, read_csv_rows
 from uvmlab.units import GiB, MiB
 
 CSV_NAME = "ehsan-summary.csv"
@@ -77,45 +77,44 @@ def read_carma_summary(path: str | Path) -> tuple[list[EvalCase], list[tuple[str
     src = find_csv(path, CSV_NAME, "CARMA summary")
     cases: list[EvalCase] = []
     skipped: list[tuple[str, str]] = []
-    with src.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = {"Script", "Run folder", MEASURED_COLUMN} - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(f"CARMA summary {src} lacks the column(s) {', '.join(sorted(missing))}")
-        for n, row in enumerate(reader, start=2):
-            script = Path(row["Script"].strip()).name
-            batch = _BATCH_RE.search(row["Run folder"])
-            rid = f"{script}_bs{batch[1]}" if batch else f"{script}_line{n}"
-            if script not in SCRIPTS:
-                why = SKIP_REASONS.get(script, "not one of the CNN classification scripts uvmlab rebuilds")
-                skipped.append((rid, f"line {n}: {script}: {why}"))
-                continue
-            if batch is None:
-                skipped.append((rid, f"line {n}: no --batch_size in the run folder name"))
-                continue
-            workload, opt, size, classes = SCRIPTS[script]
-            cfg = WorkloadConfig(
-                workload=workload,
-                batch_size=int(batch[1]),
-                optimizer=opt,
-                iterations=ITERATIONS,
-                options={"image_size": size, "num_classes": classes},
+    fields, rows = read_csv_rows(src, MAX_CSV_BYTES, "CARMA's run summary CSV")
+    missing = {"Script", "Run folder", MEASURED_COLUMN} - set(fields)
+    if missing:
+        raise InputError(f"CARMA summary {src} lacks the column(s) {', '.join(sorted(missing))}")
+    for n, row in enumerate(rows, start=2):
+        script = Path(row["Script"].strip()).name
+        batch = _BATCH_RE.search(row["Run folder"])
+        rid = f"{script}_bs{batch[1]}" if batch else f"{script}_line{n}"
+        if script not in SCRIPTS:
+            why = SKIP_REASONS.get(script, "not one of the CNN classification scripts uvmlab rebuilds")
+            skipped.append((rid, f"line {n}: {script}: {why}"))
+            continue
+        if batch is None:
+            skipped.append((rid, f"line {n}: no --batch_size in the run folder name"))
+            continue
+        workload, opt, size, classes = SCRIPTS[script]
+        cfg = WorkloadConfig(
+            workload=workload,
+            batch_size=int(batch[1]),
+            optimizer=opt,
+            iterations=ITERATIONS,
+            options={"image_size": size, "num_classes": classes},
+        )
+        cases.append(
+            EvalCase(
+                case_id=rid,
+                gpu_memory_bytes=GPU_BYTES,
+                oom=False,
+                measured_peak_bytes=_measured(row[MEASURED_COLUMN], n),
+                workload=cfg,
+                group=script,
+                source=row["Run folder"],
+                target="device",
+                gpu_name=GPU_NAME,
+                module_loading="lazy",
+                fitted=script.endswith("_cifar100.py"),
             )
-            cases.append(
-                EvalCase(
-                    case_id=rid,
-                    gpu_memory_bytes=GPU_BYTES,
-                    oom=False,
-                    measured_peak_bytes=_measured(row[MEASURED_COLUMN], n),
-                    workload=cfg,
-                    group=script,
-                    source=row["Run folder"],
-                    target="device",
-                    gpu_name=GPU_NAME,
-                    module_loading="lazy",
-                    fitted=script.endswith("_cifar100.py"),
-                )
-            )
+        )
     return cases, skipped
 
 

@@ -15,12 +15,12 @@ an A100, nor backward-data / backward-filter workspaces.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from uvmlab.errors import InputError
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_json_file
+from uvmlab.numbers import UINT64_MAX
 
 FWD_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
              "WINOGRAD_NONFUSED")  # fmt: skip
@@ -46,10 +46,7 @@ class Layer:
 
 def read_layers(path: str | Path, advised: bool = False) -> list[Layer]:
     """The forward convolution layers of one DLPerf JSON file (``advised``: the heuristic's choice)."""
-    try:
-        entries = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"DLPerf file {path} is not readable JSON: {exc}") from None
+    entries = read_json_file(path, MAX_DATA_FILE_BYTES, "a DLPerf layer file (JSON)", UINT64_MAX)
     out = []
     for e in entries:
         b: dict[str, Any] = e.get("benchmark", {})

@@ -20,7 +20,6 @@ loaded A100 context (uvmlab.memory.devicemem: 429 MiB), so the runs loaded modul
 from __future__ import annotations
 
 import ast
-import csv
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.xmem_sample import find_csv
+from uvmlab.files.inputs import MAX_CSV_BYTES, read_csv_rows
 from uvmlab.units import MiB
 
 CSV_NAME = "mlp_data_step2.csv"
@@ -111,12 +111,11 @@ def read_mlp_set(path: str | Path) -> tuple[list[MlpRow], list[tuple[int, str]]]
     """All rows of the CSV (a file, or the folder holding ``CSV_NAME``): (rows, skipped [(index, reason)])."""
     src = find_csv(path, CSV_NAME, "GPUMemNet MLP set")
     rows, skipped = [], []
-    with src.open(newline="") as fh:
-        for i, raw in enumerate(csv.DictReader(fh)):
-            try:
-                rows.append(parse_row(i, raw))
-            except InputError as exc:
-                skipped.append((i, str(exc)))
+    for i, raw in enumerate(read_csv_rows(src, MAX_CSV_BYTES, "a GPUMemNet MLP CSV")[1]):
+        try:
+            rows.append(parse_row(i, raw))
+        except InputError as exc:
+            skipped.append((i, str(exc)))
     return rows, skipped
 
 

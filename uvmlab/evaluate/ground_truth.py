@@ -35,7 +35,6 @@ request is added as an allocation that is never freed and the trace ends there.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -46,7 +45,7 @@ import pandas as pd
 from uvmlab.config import WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
-from uvmlab.files.inputs import check_input_file, loads_json, short
+from uvmlab.files.inputs import MAX_CSV_BYTES, check_input_file, loads_json, read_csv_rows, short
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from uvmlab.units import GiB, parse_bytes
 
@@ -57,8 +56,6 @@ DEFAULT_SNAPSHOT_GPU_BYTES = 80 * GiB
 biggest ones 80 GB-class. Overridable with the ``gpu_memory`` column."""
 MAX_WARM_FRACTION = 0.05
 """A snapshot whose trace starts with more reserved bytes than this fraction of its peak is not ground truth."""
-MAX_CSV_BYTES = 64 * 1024 * 1024
-"""Largest ground-truth CSV read (64 MiB; a row is ~100 bytes, the real-data sets have at most a few thousand)."""
 _TRUE = {"1", "true", "yes", "y", "t"}
 _FALSE = {"0", "false", "no", "n", "f", ""}
 
@@ -297,19 +294,12 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
     src = Path(path)
     if not src.exists():
         raise InputError(f"ground truth {src} not found; give a CSV file (columns: {', '.join(REQUIRED_COLUMNS)})")
-    check_input_file(src, MAX_CSV_BYTES, "a ground-truth CSV file")
-    try:
-        with src.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                raise InputError(f"{src}: missing columns {missing}; required: {', '.join(REQUIRED_COLUMNS)}")
-            rows = list(reader)
-    except UnicodeDecodeError:
-        raise InputError(f"{src} is not a UTF-8 text CSV file (columns: {', '.join(REQUIRED_COLUMNS)})") from None
-    except csv.Error as exc:
-        raise InputError(f"{src} is not a readable CSV file ({exc})") from None
+    header, rows = read_csv_rows(
+        src, MAX_CSV_BYTES, f"a ground-truth CSV file (columns: {', '.join(REQUIRED_COLUMNS)})"
+    )
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise InputError(f"{src}: missing columns {missing}; required: {', '.join(REQUIRED_COLUMNS)}")
     if not rows:
         raise InputError(f"{src}: no runs (the CSV has a header but no rows)")
     cases: list[EvalCase] = []
@@ -355,7 +345,7 @@ def read_ground_truth(path: str | Path, allow_code: bool = False) -> list[EvalCa
             if rel.exists():
                 src_path = rel
         if src_path.suffix in SNAPSHOT_SUFFIXES:
-            if not src_path.is_file():
+            if not src_path.exists():  # anything but a regular file is refused by the reader, in its words
                 raise InputError(f"{where}: snapshot {source} not found")
             dev = config.get("device")
             case = snapshot_case(src_path, None if dev is None else int(dev), gpu, case_id=cid, group=group)

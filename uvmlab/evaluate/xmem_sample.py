@@ -38,7 +38,6 @@ sequence length of each batch is not recorded).
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from pathlib import Path
@@ -46,6 +45,7 @@ from pathlib import Path
 from uvmlab.config import OPTIMIZERS, WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.evaluate.estimators import EvalCase
+from uvmlab.files.inputs import MAX_CSV_BYTES, open_input, read_csv_rows
 from uvmlab.units import GiB
 
 CSV_NAME = "xmem_ground_truth_sample.csv"
@@ -95,44 +95,44 @@ def read_xmem_sample(path: str | Path) -> tuple[list[EvalCase], list[tuple[str, 
     src = find_csv(path, CSV_NAME, "xMem sample")
     cases: list[EvalCase] = []
     skipped: list[tuple[str, str]] = []
-    with src.open(newline="") as fh:
-        for n, row in enumerate(csv.DictReader(fh), start=2):
-            cid = f"{row['model']}_{row['optimizer']}_{row['batch_size']}"
-            model = _model(row["model"])
-            opt = row["optimizer"].lower()
-            gpu = next((v for k, v in GPUS.items() if k in row["gpu"]), None)
-            if model is None:
-                why = "not a torchvision classifier (GPT-Neo: the sequence lengths of dynamic padding are unrecorded)"
-                skipped.append((cid, f"line {n}: {row['model']} is {why}"))
-                continue
-            if opt not in OPTIMIZERS:
-                skipped.append((cid, f"line {n}: optimizer {row['optimizer']} (uvmlab has {', '.join(OPTIMIZERS)})"))
-                continue
-            if gpu is None:
-                skipped.append((cid, f"line {n}: GPU {row['gpu']!r} unknown"))
-                continue
-            arch, classes = model
-            cfg = WorkloadConfig(
-                workload=f"torchvision:{arch}",  # CIFAR-10's 10 label values change no allocation
-                batch_size=int(row["batch_size"]),
-                optimizer=opt,
-                iterations=ITERATIONS,
-                options={"image_size": int(row["input_hw"]), "num_classes": classes},
-            )
-            case = EvalCase(
-                case_id=cid,
-                gpu_memory_bytes=gpu[1],
-                oom=False,
-                measured_peak_bytes=float(row["ground_bytes"]),
-                workload=cfg,
-                group=row["model"],
-                source=row["path"],
-                target=TARGET,
-                gpu_name=gpu[0],
-                module_loading="lazy",
-                recorded={peer: _float(row[col]) for peer, col in PEERS.items()},
-            )
-            cases.append(case)
+    for n, row in enumerate(read_csv_rows(src, MAX_CSV_BYTES, "an xMem sample CSV")[1], start=2):
+        cid = f"{row['model']}_{row['optimizer']}_{row['batch_size']}"
+        model = _model(row["model"])
+        opt = row["optimizer"].lower()
+        gpu = next((v for k, v in GPUS.items() if k in row["gpu"]), None)
+        if model is None:
+            why = "not a torchvision classifier (GPT-Neo: the sequence lengths of dynamic padding are unrecorded)"
+            skipped.append((cid, f"line {n}: {row['model']} is {why}"))
+            continue
+        if opt not in OPTIMIZERS:
+            skipped.append((cid, f"line {n}: optimizer {row['optimizer']} (uvmlab has {', '.join(OPTIMIZERS)})"))
+            continue
+        if gpu is None:
+            skipped.append((cid, f"line {n}: GPU {row['gpu']!r} unknown"))
+            continue
+        arch, classes = model
+        cfg = WorkloadConfig(
+            workload=f"torchvision:{arch}",  # CIFAR-10's 10 label values change no allocation
+            batch_size=int(row["batch_size"]),
+            optimizer=opt,
+            dtype="fp32",  # xMem's trainer: fp32 inputs and weights, no autocast
+            iterations=ITERATIONS,
+            options={"image_size": int(row["input_hw"]), "num_classes": classes},
+        )
+        case = EvalCase(
+            case_id=cid,
+            gpu_memory_bytes=gpu[1],
+            oom=False,
+            measured_peak_bytes=float(row["ground_bytes"]),
+            workload=cfg,
+            group=row["model"],
+            source=row["path"],
+            target=TARGET,
+            gpu_name=gpu[0],
+            module_loading="lazy",
+            recorded={peer: _float(row[col]) for peer, col in PEERS.items()},
+        )
+        cases.append(case)
     return cases, skipped
 
 
@@ -142,8 +142,8 @@ def csv_header(path: str | Path, csv_name: str) -> str:
     if not src.is_file() or src.suffix != ".csv":
         return ""
     try:
-        with src.open(newline="") as fh:
-            return fh.readline()
+        with open_input(src, MAX_CSV_BYTES, "a CSV file") as fh:
+            return fh.readline(1 << 16).decode("utf-8")
     except UnicodeDecodeError:  # not text: not a known ground truth (the generic CSV reader says what is wrong)
         return ""
 

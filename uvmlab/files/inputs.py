@@ -1,8 +1,15 @@
 """Checks on input files and values the user names, made before anything is parsed (docs/safety.md).
 
-- :func:`read_input_bytes`: a file is read only if it is a regular file (not a device such as ``/dev/urandom``, a
-  pipe or a socket, also behind a symbolic link) and no larger than the caller's limit, checked on the opened file
-  (``fstat``) and again while reading, so a file that reports size 0 (``/proc``) cannot grow past the limit.
+- :func:`open_input` (and :func:`read_input_bytes`, :func:`read_input_text` on top of it): THE opener of every file a
+  command reads, named by the user or found inside a folder the user named. A file is read only if it is a regular
+  file (not a device such as ``/dev/urandom``, a pipe or a socket, also behind a symbolic link; a FIFO never
+  blocks: it is opened non-blocking) and no larger than the caller's limit, checked on the opened file (``fstat``)
+  and again while reading, so a file that reports size 0 (``/proc``) cannot grow past the limit.
+- One reader per format on top of it, each with limits: :func:`read_json_file` (size; nesting, as Python's decoder
+  refuses it; numbers through :func:`uvmlab.numbers.json_loads`: integers within int64, reals finite, no
+  NaN/Infinity), :func:`read_csv_rows` and :func:`read_csv_frame` (size; one field at most
+  :data:`MAX_CSV_FIELD_CHARS`), :func:`read_parquet_file` (size; rows and uncompressed bytes from the footer, before
+  any column is decoded). Foreign SQLite has its own opener (:mod:`uvmlab.files.foreign_sqlite`).
 - :func:`loads_json`: JSON text from the command line or a CSV cell, nested at most :data:`MAX_JSON_DEPTH` levels
   (checked on the text before decoding: Python's decoder recurses, and deep input would be a RecursionError).
 - :func:`short`: a bounded ``repr`` for error sentences (a value may be huge, and a sentence quoting it must stay
@@ -13,14 +20,19 @@ The one mechanism for the OUTPUT side is :mod:`uvmlab.files.outputs` and :mod:`u
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import reprlib
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from uvmlab.errors import InputError
+from uvmlab.numbers import INT64_MAX, json_loads
 
 MAX_JSON_DEPTH = 32
 """Nesting of a JSON value given on the command line (``--option``, ``--sim-option``) or in a CSV cell (evaluate's
@@ -28,6 +40,19 @@ MAX_JSON_DEPTH = 32
 any structured option while staying far from Python's recursion limit (1000)."""
 MAX_JSON_CHARS = 1 << 20
 """Characters of one such JSON value (1 MiB; real option values are a few characters)."""
+
+MAX_DATA_FILE_BYTES = 1 << 26
+"""Largest data file read from a data folder the user names (``validate DATA``, ``calibrate --uvm-timings DIR``,
+``collect``'s layout): 64 MiB; the largest file in ../shared/real-data is 4 MB."""
+MAX_CSV_BYTES = 64 * 1024 * 1024
+"""Largest CSV data file read (64 MiB; a row is ~100 bytes, the real-data sets have at most a few thousand)."""
+MAX_CSV_FIELD_CHARS = 1 << 20
+"""Characters of one CSV field (1 MiB; the longest real field, a JSON config cell, is under 200)."""
+MAX_PARQUET_ROWS = 200_000_000
+"""Rows of one Parquet table read from a folder the user names (a GPT-2 x4 run's kernels table: about 60,000)."""
+MAX_PARQUET_EXPANDED = 1 << 34
+"""Uncompressed bytes of one Parquet table (16 GiB, from its footer): a small file whose columns decompress to
+far more (a run-length encoded column of 10**10 equal values) is refused before any column is decoded."""
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = 60
@@ -61,10 +86,7 @@ def check_input_file(path: str | os.PathLike[str], max_bytes: int, what: str) ->
     return st.st_size
 
 
-def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) -> bytes:
-    """The bytes of the regular file ``path`` (links followed), refused (InputError) if it is anything else or
-    larger than ``max_bytes``. ``what`` names the expected file in the sentences ("a snapshot pickle")."""
-    p = Path(path)
+def _open_checked(p: Path, max_bytes: int, what: str) -> tuple[int, os.stat_result]:
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block us
     except FileNotFoundError:
@@ -79,6 +101,75 @@ def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) ->
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{p} is not a regular file (a device, pipe or socket); give {what}")
         raise InputError(f"{p} is {st.st_size:,} bytes, more than the {max_bytes:,} accepted for {what}")
+    os.set_blocking(fd, True)
+    return fd, st
+
+
+class _Bounded(io.RawIOBase):
+    """A raw reader over an opened regular file that refuses (InputError) to read past ``max_bytes``."""
+
+    def __init__(self, fd: int, path: Path, max_bytes: int, what: str) -> None:
+        self._fh = os.fdopen(fd, "rb", buffering=0)
+        self._path, self._max, self._what, self._read = path, max_bytes, what, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            n = self._fh.readinto(buffer)
+        except OSError as exc:
+            raise InputError(f"cannot read {self._path}: {exc.strerror or type(exc).__name__}") from None
+        self._read += n or 0
+        if self._read > self._max:
+            raise InputError(f"{self._path} holds more than the {self._max:,} bytes accepted for {self._what}")
+        return n or 0
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+@contextmanager
+def open_input(path: str | os.PathLike[str], max_bytes: int, what: str) -> Iterator[IO[bytes]]:
+    """Open ``path`` for reading as a binary file: only a regular file (links followed) of at most ``max_bytes``,
+    and reading past ``max_bytes`` (a file that grows, or reports size 0) is an InputError. ``what`` names the
+    expected file in the sentences ("a snapshot pickle")."""
+    p = Path(path)
+    fd, _ = _open_checked(p, max_bytes, what)
+    with io.BufferedReader(_Bounded(fd, p, max_bytes, what), buffer_size=1 << 20) as fh:
+        yield fh
+
+
+def refuse_special(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (InputError) an input ``path`` given as ``option`` that exists but is neither a regular file nor a
+    folder (a FIFO, a device such as ``/dev/urandom``, a socket; links followed): checked for every input path of
+    every command before it starts (``uvmlab.cli.options.check_command_paths``), the readers check again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # missing (or unreadable): the command says so in its own words
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise InputError(f"{option} {path} is not a regular file (a device, pipe or socket); give a file or folder")
+
+
+def read_input_bytes(path: str | os.PathLike[str], max_bytes: int, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (links followed), refused (InputError) if it is anything else or
+    larger than ``max_bytes``. ``what`` names the expected file in the sentences ("a snapshot pickle")."""
+    p = Path(path)
+    fd, st = _open_checked(p, max_bytes, what)
     with os.fdopen(fd, "rb") as fh:
         chunks: list[bytes] = []
         total, want = 0, st.st_size + 1  # a /proc file reports size 0: read on in 1 MiB steps up to the limit
@@ -134,7 +225,7 @@ def loads_json(raw: str, what: str) -> Any:
         raise InputError(f"{what} is {len(raw):,} characters long; at most {MAX_JSON_CHARS:,} are accepted")
     if text_depth(raw) > MAX_JSON_DEPTH:
         raise InputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    return json.loads(raw)
+    return json_loads(raw, what)  # numbers checked while decoding (uvmlab.numbers)
 
 
 def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
@@ -150,3 +241,105 @@ def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, A
         except json.JSONDecodeError:
             result[key] = raw
     return result
+
+
+def _parquet_limits(fh: IO[bytes], path: str | os.PathLike[str], what: str, max_rows: int) -> None:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(fh).metadata
+    expanded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if meta.num_rows > max_rows or expanded > MAX_PARQUET_EXPANDED:
+        raise InputError(
+            f"{path} declares {meta.num_rows:,} rows and {expanded:,} bytes uncompressed, more than the "
+            f"{max_rows:,} rows and {MAX_PARQUET_EXPANDED:,} bytes accepted for {what}"
+        )
+    fh.seek(0)
+
+
+def read_parquet_table(
+    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS, **kw: Any
+) -> Any:
+    """The Parquet file ``path`` as a pyarrow Table (``pyarrow.parquet.read_table(**kw)``): a regular file of at
+    most ``max_bytes``, whose footer declares at most ``max_rows`` rows and :data:`MAX_PARQUET_EXPANDED`
+    uncompressed bytes (checked before any column is decoded); a file that is not Parquet is one sentence."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_input(path, max_bytes, what) as fh:
+        try:
+            _parquet_limits(fh, path, what, max_rows)
+            return pq.read_table(fh, **kw)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
+
+
+def read_parquet_file(
+    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS, **kw: Any
+) -> Any:
+    """The Parquet file ``path`` as a DataFrame (``pandas.read_parquet(**kw)``), with the limits of
+    :func:`read_parquet_table`."""
+    import pandas as pd
+    import pyarrow as pa
+
+    with open_input(path, max_bytes, what) as fh:
+        try:
+            _parquet_limits(fh, path, what, max_rows)
+            return pd.read_parquet(fh, **kw)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
+
+
+def decode_json(text: str, source: str, what: str, int_max: int = INT64_MAX) -> Any:
+    """Decode JSON ``text`` read from ``source``: any failure is one sentence (InputError): not JSON, nested too
+    deeply (Python's decoder stops at its recursion limit), or a number :func:`uvmlab.numbers.json_loads` refuses
+    while decoding (an integer beyond int64, a 5,000-digit literal before Python converts it, a real beyond a
+    float, NaN/Infinity); ``int_max``: :data:`uvmlab.numbers.UINT64_MAX` for a foreign tool's data file."""
+    try:
+        return json_loads(text, source, int_max)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}); give {what}") from None
+    except RecursionError:
+        raise InputError(f"{source} nests too deeply to be {what}") from None
+
+
+def read_json_file(path: str | os.PathLike[str], max_bytes: int, what: str, int_max: int = INT64_MAX) -> Any:
+    """The JSON value in the regular file ``path`` (:func:`read_input_text`, :func:`decode_json`)."""
+    return decode_json(read_input_text(path, max_bytes, what), str(path), what, int_max)
+
+
+def read_csv_rows(
+    path: str | os.PathLike[str], max_bytes: int, what: str, delimiter: str = ","
+) -> tuple[list[str], list[dict[str, str]]]:
+    """(header, rows as dicts) of the CSV (or TSV) file ``path``: size-limited, one field at most
+    :data:`MAX_CSV_FIELD_CHARS` characters, a file that is not UTF-8 text or not CSV is one sentence."""
+    text = read_input_text(path, max_bytes, what)
+    previous = csv.field_size_limit(MAX_CSV_FIELD_CHARS)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        rows = list(reader)
+        header = list(reader.fieldnames or [])
+    except csv.Error as exc:
+        raise InputError(f"{path} is not a readable CSV file ({short(str(exc))[1:-1]}); give {what}") from None
+    finally:
+        csv.field_size_limit(previous)
+    return header, rows
+
+
+def read_csv_frame(path: str | os.PathLike[str], max_bytes: int, what: str, **kw: Any) -> Any:
+    """The CSV file ``path`` as a DataFrame (``pandas.read_csv(**kw)``), size-limited; a file that is not UTF-8
+    CSV, or a field over :data:`MAX_CSV_FIELD_CHARS`, is one sentence."""
+    import pandas as pd
+
+    text = read_input_text(path, max_bytes, what)
+    longest = max((len(line) for line in text.splitlines()), default=0)
+    if longest > 64 * MAX_CSV_FIELD_CHARS:
+        raise InputError(f"{path} has a line of {longest:,} characters; give {what}")
+    try:
+        return pd.read_csv(io.StringIO(text), **kw)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path} is empty; give {what}") from None
+    except (pd.errors.ParserError, ValueError, csv.Error) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{path} is not a readable CSV file ({short(first)[1:-1]}); give {what}") from None

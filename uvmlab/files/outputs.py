@@ -5,6 +5,11 @@ Rules (docs/safety.md): an output that is one of the command's inputs, lies insi
 with ``--force``; an existing output file is replaced only with ``--force``; a folder is never taken for a file (or
 a file for a folder). Folder outputs use :class:`uvmlab.files.owned.OwnedFolder` (run directories, trace, comparison and
 report figure folders), which adds ownership, a manifest and a lock.
+
+:func:`check_paths` is the one check of a command's paths taken together, run by the CLI for every command before
+the command starts (``uvmlab.cli``: each option declares its role, ``uvmlab.cli.options.InputPath`` /
+``OutputPath``): every output against every other output and every input, links resolved (``os.path.realpath``,
+and the same file by inode where both exist, so a hard link is caught too).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from uvmlab.errors import InputError
+from uvmlab.files.atomic import claim_new
 
 PathLike = str | os.PathLike[str]
 
@@ -35,6 +41,56 @@ def _inside(child: Path, parent: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _strictly_inside(child: PathLike, parent: PathLike) -> bool:
+    """True if ``child`` lies under ``parent`` (links resolved) and is not ``parent`` itself."""
+    c, p = os.path.realpath(child), os.path.realpath(parent)
+    return c != p and c.startswith(p.rstrip(os.sep) + os.sep)
+
+
+def _uvmlabs_own(folder: PathLike, path: PathLike) -> bool:
+    """True if ``path`` is a file uvmlab wrote in the owned ``folder`` and has not been changed since (its manifest
+    lists it with the same content): such a file is uvmlab's, not the user's (``sweep S/spec.yaml -o S``)."""
+    from uvmlab.files.owned import OwnedFolder
+
+    owned = OwnedFolder(folder)
+    owned.patterns = ("*",)  # any name: only the listed content counts here
+    if not owned.is_owned():
+        return False
+    try:
+        return owned.owns(os.path.realpath(path)) if Path(path).is_file() else False
+    except InputError:
+        return False
+
+
+def check_paths(outputs: Iterable[tuple[str, PathLike, bool]], inputs: Iterable[tuple[str, PathLike]] = ()) -> None:
+    """Refuse (InputError, one sentence) a set of paths a command would read and write that could lose data.
+
+    ``outputs``: (option, path, is_folder); ``inputs``: (option, path) of what the command reads (files or
+    folders; a path that does not exist is skipped: the command refuses it in its own words). Refused, whatever
+    ``--force`` says: two outputs that are the same path; an output inside an output folder; an output that is an
+    input; an output inside an input folder; an output folder that holds an input (unless that input is a file
+    uvmlab wrote there itself and nobody changed: ``sweep S/spec.yaml -o S``). Links are resolved first.
+    """
+    outs = [(opt, Path(path), folder) for opt, path, folder in outputs if path is not None]
+    ins = [(opt, Path(path)) for opt, path in inputs if path is not None and (Path(path).exists())]
+    for i, (opt, path, folder) in enumerate(outs):
+        for opt2, path2, _ in outs[i + 1 :]:
+            if same_path(path, path2):
+                raise InputError(f"{opt} and {opt2} name the same path {path}; give each output its own path")
+        for opt2, path2, folder2 in outs:
+            if folder2 and path2 is not path and _strictly_inside(path, path2):
+                raise InputError(
+                    f"{opt} {path} is inside the output folder {opt2} {path2}; give outputs that do not overlap"
+                )
+        for opt2, src in ins:
+            if same_path(path, src):
+                raise InputError(f"{opt} {path} is also an input of this command ({opt2}); choose another output path")
+            if src.is_dir() and _strictly_inside(path, src):
+                raise InputError(f"{opt} {path} is inside the input folder {src}; choose an output outside it")
+            if folder and _strictly_inside(src, path) and not _uvmlabs_own(path, src):
+                raise InputError(f"{opt} {path} holds the input {src}; choose another output folder")
 
 
 def refuse_input_as_output(out: PathLike, inputs: Iterable[PathLike | None], option: str = "-o") -> None:
@@ -67,6 +123,7 @@ def check_output_file(
     parent = path.parent
     if parent.exists() and not parent.is_dir():
         raise InputError(f"{option} {path}: {parent} is not a folder")
+    claim_new(path, new=not force)  # without --force, a file that appears meanwhile is not replaced either
     return path
 
 

@@ -22,7 +22,6 @@ Writes refuse to go through a symbolic link inside the run directory (e.g. a ``t
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import read_json_file, read_parquet_file
 from uvmlab.files.owned import LOCK_NAME, MANIFEST_NAME, MARKER_NAME, OwnedFolder, os_error_sentence
 
 __all__ = [
@@ -46,9 +45,12 @@ __all__ = [
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 """Figure file formats (matplotlib backends on the Agg canvas; ``--figure-format``)."""
-MAX_JSON_BYTES = 256 * 1024 * 1024
-"""Largest JSON file of a run directory read (256 MiB; result.json and config.json are a few KB, a validate
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""Largest JSON file of a run directory read (64 MiB; result.json and config.json are a few KB, a validate
 run's result.json a few MB)."""
+MAX_TABLE_BYTES = 16 << 30
+"""Largest table of a run directory read (16 GiB; a GPT-2 x4 run's kernels table is about 3 MB, a large nsys
+import's migrations table a few hundred MB)."""
 OWNED_NAMES = ("result.json", "config.json", "env.json", "tables", "figures", "logs")
 """uvmlab's names in a run directory: a folder holding one of them without the marker is the user's."""
 
@@ -66,6 +68,14 @@ class RunDir(OwnedFolder):
     kind = "run"
     complete_name = "result.json"
     names = OWNED_NAMES
+    patterns = (
+        "config.json",
+        "env.json",
+        "result.json",
+        "tables/*.parquet",
+        *(f"figures/*.{fmt}" for fmt in FIGURE_FORMATS),
+        "logs/*",
+    )
     keep_incomplete = ("config.json", "logs/")
     link_folders = ("tables", "figures", "logs")
 
@@ -119,13 +129,7 @@ class RunDir(OwnedFolder):
         """Read one of the JSON files; a missing or corrupt file is an InputError."""
         if not which.exists():
             raise InputError(f"{which} not found: is {self.path} a uvmlab run directory?")
-        text = read_input_text(which, MAX_JSON_BYTES, "a JSON file written by uvmlab")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{which} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        except RecursionError:
-            raise InputError(f"{which} nests too deeply to be a JSON file written by uvmlab") from None
+        return read_json_file(which, MAX_JSON_BYTES, "a JSON file written by uvmlab")
 
     def read_result(self) -> dict[str, Any]:
         """The run's result.json as a dict."""
@@ -134,9 +138,9 @@ class RunDir(OwnedFolder):
     def read_table(self, name: str) -> pd.DataFrame:
         """Read ``tables/NAME.parquet``."""
         path = self.table(name)
-        if not path.is_file():
+        if not (path.exists() or path.is_symlink()):
             raise InputError(f"{path} not found: the run in {self.path} has no table {name!r}")
-        return pd.read_parquet(path)
+        return read_parquet_file(path, MAX_TABLE_BYTES, "a table written by uvmlab")
 
     def summary_line(self) -> str:
         """'Wrote DIR (result.json, N tables, M figures)': the files of this run (in the manifest) that exist."""

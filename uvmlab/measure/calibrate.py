@@ -29,14 +29,17 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
+from uvmlab.gpus import GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, STREAM_EFFICIENCY, CostParams, transfer_bandwidth
@@ -174,15 +177,61 @@ def _run_cost_params(run: str | os.PathLike[str]) -> dict[str, Any]:
     return doc.get("cost_params") or {} if isinstance(doc, dict) else {}
 
 
+def costs_against(
+    gpu: str | GpuSpec | None, base: str | os.PathLike[str] | None, sim_run: str | os.PathLike[str] | None
+) -> tuple[CostParams, dict[str, Any], str]:
+    """(the costs a fit is made against, the ``base`` file's values, what they are): the costs a run of the fitted
+    file combines the fits with, so that fitted and kept values belong together.
+
+    With ``sim_run`` (a uvmlab run directory): the costs that run simulated with (its config.json through
+    uvmlab.uvm.simulate's one rule), so that its kernel time scale divides the efficiencies it used; else the profile
+    of ``gpu`` (uvmlab run's default GPU when None). The ``base`` file's costs go over either, as a run reads them."""
+    from uvmlab.config import RunConfig
+    from uvmlab.files.rundir import RunDir
+    from uvmlab.gpus import get_gpu
+    from uvmlab.sim.uvm.profile import cap_link, pick_profile
+    from uvmlab.sim.uvm.timing import read_params_file
+    from uvmlab.uvm.simulate import costs_and_source
+
+    given = read_params_file(base) if base is not None else None
+    values = dict(given.values) if given is not None else {}
+    rd = RunDir(sim_run) if sim_run is not None else None
+    run_cfg = None
+    if rd is not None and rd.config_json.is_file():
+        try:
+            record = rd.read_json(rd.config_json)  # uvmlab run writes {"run": RunConfig dict, ...}
+            run_cfg = RunConfig.from_dict(record["run"] if isinstance(record, dict) and "run" in record else record)
+        except (InputError, TypeError):  # not a simulated run's configuration: the GPU's profile, as without --sim-run
+            run_cfg = None
+    if run_cfg is not None:
+        costs, why = costs_and_source(run_cfg)
+        why = f"the costs of --sim-run {sim_run}: {why}"
+        spec = get_gpu(run_cfg.gpu)
+    else:
+        default_gpu = next(f.default for f in fields(RunConfig) if f.name == "gpu")
+        spec = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu or str(default_gpu))
+        costs, why = pick_profile(spec)
+    if given is None:
+        return costs, values, why
+    return cap_link(replace(costs, **values), spec), values, given.describe(why)
+
+
 def calibrate(
     report: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
     sim_run: str | os.PathLike[str] | None = None,
     base: str | os.PathLike[str] | None = None,
+    gpu: str | GpuSpec | None = None,
 ) -> dict[str, Any]:
-    """Fit what the export supports, write the parameter file ``out``, return its content."""
-    params = CostParams.from_file(base) if base is not None else CostParams()
+    """Fit what the export supports, write the parameter file ``out``, return its content.
+
+    The file sets only the fitted costs (and those of ``base``); a run takes every other cost from its GPU's profile
+    (``uvmlab.uvm.simulate.costs_and_source``). The fits are made against the same costs (:func:`costs_against`):
+    the other fault terms of the batch fit and the efficiencies the kernel scale divides. ``fitted`` names the
+    fitted costs, ``kept`` those a run takes from its GPU. A fit no hardware gives (outside
+    ``uvmlab.sim.uvm.timing.cost_limits``) is refused in one sentence, and nothing is written."""
+    params, base_values, against = costs_against(gpu, base, sim_run)
     fitted: dict[str, Any] = {}
     details: dict[str, Any] = {}
     notes: list[str] = []
@@ -211,23 +260,40 @@ def calibrate(
         else:
             details["kernel_time_scale"] = {"reason": "no --sim-run given"}
         source = f"uvmlab calibrate from nsys export {Path(report).resolve()} (nsys {ex.version.nsys_version})"
-    params = replace(params, **fitted)
-    kept = [f.name for f in fields(CostParams) if f.name not in fitted]
+    _refuse_impossible(fitted, details, report)
+    values = {**base_values, **fitted}
+    kept = [f.name for f in fields(CostParams) if f.name not in values]
     for name, d in details.items():
         if "reason" in d:
             notes.append(f"{name}: kept ({d['reason']})")
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "source": source,
-        "params": asdict(params),
+        "params": values,
         "fitted": sorted(fitted),
         "kept": kept,
+        "fitted_against": against,
         "details": details,
         "notes": notes,
     }
     atomic_write_json(Path(out), doc)
-    CostParams.from_file(out)  # the file must read back
     return doc
+
+
+def _refuse_impossible(fitted: dict[str, Any], details: dict[str, Any], report: str | os.PathLike[str]) -> None:
+    """One sentence (InputError) for fitted costs outside ``uvmlab.sim.uvm.timing.cost_limits``, naming the fit and
+    the data behind it; nothing is written then (a run would refuse the file)."""
+    from uvmlab.sim.uvm.timing import check_cost_values
+
+    try:
+        check_cost_values(fitted, f"{report}: the fit")
+    except InputError as exc:
+        used = {
+            k: {n: v for n, v in d.items() if n in ("migrations", "batches", "matched_kernels")}
+            for k, d in details.items()
+            if k in fitted or k == "kernel_time_scale"
+        }
+        raise InputError(f"{exc} (data: {used}); no parameter file written") from None
 
 
 def calibrate_microbench(out: str | os.PathLike[str]) -> dict[str, Any]:
@@ -243,12 +309,8 @@ def calibrate_from_timings(timings: str | os.PathLike[str], out: str | os.PathLi
     """Fit CostParams to recorded microbenchmark timings (a CSV with uvmlab.measure.gpu.microbench.TIMING_COLUMNS, e.g.
     ``link/uvmlab_collect/timings.csv`` of ``uvmlab collect``), write them to ``out`` and return the file's content
     (``fitted``, ``notes``, ``timings`` as ``uvmlab calibrate --microbench``). Needs no GPU."""
-    from uvmlab.errors import InputError
     from uvmlab.measure.gpu.microbench import fit, write_fit
 
     path = Path(timings)
-    try:
-        table = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise InputError(f"cannot read microbenchmark timings {path}: {exc}") from None
+    table = read_csv_frame(path, MAX_DATA_FILE_BYTES, "microbenchmark timings (a CSV of uvmlab collect)")
     return write_fit(fit(table), table, out, f"uvmlab calibrate --microbench-timings {path.resolve()}")

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.files.rundir import RunDir
+from uvmlab.files.inputs import open_input, read_parquet_file
+from uvmlab.files.rundir import MAX_TABLE_BYTES, RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
 
 NUMERIC_RESULT_KEYS = tuple(
@@ -107,9 +108,9 @@ def shim_log_footprint(run_path: Path) -> int | None:
     logs = run_path / "logs"
     peaks: list[int] = []
     for p in sorted(logs.rglob("*")) if logs.is_dir() else []:
-        if not p.is_file():
+        if p.is_dir():
             continue
-        with open(p, "rb") as fh:
+        with open_input(p, MAX_TABLE_BYTES, "a log of a uvmlab GPU run") as fh:
             if fh.read(len(LOG_MAGIC)) != LOG_MAGIC:
                 continue
         peaks.append(int(managed_footprint_bytes(read_alloc_log(p))))
@@ -121,14 +122,11 @@ def shim_log_footprint(run_path: Path) -> int | None:
 def _shim_table_peaks(run_path: Path) -> list[int]:
     """Per-role peaks from ``tables/shim_allocations.parquet`` (the GPU runner's copy of its shim logs)."""
     table = RunDir(run_path).table("shim_allocations")
-    if not table.is_file():
+    if not (table.exists() or table.is_symlink()):
         return []
     from uvmlab.measure.gpu.shim import managed_footprint_bytes
 
-    try:
-        df = pd.read_parquet(table)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{table} cannot be read as Parquet ({exc})") from None
+    df = read_parquet_file(table, MAX_TABLE_BYTES, "a table written by uvmlab")
     groups = df.groupby("role") if "role" in df.columns else [("", df)]
     return [int(managed_footprint_bytes(g)) for _, g in groups]
 

@@ -30,13 +30,13 @@ other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame, read_json_file, short
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
 
@@ -75,17 +75,17 @@ def gcn_measured(uvm_dir: Path, nodes: int, prefetch: bool = False, uvm: bool = 
     sub = "with-user-prefetch" if prefetch else "without-user-prefetch"
     kind = ("result_uvm_baseline" if uvm else "result_no_uvm") + ("" if prefetch else "1")
     p = uvm_dir / GCN_DIR / sub / kind / f"{nodes}.json"
+    doc = read_json_file(p, MAX_DATA_FILE_BYTES, "a GCN timing (JSON)")
     try:
-        return float(json.loads(p.read_text())["avg_epoch_time_s"])
-    except (OSError, KeyError, ValueError) as exc:
-        raise InputError(f"cannot read GCN timing {p}: {exc}") from None
+        return float(doc["avg_epoch_time_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"cannot read GCN timing {p}: {short(exc)}") from None
 
 
 def bench_measured(uvm_dir: Path, kernel: str, factor: float, mode: str = "uvm", csv: str = BENCH_CSV) -> float:
     """Measured median time (ms) of uvmbench ``kernel`` in ``mode`` at ``factor`` (default: the t0rq3 CSV)."""
-    import pandas as pd
 
-    df = pd.read_csv(uvm_dir / csv)
+    df = read_csv_frame(uvm_dir / csv, MAX_DATA_FILE_BYTES, "a uvmbench timings CSV")
     row = df[(df["kernel"] == kernel) & (df["mode"] == mode) & ((df["size_factor"] - factor).abs() < 1e-6)]
     if row.empty:
         raise InputError(f"{csv} has no {mode} row for {kernel} at {factor}")

@@ -36,14 +36,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uvmlab.config import WorkloadConfig
+from uvmlab.config import WorkloadConfig, compute_dtype
 from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
+from uvmlab.memory.estimate import CARMA_PLACEMENT_MARGIN_MB
 from uvmlab.trace.schema import NEVER_FREED, Trace
-from uvmlab.units import GiB
+from uvmlab.units import MiB
 
-DEFAULT_MARGIN_BYTES = 2 * GiB
-"""CARMA's safety margin added to the memory requirements (seeds/002 section 3.1: 'We add a 2GB safety margin')."""
+DEFAULT_MARGIN_BYTES = CARMA_PLACEMENT_MARGIN_MB * MiB
+"""CARMA's safety margin added to the memory requirements (seeds/002 section 3.1: 'We add a 2GB safety margin'): the
+placement margin ``uvmlab estimate --format carma`` names (uvmlab.memory.estimate.CARMA_PLACEMENT_MARGIN_MB)."""
 
 
 def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
@@ -52,20 +54,19 @@ def parse_job(text: str, base: WorkloadConfig | None = None) -> WorkloadConfig:
     Examples: ``gpt2:8``, ``resnet50:32``, ``my_model.py:4``, ``resnet50:8,image_size=64`` (per-job workload
     options, JSON values, merged over the shared ``--option`` ones).
     """
-    from uvmlab.files.inputs import parse_options
+    from uvmlab.files.inputs import parse_options, short
+    from uvmlab.numbers import parse_int
 
     head, *pairs = text.split(",")
     name, sep, batch = head.rpartition(":")
     if not sep or not batch.isdigit():
         name, batch = head, ""
     if not name:
-        raise InputError(f"job {text!r}: give a workload name, optionally with a batch size, e.g. gpt2:8")
+        raise InputError(f"job {short(text)}: give a workload name, optionally with a batch size, e.g. gpt2:8")
     kw: dict[str, Any] = {} if base is None else base.to_dict()
     kw.pop("workload", None)
     if batch:
-        if int(batch) < 1:
-            raise InputError(f"job {text!r}: the batch size must be >= 1")
-        kw["batch_size"] = int(batch)
+        kw["batch_size"] = parse_int(batch, f"job {short(head)}: the batch size", lo=1)
     if pairs:
         kw["options"] = {**kw.get("options", {}), **parse_options(tuple(pairs))}
     return WorkloadConfig(workload=name, **kw)
@@ -200,7 +201,7 @@ def simulate_together(
     sim.check_invariants()
     rows = []
     for j, job in enumerate(jobs):
-        dtype = job.cfg.dtype if job.cfg is not None else "fp32"
+        dtype = compute_dtype(job.cfg.dtype if job.cfg is not None else "fp32", job.trace.header)
         compute = float(kernel_time_ns(np.array(flops[j]), np.array(nbytes[j]), gpu, cost, dtype).sum())
         rows.append(
             {"job_index": j, "job": job.name, "compute_ns": compute, "kernels": len(flops[j]), **totals[j].as_dict()}
@@ -256,23 +257,28 @@ def colocate(
         raise InputError(f"simulate must be auto, yes or no, not {simulate!r}")
     if margin_bytes < 0:
         raise InputError("the safety margin cannot be negative")
-    from uvmlab.memory.estimate import job_context
+    from uvmlab.memory.estimate import job_context, required_margin
 
     ctx = []  # per job: the context rule of uvmlab estimate
     for j in jobs:
         model = job_context(gpu, j.trace)
         ctx.append(gpu.context_bytes if model is None else model.total_bytes)
-    verdict = pd.DataFrame(
-        [
+    rows = []
+    for j, c in zip(jobs, ctx, strict=True):  # each job's need: uvmlab estimate's required_mb, by its one rule
+        model_margin, rule = required_margin(j.peak_reserved_bytes + c, j.trace)
+        need = j.peak_reserved_bytes + c + model_margin
+        rows.append(
             {
                 "job": j.name,
                 "peak_reserved_bytes": j.peak_reserved_bytes,
                 "context_bytes": c,
-                "need_bytes": j.peak_reserved_bytes + c,
+                "model_margin_bytes": model_margin,
+                "need_bytes": need,
+                "required_mb": -(-need // MiB),
+                "margin_rule": rule,
             }
-            for j, c in zip(jobs, ctx, strict=True)
-        ]
-    )
+        )
+    verdict = pd.DataFrame(rows)
     need = int(verdict["need_bytes"].sum()) + int(margin_bytes)
     fits = need <= gpu.memory_bytes
     result = Colocation(gpu, int(margin_bytes), verdict, fits, need)

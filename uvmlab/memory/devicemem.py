@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from uvmlab.errors import InputError
+from uvmlab.gpus import sm_info, sm_version
 from uvmlab.units import KiB, MiB
 
 STACK_BYTES_PER_THREAD = 1 * KiB
@@ -95,50 +96,6 @@ CUDNN_CONV_LIBRARIES = (
     "libcudnn_ops",
 )
 """What a convolution opens: the engines, the cnn front end, and ops (the handle, tensor transforms)."""
-SM_VERSION: dict[str, int] = {
-    "A100": 80, "H100": 90, "H200": 90, "GH200": 90, "L40S": 89, "A6000": 86, "V100": 70, "TitanV": 70,
-    "RTX4090": 89, "RTX5090": 120, "RTX4060": 89, "RTX3060": 86, "T4": 75,
-}  # fmt: skip
-"""Compute capability x 10 by GpuSpec name prefix (NVIDIA CUDA GPUs list)."""
-
-# (SM count, max resident threads per SM) by GpuSpec name prefix: vendor datasheets; CUDA C Programming Guide.
-SM_TABLE: dict[str, tuple[int, int]] = {
-    "A100": (108, 2048),
-    "H100-PCIe": (114, 2048),
-    "H100": (132, 2048),
-    "H200": (132, 2048),
-    "GH200": (132, 2048),
-    "L40S": (142, 1536),
-    "A6000": (84, 1536),
-    "V100": (80, 2048),
-    "TitanV": (80, 2048),
-    "RTX4090": (128, 1536),
-    "RTX5090": (170, 1536),
-    "RTX4060": (24, 1536),
-    "RTX3060": (28, 1536),
-    "T4": (40, 1024),
-}
-DEFAULT_SMS = (108, 2048)
-"""GPUs missing from ``SM_TABLE`` are taken as an A100 (said in ``ContextModel.notes``)."""
-
-
-def _prefix_lookup(table: dict[str, Any], gpu_name: str) -> Any:
-    for prefix in sorted(table, key=len, reverse=True):
-        if gpu_name.startswith(prefix):
-            return table[prefix]
-    return None
-
-
-def sm_info(gpu_name: str) -> tuple[int, int, bool]:
-    """(SMs, threads per SM, known) for a GpuSpec name (longest matching prefix)."""
-    found = _prefix_lookup(SM_TABLE, gpu_name)
-    return (*found, True) if found is not None else (*DEFAULT_SMS, False)
-
-
-def sm_version(gpu_name: str) -> int:
-    """Compute capability x 10 of a GpuSpec name (80, an A100's, when unknown)."""
-    found = _prefix_lookup(SM_VERSION, gpu_name)
-    return 80 if found is None else int(found)
 
 
 def image_bytes(libraries: tuple[str, ...], sm: int) -> int:

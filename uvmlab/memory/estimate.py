@@ -185,6 +185,23 @@ class Estimate:
         return f"{self.required_mb}\n"
 
 
+def required_margin(
+    device_peak_bytes: int, trace: Trace, stack: bool = False, margin_bytes: int | None = None
+) -> tuple[int, str]:
+    """(margin, its rule) that ``required_mb`` adds to a job's device peak: ``margin_bytes`` when given, else the
+    coverage rule of uvmlab.memory.intervals for the trace's family. The one rule of ``estimate`` (required_mb,
+    ``--format carma``) and ``colocate`` (each job's need); CARMA's own placement margin
+    (:data:`CARMA_PLACEMENT_MARGIN_MB`) comes on top, once, where jobs are placed."""
+    if margin_bytes is not None:
+        return int(margin_bytes), "given"
+    iv = interval(device_peak_bytes, family_of(trace), stack)
+    rule = (
+        f"device peak x {iv['cover']:+.2%}: covers 95 % of every data set's validation rows of the "
+        f"{iv['family']} family{' with a stack calibration' if stack else ''} (uvmlab.memory.intervals)"
+    )
+    return iv["required_bytes"] - device_peak_bytes, rule
+
+
 def job_context(gpu: GpuSpec, trace: Trace, module_loading: str = "lazy", stack: Any = None) -> ContextModel | None:
     """The CUDA context (and loaded modules) of one training job on ``gpu``: the one rule of ``estimate`` and
     ``colocate``. None when the GpuSpec's ``context_bytes`` was set explicitly (the caller keeps it); else
@@ -343,14 +360,7 @@ def estimate(
     peak_reserved = int(free_run.peak_reserved_bytes)
     device_peak = gpu.context_bytes + peak_reserved
     iv = interval(device_peak, family_of(trace), stack is not None)
-    if margin_bytes is None:
-        margin = iv["required_bytes"] - device_peak
-        rule = (
-            f"device peak x {iv['cover']:+.2%}: covers 95 % of every data set's validation rows of the "
-            f"{iv['family']} family{' with a stack calibration' if stack is not None else ''} (uvmlab.memory.intervals)"
-        )
-    else:
-        margin, rule = int(margin_bytes), "given"
+    margin, rule = required_margin(device_peak, trace, stack is not None, margin_bytes)
     return Estimate(
         workload=cfg.workload,
         config=cfg.to_dict(),

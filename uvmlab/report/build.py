@@ -24,6 +24,7 @@ from uvmlab.files.owned import OwnedFolder
 from uvmlab.report import captions, figures
 from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
+from uvmlab.sweep.aggregate import BROKEN
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Report:
     html: Path
     figures: list[FigureFile] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    """Run ids whose result.json cannot be read (outcome broken): listed on the page, in no figure."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``--format json``)."""
@@ -53,6 +56,7 @@ class Report:
                 {"key": f.key, "path": str(f.path), "runs": f.runs, "caption": f.caption} for f in self.figures
             ],
             "skipped": list(self.skipped),
+            "broken": list(self.broken),
         }
 
 
@@ -157,7 +161,7 @@ def build_report(
 
 def _build(sweep_dir: Path, df: pd.DataFrame, html_path: Path, folder: ReportFigures, figure_format: str) -> Report:
     fig_dir = folder.path
-    report = Report(html=html_path)
+    report = Report(html=html_path, broken=[str(r) for r in df.loc[df["outcome"] == BROKEN, "run_id"]])
     ok = ok_runs(df)
     runs_text = captions.describe_runs(df)
     sims = ok_runs(df, measured=False)
@@ -252,12 +256,12 @@ def _build(sweep_dir: Path, df: pd.DataFrame, html_path: Path, folder: ReportFig
         sections.append(
             Section(
                 "Runs that did not finish",
-                "Outcome oom or error, with the error sentence.",
+                "Outcome oom, error, or broken (a result.json that cannot be read), with the error sentence.",
                 table=failed[cols].astype(object).reset_index(drop=True),
             )
         )
     intro = (
-        f"Sweep {sweep_dir}: {len(df)} runs ({len(ok)} ok, {len(failed)} oom/error). "
+        f"Sweep {sweep_dir}: {len(df)} runs ({len(ok)} ok, {len(failed)} oom/error/broken). "
         "Figures follow Lin & Jeon, 'Understanding Oversubscribed Memory Management for Deep Learning "
         "Training' (EuroMLSys '25), figures 3-9."
     )

@@ -140,6 +140,7 @@ class ComparisonDir(RunDir):
     kind = "comparison"
     complete_name = "comparison.json"
     names = ("comparison.json", "tables", "figures")
+    patterns = ("comparison.json", "tables/*.parquet", "figures/*.png", "figures/*.svg", "figures/*.pdf")
     keep_incomplete = ()
     link_folders = ("tables", "figures")
 

@@ -19,9 +19,13 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_with
+from uvmlab.files.inputs import read_parquet_file
 from uvmlab.files.rundir import RunDir
+from uvmlab.sweep.folder import SweepFolder
 
 RESULTS_NAME = "results.parquet"
+MAX_RESULTS_BYTES = 256 << 20
+"""Largest results.parquet read (256 MiB; one row per run, ~1 KB a row: 100,000 runs are ~100 MB)."""
 GROUP_KEYS = ("cfg_workload", "cfg_batch_size", "cfg_optimizer", "cfg_dtype", "cfg_gpu", "mode")
 """What identifies 'the same job' across factors and PCA settings."""
 
@@ -89,11 +93,23 @@ def config_columns(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A run folder's JSON object, or None when it is missing or cannot be read (not UTF-8, not JSON, nested
+    deeper than Python's decoder goes, too large, not an object: uvmlab.files.rundir.RunDir.read_json)."""
+    return _json_or_why(path)[0]
+
+
+def _json_or_why(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the JSON object in ``path``, '') or (None, why it cannot be read)."""
     try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+        data = RunDir(path.parent).read_json(path)
+    except InputError as exc:
+        return None, str(exc)
+    return (data, "") if isinstance(data, dict) else (None, f"{path} holds no JSON object")
+
+
+BROKEN = "broken"
+"""Outcome of a run whose result.json cannot be read: listed (with why) in results.parquet and the report, left out
+of every figure and statistic; the other runs still count."""
 
 
 def run_dirs(out: str | os.PathLike[str]) -> list[Path]:
@@ -112,14 +128,15 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         rundir = RunDir(path)
         if not rundir.is_complete():
             continue
-        result = _read_json(rundir.result_json)
-        if not isinstance(result, dict):
-            unreadable.append(path.name)  # not written by uvmlab (its writes are atomic): said, then left out
-            continue
+        result, why = _json_or_why(rundir.result_json)
         row: dict[str, Any] = {"run_id": path.name, "run_dir": str(path)}
         cfg = unwrap_config(_read_json(rundir.config_json))
         if isinstance(cfg, dict):
             row.update(config_columns(cfg))
+        if result is None:  # not written by uvmlab (its writes are atomic): a broken run, said and counted as such
+            unreadable.append(path.name)
+            rows.append({**row, "outcome": BROKEN, "error": why[:500]})
+            continue
         row.update(_scalars(result))
         env = _read_json(rundir.env_json)
         if env is not None:
@@ -129,8 +146,8 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
         from uvmlab.console import note
 
         note(
-            f"warning: {len(unreadable)} run(s) of {out} have an unreadable result.json and are left out "
-            f"(e.g. runs/{unreadable[0]}); `uvmlab sweep SPEC -o {out}` redoes them"
+            f"warning: {len(unreadable)} run(s) of {out} have an unreadable result.json: outcome {BROKEN}, left out "
+            f"of the figures (e.g. runs/{unreadable[0]}); `uvmlab sweep SPEC -o {out}` redoes them"
         )
     df = pd.DataFrame(rows)
     if df.empty:
@@ -144,17 +161,31 @@ def collect(out: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
+def _refuse_non_file(path: Path) -> None:
+    """results.parquet is replaced only where it is a regular file (or absent): never a link, FIFO or device."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path} is not a regular file; uvmlab writes results.parquet only in place of its own")
+
+
 def write_results(out: str | os.PathLike[str]) -> Path:
     """Rebuild ``out/results.parquet`` from the run directories (atomic); return its path."""
-    df = collect(out)
     path = Path(out) / RESULTS_NAME
-    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    _refuse_non_file(path)
+    folder = SweepFolder(out)
+    if folder.is_owned():
+        folder.check()  # a folder uvmlab may not write in is refused before the runs are read
+    df = collect(out)
+    if folder.is_owned():  # listed with its content: a results.parquet of the user's is never replaced
+        folder.write_file_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
+        atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
 
 
 def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     """``out/results.parquet``, rebuilt first when missing or older than a run's result.json."""
     path = Path(out) / RESULTS_NAME
+    _refuse_non_file(path)
     newest = 0.0
     for p in run_dirs(out):
         r = RunDir(p).result_json
@@ -163,9 +194,13 @@ def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_mtime < newest:
         write_results(out)
     try:
-        return pd.read_parquet(path)
-    except Exception:  # derived data: a damaged results.parquet is rebuilt from the run directories
+        return read_parquet_file(path, MAX_RESULTS_BYTES, "a sweep's results.parquet")
+    except InputError:  # derived data: a damaged results.parquet is moved aside (kept) and rebuilt from the runs
+        import time
+
         from uvmlab.console import note
 
-        note(f"warning: {path} is unreadable; rebuilding it from {Path(out) / 'runs'}")
+        aside = path.with_name(f"{RESULTS_NAME}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        os.replace(path, aside)
+        note(f"warning: {path} is unreadable; moved to {aside.name} and rebuilt from {Path(out) / 'runs'}")
         return pd.read_parquet(write_results(out))

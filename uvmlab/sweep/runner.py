@@ -23,7 +23,6 @@ The worker's per-run lock makes a resumed sweep wait for an orphan of a killed o
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -35,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError, UnavailableError
-from uvmlab.files.atomic import atomic_write_bytes, atomic_write_json
+from uvmlab.files.inputs import read_input_bytes, short
 from uvmlab.files.outputs import same_path
 from uvmlab.files.rundir import RunDir
+from uvmlab.sweep.folder import SweepFolder, legacy_sweep_json
 from uvmlab.sweep.slurm import SlurmOptions
-from uvmlab.sweep.spec import SweepSpec
+from uvmlab.sweep.spec import MAX_SPEC_BYTES, SweepSpec
 from uvmlab.sweep.worker import run_chunk, run_lock, run_one
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -118,7 +118,7 @@ def _status(rundir: RunDir) -> str:
 
 
 def run_dir_name(cfg: Any) -> str:
-    """Readable run directory name: ``<workload>-x<F>-pca<on|off>-<8 hex digits of config_hash()>``.
+    """Readable run directory name: ``<workload>-x<F>-pca<on|off>[-<policy>]-<8 hex digits of config_hash()>``.
 
     The same name as ``uvmlab run``'s default directory (uvmlab.run.default_run_dir), e.g. gpt2-x4-pcaoff-1a2b3c4d.
     """
@@ -141,58 +141,85 @@ def plan_entries(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
     return entries
 
 
+def spec_hash(spec: SweepSpec) -> str:
+    """What a sweep folder belongs to: the SHA-256 of its configurations' hashes, sorted (the spec's name, comments
+    and order do not count; another grid, default, exclusion or override does)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sorted(c.config_hash() for c in spec.configs)).encode()).hexdigest()
+
+
+def _check_same_spec(out: Path, spec: SweepSpec, entries: list[Entry], digest: str) -> None:
+    """Refuse a sweep folder that holds the sweep of another spec (by :func:`spec_hash`; a sweep.json of an uvmlab
+    before the hash: by its run ids)."""
+    doc = legacy_sweep_json(out)
+    if doc is None:
+        return
+    known = doc.get("spec_hash")
+    same = known == digest if known is not None else set(doc["run_ids"]) == {e.run_id for e in entries}
+    if not same:
+        n = len(doc["run_ids"])
+        raise InputError(
+            f"{out} holds the sweep of another spec ({short(doc.get('name'))}, {n:,} configurations); a sweep folder "
+            "belongs to one spec: give another -o (resume with the same spec and overrides)"
+        )
+
+
 def prepare(spec: SweepSpec, out: str | os.PathLike[str]) -> list[Entry]:
-    """Create the sweep folder and every run's config.json (atomic; an existing one is left alone)."""
+    """Create (or resume) the sweep folder and every run's config.json (atomic; an existing one is left alone).
+
+    Refuses (InputError): a path that is a file or a link; a folder holding uvmlab's sweep names that uvmlab did
+    not write; the folder of another spec's sweep (:func:`spec_hash`); a spec.yaml there that is not the copy of
+    this spec uvmlab wrote.
+    """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"sweep output {out} exists and is not a folder; choose another -o")
-    if not _is_sweep_folder(out) and any((out / n).exists() for n in ("sweep.json", "results.parquet")):
-        raise InputError(f"{out} holds a sweep.json or results.parquet that uvmlab did not write; choose another -o")
-    entries = plan_entries(spec, out)
-    copy = out / "spec.yaml"
     source = Path(spec.source) if spec.source and Path(spec.source).is_file() else None
-    if source is not None and copy.exists() and not same_path(source, copy) and not (out / "sweep.json").is_file():
-        raise InputError(f"{out} holds a spec.yaml that uvmlab did not write; choose another -o for the sweep")
-    out.mkdir(parents=True, exist_ok=True)
-    if source is not None and not same_path(source, copy):  # `sweep spec.yaml -o .` keeps the user's file
-        atomic_write_bytes(copy, source.read_bytes())  # a full disk: one sentence, no half copy
-    for e in entries:
-        rundir = RunDir(e.path)
-        if not rundir.config_json.is_file():
-            rundir.path.mkdir(parents=True, exist_ok=True)
-            rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
-            rundir.write_json(rundir.config_json, e.config.to_dict())  # recorded in its manifest
-    _write_sweep_json(out, spec, entries, None)
+    data = read_input_bytes(source, MAX_SPEC_BYTES, "a sweep spec (a YAML file)") if source is not None else None
+    folder = SweepFolder(out)
+    folder.adopt_legacy(data)
+    entries = plan_entries(spec, out)
+    digest = spec_hash(spec)
+    folder.prepare()
+    try:
+        _check_same_spec(out, spec, entries, digest)
+        for e in entries:  # a run's manifest that is not uvmlab's is refused before anything runs (or is removed)
+            if e.path.is_dir() and e.status == "pending":  # an unreadable result.json is moved aside by the worker
+                RunDir(e.path).verify(skip=(RunDir.complete_name,))
+        _write_sweep_json(out, spec, entries, None, digest)  # first: from here on, a kill leaves a resumable folder
+        copy = out / "spec.yaml"
+        ours = copy.is_file() and folder.owns(copy) and data is not None and copy.read_bytes() == data
+        if data is not None and not same_path(source, copy) and not ours:  # `sweep S/spec.yaml -o S`: kept
+            folder.write_file_with(copy, lambda tmp: tmp.write_bytes(data))  # refuses a spec.yaml of yours
+        for e in entries:
+            rundir = RunDir(e.path)
+            if not rundir.config_json.is_file():
+                rundir.path.mkdir(parents=True, exist_ok=True)
+                rundir.mark_owned()  # the sweep created this run directory: its worker may write into it
+                rundir.write_json(rundir.config_json, e.config.to_dict())  # recorded in its manifest
+        _write_sweep_json(out, spec, entries, None, digest)
+    finally:
+        folder.release()
     return entries
 
 
-def _is_sweep_folder(out: Path) -> bool:
-    """True when ``out/sweep.json`` is one uvmlab wrote (a mapping with ``run_ids``)."""
-    try:
-        doc = json.loads((out / "sweep.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and "run_ids" in doc
-
-
-def _write_sweep_json(out: Path, spec: SweepSpec, entries: list[Entry], summary: SweepSummary | None) -> None:
-    path = out / "sweep.json"
-    previous: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            previous = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            previous = {}
+def _write_sweep_json(
+    out: Path, spec: SweepSpec, entries: list[Entry], summary: SweepSummary | None, digest: str | None = None
+) -> None:
+    previous = legacy_sweep_json(out) or {}
     ids = list(dict.fromkeys([*previous.get("run_ids", []), *(e.run_id for e in entries)]))
     data = {
         "name": spec.name,
         "source": spec.source,
         "description": spec.description,
         "overrides": list(spec.overrides),
+        "spec_hash": digest or previous.get("spec_hash") or spec_hash(spec),
+        "configurations": len(entries),
         "run_ids": ids,
         "last_summary": summary.to_dict() if summary else previous.get("last_summary"),
     }
-    atomic_write_json(path, data)
+    SweepFolder(out).write_json_file(out / "sweep.json", data)
 
 
 def submit_plan(
@@ -401,7 +428,7 @@ def _run_submitit(plan: SubmitPlan, pending: list[Entry], progress: _Progress, s
         rundir = RunDir(e.path)
         if path not in seen and rundir.is_complete():
             progress.update(_outcome(rundir))
-        outcome = rundir.read_result().get("outcome", "ok") if rundir.is_complete() else "missing"
+        outcome = _outcome(rundir) if rundir.is_complete() else "missing"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from uvmlab.config import ATTENTION_IMPLS, DTYPES, MODES, OPTIMIZERS, ZERO_GRAD_
 from uvmlab.config import check_oversub as _check_oversub
 from uvmlab.errors import InputError
 from uvmlab.files.inputs import read_input_text, short
+from uvmlab.numbers import MAX_NUMBER_CHARS, parse_float, parse_int, prefix
 from uvmlab.sweep.slurm import SLURM_FIELDS, SlurmOptions, check_slurm_field
 from uvmlab.units import parse_bytes
 
@@ -60,6 +62,14 @@ MAX_SPEC_DEPTH = 20
 DEFAULT_MAX_CONFIGS = 10_000
 """Configurations a spec may expand to unless ``--max-configs`` says otherwise (lin_jeon_2025.yaml: 120; at a
 minute a run, 10,000 are a week of one GPU)."""
+MAX_CONFIGS = 100_000
+"""The most ``--max-configs`` may allow: what one machine can prepare and hold. A sweep builds and checks every
+configuration (0.3 to 2.4 ms each: 1 to 4 minutes for 100,000, measured on a 2-core machine idle and under load
+16) and writes one run directory each before the first run; at a minute a run, 100,000 runs are 70 days of one
+GPU. A dry run of any spec builds only the configurations it shows (:data:`SAMPLE_CONFIGS`)."""
+SAMPLE_CONFIGS = 1_000
+"""Configurations a dry run builds and shows at most; a larger spec is counted (the product of its axes) and the
+first ones are shown."""
 TOP_KEYS = ("version", "name", "description", "defaults", "grid", "include", "exclude", "slurm")
 
 WORKLOAD_FIELDS = ("workload", "batch_size", "optimizer", "zero_grad", "attention", "dtype", "iterations", "options")
@@ -88,6 +98,10 @@ class SweepSpec:
     """Configurations produced more than once by grid/include (kept once)."""
     overrides: tuple[str, ...] = ()
     """Command-line overrides applied (``KEY=V1,V2``), as given."""
+    size: int = 0
+    """Configurations the grid and include entries produce, before exclusions and duplicates (0: not counted)."""
+    sampled: bool = False
+    """True when ``configs`` holds only the first configurations (a dry run of a large spec: ``sample``)."""
 
 
 # -- YAML with line numbers --------------------------------------------------------------------------------
@@ -105,8 +119,29 @@ class _Where:
         return InputError(f"{self.source}{line}{where}: {message}")
 
 
+class _CheckedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader whose numbers pass uvmlab.numbers' checks: an integer literal longer than
+    ``MAX_NUMBER_CHARS`` is refused before PyYAML converts it (a 5,000-digit one raised Python's int-conversion
+    error), integers fit int64, and ``.inf`` / ``.nan`` are refused (no setting of a spec takes them)."""
+
+
+def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(node.value)
+    if len(text) > MAX_NUMBER_CHARS:
+        raise InputError(f"the integer {prefix(text)} does not fit 64 bits")
+    return parse_int(yaml.SafeLoader.construct_yaml_int(loader, node), "the value")
+
+
+def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    return parse_float(yaml.SafeLoader.construct_yaml_float(loader, node), "the value")
+
+
+_CheckedLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+_CheckedLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+
+
 def _construct(node: yaml.Node) -> Any:
-    loader = yaml.SafeLoader("")
+    loader = _CheckedLoader("")
     try:
         return loader.construct_object(node, deep=True)
     finally:
@@ -221,6 +256,9 @@ def _check_field(name: str, value: Any, base_dir: Path) -> Any:
         path = Path(str(value)) if Path(str(value)).is_absolute() else base_dir / str(value)
         if not path.is_file():
             raise InputError(f"parameter file {short(str(path))} does not exist")
+        from uvmlab.sim.uvm.timing import read_params_file
+
+        read_params_file(path)  # its costs checked once, before any configuration runs
         return str(path.resolve())
     if name in ("options", "sim_options"):
         if not isinstance(value, dict):
@@ -326,13 +364,20 @@ def load_spec(
     path: str | os.PathLike[str],
     overrides: list[str] | tuple[str, ...] = (),
     max_configs: int = DEFAULT_MAX_CONFIGS,
+    sample: int | None = None,
 ) -> SweepSpec:
     """Read and validate a sweep spec and its ``KEY=V1,V2`` overrides; every error names the file, line and field
-    (InputError, exit 2). More than ``max_configs`` configurations is an error, found before they are built."""
+    (InputError, exit 2). More than ``max_configs`` configurations is an error, found before they are built.
+    ``sample``: build only the first ``sample`` configurations (``SweepSpec.sampled``; a dry run)."""
     path = Path(path)
     text = read_input_text(path, MAX_SPEC_BYTES, "a sweep spec (a YAML file)")
     spec = parse_spec(
-        text, source=str(path), base_dir=path.parent, overrides=parse_overrides(overrides), max_configs=max_configs
+        text,
+        source=str(path),
+        base_dir=path.parent,
+        overrides=parse_overrides(overrides),
+        max_configs=max_configs,
+        sample=sample,
     )
     return replace(spec, overrides=tuple(overrides))
 
@@ -361,7 +406,7 @@ def parse_overrides(items: list[str] | tuple[str, ...], base_dir: Path | None = 
         values = []
         for part in parts:
             try:
-                value = yaml.safe_load(part)
+                value = yaml.load(part, Loader=_CheckedLoader)  # a SafeLoader: plain values only
             except (yaml.YAMLError, RecursionError):
                 value = part
             try:
@@ -390,12 +435,14 @@ def parse_spec(
     base_dir: Path | None = None,
     overrides: dict[str, list[Any]] | None = None,
     max_configs: int = DEFAULT_MAX_CONFIGS,
+    sample: int | None = None,
 ) -> SweepSpec:
-    """Validate the YAML text of a spec, with command-line ``overrides`` (see the module docstring)."""
-    if not _is_int(max_configs) or max_configs < 1:
-        raise InputError(f"--max-configs must be a whole number >= 1, not {short(max_configs)}")
+    """Validate the YAML text of a spec, with command-line ``overrides`` (see the module docstring); ``sample``:
+    build only the first ``sample`` configurations (the count is still of the whole spec)."""
+    if not _is_int(max_configs) or not 1 <= max_configs <= MAX_CONFIGS:
+        raise InputError(f"--max-configs must be a whole number from 1 to {MAX_CONFIGS:,}, not {short(max_configs)}")
     try:
-        return _parse_spec(text, source, base_dir, overrides or {}, max_configs)
+        return _parse_spec(text, source, base_dir, overrides or {}, max_configs, sample)
     except RecursionError:
         raise InputError(
             f"{source}: the YAML nests too deeply (a spec nests at most {MAX_SPEC_DEPTH} levels)"
@@ -446,7 +493,7 @@ def _check_nodes(root: yaml.Node, where: _Where) -> int:
 
 
 def _parse_spec(
-    text: str, source: str, base_dir: Path | None, overrides: dict[str, list[Any]], limit: int
+    text: str, source: str, base_dir: Path | None, overrides: dict[str, list[Any]], limit: int, sample: int | None
 ) -> SweepSpec:
     where = _Where(source)
     base = (base_dir or Path.cwd()).resolve()
@@ -473,16 +520,22 @@ def _parse_spec(
     if "defaults" in top:
         (defaults,) = _config_mapping(where, top["defaults"][1], "defaults", base, expand=False)
 
-    bases: list[tuple[dict[str, Any], yaml.Node]] = []
+    sources: list[tuple[Iterable[dict[str, Any]], yaml.Node]] = []  # rows, lazily for the grid
+    size = 0
     if "grid" in top:
-        bases.extend((row, top["grid"][1]) for row in _grid(where, top["grid"][1], base, overrides, limit))
+        size, grid_rows = _grid(where, top["grid"][1], base, overrides, limit)
+        sources.append((grid_rows, top["grid"][1]))
     if "include" in top:
         for i, item in enumerate(_seq(top["include"][1])):
-            rows = _config_mapping(where, item, f"include[{i}]", base, expand=True, limit=limit)
-            bases.extend((row, item) for row in _apply_overrides(rows, overrides, limit))
-            _check_count(len(bases), limit, where, item, f"include[{i}] (with the grid and the entries before)")
-    if not bases:
+            rows = _apply_overrides(
+                _config_mapping(where, item, f"include[{i}]", base, expand=True, limit=limit), overrides, limit
+            )
+            size += len(rows)
+            sources.append((rows, item))
+            _check_count(size, limit, where, item, f"include[{i}] (with the grid and the entries before)")
+    if not size:
         raise InputError(f"{source}: no configurations: give a 'grid' or an 'include' section")
+    bases = ((row, node) for rows, node in sources for row in rows)
 
     excludes: list[dict[str, list[Any]]] = []
     if "exclude" in top:
@@ -495,7 +548,11 @@ def _parse_spec(
 
     configs: dict[str, RunConfig] = {}
     duplicates = 0
+    stopped = False  # a dry run's sample is full and rows are left
     for row, node in bases:
+        if sample is not None and len(configs) >= sample:
+            stopped = True
+            break
         flat = {**defaults, **row}
         if any(_matches(flat, rule) for rule in excludes):
             continue
@@ -518,6 +575,8 @@ def _parse_spec(
         description=description,
         source=source,
         duplicates=duplicates,
+        size=size,
+        sampled=stopped,
     )
 
 
@@ -527,10 +586,10 @@ def _grid(
     base: Path,
     overrides: dict[str, list[Any]] | None = None,
     limit: int = DEFAULT_MAX_CONFIGS,
-) -> list[dict[str, Any]]:
-    """Expand the grid: each axis is a list; ``workload`` items may be mappings bundling fields (batch size...).
-
-    ``overrides`` replace (or add) axes; see the module docstring.
+) -> tuple[int, Iterator[dict[str, Any]]]:
+    """The grid's size and its rows, lazily (a product is never expanded ahead): each axis is a list; ``workload``
+    items may be mappings bundling fields (batch size...). ``overrides`` replace (or add) axes; see the module
+    docstring.
     """
     overrides = overrides or {}
     axes: list[list[dict[str, Any]]] = []
@@ -555,11 +614,14 @@ def _grid(
         axes.append(choices)
     grid_keys = {k for k, _, _ in _mapping_items(node, where, "grid")}
     axes.extend([{k: v} for v in vals] for k, vals in overrides.items() if k not in grid_keys)
-    _check_count(math.prod(len(a) for a in axes), limit, where, node, "grid")
-    rows = []
-    for combo in itertools.product(*axes):
-        row: dict[str, Any] = {}
-        for part in combo:
-            row.update(part)
-        rows.append(row)
-    return rows
+    size = math.prod(len(a) for a in axes)
+    _check_count(size, limit, where, node, "grid")
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for combo in itertools.product(*axes):
+            row: dict[str, Any] = {}
+            for part in combo:
+                row.update(part)
+            yield row
+
+    return size, rows()

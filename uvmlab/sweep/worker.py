@@ -34,7 +34,7 @@ from typing import Any
 
 from uvmlab import SCHEMA_VERSION
 from uvmlab.errors import InputError, OutOfMemoryError, UvmlabError
-from uvmlab.files.atomic import atomic_write_json, write_failure
+from uvmlab.files.atomic import write_failure
 from uvmlab.files.rundir import RunDir
 from uvmlab.stats.schema import RESULT_KEYS
 
@@ -153,11 +153,11 @@ def run_in_process(path: Path) -> str:
         try:
             _run_fn()(cfg, out=path, force=True)
         except OutOfMemoryError as exc:
-            atomic_write_json(rundir.result_json, failure_result(cfg, "oom", str(exc)))
+            rundir.write_json(rundir.result_json, failure_result(cfg, "oom", str(exc)))
         except UvmlabError as exc:
-            atomic_write_json(rundir.result_json, failure_result(cfg, "error", str(exc)))
+            rundir.write_json(rundir.result_json, failure_result(cfg, "error", str(exc)))
         if not rundir.is_complete():
-            atomic_write_json(
+            rundir.write_json(
                 rundir.result_json, failure_result(cfg, "error", "the run returned without writing result.json")
             )
         _log_attempt(rundir, "end")
@@ -225,7 +225,7 @@ def run_one(path: str | os.PathLike[str], python: str | None = None, timeout_s: 
         if not rundir.is_complete():
             cfg = read_config(rundir)
             message = f"{reason}" + (f": {detail}" if detail and code != 0 else "")
-            atomic_write_json(rundir.result_json, failure_result(cfg, "error", message))
+            rundir.write_json(rundir.result_json, failure_result(cfg, "error", message))
     return str(rundir.read_result().get("outcome", "error"))
 
 

@@ -30,10 +30,15 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
-CAPTURE_VERSION = 3
+CAPTURE_VERSION = 7
 """Version of the capture rules (recorder, categories, emulation); part of the cache key.
 2: dropout keeps CUDA's 1-byte mask, data-dependent ops emulated, named models, parameters registered on meta.
-3: in-place and ``out=`` GEMMs counted as GEMMs (uvmlab.trace.flops), the kernel ``dtype`` column recorded."""
+3: kernels carry what the CUDA kernel allocates inside itself (``temporaries``, uvmlab.trace.internal_rules).
+4: the header's parameter map (uvmlab.trace.param_map), LoRA/QLoRA (workloads.peft_adapt).
+5: a kernel's temporaries made under ``uvm.prefetch_new_allocations`` are marked, and prefetched like the outputs.
+6: data-dependent scalars from CPU values of the seeded inputs (uvmlab.trace.known_values), ``--dtype auto``
+(the header's ``compute_dtype``), fewer layers that keep every kind of layer (workloads.hf_config).
+7: in-place and ``out=`` GEMMs counted as GEMMs (uvmlab.trace.flops), the kernel ``dtype`` column recorded."""
 
 
 def cache_root() -> Path:
@@ -120,7 +125,15 @@ def _warn_line(message: str) -> None:
 def get_trace(
     cfg: WorkloadConfig, device: str = "meta", emulate_cuda: bool = True, progress: ProgressFn | None = None
 ) -> Trace:
-    """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable."""
+    """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable.
+
+    A data-parallel job (``cfg.shard``) is its single-GPU capture (cached once for every world size) made into one
+    rank's trace by ``uvmlab.trace.shard.shard_trace``."""
+    if cfg.shard:
+        from uvmlab.trace.shard import shard_trace
+
+        base = get_trace(cfg.single_gpu, device, emulate_cuda, progress)
+        return shard_trace(base, cfg.shard, cfg.world_size, cfg.shard_options)
     entry = cache_root() / cache_key(cfg, device, emulate_cuda)
     trace = _read_valid(entry)
     if trace is not None:

@@ -41,8 +41,16 @@ import torch
 
 from uvmlab.config import CAPTURE_DEVICES, WorkloadConfig
 from uvmlab.errors import InputError, UvmlabError
-from uvmlab.trace.emulate import AutocastEmulation, DataDependentEmulation, DropoutEmulation, SdpaEmulation
+from uvmlab.trace.emulate import (
+    AutocastEmulation,
+    ConvLayoutEmulation,
+    DataDependentEmulation,
+    DropoutEmulation,
+    SdpaEmulation,
+)
 from uvmlab.trace.heap import frozen_heap
+from uvmlab.trace.known_values import KnownLiterals, KnownValues
+from uvmlab.trace.param_map import ParamMap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
 from workloads.base import common_option
@@ -211,10 +219,12 @@ def capture_trace(
     if device == "cpu" and check_memory:
         check_cpu_fits(cfg)
     cat = _Categorizer(rec)
-    sdpa = SdpaEmulation() if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
+    sdpa = SdpaEmulation(cfg.sdpa_backend) if (emulate_cuda and device == "meta" and cfg.attention != "eager") else None
     dropout = DropoutEmulation() if (emulate_cuda and device == "meta") else None
+    conv_layout = ConvLayoutEmulation() if (emulate_cuda and device == "meta") else None
     data_dep = DataDependentEmulation(fraction, rec.attributing) if device == "meta" else None
     autocast_emu = AutocastEmulation() if (cfg.dtype == "bf16" and device == "meta") else None
+    values = KnownValues() if device == "meta" else None
     guard = _user_code_guard(cfg, spec.source)
     start = time.perf_counter()
     gc.collect()
@@ -232,6 +242,8 @@ def capture_trace(
             stack.enter_context(sdpa)
         if dropout is not None:
             stack.enter_context(dropout)
+        if conv_layout is not None:
+            stack.enter_context(conv_layout)  # outside the recorder: it records the emulated outputs
         stack.enter_context(rec)
         if data_dep is not None:
             stack.enter_context(data_dep)  # inside the recorder: the recorder sees what the rules allocate
@@ -241,11 +253,16 @@ def capture_trace(
             rec.close()  # the program's own frees at its end are part of it (its tensors die as it returns)
             n_params = param_bytes = trainable_bytes = 0
             attention, extra_notes = None, ["a workload program (workloads.program): no model, no training loop"]
+            parameters: list[dict[str, Any]] = []
+            model_hidden_size = None
         else:
-            n_params, param_bytes, trainable_bytes, attention, extra_notes = _train(
-                spec, cfg, device, rec, cat, guard, progress, autocast_emu
+            n_params, param_bytes, trainable_bytes, attention, extra_notes, parameters, model_hidden_size = _train(
+                spec, cfg, device, rec, cat, guard, progress, autocast_emu, values
             )
     elapsed = time.perf_counter() - start
+    # --dtype auto built the model in a 2-byte dtype (workloads.hf_dtype), not a base cast by --weights-dtype/--qlora
+    built_bf16 = cfg.weights_dtype == "fp32" and not cfg.qlora and 0 < param_bytes <= 2 * n_params
+    weights_bf16 = cfg.dtype == "auto" and built_bf16
     tables = rec.tables(cat.categories())
     notes = [
         *(
@@ -277,6 +294,23 @@ def capture_trace(
             f"data-dependent ops sized by rule at {fraction:g} of their upper bound (uvmlab.trace.emulate): "
             + ", ".join(f"{k} x{v}" for k, v in sorted(data_dep.counts.items()))
         )
+    if values is not None and values.counts["value reads"] + values.counts["copies to the CPU"]:
+        notes.append(
+            "data-dependent scalars read from CPU copies of the small tensors they come from, seeded "
+            f"(uvmlab.trace.known_values): {values.counts['value reads']} value reads, "
+            f"{values.counts['copies to the CPU']} copies to the CPU, {values.counts['ops mirrored']} ops mirrored"
+        )
+    if conv_layout is not None and conv_layout.counts:
+        notes.append(
+            "convolution outputs in CUDA's memory format (channels-last operands give channels-last outputs), "
+            "distinct call shapes (the meta memo replays repeats): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(conv_layout.counts.items()))
+        )
+    if rec.temporaries_failed:
+        notes.append(
+            "kernel temporaries not derived (their rule failed on these arguments; uvmlab.trace.internal_rules): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rec.temporaries_failed.items()))
+        )
     if autocast_emu is not None:
         notes.append(
             "bf16 autocast emulated at the function level (no meta autocast): "
@@ -293,9 +327,12 @@ def capture_trace(
         "emulate_cuda": bool(emulate_cuda),
         "attention_impl": attention,
         "iterations": cfg.iterations,
+        "compute_dtype": "bf16" if cfg.dtype == "bf16" or weights_bf16 else "fp32",
         "parameter_count": int(n_params),
         "parameter_bytes": int(param_bytes),
         "trainable_parameter_bytes": int(trainable_bytes),
+        "parameters": parameters,
+        "model_hidden_size": model_hidden_size,
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,
@@ -303,6 +340,10 @@ def capture_trace(
     }
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")
+    if cfg.shard:  # one rank of a data-parallel job (uvmlab.trace.shard)
+        from uvmlab.trace.shard import shard_trace
+
+        return shard_trace(trace, cfg.shard, cfg.world_size, cfg.shard_options)
     return trace
 
 
@@ -315,15 +356,20 @@ def _train(
     guard: Any,
     progress: ProgressFn | None,
     autocast_emu: AutocastEmulation | None,
-) -> tuple[int, int, int, str | None, list[str]]:
+    values: KnownValues | None = None,
+) -> tuple[int, int, int, str | None, list[str], list[dict[str, Any]], int | None]:
     """Build the model and optimizer and run the training iterations under the recorder; return the parameter
-    count, parameter bytes, trainable bytes, attention implementation and the header notes."""
+    count, parameter bytes, trainable bytes, attention implementation, the header notes, the parameter map
+    (uvmlab.trace.param_map) and the model config's hidden_size (None if it has none). ``values`` (meta captures)
+    mirrors the small tensors of the iterations on the CPU (not the model's build: parameters have no values a scalar
+    read needs)."""
     with guard("building its model"):
         workload = spec.build(cfg, device)
     checkpointed = _checkpoint(workload, cfg, guard)
     with guard("building its optimizer"):
         optimizer = make_optimizer(workload.model, cfg)
     cat.after_setup(workload.model)
+    pmap = ParamMap(workload.model, rec.alloc_id)
     state = {"phase": "setup"}
 
     def hook(phase: str, iteration: int) -> None:
@@ -334,6 +380,7 @@ def _train(
             cat.after_optimizer(optimizer)
         if phase == "optimizer":
             cat.before_optimizer(workload.model)
+            pmap.record_gradients(iteration)
         state["phase"] = phase
         if phase != PHASE_END:
             rec.set_phase(phase, iteration)
@@ -341,11 +388,15 @@ def _train(
             gc.collect()  # cyclic garbage (if any) is freed at iteration ends, not whenever gc runs
 
     autocast = autocast_emu.region if autocast_emu is not None else None
-    for it in range(cfg.iterations):
-        with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"):
-            train_step(workload, optimizer, cfg, hook, it, autocast)
-        if progress is not None:
-            progress(it + 1, cfg.iterations)
+    with contextlib.ExitStack() as modes:
+        if device == "meta":  # the workload's own emulations of CUDA kernels, inside the recorder
+            for make in workload.capture_modes:
+                modes.enter_context(make())
+        for it in range(cfg.iterations):
+            with guard(lambda it=it: f"running its {state['phase']} phase (iteration {it})"), _knowing(values):
+                train_step(workload, optimizer, cfg, hook, it, autocast)
+            if progress is not None:
+                progress(it + 1, cfg.iterations)
     rec.close()  # while the model and optimizer are alive: tearing them down is not part of the trace
     params = list(workload.model.parameters())
     return (
@@ -354,7 +405,19 @@ def _train(
         sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         workload.attention,
         [*workload.notes, *checkpointed],
+        pmap.to_header(cfg.iterations),
+        pmap.hidden_size,
     )
+
+
+@contextlib.contextmanager
+def _knowing(values: KnownValues | None) -> Any:
+    """``values`` (and its literals' function mode) active, or nothing."""
+    if values is None:
+        yield
+        return
+    with KnownLiterals(values), values:
+        yield
 
 
 def _run_program(

@@ -1,7 +1,8 @@
 """Emulate CUDA's choices while capturing on the meta device (see DESIGN.md "Traps").
 
 * SDPA: on meta, ``F.scaled_dot_product_attention`` takes the math path (materializing B x H x T x T); on CUDA
-  it takes flash attention (fp16/bf16, no mask, head dim <= 256) or memory-efficient attention (otherwise),
+  it takes flash attention (fp16/bf16, no mask, one head dim <= 256 for q, k and v) or memory-efficient attention
+  (otherwise, e.g. multi-head latent attention, whose values have a smaller head dim than queries and keys),
   which keep only a logsumexp. :class:`SdpaEmulation` routes the call to
   ``aten._scaled_dot_product_flash_attention`` / ``aten._scaled_dot_product_efficient_attention`` (both have
   meta kernels and autograd formulas). A boolean mask becomes an additive float bias first, as CUDA's
@@ -22,6 +23,14 @@
   :class:`DropoutEmulation` routes the call to ``aten.native_dropout`` (which has a meta kernel and an autograd
   formula). In-place dropout (``dropout_``), feature/alpha dropout and p in {0, 1} are unfused on CUDA too and
   are left alone.
+* Convolution memory formats: CUDA's convolutions return their output in the memory format cuDNN suggests for
+  the operands (aten/src/ATen/native/ConvUtils.h ``cudnn_conv_suggest_memory_format``: channels-last when the
+  input or the 4-D weight is channels-last, not for float64), and cuDNN's backward does the same for the input
+  gradient (from grad_output and weight) and the weight gradient (from input and grad_output); the meta kernels
+  return contiguous (NCHW) tensors whatever the input. :class:`ConvLayoutEmulation` gives the meta outputs CUDA's
+  format (the same bytes, other strides), so what follows sees CUDA's layouts: ConvNeXt's blocks permute a
+  channels-last convolution output to NHWC, contiguous on CUDA (no copy in the layer norm that follows), not on
+  meta. Not emulated: the 5-D (``ChannelsLast3d``) case and cuDNN versions before 7.6.3.
 * Data-dependent ops: the meta device cannot know how many elements ``nonzero`` and the ops built on it return.
   :class:`DataDependentEmulation` gives each a documented size instead of failing; ``fraction``
   (the ``data_dependent_fraction`` option, 1.0 by default) scales the upper bound:
@@ -36,8 +45,9 @@
     labels of a known range), else ``x.numel()`` (values assumed below the count, e.g. indices); no upper bound
     exists without the data.
 
-  Not emulated: ``.item()``/``.tolist()`` (Python needs the value), ``repeat_interleave`` without
-  ``output_size``, and the ``nonzero`` temporary CUDA's ``masked_select`` makes (it goes through ``index``).
+  Not emulated: ``repeat_interleave`` without ``output_size``, and the ``nonzero`` temporary CUDA's
+  ``masked_select`` makes (it goes through ``index``). ``.item()``/``.tolist()`` of values that come from the
+  inputs: uvmlab.trace.known_values.
   A CPU capture cannot see the ``nonzero`` inside a boolean-mask ``index`` (it happens inside the CPU kernel);
   the meta rule records it, as the CUDA caching allocator sees it.
 """
@@ -54,6 +64,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from uvmlab.errors import InputError
+from uvmlab.trace import meta_memo
 
 FLASH_MAX_HEAD_DIM = 256
 """Flash attention's largest head dimension (PyTorch sdp_utils.cpp check_head_dim_size_flash)."""
@@ -181,10 +194,17 @@ def _bool_mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SdpaEmulation(TorchFunctionMode):
-    """Route F.scaled_dot_product_attention to CUDA's flash or memory-efficient kernel (module docstring)."""
+    """Route F.scaled_dot_product_attention to CUDA's flash or memory-efficient kernel (module docstring).
 
-    def __init__(self) -> None:
+    ``backend`` forces one, as ``torch.nn.attention.sdpa_kernel(SDPBackend.X)`` does: ``flash`` (refused where
+    flash cannot run: not fp16/bf16, a mask, a head dimension over 256, as PyTorch's "No available kernel"),
+    ``efficient``, or ``math`` (``aten._scaled_dot_product_attention_math``, a composite op whose decomposition on
+    meta is the one CUDA runs: the B x H x T x T scores and probabilities materialized); ``auto`` is PyTorch's
+    priority order, flash then efficient."""
+
+    def __init__(self, backend: str = "auto") -> None:
         super().__init__()
+        self.backend = backend
         self.counts: Counter[str] = Counter()
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -214,7 +234,21 @@ class SdpaEmulation(TorchFunctionMode):
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
         head_dim = query.size(-1)
-        if query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM:
+        same_dims = head_dim == key.size(-1) == value.size(-1)  # check_head_dim_size_flash: MLA's v differs
+        flash_ok = query.dtype in FLASH_DTYPES and attn_mask is None and head_dim <= FLASH_MAX_HEAD_DIM and same_dims
+        if self.backend == "math":
+            self.counts["math"] += 1
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale
+            )[0]
+        if self.backend == "flash" and not flash_ok:
+            raise InputError(
+                f"--sdpa-backend flash cannot run this attention (dtype {str(query.dtype).removeprefix('torch.')}, "
+                f"mask {'given' if attn_mask is not None else 'none'}, head dims {head_dim}/{key.size(-1)}/"
+                f"{value.size(-1)}; flash needs fp16/bf16, no mask, one head dim <= {FLASH_MAX_HEAD_DIM}): PyTorch "
+                "raises 'No available kernel'"
+            )
+        if flash_ok and self.backend != "efficient":
             self.counts["flash"] += 1
             out = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
@@ -361,6 +395,70 @@ class DataDependentEmulation(TorchDispatchMode):
         self.counts["bincount"] += 1
         dtype = torch.long if weights is None else (torch.double if weights.dtype != torch.float else torch.float)
         return torch.zeros((minlength if minlength > 0 else x.numel(),), dtype=dtype, device=x.device)
+
+
+def suggests_channels_last(t: Any) -> bool:
+    """``Tensor::suggest_memory_format() == ChannelsLast`` for a 4-D tensor: channels-last strides that are not also
+    the contiguous ones."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 4
+        and t.is_contiguous(memory_format=torch.channels_last)
+        and not t.is_contiguous()
+    )
+
+
+def cudnn_channels_last(a: Any, b: Any) -> bool:
+    """``cudnn_conv_suggest_memory_format(a, b) == ChannelsLast`` (ConvUtils.h) for 4-D operands, not float64."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or torch.float64 in (a.dtype, b.dtype):
+        return False
+    return b.dim() == 4 and (suggests_channels_last(a) or suggests_channels_last(b))
+
+
+def _as_channels_last(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous(memory_format=torch.channels_last):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
+    return t
+
+
+class ConvLayoutEmulation(TorchDispatchMode):
+    """Convolution outputs on meta in the memory format CUDA's cuDNN path gives them (module docstring). Entered
+    outside the recorder, so the recorder records the emulated outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        aten = torch.ops.aten
+        self._conv, self._conv_backward = aten.convolution.default, aten.convolution_backward.default
+
+    def __enter__(self) -> ConvLayoutEmulation:
+        self._memo_key = meta_memo.variant("conv-layout")
+        self._memo_key.__enter__()  # the memo must not replay these outputs without the emulation
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._memo_key.__exit__(None, None, None)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is self._conv and _on_meta(args) and cudnn_channels_last(args[0], args[1]):
+            self.counts["convolution"] += 1
+            return _as_channels_last(out)
+        if func is self._conv_backward and _on_meta(args):
+            grad_out, x, w = args[0], args[1], args[2]
+            grad_input, grad_weight, grad_bias = out
+            if cudnn_channels_last(grad_out, w) or cudnn_channels_last(x, grad_out):
+                self.counts["convolution_backward"] += 1
+            if cudnn_channels_last(grad_out, w):
+                grad_input = _as_channels_last(grad_input)
+            if cudnn_channels_last(x, grad_out):
+                grad_weight = _as_channels_last(grad_weight)
+            return grad_input, grad_weight, grad_bias
+        return out
 
 
 def _on_meta(args: tuple[Any, ...]) -> bool:

@@ -20,7 +20,8 @@ always run:
   cut from a larger buffer run the kernel every time; view ops, ``OpOverload.is_view``, are passed through
   without building a key).
 
-The key also holds ``torch.get_default_dtype()`` (factory ops read it). In the key of a ``_foreach_*`` op a float
+The key also holds ``torch.get_default_dtype()`` (factory ops read it) and the output-changing emulations active
+below the recorder (``variant``: CUDA's convolution memory formats). In the key of a ``_foreach_*`` op a float
 argument is its type, not its value: a foreach op applies one elementwise op per tensor (ATen's
 ``native/ForeachOpsKernels.cpp``, the ``foreach_tensor_*_slow`` fallbacks, is exactly that loop), so its outputs
 have the shapes of its tensor arguments and a dtype that type promotion takes from a Python scalar's category
@@ -33,6 +34,8 @@ whole traces (tests/test_trace_meta_memo.py).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -49,6 +52,19 @@ _MISSING = object()
 _memo: dict[Any, Any] = {}
 enabled = True
 """Off: every call runs its meta kernel (the tests compare whole captures both ways)."""
+_variants: list[str] = []
+"""Dispatch modes below the recorder that change what an op returns (``uvmlab.trace.emulate.ConvLayoutEmulation``):
+part of every key, so a result recorded under one is never replayed without it."""
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[None]:
+    """Key the memo's entries by ``name`` while a mode that changes ops' outputs is active."""
+    _variants.append(name)
+    try:
+        yield
+    finally:
+        _variants.remove(name)
 
 
 class _Uncacheable(Exception):
@@ -122,6 +138,7 @@ def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         key = (
             func,
+            tuple(_variants),
             torch.get_default_dtype(),
             _key_of(args, tensors, foreach),
             _key_of(tuple(kwargs.items()), tensors, foreach),

@@ -24,6 +24,12 @@ reference/allocator.md sections 2.18 and 6:
   picks; we take the largest tensor the call touches, capped at ``cudnn_workspace_cap_bytes`` (an upper envelope
   of the real per-call sizes seen, not a per-layer prediction: docs/estimate.md "Real cuDNN workspaces per
   call"), and the benchmark trial as everything available (an upper bound); see ``rule_cudnn_workspace``.
+- ``kernel_temporaries``: what a CUDA kernel allocates inside itself and frees before it returns, which the meta
+  kernel the capture ran does not (a contiguous copy of a strided input, a reduction's staging buffer and
+  semaphores, embedding backward's sort buffers, attention backward's workspace...): the capture lists them in
+  the kernels' ``temporaries`` column (``uvmlab.trace.internal_rules``, each rule with its PyTorch source), this
+  rule sizes the GPU-dependent ones for the GPU's SMs (``uvmlab.trace.internal_allocs.resolve``) and inserts each
+  as a ``temporary`` allocation inside the op; see ``rule_kernel_temporaries``.
 - CUDA context: NOT an allocator allocation; it is recorded as ``header["orchestration"]["context_bytes"]``
   (``gpu.context_bytes``) so that device-level accounting (estimate, UVM sim) subtracts it from the capacity.
 
@@ -43,8 +49,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uvmlab.config import compute_dtype
 from uvmlab.errors import InputError
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import GpuSpec, sm_info
 from uvmlab.trace.cudnn_conv import (
     CUDNN_WORKSPACE_CAP_BYTES,
     ELEMENT_BYTES,
@@ -54,7 +61,9 @@ from uvmlab.trace.cudnn_conv import (
     conv_geometry,
     workspace_sizes,
 )
-from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.internal_allocs import COLUMN as TEMPORARIES_COLUMN
+from uvmlab.trace.internal_allocs import decode, resolve
+from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, Trace
 from uvmlab.units import KiB
 
 CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -125,11 +134,13 @@ class OrchestrationRules:
     ``rule_cudnn_workspace``)."""
     cudnn_workspace_model: str = "envelope"
     """Per-call cuDNN workspace size model, one of ``uvmlab.trace.cudnn_conv.WORKSPACE_MODELS`` (its docstring)."""
+    kernel_temporaries: bool = True
+    """Allocations CUDA kernels make inside themselves (``rule_kernel_temporaries``)."""
 
     @classmethod
     def none(cls) -> OrchestrationRules:
         """All rules off: ``to_cuda`` then only renumbers and records the context size."""
-        return cls(False, False, False, False, False, False)
+        return cls(False, False, False, False, False, False, kernel_temporaries=False)
 
 
 class _Builder:
@@ -147,7 +158,10 @@ class _Builder:
         self.new_alloc_key: list[float] = []
         self.new_free_key: list[float] = []
         self.new_access: list[dict[str, Any]] = []
+        self.new_kernels: list[dict[str, Any]] = []
+        self.new_kernel_key: list[float] = []
         self.next_id = int(self.a["alloc_id"].max()) + 1 if len(self.a) else 0
+        self.next_kernel_id = int(self.k["kernel_id"].max()) + 1 if len(self.k) else 0
         self.depthwise_convolutions = 0
         """Convolution calls ``rule_cudnn_workspace`` left without a workspace as depthwise."""
 
@@ -163,15 +177,38 @@ class _Builder:
 
         ``free_order``: instead, free it just before event ``before_seq`` too, after the insertions of lower order
         and before those of higher order (a temporary that dies before the event)."""
+        if free_order is not None:
+            free_key = before_seq - 0.5 + (free_order + 0.5) * 1e-3
+        else:
+            free_key = np.nan if free_after_seq is None else free_after_seq + 0.25
+        return self.insert_keyed(row, self.key_before(before_seq, order), free_key)
+
+    @staticmethod
+    def key_before(seq: int, order: float) -> float:
+        """The ordering key of an insertion just before event ``seq``, after those of lower ``order``."""
+        return seq - 0.5 + order * 1e-3
+
+    def insert_keyed(self, row: dict[str, Any], alloc_key: float, free_key: float) -> int:
+        """Add an allocation at ordering key ``alloc_key``, freed at ``free_key`` (NaN: never); keys order the new
+        events among the trace's (an event's key is its seq)."""
         alloc_id = self.next_id
         self.next_id += 1
         self.new_rows.append({"alloc_id": alloc_id, "alloc_seq": 0, "free_seq": NEVER_FREED, **row})
-        self.new_alloc_key.append(before_seq - 0.5 + order * 1e-3)
-        if free_order is not None:
-            self.new_free_key.append(before_seq - 0.5 + (free_order + 0.5) * 1e-3)
-        else:
-            self.new_free_key.append(np.nan if free_after_seq is None else free_after_seq + 0.25)
+        self.new_alloc_key.append(alloc_key)
+        self.new_free_key.append(free_key)
         return alloc_id
+
+    def insert_kernel(self, row: dict[str, Any], key: float, accesses: list[tuple[int, int, int, bool]]) -> int:
+        """Add a kernel (or API call) row at ordering key ``key`` touching ``accesses`` (alloc_id, offset, bytes,
+        is_write); a kernel column the row does not give takes its schema default."""
+        kernel_id = self.next_kernel_id
+        self.next_kernel_id += 1
+        self.new_kernels.append({"kernel_id": kernel_id, "seq": 0, "flops": 0.0, **row})
+        self.new_kernel_key.append(key)
+        for alloc_id, offset, size, is_write in accesses:
+            self.new_access.append({"kernel_id": kernel_id, "alloc_id": alloc_id, "offset_bytes": offset,
+                                    "size_bytes": size, "is_write": is_write})  # fmt: skip
+        return kernel_id
 
     def build(self, header: dict[str, Any]) -> Trace:
         allocs = self.a
@@ -180,7 +217,10 @@ class _Builder:
         akey = np.concatenate([self.alloc_key, np.asarray(self.new_alloc_key, dtype="float64")])
         fkey = np.concatenate([self.free_key, np.asarray(self.new_free_key, dtype="float64")])
         ftie = np.concatenate([self.free_tie, np.zeros(len(self.new_rows), dtype=np.int64)])
-        kkey = self.k["seq"].to_numpy().astype("float64")
+        kernels = self.k
+        if self.new_kernels:
+            kernels = pd.concat([self.k, self._inserted_kernels()], ignore_index=True)
+        kkey = np.concatenate([self.k["seq"].to_numpy().astype("float64"), np.asarray(self.new_kernel_key)])
         n_a, n_k = len(allocs), len(kkey)
         freed = ~np.isnan(fkey)
         keys = np.concatenate([akey, fkey[freed], kkey])
@@ -194,7 +234,6 @@ class _Builder:
         free_seq = np.full(n_a, NEVER_FREED, dtype=np.int64)
         free_seq[np.flatnonzero(freed)] = new_seq[n_a : n_a + int(freed.sum())]
         allocs["free_seq"] = free_seq
-        kernels = self.k
         kernels["seq"] = new_seq[n_a + int(freed.sum()) :]
         accesses = self.acc
         if self.new_access:
@@ -207,6 +246,16 @@ class _Builder:
                 if col in have and have[col] != dtype and not df[col].hasnans:
                     df[col] = df[col].astype(dtype)
         return Trace(allocations=allocs, kernels=kernels, accesses=accesses, header=header)
+
+    def _inserted_kernels(self) -> pd.DataFrame:
+        """The inserted kernel rows in the kernels table's columns and dtypes (an optional column's schema
+        default where a row does not give it)."""
+        columns = {}
+        for col, dtype in zip(self.k.columns, self.k.dtypes, strict=True):
+            default = KERNEL_OPTIONAL[col][1] if col in KERNEL_OPTIONAL else None
+            values = [row.get(col, default) for row in self.new_kernels]
+            columns[col] = values if any(v is None for v in values) else pd.array(values, dtype=dtype)
+        return pd.DataFrame(columns)
 
     def _inserted(self) -> pd.DataFrame:
         """The inserted allocations, each column in the captured column's dtype where every row gives it (a column
@@ -243,8 +292,12 @@ def rule_persist_category(b: _Builder, category: str) -> int:
 
     xMem rule 1 with ``"parameter"`` (``model.to(device)``: parameters persist through the whole run) and rule 5
     with ``"optimizer_state"`` (Adam's exp_avg/exp_avg_sq, momentum live from the first step to the end).
+    Parameters are the ones made at setup: a data-parallel layout's gathered parameters (FSDP2's unsharded
+    storages, uvmlab.trace.shard), made and freed inside an iteration, keep their lifetimes.
     """
     mask = (b.a["category"] == category).to_numpy() & ~np.isnan(b.free_key)
+    if category == "parameter":
+        mask &= (b.a["phase"] == "setup").to_numpy()
     b.free_key[mask] = np.nan
     return int(mask.sum())
 
@@ -382,7 +435,8 @@ def rule_cudnn_workspace(
     cfg = trace.header.get("config") or {}
     batch = trace.header.get("batch_size") or (cfg.get("batch_size") if isinstance(cfg, dict) else None) or 0
     batch = int(batch)  # the batch the capture used (the workload's default when the config has none)
-    elem = ELEMENT_BYTES.get(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", 4)
+    dtype = compute_dtype(str(cfg.get("dtype", "fp32")) if isinstance(cfg, dict) else "fp32", trace.header)
+    elem = ELEMENT_BYTES[dtype]  # --dtype auto: what the capture built the model in
     with_category = acc.merge(trace.allocations[["alloc_id", "category"]], on="alloc_id", how="left")  # once
     rows_of = with_category.groupby("kernel_id").indices
     sizes_a = with_category["size_bytes"].to_numpy()
@@ -445,6 +499,83 @@ def rule_cudnn_workspace(
     return added, top, trial_top
 
 
+TEMPORARY_ORDER = 2.5
+"""Insertion order of kernel temporaries before their kernel: after a cuDNN benchmark trial (orders 2 to 2.4) and
+before the cuDNN workspace (3, 4), which ``run_conv_plan`` allocates after the call's contiguous copies."""
+
+
+def _first_output_seqs(trace: Trace, kernel_seqs: np.ndarray, names: list[str]) -> np.ndarray:
+    """Per kernel, the seq of the first of its outputs the capture recorded right before it (allocations of the
+    kernel's own op, or first-touched inputs, in the unbroken run of allocation seqs just before the kernel); the
+    kernel's seq when there are none."""
+    a = trace.allocations
+    by_seq = dict(zip(a["alloc_seq"].tolist(), a["op"].tolist(), strict=True))
+    out = kernel_seqs.copy()
+    for i, (seq, name) in enumerate(zip(kernel_seqs.tolist(), names, strict=True)):
+        j = seq - 1
+        while by_seq.get(j) in (name, "<external>"):
+            if by_seq[j] == name:
+                out[i] = j
+            j -= 1
+    return out
+
+
+def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[int, int]:
+    """Insert what each CUDA kernel allocates inside itself (the kernels' ``temporaries`` column,
+    ``uvmlab.trace.internal_allocs``), sized for ``gpu``'s SM count (``uvmlab.gpus.sm_info``; an unknown GPU is
+    taken as an A100).
+
+    Each temporary is a caching-allocator block of category ``temporary`` and op ``<kernel>:<label>``, on the
+    kernel's stream, allocated inside the op in the order the kernel allocates it: before the op's outputs
+    (``pre``, e.g. ``layer_norm``'s input copy) or after them, just before the kernel; and freed when the op
+    returns (just after the kernel), or earlier where the source frees it earlier (``until``). The kernel writes it
+    (an access over what it really writes, for the UVM simulator: the whole block except a reduction's staging
+    buffer, ``Temporary.touched_bytes``). Returns (temporaries added, largest one)."""
+    k = trace.kernels
+    if TEMPORARIES_COLUMN not in k.columns:
+        return 0, 0
+    values = k[TEMPORARIES_COLUMN].fillna("").astype(str).to_numpy()
+    pos = np.flatnonzero(values != "")
+    if not len(pos):
+        return 0, 0
+    sms, threads, _known = sm_info(gpu.name)
+    seqs = k["seq"].to_numpy()[pos].astype(np.int64)
+    names = [str(n) for n in k["name"].to_numpy()[pos]]
+    first_out = _first_output_seqs(trace, seqs, names)
+    kid, phase = k["kernel_id"].to_numpy()[pos], k["phase"].to_numpy()[pos]
+    iteration, stream = k["iteration"].to_numpy()[pos], k["stream"].to_numpy()[pos]
+    cache: dict[str, list[Any]] = {}
+    added, top = 0, 0
+    for i, text in enumerate(values[pos].tolist()):
+        temps = cache.get(text)
+        if temps is None:
+            temps = cache[text] = resolve(decode(text), sms, threads)
+        seq, start = int(seqs[i]), int(first_out[i])
+        keys: list[float] = []
+        for j, t in enumerate(temps):
+            keys.append(b.key_before(start if t.before_outputs else seq, TEMPORARY_ORDER + 0.01 * j))
+        for j, t in enumerate(temps):
+            if t.free_before_outputs:
+                free_key = b.key_before(start, TEMPORARY_ORDER + 0.01 * j + 0.005)
+            elif t.until is not None:
+                free_key = keys[t.until] + 0.005e-3
+            else:
+                free_key = seq + 0.25
+            row = {"size_bytes": t.size_bytes, "category": "temporary", "phase": phase[i],
+                   "iteration": int(iteration[i]), "op": f"{names[i]}:{t.label}", "stream": int(stream[i])}  # fmt: skip
+            alloc_id = b.insert_keyed(row, keys[j], free_key)
+            written = t.size_bytes if t.touched_bytes is None else t.touched_bytes
+            b.new_access.append({"kernel_id": int(kid[i]), "alloc_id": alloc_id, "offset_bytes": 0,
+                                 "size_bytes": written, "is_write": True})  # fmt: skip
+            if t.prefetched:  # the prefetching allocator's cudaMemPrefetchAsync right after the allocation
+                b.insert_kernel({"name": "cudaMemPrefetchAsync", "phase": phase[i], "iteration": int(iteration[i]),
+                                 "stream": int(stream[i]), "api": "prefetch", "api_arg": "gpu"},
+                                keys[j] + 0.001e-3, [(alloc_id, 0, t.size_bytes, False)])  # fmt: skip
+            added += 1
+            top = max(top, t.size_bytes)
+    return added, top
+
+
 def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None) -> Trace:
     """The CUDA allocation sequence of ``trace`` on ``gpu`` (a new Trace; the input is not modified).
 
@@ -474,6 +605,9 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         changes["cublas_workspace"] = rule_cublas_workspace(b, trace, ws, CUBLAS_OPS, "cublas_workspace")
     if rules.cublaslt_workspace:
         changes["cublaslt_workspace"] = rule_cublas_workspace(b, trace, lt, CUBLASLT_OPS, "cublaslt_workspace")
+    temporaries_top = 0
+    if rules.kernel_temporaries:
+        changes["kernel_temporaries"], temporaries_top = rule_kernel_temporaries(b, trace, gpu)
     cudnn_top = trial_top = 0
     if rules.cudnn_workspace:
         available = gpu.memory_bytes - gpu.context_bytes
@@ -490,6 +624,7 @@ def to_cuda(trace: Trace, gpu: GpuSpec, rules: OrchestrationRules | None = None)
         "cudnn_workspace_peak_bytes": cudnn_top if rules.cudnn_workspace else None,
         "cudnn_depthwise_calls_without_workspace": b.depthwise_convolutions if rules.cudnn_workspace else None,
         "cudnn_benchmark_trial_peak_bytes": trial_top if rules.cudnn_benchmark else None,
+        "kernel_temporary_peak_bytes": temporaries_top if rules.kernel_temporaries else None,
         "context_bytes": gpu.context_bytes,
         "zero_grad": zero_grad,
     }

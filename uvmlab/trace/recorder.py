@@ -16,7 +16,9 @@ approximates CUDA kernels: a CUDA op may launch several kernels (e.g. a reductio
 no-op copy); foreach ops are one "kernel" per call. Accesses: for each kernel, the byte range of each storage
 it reads (tensor arguments) and writes (outputs and arguments the schema marks as mutated; in-place ops also
 read their ``self`` unless they only overwrite it, like ``copy_``/``fill_``/``zero_``/``out=``). A view's range
-starts at ``storage_offset * itemsize`` and spans its strided extent.
+starts at ``storage_offset * itemsize`` and spans its strided extent. What the CUDA kernel would allocate inside
+itself (a contiguous copy, a reduction's staging buffer, an attention workspace) goes into the kernel's
+``temporaries`` column (``uvmlab.trace.internal_rules``); the orchestrator turns it into allocations.
 
 One global sequence counter orders allocations, frees and kernels.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +40,8 @@ from torch.utils._pytree import tree_leaves
 from uvmlab.errors import InvariantError
 from uvmlab.trace import meta_memo
 from uvmlab.trace.flops import estimate_flops
+from uvmlab.trace.internal_allocs import mark_prefetched
+from uvmlab.trace.internal_rules import temporaries
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
 from uvmlab.trace.strides import extent_elements, strided_columns
 
@@ -136,6 +141,9 @@ class Recorder(TorchDispatchMode):
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
         self._label: str | None = None
+        self.temporaries_failed: Counter[str] = Counter()
+        """Ops whose kernel-temporary rule raised (``uvmlab.trace.internal_rules``): the capture goes on without
+        their temporaries and says so in the header's notes."""
 
     @contextlib.contextmanager
     def attributing(self, op: str) -> Iterator[None]:
@@ -286,6 +294,13 @@ class Recorder(TorchDispatchMode):
         if not rows:
             return  # touches nothing on the capture device (e.g. Adam's CPU step counters)
         stride_b, touched_b = strided_columns(operands)
+        try:
+            temps = temporaries(func, args, kwargs, outs)
+        except (TypeError, ValueError, IndexError, RuntimeError):  # an argument form no rule foresaw
+            self.temporaries_failed[opname] += 1
+            temps = ""
+        if temps and self.prefetch_new_allocations:
+            temps = mark_prefetched(temps)  # the orchestrator prefetches them as it does the op's outputs
         self._add_kernel(
             opname,
             list(rows),
@@ -293,6 +308,7 @@ class Recorder(TorchDispatchMode):
             stride_bytes=stride_b,
             touched_bytes=touched_b,
             dtype=_dtype_name(dtype, outs),
+            **({"temporaries": temps} if temps else {}),
         )
 
     def record_call(self, name: str, spans: list[tuple[torch.Tensor, int, int, bool]], **columns: Any) -> None:

@@ -32,11 +32,22 @@ import pyarrow.parquet as pq
 from uvmlab import SCHEMA_VERSION
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import to_json
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import read_json_file, read_parquet_table
 from uvmlab.files.owned import OwnedFolder
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "workspace", "other")
-"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces)."""
+CATEGORIES = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "input",
+    "temporary",
+    "workspace",
+    "other",
+    "communication",
+)
+"""Allocation categories. ``workspace`` is added by the orchestrator (cuBLAS/cuDNN workspaces), ``communication`` by
+a data-parallel layout (uvmlab.trace.shard: all-gather / reduce-scatter buffers, DDP and ZeRO buckets)."""
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "zero_grad", "compute")
 """Phases; ``setup`` (iteration -1) is model and optimizer creation before the first iteration; ``compute`` is an
 iteration of a workload program (workloads.program), which has no forward/backward/optimizer."""
@@ -90,6 +101,7 @@ KERNEL_OPTIONAL: dict[str, tuple[pa.DataType, Any]] = {
     "native_ns": (pa.float64(), float("nan")),
     "efficiency": (pa.float64(), float("nan")),
     "index": (pa.string(), ""),
+    "temporaries": (pa.string(), ""),
 }
 """Optional kernel columns, (Arrow type, default): every write stores them (defaults filled), a read of an older
 trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host access between kernels
@@ -104,7 +116,9 @@ math unit (uvmlab.sim.uvm.kernel_class); ``native_ns`` / ``efficiency``: a progr
 share of peak (NaN: none, the class rules); ``index``: a gather / scatter's index order (``uniform``,
 ``zipf:A``, ``sorted``, ``rows:KEY`` for index rows kept in the trace header; "": the replay's default;
 uvmlab.sim.uvm.index_order). The ``stream`` column of the kernels table is the CUDA stream a row runs on (0: the
-default stream; a program's ``uvm.stream()``)."""
+default stream; a program's ``uvm.stream()``); ``temporaries``: what the CUDA kernel
+allocates inside itself and frees before it returns, which the capture device's kernel does not (a JSON list,
+``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator."""
 ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")
 """Values of the ``order`` column: "" derived from the op by the replay; "address" every range in address order;
 "sequential" / "strided" each thread its own contiguous chunk of every range, ascending, one access every
@@ -121,6 +135,8 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 WRITE_ID_KEY = b"uvmlab.write_id"
 """Parquet schema-metadata key holding the write id of the header the table was written with."""
+MAX_TABLE_BYTES = 16 << 30
+"""Largest table of a trace folder read (16 GiB; GPT-2's accesses table is a few MB)."""
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 """Largest trace.json read (64 MiB; a header is a few KB)."""
 UNIQUE_COLUMNS = {"allocations": ("alloc_id", "alloc_seq"), "kernels": ("kernel_id", "seq")}
@@ -315,7 +331,7 @@ def read_trace(directory: str | Path) -> Trace:
     if not head_path.is_file():
         raise InputError(f"{src} is not a uvmlab trace (no trace.json); write one with: uvmlab trace WORKLOAD -o DIR")
     try:
-        header = json.loads(read_input_text(head_path, MAX_HEADER_BYTES, "a uvmlab trace header"))
+        header = read_json_file(head_path, MAX_HEADER_BYTES, "a uvmlab trace header")
     except json.JSONDecodeError as exc:
         raise InputError(f"{head_path} is not valid JSON ({exc.msg})") from None
     except RecursionError:
@@ -332,10 +348,7 @@ def read_trace(directory: str | Path) -> Trace:
     tables: dict[str, pd.DataFrame] = {}
     for name, schema in SCHEMAS.items():
         path = src / f"{name}.parquet"
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
+        table = read_parquet_table(path, MAX_TABLE_BYTES, "a table of a uvmlab trace folder")
         missing = [c for c in schema.names if c not in table.column_names]
         if missing:
             raise InputError(

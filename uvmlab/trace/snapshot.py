@@ -62,13 +62,15 @@ The mapping to PyTorch versions is approximate."""
 
 MAX_DEVICES = 64
 """Device traces a snapshot may hold (real data: at most 4, ../shared/real-data/snapshots)."""
-MAX_EVENTS = 2_000_000
+MAX_EVENTS = 400_000
 """Trace entries over all devices, shared lists counted at every use (real data: at most 22,332; PyTorch's ring
-keeps ``max_entries`` per device, typically 100,000)."""
-MAX_SEGMENTS = 1_000_000
+keeps ``max_entries`` per device, 100,000 by default: four full devices). What the commands can process in 1 GiB:
+500,000 events (two dicts shared, issue 42) were read, replayed and planned under RLIMIT_AS = 1 GiB, 1,980,000
+were not (fragmentation ran 87 s for 500,000 on a loaded 2-core machine)."""
+MAX_SEGMENTS = 100_000
 """Segments (real data: at most 1,722)."""
-MAX_BLOCKS = 5_000_000
-"""Blocks over all segments (real data: at most 6,644)."""
+MAX_BLOCKS = 500_000
+"""Blocks over all segments (real data: at most 6,644; a table row is ~200 bytes: ~100 MB at the limit)."""
 INT64_MAX = 2**63 - 1
 """Largest address/size/stream/time a snapshot may hold (PyTorch stores them as int64/size_t; tables are int64)."""
 

@@ -23,7 +23,7 @@ Two native (no UVM, every page resident) references, mean over the iterations af
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +31,17 @@ import numpy as np
 import pandas as pd
 
 from uvmlab import SCHEMA_VERSION
-from uvmlab.config import RunConfig, WorkloadConfig
+from uvmlab.config import RunConfig, WorkloadConfig, compute_dtype
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.files.env import env_info
+from uvmlab.files.inputs import short
 from uvmlab.files.rundir import RunDir
 from uvmlab.gpus import GpuSpec, get_gpu, spec_dict
 from uvmlab.sim.uvm.breakdown import ITERATION_BREAKDOWN_COLUMNS
 from uvmlab.sim.uvm.knobs import UvmKnobs
+from uvmlab.sim.uvm.profile import cap_link, pick_profile
 from uvmlab.sim.uvm.replay import ReplayResult, peak_managed_bytes, replay
-from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.sim.uvm.timing import CostParams, read_params_file
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
 from uvmlab.trace.schema import NEVER_FREED, Trace
 
@@ -207,13 +209,48 @@ def load_costs(cfg: RunConfig) -> CostParams:
     return costs_and_source(cfg)[0]
 
 
-def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
-    """(cost parameters, where they come from) for ``cfg``."""
-    if cfg.params_file:
-        return CostParams.from_file(cfg.params_file), str(cfg.params_file)
-    from uvmlab.sim.uvm.profile import pick_profile
+RUN_TABLES = ("iterations", "kernels", "memory")
+"""The tables a simulated run writes; a run shown again must hold them as written (:func:`stored_tables_problem`)."""
+_COUNTED = {"iterations": "iterations", "kernels": "kernels"}
+"""Tables whose row count result.json records (table -> key)."""
 
-    return pick_profile(run_gpu_spec(cfg))
+
+def stored_tables_problem(rundir: RunDir, result: dict[str, Any]) -> str | None:
+    """Why the tables of a stored simulated run are not what the run wrote, or None: a table that is missing or
+    cannot be read as Parquet, lacks a column of its contract (uvmlab.stats.schema), or whose rows differ from the
+    count result.json records. ``uvmlab run`` checks this before it shows a stored run again."""
+    import pyarrow as pa
+
+    for name in RUN_TABLES:
+        try:
+            table = check_table(name, rundir.read_table(name), str(rundir.table(name)))
+        except (InputError, OSError, ValueError, pa.ArrowException) as exc:
+            return f"its table {name} cannot be read ({short(str(exc))})"
+        key = _COUNTED.get(name)
+        if key is not None and result.get(key) != len(table):
+            return f"its table {name} holds {len(table):,} rows where result.json counts {short(result.get(key))}"
+    return None
+
+
+def check_simulator_inputs(cfg: RunConfig) -> None:
+    """Refuse (one InputError) ``cfg``'s simulator knobs (``--sim-option``) and cost parameter file (``--params``)
+    if the simulation would refuse them, before a trace is captured or an output folder touched."""
+    UvmKnobs.from_options(cfg.sim_options, cfg.prefetch)
+    if cfg.params_file:
+        costs_and_source(cfg)
+
+
+def costs_and_source(cfg: RunConfig) -> tuple[CostParams, str]:
+    """(cost parameters, where they come from) for ``cfg``: the run GPU's profile
+    (uvmlab.sim.uvm.profile.pick_profile), with the costs a ``--params`` file sets in place of the profile's (every
+    cost the file does not set, e.g. all but the link of a ``uvmlab calibrate`` fit, keeps the profile's value) and
+    every link rate capped at the GPU's link peak, as the profile's are. The one place a run's costs are decided."""
+    gpu = run_gpu_spec(cfg)
+    costs, why = pick_profile(gpu)
+    if not cfg.params_file:
+        return costs, why
+    given = read_params_file(cfg.params_file)
+    return cap_link(replace(costs, **given.values), gpu), given.describe(why)
 
 
 def result_dict(
@@ -277,6 +314,8 @@ def result_dict(
             "knobs": knobs.to_dict(),
             "sim_scale": res.sim_scale,
             "stream_kernels": res.stream_kernels,
+            "concurrent_kernels": res.concurrent_kernels,
+            "thrashing": res.thrashing,
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
             "cost_params_source": costs_source,
         }
@@ -348,7 +387,7 @@ def simulate_prepared(
         prep.gpu,
         knobs,
         costs,
-        dtype=cfg.workload.dtype,
+        dtype=compute_dtype(cfg.workload.dtype, prep.trace.header),
         progress=progress,
         record_events=record_events,
     )
@@ -458,9 +497,8 @@ def simulate_run(
     record["used"] = {"batch_size": prep.trace.header.get("batch_size")}  # the batch the trace was captured with
     rundir.write_json(rundir.config_json, record)
     rundir.write_json(rundir.env_json, env_info(prep.trace.header))
-    rundir.write_table("iterations", check_table("iterations", res.iterations))
-    rundir.write_table("kernels", check_table("kernels", res.kernels))
-    rundir.write_table("memory", check_table("memory", res.memory))
+    for name, table in zip(RUN_TABLES, (res.iterations, res.kernels, res.memory), strict=True):
+        rundir.write_table(name, check_table(name, table))
     if figures:
         from uvmlab.stats.figures import write_run_figures
 

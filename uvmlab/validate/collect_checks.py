@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame, read_json_file
 from uvmlab.measure.gpu.kit import layout as L
 from uvmlab.validate.points import Point, check
 
@@ -123,7 +124,12 @@ def check_cudnn(data_dir: Path) -> list[Point]:
     runs = L.read_csv(folder / "runs.csv", L.RUN_COLUMNS)
     meta = L.read_meta(folder)
     spaces = L.read_csv(folder / "workspaces.csv", L.WORKSPACE_COLUMNS)
-    calls = pd.read_csv(folder / "calls.csv") if (folder / "calls.csv").is_file() else pd.DataFrame()
+    calls_csv = folder / "calls.csv"
+    calls = (
+        read_csv_frame(calls_csv, MAX_DATA_FILE_BYTES, "calls.csv of uvmlab collect")
+        if calls_csv.exists()
+        else pd.DataFrame()
+    )
     points: list[Point] = []
     for _, row in runs.iterrows():
         case = str(row["case"])
@@ -167,7 +173,7 @@ def check_uvm(data_dir: Path) -> list[Point]:
     meta = L.read_meta(folder)
     ds = L.UVM_DIR
     points: list[Point] = []
-    if (folder / "streams.csv").is_file():
+    if (folder / "streams.csv").exists():
         for _, r in L.read_csv(folder / "streams.csv", L.STREAM_COLUMNS).iterrows():
             total = int(r["total_bytes"])
             spec, note = collected_gpu(meta, total)
@@ -183,8 +189,8 @@ def check_uvm(data_dir: Path) -> list[Point]:
                 predicted, how = None, str(exc)
             points.append(Point(ds, case, "kernel_time", "ms", float(r["median_ms"]), predicted, note=f"{note}; {how}"))
     for js in sorted((folder / "gcn" / "uvm").glob("*.json")):
-        doc = json.loads(js.read_text())
-        if doc.get("outcome") != "ok":
+        doc = read_json_file(js, MAX_DATA_FILE_BYTES, "a GCN result of uvmlab collect (JSON)")
+        if not isinstance(doc, dict) or doc.get("outcome") != "ok":
             continue
         nodes, chunk = int(doc["nodes"]), int(doc.get("chunk_size", 2_000_000))
         total = int(meta.get("gpu_total_bytes") or 0)
@@ -201,9 +207,9 @@ def check_uvm(data_dir: Path) -> list[Point]:
         if peak_gb is not None:
             points.append(Point(ds, case, "peak_allocated", "bytes", float(peak_gb) * 1e9, float(peak), note=note))
         native = folder / "gcn" / "native" / js.name
-        if native.is_file():
-            nd = json.loads(native.read_text())
-            if nd.get("outcome") == "ok":
+        if native.exists():
+            nd = read_json_file(native, MAX_DATA_FILE_BYTES, "a GCN result of uvmlab collect (JSON)")
+            if isinstance(nd, dict) and nd.get("outcome") == "ok":
                 points.append(
                     Point(ds, case, "native_epoch_time", "s", float(nd["avg_epoch_time_s"]), t_native, note=note)
                 )
@@ -223,7 +229,7 @@ def check_link(data_dir: Path) -> list[Point]:
     spec, note = collected_gpu(L.read_meta(folder))
     costs, how = pick_profile(spec)
     link = costs.link_bytes_per_s or spec.link_bytes_per_s
-    t = check_timings(pd.read_csv(folder / "timings.csv"))
+    t = check_timings(read_csv_frame(folder / "timings.csv", MAX_DATA_FILE_BYTES, "timings.csv of uvmlab collect"))
     points: list[Point] = []
     for _, r in t[t["kind"].isin(("prefetch_htod", "prefetch_dtoh"))].iterrows():
         size = float(r["size_bytes"])

@@ -28,14 +28,19 @@ CARMA_DIR = "memory/carma_a100"
 CARMA_ENV = "UVMLAB_CARMA_SUMMARY"
 
 
-def with_stack(points: list[Point], fit_case: str) -> list[Point]:
-    """``points`` again after a stack calibration on the point ``fit_case``: its measured - predicted is added to
-    every prediction (what ``uvmlab estimate --stack`` adds to the context; uvmlab.memory.stack). Each keeps its
-    point's band: a calibration must not make a row worse than the band it promised without one."""
+def with_stack(points: list[Point], fit_case: str, dataset: str, context: float, family: str) -> list[Point]:
+    """``points`` again after a stack calibration on the point ``fit_case`` (a row of ``dataset`` whose prediction
+    holds ``context`` bytes of context, model family ``family``): the stack term ``uvmlab calibrate --memory`` fits on
+    it (uvmlab.memory.stack; 0 when it refuses) is added to every prediction (what ``uvmlab estimate --stack`` adds to
+    the context). Each keeps its point's band: a calibration must not make a row worse than the band it promised
+    without one."""
+    from uvmlab.evaluate.memory_validation import Row, stack_offset
+
     fit = next((p for p in points if p.case == fit_case and p.predicted is not None), None)
     if fit is None or fit.predicted is None:
         return []
-    offset = fit.measured - fit.predicted
+    row = Row(dataset, fit.case, family, fit.measured, fit.predicted, context=context)
+    offset = stack_offset([row], [fit.case]) or 0.0
     return [
         Point(p.dataset, p.case, f"{p.quantity} (stack-calibrated)", p.unit, p.measured, p.predicted + offset,
               fitted=p.fitted or p.case == fit_case, note=f"stack fitted on {fit_case}",
@@ -57,7 +62,8 @@ ROW_TASK_S = 0.15
 
 def _mlp_plan(data_dir: Path, keep: object = None, band: float | None = None) -> Plan:
     """One task per ``ROWS_PER_TASK`` rows (a worker imports torch once for all its tasks)."""
-    from uvmlab.evaluate.gpumemnet import ROWS_PER_TASK, estimate_chunk, read_mlp_set
+    from uvmlab.evaluate.gpumemnet import GPU_NAME, ROWS_PER_TASK, estimate_chunk, read_mlp_set
+    from uvmlab.memory.devicemem import context_model
 
     rows, skipped = read_mlp_set(data_dir / MLP_DIR)
     if callable(keep):
@@ -84,7 +90,8 @@ def _mlp_plan(data_dir: Path, keep: object = None, band: float | None = None) ->
         points += [Point(MLP_DIR, f"row {i}", "device_peak_bytes", "bytes", float("nan"), None, note=why)
                    for i, why in skipped]  # fmt: skip
         fit = STACK_FIT_ROWS["gpumemnet"] if any(p.case == STACK_FIT_ROWS["gpumemnet"] for p in points) else None
-        return points + with_stack(points, fit or points[0].case) if points else points
+        ctx = context_model(GPU_NAME, "eager").total_bytes
+        return points + with_stack(points, fit or points[0].case, "gpumemnet", ctx, "mlp") if points else points
 
     return Plan(tasks, assemble)
 
@@ -129,7 +136,9 @@ def xmem_sample(data_dir: Path) -> list[Point]:
     ]
     points += [Point(XMEM_DIR, cid, "after_context_bytes", "bytes", float("nan"), None, note=why)
                for cid, why in skipped]  # fmt: skip
-    return points + with_stack(points, STACK_FIT_ROWS["xmem"])
+    from uvmlab.memory.devicemem import LAZY_CONV_MODULES_BYTES  # after_context: what the prediction holds beyond
+
+    return points + with_stack(points, STACK_FIT_ROWS["xmem"], "xmem", LAZY_CONV_MODULES_BYTES, "cnn")
 
 
 def carma_file(data_dir: Path) -> Path | None:
@@ -137,7 +146,7 @@ def carma_file(data_dir: Path) -> Path | None:
     import os
 
     for cand in (data_dir / CARMA_DIR / "ehsan-summary.csv", Path(os.environ.get(CARMA_ENV, "/nonexistent"))):
-        if cand.is_file():
+        if cand.exists() and not cand.is_dir():  # a FIFO or device is refused by the reader, not skipped
             return cand
     return None
 
@@ -162,4 +171,8 @@ def carma_a100(data_dir: Path) -> list[Point]:
     ]  # fmt: skip
     points += [Point(CARMA_DIR, cid, "device_peak_bytes", "bytes", float("nan"), None, note=why)
                for cid, why in skipped]  # fmt: skip
-    return points + with_stack(points, STACK_FIT_ROWS["carma"])
+    from uvmlab.evaluate.carma_runs import GPU_NAME
+    from uvmlab.memory.devicemem import context_model
+
+    ctx = context_model(GPU_NAME, "lazy", convolutions=True).total_bytes
+    return points + with_stack(points, STACK_FIT_ROWS["carma"], "carma", ctx, "cnn")

@@ -19,9 +19,9 @@ the ``uvm`` / ``uvm_prefetch`` rows, and the page-strided t0rq3 / rq4 runs (the 
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_rows
 from uvmlab.validate.points import Point, check
 
 DATASET = "uvm/gpu_ext_rtx5090_microbench"
@@ -46,40 +46,39 @@ def check_stream_native(data_dir: Path) -> list[Point]:
     points = []
     for name in FILES:
         path = data_dir / DATASET / name
-        if not path.is_file():
+        if not path.exists():
             continue
-        with path.open() as fh:
-            for row in csv.DictReader(fh):
-                if (row["kernel"], row["mode"]) != ("seq_stream", "device"):
-                    continue
-                nbytes = float(row["bytes_accessed"])
-                work = KernelWork(
-                    names=["seq_stream_kernel"],
-                    flops=np.zeros(1),
-                    nbytes=np.array([nbytes]),
-                    dtypes=["fp32"],
-                    occupancy=np.ones(1),
-                    sector=np.zeros(1, dtype=bool),
-                    index=np.zeros(1, dtype=bool),
-                    threads=np.zeros(1, dtype=np.int64),
-                    native_ns=np.full(1, np.nan),
-                    efficiency=np.full(1, np.nan),
-                    api=[""],
+        for row in read_csv_rows(path, MAX_DATA_FILE_BYTES, "a microbenchmark timings CSV")[1]:
+            if (row["kernel"], row["mode"]) != ("seq_stream", "device"):
+                continue
+            nbytes = float(row["bytes_accessed"])
+            work = KernelWork(
+                names=["seq_stream_kernel"],
+                flops=np.zeros(1),
+                nbytes=np.array([nbytes]),
+                dtypes=["fp32"],
+                occupancy=np.ones(1),
+                sector=np.zeros(1, dtype=bool),
+                index=np.zeros(1, dtype=bool),
+                threads=np.zeros(1, dtype=np.int64),
+                native_ns=np.full(1, np.nan),
+                efficiency=np.full(1, np.nan),
+                api=[""],
+            )
+            predicted_ms = float(native_times(work, gpu, costs)[0][0]) / 1e6
+            fitted = name == FITTED_FILE
+            points.append(
+                Point(
+                    DATASET,
+                    f"{path.stem}: seq_stream, device, {row['size_factor']}x",
+                    "native kernel time (median)",
+                    "ms",
+                    float(row["median_ms"]),
+                    predicted_ms,
+                    fitted=fitted,
+                    note=f"class memory: {nbytes / 1e9:.2f} GB at {gpu.hbm_bytes_per_s / 1e9:.0f} GB/s x "
+                    f"memory_efficiency {costs.memory_efficiency} ({gpu.memory_kind})",
+                    band=None if fitted else BAND,
                 )
-                predicted_ms = float(native_times(work, gpu, costs)[0][0]) / 1e6
-                fitted = name == FITTED_FILE
-                points.append(
-                    Point(
-                        DATASET,
-                        f"{path.stem}: seq_stream, device, {row['size_factor']}x",
-                        "native kernel time (median)",
-                        "ms",
-                        float(row["median_ms"]),
-                        predicted_ms,
-                        fitted=fitted,
-                        note=f"class memory: {nbytes / 1e9:.2f} GB at {gpu.hbm_bytes_per_s / 1e9:.0f} GB/s x "
-                        f"memory_efficiency {costs.memory_efficiency} ({gpu.memory_kind})",
-                        band=None if fitted else BAND,
-                    )
-                )
+            )
     return points

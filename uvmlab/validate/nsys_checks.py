@@ -15,13 +15,16 @@ atan curve over-predicts about 2x on the A100 export (csc746) and under-predicts
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 
+from uvmlab.errors import InputError
+from uvmlab.files import foreign_sqlite
+from uvmlab.files.inputs import decode_json
 from uvmlab.measure.nsys import schema as S
+from uvmlab.measure.nsys.jsonexport import export_lines
 from uvmlab.validate.points import Point, check
 
 DATASET = "nsys"
@@ -33,9 +36,12 @@ JSON_FAULT_TYPE = "CudaUvmGpuPageFaultEvent"  # the JSON export's GPU fault reco
 
 def _raw(path: Path, sql: str) -> list[tuple]:
     """Run ``sql`` on the raw export, opened read-only (independent of uvmlab.measure.nsys)."""
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    conn = foreign_sqlite.connect(path, "an nsys SQLite export")
     try:
+        foreign_sqlite.refuse_views(conn, path)
         return conn.execute(sql).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(foreign_sqlite.sqlite_failure(exc, path, conn)) from None
     finally:
         conn.close()
 
@@ -89,22 +95,22 @@ def _unit(quantity: str) -> str:
 def _json_raw_faults(path: Path) -> dict[str, float]:
     """GPU fault records and page faults of a JSON export, counted line by line."""
     records = faults = 0
-    with path.open() as fh:
-        for line in fh:
-            if JSON_FAULT_TYPE not in line:
-                continue
-            obj = json.loads(line)
-            event = next((v for v in obj.values() if isinstance(v, dict) and "numberOfPageFaults" in v), None)
-            if event is None:
-                continue
-            records += 1
-            faults += int(event["numberOfPageFaults"])
+    for lineno, line in export_lines(path):
+        if JSON_FAULT_TYPE not in line:
+            continue
+        obj = decode_json(line, f"{path} line {lineno}", "an nsys JSON export")
+        event = next((v for v in obj.values() if isinstance(v, dict) and "numberOfPageFaults" in v), None)
+        if event is None:
+            continue
+        records += 1
+        faults += int(event["numberOfPageFaults"])
     return {"GPU fault records": records, "GPU page faults": faults}
 
 
 def export_files(folder: Path) -> list[Path]:
-    """The SQLite and JSON exports directly in ``folder``."""
-    return sorted(p for p in folder.iterdir() if p.suffix in (".sqlite", ".json") and p.is_file())
+    """The SQLite and JSON exports directly in ``folder`` (anything but a folder: a FIFO or device named like an
+    export is refused by the reader, never skipped as if absent)."""
+    return sorted(p for p in folder.iterdir() if p.suffix in (".sqlite", ".json") and not p.is_dir())
 
 
 @check("nsys-parser", needs="nsys", fast=True)

@@ -72,6 +72,27 @@ class Point:
         return None if self.band is None else self.within(self.band)
 
 
+FAMILIES = ("memory", "allocator", "UVM timing", "UVM structure", "nsys")
+"""What a point checks (``uvmlab validate`` gives its verdict per family, weakest first): ``memory`` a device's
+peak memory (estimate, stack, context), ``allocator`` the caching-allocator replay of real snapshots, ``UVM timing``
+times, rates and time ratios of UVM runs (the cost model), ``UVM structure`` counts of UVM events (faults, fault
+batches, VA blocks: the driver model), ``nsys`` what uvmlab reads from nsys exports (the parser, and the link rates
+the exports measure)."""
+TIME_UNITS = frozenset({"s", "ms", "us", "ns", "x", "B/s"})
+"""Units of the timing family: times, time ratios and transfer rates."""
+
+
+def family_of(point: Point) -> str:
+    """The family (:data:`FAMILIES`) of ``point``: from its data set, then its unit (one rule for every check)."""
+    if point.dataset == "nsys" or point.dataset.startswith("nsys/"):
+        return "nsys"
+    if point.dataset == "snapshots" or point.dataset.startswith("snapshots/"):
+        return "allocator"
+    if point.dataset.startswith("memory") or point.dataset.startswith("cudnn") or point.unit == "bytes":
+        return "memory"
+    return "UVM timing" if point.unit in TIME_UNITS else "UVM structure"
+
+
 CheckFn = Callable[[Path], list[Point]]
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from uvmlab.errors import InputError
+from uvmlab.files import foreign_sqlite
 from uvmlab.measure.nsys import schema as S
 from uvmlab.validate.points import Point, check
 
@@ -26,11 +28,14 @@ SWEEP_EXPORTS = {
 
 def export_htod(path: Path) -> tuple[int, int]:
     """(record count, bytes) of the export's UM HtoD migrations, by plain SQL on the file opened read-only."""
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    conn = foreign_sqlite.connect(path, "an nsys SQLite export")
     try:
+        foreign_sqlite.refuse_views(conn, path)
         n, b = conn.execute(
             f"SELECT count(*), sum(bytes) FROM {S.MEMCPY} WHERE copyKind = {S.COPY_KIND_UVM_HTOD}"
         ).fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(foreign_sqlite.sqlite_failure(exc, path, conn)) from None
     finally:
         conn.close()
     return int(n), int(b or 0)

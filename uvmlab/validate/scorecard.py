@@ -23,10 +23,21 @@ from typing import Any
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.validate.points import BANDS, CHECK_MODULES, CHECKS, Check, Plan, Point, Task, run_options
+from uvmlab.validate.points import (
+    BANDS,
+    CHECK_MODULES,
+    CHECKS,
+    FAMILIES,
+    Check,
+    Plan,
+    Point,
+    Task,
+    family_of,
+    run_options,
+)
 
 COLUMNS = ["dataset", "case", "quantity", "unit", "measured", "predicted", "ratio",
-           "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note"]  # fmt: skip
+           "within_1.5x", "within_2x", "fitted", "band", "keeps_band", "check", "note", "family"]  # fmt: skip
 """Columns of ``scorecard.parquet`` (``ratio`` = predicted / measured; ``band`` the factor a point promises)."""
 
 
@@ -86,6 +97,7 @@ class Scorecard:
                 **{"within_1.5x": p.within(1.5), "within_2x": p.within(2.0)},
                 keeps_band=p.keeps_band,
                 check=name,
+                family=family_of(p),
             )
             rows.append(d)
         df = pd.DataFrame(rows, columns=COLUMNS)
@@ -118,6 +130,7 @@ class Scorecard:
             return out
 
         datasets = sorted({p.dataset for _, p in self.points})
+        families = {f: counts(p for _, p in self.points if family_of(p) == f) for f in FAMILIES}
         return {
             "data_dir": self.data_dir,
             "fast": self.fast,
@@ -125,11 +138,40 @@ class Scorecard:
             "checks_skipped": self.skipped,
             "check_errors": self.errors,
             **counts(p for _, p in self.points),
+            "by_family": {f: families[f] for f in weakest_first(families)},
             "by_dataset": {ds: counts(p for _, p in self.points if p.dataset == ds) for ds in datasets},
             "cpu_seconds": round(self.cpu_seconds, 2),
             "wall_seconds": round(self.wall_seconds, 2),
             "check_seconds": {n: {"wall": round(w, 2), "cpu": round(c, 2)} for n, (w, c) in self.timings.items()},
         }
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike[str]) -> Scorecard:
+        """The scorecard a ``uvmlab validate -o RUN_DIR`` wrote (its points from tables/scorecard.parquet, what ran,
+        was skipped and the times from result.json), e.g. to render docs/fidelity.md without running it again."""
+        import math
+
+        from uvmlab.files.rundir import RunDir
+
+        rd = RunDir(run_dir)
+        s = rd.read_result()
+        df = rd.read_table("scorecard")
+
+        def value(v: Any) -> Any:
+            return None if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else v
+
+        card = cls(data_dir=str(s["data_dir"]), fast=bool(s["fast"]))
+        for r in df.to_dict("records"):
+            point = Point(
+                dataset=r["dataset"], case=r["case"], quantity=r["quantity"], unit=r["unit"],
+                measured=float(r["measured"]), predicted=value(r["predicted"]), fitted=bool(r["fitted"]),
+                note=r["note"] or "", band=value(r["band"]),
+            )  # fmt: skip
+            card.points.append((str(r["check"]), point))
+        card.ran, card.skipped, card.errors = list(s["checks_run"]), dict(s["checks_skipped"]), dict(s["check_errors"])
+        card.cpu_seconds, card.wall_seconds = float(s["cpu_seconds"]), float(s["wall_seconds"])
+        card.timings = {n: (float(t["wall"]), float(t["cpu"])) for n, t in s["check_seconds"].items()}
+        return card
 
     def write(self, out: str | os.PathLike[str] | Any, force: bool = False) -> Path:
         """Write tables/scorecard.parquet, figures/scorecard.png and result.json (last) to run directory ``out``
@@ -150,6 +192,61 @@ class Scorecard:
                 plt.close(fig)
             rd.write_json(rd.result_json, self.summary())
         return rd.path
+
+
+def weakest_first(counts: dict[str, dict[str, Any]]) -> list[str]:
+    """Names of ``counts`` (per family or data set, as in :meth:`Scorecard.summary`) with validation points, the
+    lowest share within 1.5x first (ties: the lower share within 2x, then more points first); those without
+    validation points last."""
+
+    def share(name: str, key: str) -> float:
+        c = counts[name]
+        return c[key] / c["validation_points"] if c["validation_points"] else 2.0
+
+    return sorted(
+        counts,
+        key=lambda n: (share(n, "validation_within_1.5x"), share(n, "validation_within_2x"), -counts[n]["points"]),
+    )
+
+
+def family_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(family, verdict) per family, weakest first: ``23/34 within 1.5x (68 %), 29/34 within 2x; band kept
+    27/27; 2 fitted points`` (the one wording of ``uvmlab validate`` and tools/gen_fidelity_doc.py)."""
+    out = []
+    for family, c in summary["by_family"].items():
+        v = c["validation_points"]
+        if not c["points"]:
+            out.append((family, "no points (its data sets are absent or not checked)"))
+        elif not v:
+            out.append((family, f"no validation points; {c['fitted_points']} fitted points"))
+        else:
+            share = 100 * c["validation_within_1.5x"] / v
+            kept = f"band kept {c['validation_band_kept']}/{c['validation_with_band']}"
+            out.append(
+                (
+                    family,
+                    f"{c['validation_within_1.5x']}/{v} within 1.5x ({share:.0f} %), "
+                    f"{c['validation_within_2x']}/{v} within 2x; {kept}; {c['fitted_points']} fitted points",
+                )
+            )
+    return out
+
+
+def overall_line(summary: dict[str, Any]) -> str:
+    """Every validation point counted together, saying how much of it is the largest data set (a headline over
+    all points hides the small families: read :func:`family_lines` first)."""
+    val = summary["validation_points"]
+    line = (
+        f"all {summary['points']} points ({summary['fitted_points']} fitted, {val} validation): "
+        f"{summary['validation_within_1.5x']}/{val} within 1.5x, {summary['validation_within_2x']}/{val} within 2x"
+    )
+    by_ds = summary["by_dataset"]
+    if val and by_ds:
+        big = max(by_ds, key=lambda d: by_ds[d]["validation_points"])
+        n = by_ds[big]["validation_points"]
+        if n > val / 2:
+            line += f"; {n} of the {val} validation points are {big}'s"
+    return line
 
 
 def select_checks(registry: dict[str, Check], fast: bool, only: Iterable[str] = ()) -> list[Check]:

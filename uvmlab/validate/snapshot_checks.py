@@ -10,10 +10,10 @@ points: the number skipped is in each point's note.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_rows
 from uvmlab.validate.points import Point, check
 
 DATASET = "snapshots"
@@ -29,10 +29,10 @@ point). docs/snapshots.md "Incoming snapshots"."""
 def snapshot_files(folder: Path) -> list[Path]:
     """The snapshots listed in MANIFEST.tsv (in its order), else every *.pickle / *.pkl in ``folder``."""
     manifest = folder / "MANIFEST.tsv"
-    if manifest.is_file():
-        with manifest.open() as fh:
-            names = [row["file"] for row in csv.DictReader(fh, delimiter="\t")]
-        return [folder / n for n in names if (folder / n).is_file()]
+    if manifest.exists():
+        _, rows = read_csv_rows(manifest, MAX_DATA_FILE_BYTES, "a snapshot MANIFEST.tsv", delimiter="\t")
+        names = [row.get("file") or "" for row in rows]
+        return [folder / n for n in names if n and (folder / n).exists()]
     return sorted(p for p in folder.iterdir() if p.suffix in SNAPSHOT_SUFFIXES)
 
 

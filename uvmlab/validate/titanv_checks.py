@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_input_text
 from uvmlab.validate.points import Point, check
 
 DATASET = "uvm/uvm-eval_titanv_460.27.04"
@@ -34,7 +35,7 @@ def parse_abc(path: Path) -> dict[str, Any]:
     batches: list[dict[str, Any]] = []
     destroyed: list[tuple[int, int]] = []
     t_first = t_last = None
-    for line in path.read_text().splitlines():
+    for line in read_input_text(path, MAX_DATA_FILE_BYTES, "a UVM driver log").splitlines():
         head, _, msg = line.partition(";")
         t_us = int(head.split(",")[2])
         if msg.startswith("s,"):
@@ -137,7 +138,8 @@ def check_titanv(data_dir: Path) -> list[Point]:
 
 def cublas_unique_pages(path: Path) -> float:
     """256 minus the mean duplicate faults per batch of the cuBLAS log (``BC:a:dups:...`` lines)."""
-    dups = [int(line.split("BC:")[1].split(":")[1]) for line in path.read_text().splitlines() if "BC:" in line]
+    text = read_input_text(path, MAX_DATA_FILE_BYTES, "a UVM driver log")
+    dups = [int(line.split("BC:")[1].split(":")[1]) for line in text.splitlines() if "BC:" in line]
     return FAULT_BUFFER_ENTRIES - sum(dups) / len(dups)
 
 
@@ -147,7 +149,7 @@ def check_cublas(data_dir: Path) -> list[Point]:
     from uvmlab.sim.uvm.knobs import UvmKnobs
 
     path = data_dir / "uvm" / "uvm-eval_titanv_460.27.04" / CUBLAS_LOG
-    if not path.is_file():
+    if not path.exists():
         return []
     return [
         Point(

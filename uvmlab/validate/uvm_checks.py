@@ -35,10 +35,10 @@ The Titan V logs are checked by the i11val checks.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_json_file
 from uvmlab.measure.profile_fit import (
     BENCH_CSV,
     GCN_DIR,
@@ -94,7 +94,8 @@ FITTED = {("gcn", 5_000_000, "uvm"), ("gcn", 5_000_000, "native"), ("gcn", 5_000
 
 def _peak_gb(uvm_dir: Path, nodes: int) -> float:
     p = uvm_dir / GCN_DIR / "without-user-prefetch" / "result_uvm_baseline1" / f"{nodes}.json"
-    return float(json.loads(p.read_text())["uvm_stats"]["peak_allocated_GB"])
+    doc = read_json_file(p, MAX_DATA_FILE_BYTES, "a GCN result (JSON)")
+    return float(doc["uvm_stats"]["peak_allocated_GB"])
 
 
 GCN_TASK_S_PER_MNODE = 1.8
@@ -216,7 +217,7 @@ def uvmbench_mode_points(data_dir: Path) -> list[Point]:
         pts.append(
             Point(ds, f"t0rq3_results: {k} {mode} {f}x", "kernel_time", "ms", m, s, fit, band=None if fit else 1.5)
         )
-    if not (uvm / RQ4_CSV).is_file():
+    if not (uvm / RQ4_CSV).exists():
         return pts
     for k in ("seq_stream", "rand_stream"):
         for mode, miss in RQ4_MODES.items():

@@ -3,9 +3,16 @@ functions uvmlab.measure.gpu.microbench and the evidence kit use, each with the 
 main,
 Aug 2026: cupy/cuda/memory.pyx, cupy/cuda/stream.pyx, cupy/_core/raw.pyx, cupy_backends/cuda/api/runtime.pyx).
 Calls are recorded in ``CALLS``; managed memory is host memory (ctypes buffers), device memory (``runtime.malloc``)
-a 4 KiB stand-in counted against the card, kernels do nothing, every event pair measures 1 ms.
-``runtime.memGetInfo`` answers ``(FREE - device bytes allocated, TOTAL)`` with ``FREE``/``TOTAL`` from
-``$FAKE_CUPY_FREE_BYTES`` / ``$FAKE_CUPY_TOTAL_BYTES`` (default 64 MiB / 80 GiB).
+a 4 KiB stand-in counted against the card, kernels do nothing but make the managed allocations they are passed
+resident (taking ``size / $FAKE_CUPY_MIGRATE_BYTES_PER_S`` seconds for a range not yet resident, when that is set).
+An event pair measures the real time between the two ``record`` calls (``time.perf_counter_ns``): what
+runs in between on the host (there is no device) is what a test sees, so host work inside a timed region shows.
+``runtime.memGetInfo`` answers ``(FREE - device bytes allocated - resident managed bytes, TOTAL)`` with
+``FREE``/``TOTAL`` from ``$FAKE_CUPY_FREE_BYTES`` / ``$FAKE_CUPY_TOTAL_BYTES`` (default 64 MiB / 80 GiB): managed pages
+on the GPU take device memory (CUDA 13.0 cuda_runtime_api.h, cudaMemGetInfo: free "according to the OS"); a kernel's
+touch or a prefetch to the device makes a managed allocation resident, a prefetch to the host (``memPrefetchAsync``
+with ``cudaCpuDeviceId``) or its release gives the memory back. ``$FAKE_CUPY_LOG`` names a file that gets one line
+per managed allocation (``malloc_managed <bytes> free=<free bytes before>``), for tests of the sizing rules.
 
 Linking: CuPy links the CUDA runtime statically (no library of the cupy-cuda13x wheel depends on libcudart.so),
 so importing this module loads no libcudart either.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import types
 from typing import Any
 
@@ -37,6 +45,8 @@ def _alloc(size: int) -> int:
 # ---- cupy_backends.cuda.api.runtime (exposed as cupy.cuda.runtime) ------------------------------------------
 def memPrefetchAsync(devPtr: int, count: int, dstDevice: int, stream: int) -> None:
     CALLS.append(("memPrefetchAsync", devPtr, count, dstDevice, stream))
+    if devPtr in _managed:
+        _managed[devPtr][1] = dstDevice >= 0
 
 
 def memAdvise(devPtr: int, count: int, advice: int, device: int) -> None:
@@ -48,11 +58,14 @@ def runtimeGetVersion() -> int:
 
 
 _device: dict[int, int] = {}
+_managed: dict[int, list[Any]] = {}
+"""Live managed allocations: pointer -> [bytes, resident on the GPU]."""
 
 
 def memGetInfo() -> tuple[int, int]:
     free0 = int(os.environ.get("FAKE_CUPY_FREE_BYTES", 64 << 20))
-    return free0 - sum(_device.values()), int(os.environ.get("FAKE_CUPY_TOTAL_BYTES", 80 << 30))
+    resident = sum(size for size, on_gpu in _managed.values() if on_gpu)
+    return max(0, free0 - sum(_device.values()) - resident), int(os.environ.get("FAKE_CUPY_TOTAL_BYTES", 80 << 30))
 
 
 def malloc(size: int) -> int:
@@ -101,17 +114,21 @@ class Stream:
 
 class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
-        self.t = 0.0
+        self.t_ns: int | None = None
 
     def record(self, stream: Any = None) -> None:
-        self.t = float(len(CALLS))
+        CALLS.append(("event_record",))
+        self.t_ns = time.perf_counter_ns()
 
     def synchronize(self) -> None:
         return None
 
 
 def get_elapsed_time(start_event: Event, end_event: Event) -> float:
-    return 1.0
+    """Milliseconds between the two records (cupy/cuda/stream.pyx ``get_elapsed_time``: cudaEventElapsedTime)."""
+    if start_event.t_ns is None or end_event.t_ns is None:
+        raise RuntimeError("cudaErrorInvalidResourceHandle: an event was not recorded")
+    return (end_event.t_ns - start_event.t_ns) / 1e6
 
 
 # ---- cupy.cuda.memory ------------------------------------------------------------------------------------------
@@ -119,10 +136,16 @@ class ManagedMemory:
     def __init__(self, size: int) -> None:
         self.size = size
         self.device_id = 0
+        log = os.environ.get("FAKE_CUPY_LOG")
+        if log:
+            with open(log, "a") as fh:
+                fh.write(f"malloc_managed {size} free={memGetInfo()[0]}\n")
         self.ptr = _alloc(size)
+        _managed[self.ptr] = [size, False]
 
     def __del__(self) -> None:  # CuPy frees a managed allocation when its last reference goes
         _buffers.pop(self.ptr, None)
+        _managed.pop(self.ptr, None)
 
     def prefetch(self, stream: Any, *, device_id: int = CUDA_INVALID_DEVICE_ID) -> None:
         if device_id == CUDA_INVALID_DEVICE_ID:
@@ -168,6 +191,16 @@ class RawKernel:
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
         CALLS.append(("kernel", self.name, grid, block))
+        rate = float(os.environ.get("FAKE_CUPY_MIGRATE_BYTES_PER_S", 0) or 0)
+        for a in args:  # the managed allocations a kernel is passed fault in (become resident)
+            try:
+                key = int(a)
+            except (TypeError, ValueError):
+                continue
+            if key in _managed and not _managed[key][1]:
+                if rate:  # $FAKE_CUPY_MIGRATE_BYTES_PER_S: the first touch takes time (a migration), real time
+                    time.sleep(_managed[key][0] / rate)
+                _managed[key][1] = True
 
 
 class _DeviceArray:

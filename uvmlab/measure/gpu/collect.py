@@ -157,7 +157,13 @@ def effective_factor(
     ``left - capacity``: what the process took outside UVM after the balloon.
     [approximation] Freed managed memory shows as free because UVM returns free 2 MiB root chunks to PMA
     (open-gpu-kernel-modules df1c9a3, uvm_pmm_gpu.c ``free_chunk`` -> ``free_next_available_root_chunk``); chunks
-    it kept would bias the measured capacity down.
+    it kept would bias the measured capacity down: the probe reads free memory until two reads agree
+    (``free_settled`` says whether they did, and the message says so when not).
+    Bounds, not one number, when managed bytes are still live at the probe: only resident ones occupy the GPU, and
+    no CUDA call says how many are, so the capacity lies between ``free`` (all of them resident) and ``free +
+    live`` (none): ``measured_available_lower_bytes`` / ``measured_available_bytes``, ``achieved_oversub_bounds``;
+    ``ok`` is True when both ends are within the tolerance, False when both are off on the same side, else None
+    (the message says the factor is bounded, not measured). Before, every live byte was counted as resident.
     """
     probes = run.get("capacity_probe") or []
     final = probes[-1] if probes else None
@@ -184,8 +190,12 @@ def effective_factor(
     if final is None or final.get("live_managed_bytes") is None:
         out["message"] = "not measured: the run left no capacity probe with the shim's counters"
         return out
-    capacity = int(final["free_bytes"]) + int(final["live_managed_bytes"])
+    free, live = int(final["free_bytes"]), int(final["live_managed_bytes"])
+    capacity = free + live
     out["measured_available_bytes"] = capacity
+    out["measured_available_lower_bytes"] = free
+    out["capacity_bounded"] = live > 0
+    out["free_settled"] = final.get("settled")
     if left_bytes is not None:
         out["non_uvm_after_balloon_bytes"] = int(left_bytes) - capacity
     if capacity <= 0:
@@ -198,12 +208,58 @@ def effective_factor(
     achieved = footprint / capacity
     deviation = achieved / balloon_plan.oversub - 1.0
     out.update(achieved_oversub=achieved, deviation=deviation, ok=abs(deviation) <= tolerance)
+    unsettled = (
+        ""
+        if final.get("settled") is not False
+        else f"; free memory was still changing over {len(final.get('free_reads') or [])} reads (freed chunks may not "
+        "all be back: the capacity may be higher)"
+    )
+    if live > 0:  # live managed bytes may or may not occupy the GPU: the capacity is bounded, not measured
+        high = footprint / free if free > 0 else math.inf
+        out["achieved_oversub_bounds"] = [achieved, high]
+        dev_high = high / balloon_plan.oversub - 1.0
+        inside = abs(deviation) <= tolerance and abs(dev_high) <= tolerance
+        same_side = (deviation > tolerance and dev_high > tolerance) or (
+            deviation < -tolerance and dev_high < -tolerance
+        )
+        out["ok"] = True if inside else (False if same_side else None)
+        if out["ok"] is None:
+            out["message"] = (
+                f"the run's factor lies between {achieved:.3f} and {high:.3f} (requested {balloon_plan.oversub:g}): "
+                f"{live} B of managed memory were still live at the probe and may or may not occupy the GPU "
+                f"(capacity between {free} and {capacity} B){unsettled}"
+            )
+            return out
+    if out["ok"] and unsettled:
+        out["message"] = f"the run's factor {achieved:.3f} was read before free memory settled{unsettled}"
     if not out["ok"]:
         out["message"] = (
             f"WARNING: the run's measured factor is {achieved:.3f}, not the requested {balloon_plan.oversub:g} "
             f"({deviation:+.1%}; footprint {footprint} B, UVM had {capacity} B instead of "
             f"{balloon_plan.available_bytes} B): its figures are those of the measured factor"
         )
+    return out
+
+
+def cudnn_engines(logs: Path, roles: tuple[str, ...] = ("baseline", "run")) -> dict[str, Any] | None:
+    """The cuDNN engines (or legacy algorithms) each step's warm-up chose, from ``logs/<role>.cudnn.log``
+    (uvmlab.measure.gpu.kit.cudnn_log), in call order, and whether the steps chose the same; None without logs."""
+    from uvmlab.measure.gpu.kit.cudnn_log import parse_log
+
+    found: dict[str, list[str]] = {}
+    for role in roles:
+        path = logs / f"{role}.cudnn.log"
+        if path.is_file():
+            calls = parse_log(path, role)
+            found[role] = [str(a) for a in calls["algo"].dropna()]
+    if not found:
+        return None
+    out: dict[str, Any] = {r: {"choices": len(v), "distinct": sorted(set(v))} for r, v in found.items()}
+    if len(found) == len(roles):
+        a, b = (found[r] for r in roles)
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        out["same"] = a == b
+        out["first_difference"] = first if first is not None or len(a) == len(b) else min(len(a), len(b))
     return out
 
 
@@ -324,6 +380,11 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
         "balloon_actual": actual,
         "effective": effective,
         "nsys": nsys_result.get("nsys"),
+        "cudnn_engines": cudnn_engines(logs),
+        "reported_free_bytes": (run.get("env") or {}).get("UVMLAB_REPORT_FREE_BYTES"),
+        "balloon_after_warmup": run.get("balloon_after_warmup"),
+        "nvtx_ranges": run.get("nvtx_ranges"),
+        "machine": run.get("machine"),
         "timing_note": "iteration times include nsys tracing overhead (UM fault tracing is costly); the baseline "
         "ran without nsys: for timing and slowdown, run without --nsys"
         if opts.nsys

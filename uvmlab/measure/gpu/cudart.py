@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,31 @@ DEV_ATTR_CONCURRENT_MANAGED_ACCESS = 89
 """cudaDevAttrConcurrentManagedAccess (driver_types.h)."""
 
 
-def loaded_cudart() -> str | None:
-    """Path of the libcudart this process has loaded, from /proc/self/maps (None: none is loaded)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        parts = line.split()
-        path = parts[-1] if len(parts) >= 6 else ""
-        if "libcudart.so" in Path(path).name:
-            return path
+def is_library(path: str, stem: str) -> bool:
+    """``path``'s file name is ``stem`` (e.g. ``libcudart.so``) or ``stem.<digits>[.<digits>...]``: that library,
+    not any file whose name merely contains the stem (``libcudart.so.bak``, ``mylibcudart.so.13``)."""
+    return re.fullmatch(re.escape(stem) + r"(\.\d+)*", Path(path).name) is not None
+
+
+def loaded_library(stems: tuple[str, ...], maps: str | None = None) -> str | None:
+    """Path of the first mapped library (``/proc/self/maps``, or ``maps``) whose file name is one of ``stems``
+    (:func:`is_library`), tried in the order given; None when none is loaded."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    paths = [parts[-1] for parts in (line.split() for line in maps.splitlines()) if len(parts) >= 6]
+    for stem in stems:
+        for path in paths:
+            if is_library(path, stem):
+                return path
     return None
+
+
+def loaded_cudart(maps: str | None = None) -> str | None:
+    """Path of the libcudart this process has loaded, from /proc/self/maps (None: none is loaded)."""
+    return loaded_library(("libcudart.so",), maps)
 
 
 def installed_cudart(major: int | None = None) -> Path | None:

@@ -1,5 +1,9 @@
 """``uvmlab doctor``: what this machine has (GPU, driver, CUDA runtime, torch, nsys, g++, the shim) and which modes
 it can run. Every probe is cheap, reads only, and never raises: a missing piece is a row that says so.
+
+``worker imports`` imports what the GPU worker imports, by running the worker's own check in a child process
+(:func:`worker_imports`): a module the worker cannot import makes ``fatal`` a sentence and ``uvmlab doctor`` exit 1
+(the lent machine lacks the ``nvtx`` package; before, doctor said "ready" and every GPU run died at the import).
 """
 
 from __future__ import annotations
@@ -58,6 +62,26 @@ def cudart_version(path: Path) -> int | None:
     return int(v.value) if rc == 0 else None
 
 
+def worker_imports(python: str | None = None, timeout_s: float = 180.0) -> Check:
+    """Import what the GPU worker imports, in a child process of ``python`` (default: this one) with this
+    environment: ``python -m uvmlab.measure.gpu.worker --check-imports`` (uvmlab.measure.gpu.worker.import_check)."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [python or sys.executable, "-m", "uvmlab.measure.gpu.worker", "--check-imports"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return Check("worker imports", False, f"the import check did not answer ({' '.join(argv)})")
+    if doc.get("ok"):
+        ranges = doc.get("nvtx_ranges") or "none (neither the nvtx package nor torch.cuda.nvtx works)"
+        return Check("worker imports", True, f"all import; NVTX ranges: {ranges}")
+    name, why = next(iter(doc["failed"].items()))
+    return Check("worker imports", False, f"cannot import {name} ({why})")
+
+
 def checks() -> list[Check]:
     """Every probe, in display order."""
     rows: list[Check] = []
@@ -79,6 +103,7 @@ def checks() -> list[Check]:
     rows.append(
         Check("torch", tv is not None and tc is not None, f"{tv or 'not installed'}, CUDA build {tc or 'none'}")
     )
+    rows.append(worker_imports())
     nsys_version = collect.tool_version(["nsys", "--version"])
     rows.append(Check("nsys", nsys_version is not None, nsys_version or "not on PATH (needed for --nsys)"))
     cxx = shim.find_compiler()
@@ -97,7 +122,7 @@ def checks() -> list[Check]:
 def modes(rows: list[Check]) -> list[Check]:
     """Which modes this machine can run, from the probes."""
     ok = {r.item: r.ok for r in rows}
-    gpu_needs = ["GPU", "torch", "g++"]
+    gpu_needs = ["GPU", "torch", "worker imports", "g++"]
     gpu_missing = [k for k in gpu_needs if not ok.get(k)]
     nsys_missing = [*gpu_missing, *(["nsys"] if not ok.get("nsys") else [])]
     mb_missing = [k for k in ("GPU", "cupy") if not ok.get(k)]
@@ -119,6 +144,9 @@ def modes(rows: list[Check]) -> list[Check]:
 
 
 def doctor_report() -> dict[str, Any]:
-    """The doctor's findings as a JSON-ready dict."""
+    """The doctor's findings as a JSON-ready dict; ``fatal``: one sentence when this install is broken (the GPU
+    worker cannot import what it needs), else None."""
     rows = checks()
-    return {"checks": [asdict(r) for r in rows], "modes": [asdict(m) for m in modes(rows)]}
+    bad = next((r for r in rows if r.item == "worker imports" and not r.ok), None)
+    fatal = None if bad is None else f"the GPU worker {bad.detail}: every --mode gpu run would stop there; install it"
+    return {"checks": [asdict(r) for r in rows], "modes": [asdict(m) for m in modes(rows)], "fatal": fatal}

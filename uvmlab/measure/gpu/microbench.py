@@ -14,10 +14,16 @@
                     pages (uvmlab.measure.gpu.balloon, "What UVM can use"); the row's ``factor`` is the size over the
                     free memory measured after the balloon (the capacity UVM really had), not the one asked.
 
-Each row of the timings table: ``kind, size_bytes, factor, time_ns``. ``fit_params(timings)`` turns them into a
-``uvmlab.sim.uvm.timing.CostParams`` (pure arithmetic, tested on the CPU with recorded numbers). The model is the
-simulator's per-VA-block decomposition (reference/uvm.md 2.5) with the prefetcher migrating whole 2 MiB blocks on
-sequential touch [approximation]:
+Each row of the timings table: ``kind, size_bytes, factor, time_ns`` (plus ``host_ns``, the host's time to enqueue
+the timed work). Times are device times only: every timed region is CUDA events around work enqueued while a
+one-thread gate kernel (:data:`GATE_CYCLES` of ``clock64`` spinning) still holds the stream, so Python, ctypes and
+argument building between the two events do not add idle device time; the first call of each path (the kernel's
+module load, the host-bound prefetch's runtime loaded by path and initialised) is made once, untimed, before the
+first timed region. A row whose host enqueue took longer than the gate measured on the device (``gate_ns``, timed
+once) may still include host time: it is kept and listed in the result's ``notes``. ``fit_params(timings)`` turns
+them into a ``uvmlab.sim.uvm.timing.CostParams`` (pure arithmetic, tested on the CPU with recorded numbers). The
+model is the simulator's per-VA-block decomposition (reference/uvm.md 2.5) with the prefetcher migrating whole 2 MiB
+blocks on sequential touch [approximation]:
 
 * link bandwidth L: least squares of ``time = bytes / BW(bytes)`` with UVMSmart's atan curve scaled to L at 2 MiB
   (the curve ``uvmlab.sim.uvm.timing.transfer_bandwidth`` uses), over the prefetch rows;
@@ -191,7 +197,14 @@ extern "C" __global__ void touch(unsigned char* p, const long long* order, long 
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < npages) { long long page = order ? order[i] : i; p[page * stride] += 1; }
 }
+extern "C" __global__ void gate(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
 """
+GATE_CYCLES = 20_000_000
+"""Cycles the gate kernel spins before a timed region (about 10 ms at the H200's 1.98 GHz boost clock, KINDS.md
+[I]): long enough for the host to enqueue the start event, the work and the end event behind it."""
 CUDA_CPU_DEVICE_ID = -1
 """cudaCpuDeviceId (driver_types.h)."""
 CUDA_MEM_LOCATION_TYPE_HOST = 2
@@ -260,20 +273,54 @@ def run_microbench(
         import cupy as cp
     except ImportError:
         raise UnavailableError("microbenchmarks need CuPy: pip install 'uvmlab[gpu]' (cupy-cuda13x)") from None
+    import time
+
     rt = cp.cuda.runtime
     dev = cp.cuda.Device().id
     kernel = cp.RawKernel(_TOUCH_SRC, "touch")
+    gate = cp.RawKernel(_TOUCH_SRC, "gate")
     stream = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(seed)
-    rows: list[tuple[str, int, float, float]] = []
+    rows: list[tuple[str, int, float, float, float]] = []
 
-    def timed(fn: Any) -> float:
+    def timed_with_host(fn: Any) -> tuple[float, float]:
+        """(device ns between the events, host ns to enqueue fn): the gate holds the stream meanwhile."""
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        with stream:
+            gate((1,), (1,), (np.int64(GATE_CYCLES),))
+        t0 = time.perf_counter_ns()
         start.record(stream)
         fn()
         end.record(stream)
+        host = time.perf_counter_ns() - t0
         end.synchronize()
-        return float(cp.cuda.get_elapsed_time(start, end)) * 1e6  # ms -> ns
+        return float(cp.cuda.get_elapsed_time(start, end)) * 1e6, float(host)  # ms -> ns
+
+    host_ns: list[float] = []
+
+    def timed(fn: Any) -> float:
+        device, host = timed_with_host(fn)
+        host_ns.append(host)
+        return device
+
+    # the first call of each path, untimed: the gate and touch kernels' module, the host-bound prefetch's runtime
+    warm = cp.cuda.malloc_managed(BLOCK_BYTES)
+    stream.synchronize()
+    ctypes.memset(warm.ptr, 1, BLOCK_BYTES)
+    with stream:
+        warm_args = (np.uint64(warm.ptr), np.uint64(0), np.int64(BLOCK_BYTES // PAGE_BYTES), np.int64(PAGE_BYTES))
+        kernel(((BLOCK_BYTES // PAGE_BYTES + 255) // 256,), (256,), warm_args)
+    prefetch(cp, warm, BLOCK_BYTES, dev, stream)
+    prefetch(cp, warm, BLOCK_BYTES, CUDA_CPU_DEVICE_ID, stream)
+    stream.synchronize()
+    del warm
+    start_gate, end_gate = cp.cuda.Event(), cp.cuda.Event()
+    start_gate.record(stream)
+    with stream:
+        gate((1,), (1,), (np.int64(GATE_CYCLES),))
+    end_gate.record(stream)
+    end_gate.synchronize()
+    gate_ns = float(cp.cuda.get_elapsed_time(start_gate, end_gate)) * 1e6
 
     def touch(mem: Any, size: int, order: Any = None) -> None:
         npages = size // PAGE_BYTES
@@ -309,7 +356,7 @@ def run_microbench(
                 else:
                     times.append(timed(lambda m=mem, s=size, o=order: touch(m, s, o)))
                 del mem, order
-            rows.append((kind, size, 1.0, median(times)))
+            rows.append((kind, size, 1.0, median(times), max(host_ns[-repeats:])))
     free, _total = rt.memGetInfo()
     # UVM uses every free byte before it evicts (block_alloc_gpu_chunk), so the balloon leaves exactly C
     balloon_bytes = max(0, free - oversub_capacity_bytes) // BLOCK_BYTES * BLOCK_BYTES if factors else 0
@@ -326,11 +373,19 @@ def run_microbench(
                 stream.synchronize()
                 times.append(timed(lambda m=mem, s=size: touch(m, s)))
                 del mem
-            rows.append(("touch_oversub", size, size / capacity if capacity > 0 else float(f), median(times)))
+            factor = size / capacity if capacity > 0 else float(f)
+            rows.append(("touch_oversub", size, factor, median(times), max(host_ns[-repeats:])))
     finally:
         if balloon:
             rt.free(balloon)
-    timings = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+    timings = pd.DataFrame(rows, columns=[*TIMING_COLUMNS, "host_ns"])
+    timings.attrs["gate_ns"] = gate_ns
+    slow = timings[timings["host_ns"] > gate_ns]
+    timings.attrs["notes"] = [
+        f"{k} {s} B: the host took {h / 1e6:.2f} ms to enqueue, longer than the gate's {gate_ns / 1e6:.2f} ms: the "
+        "row may include host time"
+        for k, s, h in zip(slow["kind"], slow["size_bytes"], slow["host_ns"], strict=True)
+    ]
     if out is None:
         return timings
     return write_fit(
@@ -341,16 +396,20 @@ def run_microbench(
 def write_fit(result: Fit, timings: pd.DataFrame, out: Any, source: str) -> dict[str, Any]:
     """Write ``result.params`` as a CostParams file (notes appended to ``source``); return the file's content plus
     ``fitted`` (the parameter names the data set), ``notes`` and ``timings`` (records)."""
-    import json
+
+    from uvmlab.files.atomic import atomic_write_json
+    from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, check_cost_values
 
     if result.notes:
         source += "; " + "; ".join(result.notes)
-    path = result.params.to_file(Path(out), source)
-    doc = json.loads(path.read_text())
-    kept = {n.split(":")[0] for n in result.notes}
+    not_fitted = {n.split(":")[0] for n in result.notes}
     if result.link_bytes_per_s is None:
-        kept.add("link_bytes_per_s")
-    doc["fitted"] = [n for n in param_names() if n not in kept]
+        not_fitted.add("link_bytes_per_s")
+    fitted = [n for n in param_names() if n not in not_fitted]
+    values = {n: getattr(result.params, n) for n in fitted}  # a run takes every other cost from its GPU's profile
+    check_cost_values(values, f"{out}: the microbenchmark fit")
+    doc = {"schema_version": PARAMS_SCHEMA_VERSION, "source": source, "params": values, "fitted": fitted}
+    atomic_write_json(Path(out), doc)
     doc["notes"] = list(result.notes)
     doc["timings"] = timings.to_dict(orient="records")
     return doc

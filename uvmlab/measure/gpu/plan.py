@@ -16,6 +16,7 @@ later steps depend on the calibration result: the plan shows them with the simul
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping
@@ -24,9 +25,11 @@ from pathlib import Path
 
 from uvmlab.config import AppliedPolicy, RunConfig
 from uvmlab.errors import InputError, InvariantError
+from uvmlab.files.inputs import short
 from uvmlab.gpus import GpuSpec, get_gpu
 from uvmlab.measure.gpu.balloon import DEFAULT_RESERVE_BYTES, BalloonPlan, plan_balloon
 from uvmlab.measure.gpu.detect import GpuStatus, gpu_status
+from uvmlab.numbers import parse_float
 from uvmlab.units import format_bytes
 
 REQUIRED_ALLOC_CONF = "backend:native,expandable_segments:False"
@@ -40,6 +43,12 @@ NSYS_PROFILE_FLAGS = (
 )
 FOOTPRINT_CHOICES = ("measure", "estimate")
 ALLOC_LOG = "{role}.alloc.bin"
+CUDNN_LOG = "{role}.cudnn.log"
+"""cuDNN API log of a step's warm-up iteration (``same_workspace_limit``), under RUNDIR/logs/."""
+WARMUP_ENV = "UVMLAB_WARMUP_ITERATIONS"
+"""Untimed iterations the worker runs first (the baseline and run steps: 1)."""
+CUDNN_LOG_WARMUP_ONLY_ENV = "UVMLAB_CUDNN_LOG_WARMUP_ONLY"
+"""1: the worker switches the cuDNN API log off after the warm-up (its engine choices are made by then)."""
 """Shim allocation log of each step, under RUNDIR/logs/."""
 BALLOON_CLAIM = "{role}.balloon.claim"
 """The shim creates this file (O_EXCL) when it takes the balloon: the first process of a step to allocate owns it,
@@ -84,9 +93,13 @@ STEP_CONTROL_ENV = (
     "UVMLAB_BALLOON_BYTES",
     "UVMLAB_BALLOON_LEAVE_BYTES",
     "UVMLAB_BALLOON_CLAIM",
+    "UVMLAB_BALLOON_DEFER",
+    "UVMLAB_REPORT_FREE_BYTES",
     "UVMLAB_ALLOC_LOG",
     "UVMLAB_CUDART",
     "UVMLAB_HINTS",
+    "UVMLAB_WARMUP_ITERATIONS",
+    "UVMLAB_CUDNN_LOG_WARMUP_ONLY",
     EMPTY_CACHE_ENV,
     MEMORY_FRACTION_ENV,
     REQUIRE_CONCURRENT_MANAGED_ENV,
@@ -120,6 +133,10 @@ class GpuRunOptions:
     """Path of the shim; None: the cached build for the current source (uvmlab.measure.gpu.shim.shim_path)."""
     strict_factor: bool = False
     """Fail the run (after writing its results) when the measured factor is more than 5 % from the requested one."""
+    same_workspace_limit: bool = True
+    """With ``baseline``: both steps' ``cudaMemGetInfo`` report the same free figure (the UVM capacity C, through the
+    shim's ``UVMLAB_REPORT_FREE_BYTES``), so PyTorch gives cuDNN the same workspace limit in both and they choose
+    the same engines, and both record their cuDNN engine choices (the API log of the warm-up iteration)."""
 
     def __post_init__(self) -> None:
         fp = self.footprint
@@ -190,6 +207,10 @@ def shell_command(step: Step) -> str:
     return f"cd {shlex.quote(step.cwd)} && {' '.join(parts)} {shlex.join(step.argv)}"
 
 
+_NUMBER_TOKEN = re.compile(r"(?i)(?<![a-z_])[+-]?(?:inf(?:inity)?|nan|[0-9][0-9_.]*(?:e[+-]?[0-9]+)?)(?![a-z_])")
+"""A number inside an alloc-conf value (``max_split_size_mb:512``, ``roundup_power2_divisions:[256:1,>:4]``)."""
+
+
 def build_alloc_conf(extra: str) -> str:
     """PYTORCH_CUDA_ALLOC_CONF for a GPU run: the required native backend plus the user's additions."""
     parts = [REQUIRED_ALLOC_CONF]
@@ -200,6 +221,8 @@ def build_alloc_conf(extra: str) -> str:
         if not sep or not key.strip() or not value.strip():
             raise InputError(f"--alloc-conf entries are key:value pairs separated by commas, not {item!r}")
         key = key.strip()
+        for token in _NUMBER_TOKEN.findall(value):  # PyTorch parses these as size_t / double: finite, short
+            parse_float(token, f"--alloc-conf {short(key)}", lo=0, hi=2.0**64)
         if key == "backend" and value.strip() != "native":
             raise InputError(
                 f"--alloc-conf backend:{value.strip()} never calls cudaMalloc, so the UVM shim cannot see it; "
@@ -231,14 +254,11 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def host_memory_bytes() -> int | None:
-    """MemTotal from /proc/meminfo (None where unreadable)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    """MemAvailable from /proc/meminfo (None where unreadable): what the host can still give the spilled managed
+    pages without swapping; MemTotal counts the memory other processes already hold."""
+    from uvmlab.measure.gpu.machine import meminfo
+
+    return meminfo()["MemAvailable"]
 
 
 def _gpu_for(cfg: RunConfig, status: GpuStatus) -> tuple[GpuSpec, int, str, str]:
@@ -315,7 +335,7 @@ def plan_run(
     worker = (opts.python, "-m", "uvmlab.measure.gpu.worker", str(rundir))
     cwd = str(rundir)
 
-    def shim_vars(role: str, mode: str, leave: int | None) -> dict[str, str]:
+    def shim_vars(role: str, mode: str, leave: int | None, report_free: int | None = None) -> dict[str, str]:
         return shim_mod.shim_env(
             library,
             mode=mode,
@@ -324,7 +344,21 @@ def plan_run(
             balloon_leave_bytes=leave,
             balloon_claim=logs / BALLOON_CLAIM.format(role=role) if leave is not None else None,
             alloc_log=logs / ALLOC_LOG.format(role=role),
+            balloon_defer=leave is not None,
+            report_free_bytes=report_free,
         )
+
+    def paired_env(role: str, balloon: BalloonPlan) -> tuple[dict[str, str], int | None]:
+        """The warm-up, and with a baseline the same reported free memory and the cuDNN engine log (module doc)."""
+        env = {WARMUP_ENV: "1"}
+        if not (opts.baseline and opts.same_workspace_limit):
+            return env, None
+        from uvmlab.measure.gpu.kit.cudnn_log import DEST_ENV, LOG_ENV
+
+        env.update(LOG_ENV)
+        env[DEST_ENV] = str(logs / CUDNN_LOG.format(role=role))
+        env[CUDNN_LOG_WARMUP_ONLY_ENV] = "1"
+        return env, balloon.available_bytes
 
     def later_steps(footprint: int) -> tuple[BalloonPlan, list[Step]]:
         balloon = plan_balloon(footprint, cfg.oversub, total, spec.context_bytes, opts.reserve_bytes, host)
@@ -341,17 +375,25 @@ def plan_run(
                 "as uvmlab advise predicts); the calibrate and baseline steps run without a fraction"
             )
         steps: list[Step] = []
+        if opts.baseline and opts.same_workspace_limit:
+            notes.append(
+                f"the baseline and run steps both see cudaMemGetInfo free = {balloon.available_bytes} B (the UVM "
+                "capacity, UVMLAB_REPORT_FREE_BYTES): PyTorch sizes cuDNN workspaces from it (CUDACachingAllocator "
+                "cacheInfo), so both choose the same engines; each records its choices (logs/<role>.cudnn.log, the "
+                "warm-up iteration) and result.json compares them"
+            )
         if opts.baseline:
             if footprint > balloon.total_bytes - balloon.context_bytes - balloon.reserve_bytes:
                 raise InputError(
                     f"--baseline runs the job without UVM, but its footprint {format_bytes(footprint)} does not fit "
                     f"the {gpu_name}'s {format_bytes(total)}; drop --baseline"
                 )
+            b_env, b_free = paired_env("baseline", balloon)
             steps.append(
                 Step(
                     "baseline",
                     (*worker, "--role", "baseline"),
-                    {**base_env, **shim_vars("baseline", "passthrough", None)},
+                    {**base_env, **b_env, **shim_vars("baseline", "passthrough", None, b_free)},
                     cwd,
                     "the same job without UVM (shim in passthrough mode, logging only): the non-UVM time",
                 )
@@ -359,13 +401,14 @@ def plan_run(
         run_argv: tuple[str, ...] = (*worker, "--role", "run")
         if opts.nsys:
             run_argv = (opts.nsys_path, "profile", *NSYS_PROFILE_FLAGS, "-o", str(logs / "profile"), *run_argv)
+        r_env, r_free = paired_env("run", balloon)
         steps.append(
             Step(
                 "run",
                 run_argv,
-                {**base_env, **run_env, **shim_vars("run", "managed", balloon.leave_bytes)},
+                {**base_env, **run_env, **r_env, **shim_vars("run", "managed", balloon.leave_bytes, r_free)},
                 cwd,
-                f"the job under UVM: cudaMalloc -> cudaMallocManaged; the balloon leaves "
+                f"the job under UVM: cudaMalloc -> cudaMallocManaged; after one warm-up iteration the balloon leaves "
                 f"{format_bytes(balloon.leave_bytes)} free (UVM capacity {format_bytes(balloon.available_bytes)} + "
                 f"reserve {format_bytes(balloon.reserve_bytes)})",
             )
@@ -456,7 +499,9 @@ def format_plan(plan: Plan) -> str:
             f"  - UVM capacity C = M / f   {b.available_bytes:>16}  {format_bytes(b.available_bytes)}"
             f"  (f = {b.oversub:g}, achieved {b.achieved_oversub:.4f})",
             f"  = balloon (planned)        {b.balloon_bytes:>16}  {format_bytes(b.balloon_bytes)}",
-            f"  the shim leaves C + R = {b.leave_bytes} B free, measured with cudaMemGetInfo at run time;",
+            f"  the shim leaves C + R = {b.leave_bytes} B free, measured with cudaMemGetInfo after one warm-up "
+            "iteration (modules, handles and workspaces exist by then; live managed ranges are prefetched to the host "
+            "first);",
             "  UVM fills all free memory before it evicts (block_alloc_gpu_chunk, uvm_va_block.c), so it gets C + R "
             "less what non-UVM allocations take after the balloon",
             f"  factor over total memory (F_total): {b.oversub_total:.4f}",

@@ -9,6 +9,7 @@ contract other parts import (docs/contracts.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -54,20 +55,51 @@ __all__ = [
 ]
 
 
+TIMED_OUT = 124
+"""Exit code of a step killed at its time cap (the convention of coreutils ``timeout``)."""
+KILL_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL to a step's process group at its cap."""
+
+
 def execute_step(step: Step, log_dir: Path, timeout_s: float | None = None) -> int:
     """Run one step (argv list, no shell) with its variables on top of this environment (minus the inherited
     variables that would change the experiment: ``step_environment``); stdout/stderr go to
-    ``log_dir/<step>.out`` / ``.err``. Returns the exit code; a missing program is an UnavailableError."""
+    ``log_dir/<step>.out`` / ``.err``. Returns the exit code; a missing program is an UnavailableError.
+
+    The step runs in a process group of its own; at ``timeout_s`` the whole group (the step and every process it
+    started, e.g. ``uvmlab run``'s workers) gets SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`, and the code is
+    :data:`TIMED_OUT`. An exception here (Ctrl-C) ends the group too before it propagates."""
+    import signal
+
     log_dir.mkdir(parents=True, exist_ok=True)
     env = step_environment(step, os.environ)
     with open(log_dir / f"{step.name}.out", "wb") as out, open(log_dir / f"{step.name}.err", "wb") as err:
         try:
-            proc = subprocess.run(list(step.argv), env=env, cwd=step.cwd, stdout=out, stderr=err, timeout=timeout_s)
+            proc = subprocess.Popen(
+                list(step.argv), env=env, cwd=step.cwd, stdout=out, stderr=err, start_new_session=True
+            )
         except FileNotFoundError:
             raise UnavailableError(f"step {step.name}: {step.argv[0]} is not installed or not on PATH") from None
+
+        def kill(sig: int) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+
+        try:
+            return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise UvmlabError(f"step {step.name} did not finish within {timeout_s:g} s") from None
-    return proc.returncode
+            kill(signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                kill(signal.SIGKILL)
+                proc.wait()
+            err.write(f"\nuvmlab: step {step.name} was stopped at its time cap of {timeout_s:g} s\n".encode())
+            return TIMED_OUT
+        except BaseException:
+            kill(signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -149,7 +181,15 @@ def dry_run(cfg: RunConfig, opts: GpuRunOptions, rundir: Path) -> dict[str, Any]
     }
 
 
-STEP_LOGS = ("{step}.out", "{step}.err", ALLOC_LOG, BALLOON_CLAIM, "{step}.worker.json", "{step}.samples.parquet")
+STEP_LOGS = (
+    "{step}.out",
+    "{step}.err",
+    ALLOC_LOG,
+    BALLOON_CLAIM,
+    "{step}.worker.json",
+    "{step}.samples.parquet",
+    "{step}.cudnn.log",
+)
 """What a step (its name is the worker's role) writes under RUNDIR/logs (uvmlab.measure.gpu.plan,
 uvmlab.measure.gpu.worker); the
 nsys steps also write ``profile.nsys-rep`` and ``profile.sqlite``."""
@@ -184,4 +224,5 @@ def _opts_dict(opts: GpuRunOptions) -> dict[str, Any]:
         "calibration_iterations": opts.calibration_iterations,
         "shim_library": opts.shim_library,
         "strict_factor": opts.strict_factor,
+        "same_workspace_limit": opts.same_workspace_limit,
     }

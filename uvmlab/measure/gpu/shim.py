@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError, UnavailableError
+from uvmlab.files.inputs import read_input_bytes
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "uvmlab_shim.cpp"
 ABI_HEADER = SOURCE.with_name("uvmlab_cuda_abi.h")
@@ -159,8 +160,14 @@ def shim_env(
     balloon_claim: Path | str | None = None,
     alloc_log: Path | str | None = None,
     existing_preload: str = "",
+    balloon_defer: bool = False,
+    report_free_bytes: int | None = None,
 ) -> dict[str, str]:
-    """The environment variables that load and configure the shim (validated here, not in the child)."""
+    """The environment variables that load and configure the shim (validated here, not in the child).
+
+    ``balloon_defer``: the balloon is taken by the program (``uvmlab_balloon_take()``, the worker after its warm-up
+    iteration), not at the first intercepted call. ``report_free_bytes``: the interposed ``cudaMemGetInfo`` answers
+    this free figure (the runs a comparison pairs see the same cuDNN workspace limit)."""
     if mode not in SHIM_MODES:
         raise InputError(f"shim mode must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
     bad = [a for a in advise if a not in ADVISE_POLICIES]
@@ -187,9 +194,19 @@ def shim_env(
         env["UVMLAB_BALLOON_LEAVE_BYTES"] = str(balloon_leave_bytes)
     if balloon_claim is not None:
         env["UVMLAB_BALLOON_CLAIM"] = str(balloon_claim)
+    if balloon_defer:
+        env["UVMLAB_BALLOON_DEFER"] = "1"
+    if report_free_bytes is not None:
+        if isinstance(report_free_bytes, bool) or not isinstance(report_free_bytes, int) or report_free_bytes < 0:
+            raise InputError(f"reported free bytes must be a whole number >= 0, not {report_free_bytes!r}")
+        env["UVMLAB_REPORT_FREE_BYTES"] = str(report_free_bytes)
     if alloc_log is not None:
         env["UVMLAB_ALLOC_LOG"] = str(alloc_log)
     return env
+
+
+MAX_ALLOC_LOG_BYTES = 256 << 20
+"""Largest shim allocation log read (256 MiB; a record is 48 bytes: 5 million allocator calls)."""
 
 
 def read_alloc_log(path: Path | str) -> pd.DataFrame:
@@ -200,12 +217,9 @@ def read_alloc_log(path: Path | str) -> pd.DataFrame:
     records; a file that is not a shim log is an InputError.
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(
-            f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)"
-        ) from None
+    if not (p.exists() or p.is_symlink()):
+        raise InputError(f"allocation log {p} not found (was UVMLAB_ALLOC_LOG set and did the program allocate?)")
+    data = read_input_bytes(p, MAX_ALLOC_LOG_BYTES, "a uvmlab shim allocation log")
     if len(data) < LOG_HEADER_BYTES or data[:8] != LOG_MAGIC:
         raise InputError(f"{p} is not a uvmlab shim allocation log (no UVMLBLOG header)")
     version = int.from_bytes(data[8:12], "little")

@@ -23,11 +23,16 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import short
+from uvmlab.files import foreign_sqlite
+from uvmlab.files.inputs import open_input, short
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import json_to_sqlite, looks_like_json_export
+from uvmlab.measure.nsys.plausible import check_measurements
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+MAX_TABLE_ROWS = 1_000_000_000
+"""Rows uvmlab reads from one table of an export (10**9: reading is in chunks, so this bounds time, not memory; the
+largest real export in ../shared/real-data/nsys has about 30,000 rows in its largest table)."""
 _API_SUFFIX = re.compile(r"_v\d+$")
 # Tables whose presence marks a file as an nsys export (any one of them).
 _NSYS_MARKERS = (
@@ -37,6 +42,11 @@ _NSYS_MARKERS = (
     "TARGET_INFO_SESSION_START_TIME",
     "ANALYSIS_DETAILS",
 )
+READ_TABLES = frozenset(
+    (*_NSYS_MARKERS, *S.KNOWN_COLUMNS, S.GPU_FAULTS, S.CPU_FAULTS, S.MEMCPY, S.MEMSET, S.KERNEL, S.RUNTIME, S.NVTX,
+     S.MEMORY_USAGE, S.META_CAPTURE)
+)  # fmt: skip
+"""The tables whose rows uvmlab reads from an export: each is capped at :data:`MAX_TABLE_ROWS` rows."""
 
 
 def _check_file(path: Path) -> bool:
@@ -45,12 +55,10 @@ def _check_file(path: Path) -> bool:
         raise InputError(f"{path} not found: give the .sqlite file written by `nsys export --type sqlite`")
     if not path.is_file():
         raise InputError(f"{path} is not a file: give the .sqlite file written by `nsys export --type sqlite`")
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            header = fh.read(100)
-    except OSError as exc:
-        raise InputError(f"{path} cannot be read ({exc.strerror}): check its permissions") from None
+    what = "the .sqlite file written by `nsys export --type sqlite`"
+    with open_input(path, foreign_sqlite.MAX_FILE_BYTES, what) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        header = fh.read(100)
     if looks_like_json_export(header):
         return True
     if path.suffix == ".nsys-rep" or (header[:4] != b"SQLi" and path.suffix in (".qdrep", ".nsys-rep")):
@@ -87,17 +95,16 @@ class Export:
         its allocation log): dropped from :meth:`memory_usage` with their frees."""
         self.excluded_memory_rows = 0
         self.in_memory = _check_file(self.path)  # a JSON export, converted into an in-memory database
-        uri = self.path.resolve().as_uri() + "?mode=ro&immutable=1"
         try:
             if self.in_memory:
                 self.conn = json_to_sqlite(self.path)
+                self.conn.execute("PRAGMA query_only = 1")
             else:
-                self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-            self.conn.execute("PRAGMA query_only = 1")
-            rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+                self.conn = foreign_sqlite.connect(self.path, "the .sqlite file written by `nsys export`")
+            self.tables: set[str] = foreign_sqlite.real_tables(self.conn)
+            foreign_sqlite.refuse_views(self.conn, self.path)
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{self.path} cannot be read as SQLite ({exc}): export the report again") from None
-        self.tables: set[str] = {str(r[0]) for r in rows}
         if not any(t in self.tables for t in _NSYS_MARKERS):
             self.conn.close()
             raise InputError(
@@ -116,7 +123,7 @@ class Export:
             )
             self.flags = S.read_capture_flags(self.conn, self.tables)
         except sqlite3.DatabaseError as exc:
-            raise InputError(f"{self.path} is damaged ({exc}): export the report again") from None
+            raise InputError(foreign_sqlite.sqlite_failure(exc, self.path, self.conn)) from None
         for table, known in S.KNOWN_COLUMNS.items():
             if table in self.tables:
                 extra = sorted(set(self.columns(table)) - known)
@@ -136,6 +143,14 @@ class Export:
         for table in S.KNOWN_COLUMNS:
             if table in self.tables:
                 self._check_types(table)
+        for table in sorted(READ_TABLES & self.tables):
+            rows = self.row_count(table) or 0
+            if rows > MAX_TABLE_ROWS:
+                raise InputError(
+                    f"{self.path}: table {table} has {rows:,} rows, more than the {MAX_TABLE_ROWS:,} uvmlab reads "
+                    "from one table of an export"
+                )
+        check_measurements(self)  # impossible rows (uvmlab.measure.nsys.plausible)
 
     def _check_types(self, table: str) -> None:
         """Refuse a value whose type contradicts its column's declared type among the columns uvmlab reads: text
@@ -194,7 +209,7 @@ class Export:
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:
             _reraise_bug(exc)
-            raise InputError(f"{self.path} is damaged or truncated ({exc}): export the report again") from None
+            raise InputError(foreign_sqlite.sqlite_failure(exc, self.path, self.conn)) from None
 
     def iter_rows(self, sql: str, chunk_rows: int = 1_000_000) -> Iterator[list[tuple[Any, ...]]]:
         """Yield the rows of ``sql`` in chunks of at most ``chunk_rows`` (bounded memory)."""
@@ -207,7 +222,7 @@ class Export:
                 yield rows
         except sqlite3.DatabaseError as exc:
             _reraise_bug(exc)
-            raise InputError(f"{self.path} is damaged or truncated ({exc}): export the report again") from None
+            raise InputError(foreign_sqlite.sqlite_failure(exc, self.path, self.conn)) from None
 
     def col(self, table: str, column: str, default_sql: str = "NULL") -> str:
         """``"column"`` if ``table`` has it, else ``default_sql`` (for columns added in later schemas)."""

@@ -33,7 +33,8 @@ Approximations (also in docs/uvm-sim.md):
   evicted before the kernel ends (uvm.md 6 step 3); pages are checked in access order when the kernel reaches them.
 * Within a batch, blocks are serviced in the kernel's access order (the driver sorts by address; the order only
   changes which block is most recently migrated).
-* Thrashing mitigation and access counters are off (uvm.md 1.7, 1.8: they do not act in single-GPU eviction).
+* Thrashing detection, throttling and pinning act on CPU-GPU ping-pong only (uvmlab.sim.uvm.thrashing: the
+  detector ignores eviction-caused migrations, uvm.md 1.7); access counters are off (uvm.md 1.8).
 * The UNUSED/DISCARDED lists are not modelled: a chunk exists only while its block has GPU-resident pages.
 """
 
@@ -48,6 +49,7 @@ import numpy as np
 from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
+from uvmlab.sim.uvm.concurrent import ConcurrentService
 from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
@@ -55,6 +57,7 @@ from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, Uv
 from uvmlab.sim.uvm.migrate import MigrateService
 from uvmlab.sim.uvm.resident import ResidentMarks
 from uvmlab.sim.uvm.streams import StreamService
+from uvmlab.sim.uvm.thrashing import ThrashingService
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
 RUNS_CACHED = 8
@@ -67,7 +70,17 @@ Access = tuple[int, int, int, bool]
 """(range_id, offset_bytes, size_bytes, is_write): one byte range a kernel touches."""
 
 
-class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintService, AdviceService, HostService):
+class UvmSim(
+    FaultService,
+    MigrateService,
+    ResidentMarks,
+    StreamService,
+    ConcurrentService,
+    ThrashingService,
+    HintService,
+    AdviceService,
+    HostService,
+):
     """One GPU's UVM driver state: managed ranges, per-page residency, chunks, the LRM list, counters."""
 
     def __init__(
@@ -150,6 +163,7 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         # conservation ledger (bytes): what has been made GPU-resident vs what left by DtoH
         self.populated_gpu_bytes = 0
         self.peak_used_bytes = 0
+        self._thr_setup()  # thrashing detection (uvmlab.sim.uvm.thrashing)
         self.scale = 1
         """A scaled replay (uvmlab.sim.uvm.order): the caller divided capacity, ranges and accesses by it; every
         call's counters are multiplied back by it (``_flush_kernel_counters``)."""
@@ -254,8 +268,12 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
         # read duplicates and discarded pages exist only under hints (``_hinted``), the policy bitmaps once created
         for name in (*(("_dup", "_disc") if self._hinted else ()), *self._hint_arrays):
             getattr(self, name)[rows] = False
+        rm_spans = self.__dict__.get("_rm_spans")
+        if rm_spans:
+            rm_spans.pop(range_id, None)  # read-mostly pages of the range (uvmlab.sim.uvm.hints.mark_read_mostly)
         if self._disc_slots:
             self._disc_slots.difference_update(slot_list)
+        self.thr_forget(slot_list)
         self._free_slots.extend(slot_list)
         if self.events is not None:
             self.events.append(("destroy", range_id, len(slots), freed))
@@ -280,6 +298,13 @@ class UvmSim(FaultService, MigrateService, ResidentMarks, StreamService, HintSer
             p0 = p0 // self._g * self._g
             p1 = min(-(-p1 // self._g) * self._g, (len(slots) - 1) * PAGES_PER_BLOCK + self._npages[int(slots[-1])])
         return p0, p1
+
+    def range_gids(self, range_id: int) -> np.ndarray:
+        """Global page ids (slot * 512 + page) of every 4 KiB page of a mapped range, in address order."""
+        slots = self._ranges[range_id]
+        n = -(-self._range_size[range_id] // PAGE_BYTES)
+        p = np.arange(n, dtype=np.int64)
+        return slots[p // PAGES_PER_BLOCK] * PAGES_PER_BLOCK + p % PAGES_PER_BLOCK
 
     def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
         """(slot, first_page, end_page) per VA block of a byte range, in address order."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.thrashing import GPU
 from uvmlab.sim.uvm.timing import transfer_time_ns
 
 
@@ -148,6 +149,7 @@ class FaultService:
         has_chunk, cpu_count = self._has_chunk, self._cpu_count
         per_batch = self._per_batch
         advised = self._pol_any  # per-slot "has a cudaMemAdvise policy" flags, None when never advised
+        tracked = self._thr  # slots under thrashing tracking: the per-page path (uvmlab.sim.uvm.thrashing)
         memo_ok = not self.knobs.prefetch_enable or self.knobs.prefetch_min_faults == 1
         bulk = memo_ok and self.bulk_block_runs and self.events is None
         run: list[tuple[int, int, int]] = []  # pending blocks of the run path, in touch order
@@ -167,6 +169,7 @@ class FaultService:
                 and type(span) is tuple
                 and (advised is None or not advised[s])
                 and (cpu_count[s] == 0 or cpu_count[s] == npages[s])
+                and not (tracked and s in tracked)
             ):
                 run.append((s, span[0], span[1]))
                 continue
@@ -179,7 +182,7 @@ class FaultService:
             if res_count[s] >= npages[s]:
                 continue
             if type(span) is tuple:
-                if memo_ok and res_count[s] == 0:
+                if memo_ok and res_count[s] == 0 and not (tracked and s in tracked):
                     budget = self._apply_plan(s, span[0], span[1], budget)
                     continue
                 want = np.zeros(PAGES_PER_BLOCK, dtype=bool)
@@ -260,6 +263,11 @@ class FaultService:
         """Service one VA block's faults of a batch: prefetch, chunk (evict), migrate / zero-fill, LRM."""
         knobs = self.knobs
         n_f = np.count_nonzero(faulted)
+        if self._thr and s in self._thr:  # throttling / pinning of thrashing pages (uvmlab.sim.uvm.thrashing)
+            faulted = self.thr_hint(s, faulted, GPU)
+            if not faulted.any():  # every faulted page is mapped remotely: a service with no migration
+                self._account_service(s, n_f, 0, 0, 0, 0)
+                return
         self._fault_migrations[s] += n_f
         self._ensure_chunk(s)  # may evict (never this block: it is being serviced)
         row = self._gpu[s]
@@ -276,6 +284,8 @@ class FaultService:
         if runs.size:
             self._add_htod_runs(runs)
         self._account_service(s, n_f, np.count_nonzero(mask), fault_h, n_h - fault_h, zero)
+        if self._thr_last and s in self._thr_last:
+            self.thr_note(s, mask, GPU)
 
     def _plan(self, lo: int, hi: int, budget: int, npages: int) -> FaultPlan:
         """The batches that fault in pages [lo, hi) of a block with no GPU-resident page (memoized)."""
@@ -466,6 +476,10 @@ class FaultService:
             self._gpu[rows] = plan.union
             if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
                 self._cmap[rows] &= ~plan.union
+            if self._thr_last:
+                for s in new + on_cpu:
+                    if s in self._thr_last:
+                        self.thr_note(s, plan.union, GPU)
         self.populated_gpu_bytes += (zero_pages + htod_pages) * PAGE_BYTES
         nf = close_faults + n_full * (self._per_batch // g)
         k.fault_batch_count += n_closes + n_full
@@ -553,4 +567,6 @@ class FaultService:
         self._res_count[s] = plan.n_pages
         self._lrm.move_to_end(s)
         self.populated_gpu_bytes += plan.n_pages * PAGE_BYTES
+        if self._thr_last and s in self._thr_last:
+            self.thr_note(s, plan.union, GPU)
         return plan.budget_out

@@ -31,12 +31,13 @@ Four policies a user applies with a few lines of PyTorch (docs/advise.md), each 
   zero-fills); their CPU copies are dropped; a fully discarded block goes to the front of the eviction order; the
   mark is cleared when the allocator hands the block to a new tensor (which writes it before reading it).
 
-Approximations (docs/advise.md): advice acts per access of an advised tensor, not per page (a page shared with an
-unadvised neighbour can be pulled to the GPU by the neighbour's fault and the tree prefetcher); read duplicates
-are the pages of the advised tensor's read accesses that a kernel migrated from the CPU (pages the prefetcher adds
-beyond them are not duplicated); the link time of remote access is the 2 MiB transfer rate
-(``CostParams.link_bytes_per_s``), an upper bound for scattered accesses; the cost of one discard call is
-:data:`DISCARD_CALL_NS`, not measured.
+Approximations (docs/advise.md): remote access acts per access of an advised tensor, not per page (a page shared
+with an unadvised neighbour can be pulled to the GPU by the neighbour's fault and the tree prefetcher); read
+duplication acts per page, as CUDA rounds an advised range out to CPU pages (:meth:`HintService.mark_read_mostly`:
+the pages an advised tensor's accesses touched, whichever tensor then reads them); read duplicates are the advised
+pages a kernel's reads migrated from the CPU (pages the prefetcher adds beyond them are not duplicated); the link
+time of remote access is the 2 MiB transfer rate (``CostParams.link_bytes_per_s``), an upper bound for scattered
+accesses; the cost of one discard call is :data:`DISCARD_CALL_NS`, not measured.
 """
 
 from __future__ import annotations
@@ -128,13 +129,43 @@ class HintService:
                 if has[s]:
                     lrm.move_to_end(s)
 
+    def mark_read_mostly(self, rows: list[Row]) -> None:
+        """The pages of a read-mostly tensor's accesses are advised, rounded out to whole pages as CUDA rounds an
+        advised range ("rounded down and rounded up respectively to be aligned to CPU page size", CUDA 13.0
+        cuda_runtime_api.h cudaMemAdvise): a neighbour sharing the first or last page reads a duplicate there too.
+        Kept per range as page spans (``_rm_spans``), dropped when the range is unmapped."""
+        spans = self.__dict__.setdefault("_rm_spans", {})
+        for range_id, offset, size, _ in rows:
+            span = self._page_span(int(range_id), int(offset), int(size))
+            if span is not None:
+                spans.setdefault(int(range_id), set()).add(span)
+
     def read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
-        """Before a kernel: the CPU residency of the pages of read-mostly tensors it reads."""
+        """Before a kernel: the CPU residency of the pages of read-mostly tensors it reads (``rows``: theirs)."""
         out = []
         for range_id, offset, size, is_write in rows:
             if not is_write:
                 for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
                     out.append((s, lo, hi, self._cpu[s, lo:hi].copy()))
+        return out
+
+    def advised_read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
+        """Before a kernel: the CPU residency of the advised pages (:meth:`mark_read_mostly`) it reads, whichever
+        tensor reads them (``rows``: all the kernel's accesses)."""
+        spans = self.__dict__.get("_rm_spans") or {}
+        out = []
+        for range_id, offset, size, is_write in rows:
+            marked = spans.get(int(range_id))
+            if is_write or not marked:
+                continue
+            span = self._page_span(int(range_id), int(offset), int(size))
+            if span is None:
+                continue
+            for a, b in marked:
+                lo, hi = max(a, span[0]), min(b, span[1])
+                if lo < hi:
+                    for s, p0, p1 in self._blocks_of(int(range_id), lo, hi):
+                        out.append((s, p0, p1, self._cpu[s, p0:p1].copy()))
         return out
 
     def read_mostly_after(self, snapshot: list[tuple[int, int, int, np.ndarray]], rows: list[Row]) -> UvmCounters:

@@ -42,6 +42,7 @@ import numpy as np
 from uvmlab.sim.uvm.faults import UvmCounters, run_lengths
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.thrashing import CPU
 from uvmlab.sim.uvm.timing import transfer_time_ns
 
 
@@ -107,11 +108,14 @@ class HostService:
                 want &= ~faulted
                 k.cpu_fault_count += n_faults
                 k.stall_ns += n_faults * self.costs.cpu_fault_ns
+                if self._thr and s in self._thr:  # throttling of thrashing pages (uvmlab.sim.uvm.thrashing)
+                    self.thr_hint(s, region & valid, CPU)
                 self._cpu_service(s, region & valid, stay, is_write)
         return self._flush_kernel_counters()
 
-    def _cpu_service(self, s: int, region: np.ndarray, stay: np.ndarray, is_write: bool) -> None:
-        """Make the pages ``region`` of slot ``s`` accessible to the CPU (module docstring)."""
+    def _cpu_service(self, s: int, region: np.ndarray, stay: np.ndarray, is_write: bool, fault: bool = True) -> None:
+        """Make the pages ``region`` of slot ``s`` accessible to the CPU (module docstring); ``fault``: a CPU fault
+        (a migration the thrashing detector counts), else a user migration (a prefetch to the CPU)."""
         k = self._k
         gpu, cpu, dup, rm = self._gpu[s], self._cpu[s], self._dup[s], self._rm[s]
         remote = region & stay
@@ -150,6 +154,8 @@ class HostService:
             k.stall_ns += n * PAGE_BYTES / self.costs.host_zero_bytes_per_s * 1e9
         self._cmap[s] |= region
         self._gmap[s] |= (mig | new) & self._abg[s] & ~rm
+        if fault and (mig.any() or new.any()):
+            self.thr_note(s, mig | new, CPU)
 
     def _release_gpu_pages(self, s: int, m: np.ndarray) -> None:
         """Pages ``m`` of slot ``s`` stop being GPU-resident (their chunk is freed when the block empties)."""
@@ -171,7 +177,8 @@ class HostService:
             m[lo:hi] = True
             if (m & self._cmap[s] & (self._cpu[s] | self._dup[s])).sum() == m.sum():
                 continue  # already on the CPU and mapped
-            self._cpu_service(s, m, np.zeros(PAGES_PER_BLOCK, dtype=bool), False)
+            self._cpu_service(s, m, np.zeros(PAGES_PER_BLOCK, dtype=bool), False, fault=False)
+            self.thr_reset(s, m)  # a user migration resets the pages' thrashing tracking
             k.stall_ns += self.costs.block_service_ns
         return self._flush_kernel_counters()
 

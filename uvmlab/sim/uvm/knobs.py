@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from uvmlab.errors import InputError
+from uvmlab.files.inputs import short
 
 PAGE_BYTES = 4096
 """x86 ``PAGE_SIZE``: the unit of faults and residency (uvm.md 1.2)."""
@@ -95,10 +96,10 @@ class UvmKnobs:
     (uvm.md 2.2, real-data/uvm cublas_wq256-3.dmesg). Capped by ``fault_batch_count``."""
 
     thrashing_enable: bool = True
-    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1. Recorded, no effect: the detector
-    (``thrashing_event_cb``) returns at once for eviction-caused migrations and only tracks a block that two
-    different processors migrated within the lapse, which never happens with one GPU and no CPU access during
-    kernels (the only traffic the simulator models). The knobs below are recorded for the same reason."""
+    """``uvm_perf_thrashing_enable`` (uvm_perf_thrashing.c, uvm.md 1.7), default 1: detection, throttling and pinning
+    (uvmlab.sim.uvm.thrashing). The detector (``thrashing_event_cb``) returns at once for eviction-caused migrations
+    and only tracks a block that two different processors migrated within the lapse: with one GPU it acts on
+    CPU-GPU ping-pong (host accesses between kernels), never on GPU faults and evictions alone."""
     thrashing_threshold: int = 3
     """``uvm_perf_thrashing_threshold`` (1-7): migrations within the lapse before a page counts as thrashing."""
     thrashing_pin_threshold: int = 10
@@ -110,14 +111,35 @@ class UvmKnobs:
     thrashing_epoch: int = 2000
     """``uvm_perf_thrashing_epoch`` (x lapse): after this, thrashing is considered over."""
     thrashing_pin: int = 300
-    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned."""
+    """``uvm_perf_thrashing_pin`` (x lapse): how long a page stays pinned (0: forever)."""
+    thrashing_max_resets: int = 4
+    """``uvm_perf_thrashing_max_resets``: epoch resets of a block's tracking before it is kept."""
     stream_priority: str = "lowest"
-    """MODEL parameter: which stalled threads of a stream kernel fill a fault batch (uvmlab.sim.uvm.streams):
+    """MODEL parameter: which stalled threads of a concurrent kernel fill a fault batch (uvmlab.sim.uvm.concurrent):
     ``lowest`` (lowest thread ids first: the oldest warps, whose entries are the oldest in the fault buffer) or
-    ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
+    ``sm`` (each SM's stalled warps oldest first, the SMs' entries interleaved one by one: every SM replays at once)
+    or ``rotate`` (round-robin over the stalled threads) or ``random`` (a seeded random order each batch: an arrival
     order with no memory of age). The choice was made by looking at the gpu_ext microbench points (rotate makes
     seq_stream 1.5x cascade, 4.3x too slow; random cascades as well), so it is a structural choice informed by
     validation data: docs/uvm-sim.md reports all three."""
+    walker_time: bool = True
+    """MODEL parameter: the walkers of a concurrent kernel that are not stalled progress at their native speed
+    during each fault batch (uvmlab.sim.uvm.concurrent: the kernel's time overlaps its faults with the work of the
+    walkers that run); 0 = they progress without time between batches and every batch adds to the kernel's time
+    (the stream model before issue 41)."""
+    cascade_steady: bool = True
+    """Cost, not physics: a concurrent kernel whose fault rounds reach a steady state (uvmlab.sim.uvm.concurrent:
+    three windows of rounds with the same rates) is extrapolated to its end instead of simulated round by round
+    (a cascade of 1e8 faults in seconds; its error is measured in tests/test_uvm_concurrent.py); 0 = every round."""
+    concurrent_ops: bool = False
+    """MODEL option, off by default: traced ops with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches)
+    whose concurrent working set exceeds the GPU go through the occupancy-bounded concurrent engine
+    (uvmlab.sim.uvm.concurrent), where in-flight blocks can lose pages they still need; 0 = address order. Off
+    because the two routes disagree on the batch composition of the same op (the engine's batches hold up to
+    ``fault_batch_count`` distinct pages, the address-order model ``batch_unique_pages``), no source or
+    measurement we hold says which is right for an optimizer step, and the switch at the window makes the seed
+    grid jump (AlexNet PCA on 639.9 ms per iteration at x5, 616.5 ms at x6) and moves its maxima away from the
+    study (14.8x -> 14.5x PCA on, 4.47x -> 3.66x off; docs/uvm-sim.md "Grid results")."""
     gemm_rereads: bool = True
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
@@ -189,8 +211,16 @@ class UvmKnobs:
             raise InputError(f"sim_scale must be an integer >= 0 (0 = auto), not {self.sim_scale!r}")
         if self.derived_orders not in (0, 1):
             raise InputError(f"derived_orders must be 0 or 1, not {self.derived_orders!r}")
-        if self.stream_priority not in ("lowest", "rotate", "random"):
-            raise InputError(f"stream_priority must be 'lowest', 'rotate' or 'random', not {self.stream_priority!r}")
+        if self.stream_priority not in ("lowest", "sm", "rotate", "random"):
+            raise InputError(
+                f"stream_priority must be 'lowest', 'sm', 'rotate' or 'random', not {self.stream_priority!r}"
+            )
+        if self.concurrent_ops not in (0, 1):
+            raise InputError(f"concurrent_ops must be 0 or 1, not {self.concurrent_ops!r}")
+        if self.walker_time not in (0, 1):
+            raise InputError(f"walker_time must be 0 or 1, not {self.walker_time!r}")
+        if self.cascade_steady not in (0, 1):
+            raise InputError(f"cascade_steady must be 0 or 1, not {self.cascade_steady!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"
@@ -216,5 +246,5 @@ class UvmKnobs:
             options.setdefault("prefetch_enable", bool(prefetch))
         try:
             return cls(**options)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"bad simulator option: {exc}") from None
+        except (TypeError, ValueError, OverflowError) as exc:  # int("x"), int(inf): one sentence
+            raise InputError(f"bad simulator option: {short(str(exc))}") from None

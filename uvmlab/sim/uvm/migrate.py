@@ -45,6 +45,10 @@ class MigrateService:
         run: list[int] = []  # whole blocks for the run path, in address order
         bulk = self.whole_block_fast_path and self.bulk_block_runs and self.events is None
         for s, lo, hi in self._segments(range_id, offset, size):
+            if self._thr and s in self._thr:  # a user migration resets the pages' thrashing tracking
+                m = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                m[lo:hi] = True
+                self.thr_reset(s, m)
             if self._whole_block(s, lo, hi):
                 if bulk:  # it holds no chunk, so nothing the run evicts can change it
                     run.append(s)

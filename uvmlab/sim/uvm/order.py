@@ -36,11 +36,12 @@ access per page).
 * elementwise, reduction and copy kernels (the rest): PyTorch's ``gpu_kernel`` (aten/src/ATen/native/cuda/
   Loops.cuh, CUDALoops.cuh) launches blocks of ``num_threads()`` = 128 threads that each handle
   ``thread_work_size()`` = 4 elements (``block_work_size()`` = 512 elements per block); the blocks resident at once
-  (SMs x 2048 / 128, :data:`MAX_THREADS_PER_SM`) form a front of ``SMs x 2048 x 4`` elements moving through the
-  tensor. With contiguous operands the front spans a few MB (RTX 5090: 170 x 2048 x 4 x 4 B = 5.6 MB): its pages
+  (SMs x resident threads per SM / 128, uvmlab.sim.uvm.occupancy: 2048 threads per SM on compute capability 7.0,
+  8.0, 9.0, 1536 on 8.6, 8.9, 12.0, 1024 on 7.5) form a front of ``resident threads x 4`` elements moving through
+  the tensor. With contiguous operands the front spans a few MB (RTX 5090: 170 x 1536 x 4 x 4 B = 4.2 MB): its pages
   fault as a dense sweep and address order is the right model (and the cheap path). When the trace gives the
   kernel a ``stride_bytes`` of at least a page (the recorder's innermost stride of a strided view, e.g.
-  ``x[::1024]`` of fp32: 4096 B), every element is its own page and the front spans GBs (5.7 GB on the RTX 5090):
+  ``x[::1024]`` of fp32: 4096 B), every element is its own page and the front spans GBs (4.3 GB on the RTX 5090):
   the front's threads fault one page each, interleaved, as a page-strided microbenchmark's threads do; the kernel is
   replayed as a ``sequential`` stream kernel of ``min(elements / 4, front threads)`` threads, each a contiguous chunk
   [approximation: the real blocks retire and are replaced in blockIdx order, so the front is a moving window rather
@@ -90,7 +91,8 @@ from uvmlab.errors import InputError
 from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.index_order import draw_rows, parse_spec, thread_page_visits
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-from uvmlab.sim.uvm.reread import GEMM_OPS, sm_count
+from uvmlab.sim.uvm.occupancy import DEFAULT_BLOCK_THREADS, resident_threads, sm_count
+from uvmlab.sim.uvm.reread import GEMM_OPS
 from uvmlab.sim.uvm.streams import StreamKernel
 from uvmlab.trace.orchestrate import op_base
 from uvmlab.trace.schema import NEVER_FREED
@@ -134,10 +136,6 @@ BLOCK_THREADS = 128
 """``num_threads()`` of PyTorch's elementwise launch (aten/src/ATen/native/cuda/thread_constants.h: 4 warps)."""
 ELEMS_PER_THREAD = 4
 """``thread_work_size()`` (thread_constants.h); ``block_work_size()`` = 128 x 4 = 512 elements per block."""
-MAX_THREADS_PER_SM = 2048
-"""Resident threads per SM (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability": 2048 on
-compute capability 7.0, 8.0, 9.0; 1536 on 8.6, 8.9, 12.x and 1024 on 7.5: the larger value is taken for all, an
-approximation of the front's width)."""
 SECTOR_BYTES = 32
 """DRAM / L2 access granularity of a lone strided element (one 32 B sector, CUDA C++ Best Practices Guide,
 "Coalesced Access to Global Memory")."""
@@ -187,8 +185,9 @@ def _col(kern: pd.DataFrame, name: str, default: object) -> np.ndarray:
 
 
 def front_threads(gpu_name: str | GpuSpec) -> int:
-    """Threads resident at once: SMs x :data:`MAX_THREADS_PER_SM` (the front of an elementwise kernel)."""
-    return sm_count(gpu_name) * MAX_THREADS_PER_SM
+    """Threads resident at once in blocks of ``BLOCK_THREADS`` (the front of an elementwise kernel;
+    uvmlab.sim.uvm.occupancy)."""
+    return resident_threads(gpu_name, BLOCK_THREADS)
 
 
 def plan_orders(
@@ -280,9 +279,15 @@ def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, sc
     return max(1, min(front, -(-elems // ELEMS_PER_THREAD)))
 
 
-def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1) -> StreamKernel:
+def stream_kernel(
+    plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1, native_ns: float = 0.0
+) -> StreamKernel:
     """The StreamKernel of a planned kernel over its (possibly scaled) rows: ``threads / scale`` streams standing
-    for ``scale`` threads each (``tid_stride``)."""
+    for ``scale`` threads each (``tid_stride``), at most the GPU's resident threads in flight
+    (uvmlab.sim.uvm.occupancy: blocks of ``BLOCK_THREADS`` for a derived elementwise kernel, of
+    ``occupancy.DEFAULT_BLOCK_THREADS`` for a declared one), ``native_ns`` (the kernel's native time) spread over
+    their accesses; a sequential thread with ``stride_bytes`` below a page makes ``4096 / stride_bytes`` accesses to
+    each page it visits (the kernel's unit step is a page)."""
     threads = stream_threads(plan, rows, gpu_name, scale)
     n = max(1, threads // scale)
     if plan.derived:  # threads past the largest range's pages would have nothing to touch: a cost cap only
@@ -299,6 +304,8 @@ def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, sca
                 _index_visits(plan, r[2], n, scale) if x else None for r, x in zip(rows, indexed, strict=True)
             )
     stride = plan.stride_bytes if order == "sequential" else PAGE_BYTES
+    block = BLOCK_THREADS if plan.derived else DEFAULT_BLOCK_THREADS
+    sub = PAGE_BYTES // stride if order == "sequential" and not acc_orders and 0 < stride < PAGE_BYTES else 1
     return StreamKernel(
         tuple(rows),
         n,
@@ -309,6 +316,10 @@ def stream_kernel(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, sca
         warp_size=plan.warp_size,
         access_orders=acc_orders,
         access_visits=visits,
+        resident=max(1, resident_threads(gpu_name, block) // scale),
+        sms=sm_count(gpu_name),
+        native_ns=native_ns / scale,
+        sub=sub,
     )
 
 

@@ -29,14 +29,16 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import DEFAULT_DRIVER, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import ADVICE, remote_ns
 from uvmlab.sim.uvm.breakdown import BREAKDOWN_COLUMNS, iteration_breakdown, kernel_breakdown
+from uvmlab.sim.uvm.concurrent import Launch
 from uvmlab.sim.uvm.cuda_streams import BARRIER_API, STREAM_API, StreamClocks
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.kernel_class import GEMM_NATIVE_OPS, native_times, work_of
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
+from uvmlab.sim.uvm.occupancy import is_foreach, op_launches, windows_fit
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
     STREAM_ORDERS,
@@ -114,6 +116,10 @@ class ReplayResult:
     """The scale the replay ran at (uvmlab.sim.uvm.order, ``UvmKnobs.sim_scale``; 1 = exact)."""
     stream_kernels: int = 0
     """Kernels replayed through the stream path (a given or derived access order, not all pages resident)."""
+    concurrent_kernels: int = 0
+    """Traced ops replayed through the concurrent engine (foreach launches whose window exceeds the GPU)."""
+    thrashing: dict[str, int] = field(default_factory=dict)
+    """Thrashing detection (uvmlab.sim.uvm.thrashing): pages detected, faults throttled, pages pinned."""
     events: list[tuple] | None = None
     """With ``replay(record_events=True)``: the driver's events (``UvmSim.events``: ``("batch", kind, faults,
     blocks)``, ``("service", ...)``, ``("evict", ...)``, ``("destroy", ...)``), each prefixed by the ``kernel_id``
@@ -201,9 +207,12 @@ class _KernelStatics:
     streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
     device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
+    is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
 
     def __post_init__(self) -> None:
-        self.is_gemm = [op_base(n) in GEMM_OPS for n in self.names]
+        bases = [op_base(n) for n in self.names]
+        self.is_gemm = [b in GEMM_OPS for b in bases]
+        self.is_concurrent = [is_foreach(b) for b in bases]
 
 
 def kernel_statics(
@@ -389,10 +398,19 @@ class _Replayer:
     """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
 
     def __init__(
-        self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str | GpuSpec = ""
+        self,
+        sim: UvmSim,
+        costs: CostParams,
+        n: int,
+        dtype: str = "fp32",
+        gpu_name: str | GpuSpec = "",
+        driver: str = "",
     ) -> None:
         self.sim, self.costs = sim, costs
         self.dtype, self.gpu_name = dtype, gpu_name
+        self.driver_major = driver_major(driver or DEFAULT_DRIVER)
+        self.concurrent_kernels = 0  # traced ops replayed through the concurrent engine (uvmlab.sim.uvm.occupancy)
+        self.windows_fit: dict[tuple, bool] = {}  # (op, sizes, writes) -> its launches' windows surely fit
         self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
         self.t = 0.0
         self.mapped: set[int] = set()
@@ -424,7 +442,12 @@ class _Replayer:
         # cudaMemAdvise policies (remote mappings, read duplicates) that the stream path does not
         if plan is not None and plan.streams and rows and not sim.resident(rows) and not sim.advised(rows):
             self.stream_kernels += 1
-            return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale))
+            native = float(st.native_ns[i]) if sim.knobs.walker_time else 0.0
+            return sim.access_streams(stream_kernel(plan, rows, self.gpu_name, self.scale, native))
+        if sim.knobs.concurrent_ops and self.scale == 1 and st.is_concurrent[i]:
+            c = self._concurrent(i, rows, st)
+            if c is not None:
+                return c
         if sim.knobs.gemm_rereads and st.is_gemm[i] and sum(r[2] + VA_BLOCK_BYTES for r in rows) > sim.capacity_bytes:
             passes = gemm_passes(st.names[i], rows, float(st.flops[i]), self.dtype, self.gpu_name)
             if passes is not None:
@@ -435,9 +458,33 @@ class _Replayer:
                 return c
         return sim.access(rows)
 
+    def _concurrent(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
+        """A traced op with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) through the concurrent
+        engine when a launch's window exceeds the GPU; None when every window fits (address order then)."""
+        sim = self.sim
+        op, cap = op_base(st.names[i]), sim.capacity_bytes // VA_BLOCK_BYTES
+        key = (op, tuple(r[2] for r in rows), tuple(r[3] for r in rows))
+        fits = self.windows_fit.get(key)
+        if fits is None:  # the same op over the same tensor sizes comes back every iteration
+            fits = self.windows_fit[key] = windows_fit(op, rows, self.dtype, self.gpu_name, self.driver_major, cap)
+        if fits or sim.resident(rows) or sim.advised(rows):
+            return None
+        native = float(st.native_ns[i])
+        plans = op_launches(op, rows, self.dtype, self.gpu_name, self.driver_major, sim.range_gids, native, cap)
+        if plans is None:
+            return None
+        self.concurrent_kernels += 1
+        launches = []
+        for p in plans:
+            waves = -(-p.pages.n // p.resident)
+            access_ns = p.native_ns / (waves * p.pages.steps) if sim.knobs.walker_time else 0.0
+            launches.append((p.pages, Launch(p.resident, p.sms, access_ns)))
+        return sim.access_launches(launches, native)
+
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
         self._enter(self.cur, barrier=True)  # both calls wait for every stream (uvm_cuda_streams)
+        self.sim.now_ns = self.t
         if is_map:
             self.sim.map_range(range_id, size)
             self.mapped.add(range_id)
@@ -463,6 +510,7 @@ class _Replayer:
         ``ids``: the allocation of each row (needed when per-tensor hints are on, ``self.hints``).
         """
         sim = self.sim
+        sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing)
         kind = st.api[i]
         barrier = kind in BARRIER_API
         self._enter(st.streams[i] if st.streams else 0, barrier)
@@ -566,7 +614,9 @@ class _Replayer:
         if remote:
             rc, link_ns = sim.remote_access(remote)
         rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
-        snap = sim.read_snapshot(rm_rows) if rm_rows else None
+        if rm_rows:
+            sim.mark_read_mostly(rm_rows)
+        snap = sim.advised_read_snapshot(rows) if h.read_mostly_ids else None
         c = self._access(i, rows, st)
         if snap is not None:
             c.add(sim.read_mostly_after(snap, rows))
@@ -641,7 +691,7 @@ def replay(
         events = [(q, m, r, scaled_bytes(size, scale)) for q, m, r, size in events]
         acc.rows = scale_rows(acc.rows, scale)
     n = len(kern)
-    rp = _Replayer(sim, costs, n, dtype, gpu)
+    rp = _Replayer(sim, costs, n, dtype, gpu, gpu.driver)
     skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
     hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None
@@ -732,6 +782,12 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
         api_calls=rp.api,
         sim_scale=rp.scale,
         stream_kernels=rp.stream_kernels,
+        concurrent_kernels=rp.concurrent_kernels,
+        thrashing={
+            "thrashing_pages": rp.sim.thrashing_pages_detected,
+            "throttled_faults": rp.sim.throttled_faults,
+            "pinned_pages": rp.sim.pinned_pages,
+        },
     )
 
 

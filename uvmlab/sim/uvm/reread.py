@@ -45,7 +45,8 @@ import math
 
 import numpy as np
 
-from uvmlab.gpus import GPUS, GpuSpec
+from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.occupancy import sm_count
 from uvmlab.trace.orchestrate import op_base
 
 Access = tuple[int, int, int, bool]
@@ -56,10 +57,6 @@ TILE_N = 128
 """CTA tile columns (same source)."""
 CTAS_PER_SM = 1
 """[U] resident CTAs of one 128x128 GEMM tile per SM (register/shared-memory bound; 1-2 on A100)."""
-SM_COUNT = {name: g.sm_count for name, g in GPUS.items() if g.sm_count}
-"""Streaming multiprocessors per listed GPU (``uvmlab.gpus.GpuSpec.sm_count``: the vendor datasheets)."""
-DEFAULT_SM_COUNT = 108
-"""SMs of a GPU not in SM_COUNT (e.g. ``--gpu-memory`` renamed specs): the study's A100."""
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
 SPLIT_K_MIN = 128
 """[U] Smallest K slice a split-K GEMM gives one CTA (``occupancy``): CUTLASS's split-K kernels divide K among
@@ -67,14 +64,6 @@ SPLIT_K_MIN = 128
 their splits by closed heuristics, so this floor is our choice, not measured."""
 
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
-
-
-def sm_count(gpu_name: str | GpuSpec) -> int:
-    """SMs of a GPU: a spec's own count (a GPU described by the user), else by name (a renamed spec such as
-    ``"A100-80GB (40.0 GiB)"`` keeps its base name's count)."""
-    if isinstance(gpu_name, GpuSpec):
-        return gpu_name.sm_count or SM_COUNT.get(gpu_name.catalog_name, DEFAULT_SM_COUNT)
-    return SM_COUNT.get(gpu_name.split(" (")[0], DEFAULT_SM_COUNT)
 
 
 def sweep_passes(mt: int, nt: int, ctas: int) -> int:

@@ -64,19 +64,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from uvmlab.errors import InputError, SimulationStalledError
+from uvmlab.errors import InputError
+from uvmlab.sim.uvm.concurrent import Launch, TablePages
 from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 
 ORDERS = ("sequential", "random", "lcg", "visits", "shuffled")
 LCG_A, LCG_C = 1664525, 1013904223
 """``lcg_random`` in gpu_ext ``microbench/memory/kernels/synthetic.cuh`` (unsigned 32-bit arithmetic)."""
-SCAN_WINDOW = 16
-"""Steps a warp's first look-ahead covers (``first_pending``; it doubles each round): a cost knob, not a model
-parameter (the result does not depend on it)."""
-STALL_BATCH_LIMIT = 64
-"""Fault batches in a row that complete no lane before :meth:`StreamService.access_streams` gives up. The
-replay rule completes at least one lane per batch, so reaching it means a bug, not a slow workload."""
 LCG_OFFSET_XOR = 0xDEADBEEF
 """``lcg_random(seed ^ 0xDEADBEEF)`` picks a thread's first page (same file)."""
 
@@ -107,6 +102,16 @@ class StreamKernel:
     access_visits: tuple[np.ndarray | None, ...] = field(default=(), compare=False)
     """Per access, the pages of that access each thread visits step by step ((n_streams, steps), -1: none) in place
     of chunking it (a gather's declared index, uvmlab.sim.uvm.index_order), or None; empty: none."""
+    resident: int = 0
+    """Threads in flight at once (occupancy, uvmlab.sim.uvm.occupancy; 0: every thread): more are launched as
+    resident warps retire, in thread order."""
+    sms: int = 1
+    """SMs the resident warps are spread over (the ``sm`` arrival order)."""
+    native_ns: float = 0.0
+    """The kernel's native (all-resident) time, spread evenly over its waves, steps and accesses (0: warps progress
+    without time between batches, the model before issue 41). In a scaled replay: the real time / ``tid_stride``."""
+    sub: int = 1
+    """Accesses of a thread to each visited page in a row (``stride_bytes`` below a page: 4096 / stride)."""
     visits: np.ndarray | None = field(default=None, compare=False)
     """Order ``visits``: (n_streams, steps) page indices within each range that each thread touches, step by step
     (-1: nothing), e.g. a pointer chase whose addresses the caller computed; the ranges
@@ -130,8 +135,10 @@ class StreamKernel:
             or any(v is not None and (v.ndim != 2 or v.shape[0] != self.n_streams) for v in self.access_visits)
         ):
             raise InputError("access_visits needs one (n_streams, steps) array or None per access")
-        if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size) < 1:
-            raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride and warp_size >= 1")
+        if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size, self.sms, self.sub) < 1:
+            raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride, warp_size, sms, sub >= 1")
+        if self.resident < 0 or not self.native_ns >= 0:
+            raise InputError("a stream kernel needs resident >= 0 and native_ns >= 0")
 
 
 def _chunk_pages(n_pages: int, n_streams: int) -> int:
@@ -218,131 +225,28 @@ class StreamService:
         return pages, writes
 
     def access_streams(self, kern: StreamKernel) -> UvmCounters:
-        """Run one stream kernel (module docstring); return its counters.
+        """Run one stream kernel through the concurrent engine (uvmlab.sim.uvm.concurrent): warps of
+        ``warp_size`` threads, at most ``resident`` in flight, ``native_ns`` spread over their accesses; return its
+        counters.
 
         Forward progress (module docstring, "Replays complete lanes one by one"): a lane whose page is resident
         when the driver replays completes its access at the warp's current step and does not need that page
-        again, so every batch completes at least the lanes of the block it serviced last. The loop raises
+        again, so every batch completes at least the lanes of the block it serviced last; the engine raises
         :class:`~uvmlab.errors.SimulationStalledError` if ``STALL_BATCH_LIMIT`` batches in a row complete nothing.
+        With ``native_ns`` > 0 the counters' ``stall_ns`` is the kernel's time beyond its native time (the engine
+        overlaps faults with the work of the warps that are not stalled); with 0 it is the sum of the batches.
         """
         pages, writes = self._stream_pages(kern)
         if pages.size == 0:
             return self._flush_kernel_counters(stream=True)
-        w_size = int(kern.warp_size)
-        n_w = -(-pages.shape[0] // w_size)
-        pad = n_w * w_size - pages.shape[0]
-        if pad:  # a last, partial warp: its missing lanes never fault
-            pages = np.pad(pages, ((0, pad), (0, 0)), constant_values=-1)
-            writes = np.pad(writes, ((0, pad), (0, 0)))
-        length = pages.shape[1]
-        valid = pages >= 0
-        safe = np.where(valid, pages, 0)
-        invalid = ~valid
-        flat_gpu = self._gpu.reshape(-1)  # a view (the bitmap grows only in map_range, never during a kernel)
-        prio = self.knobs.stream_priority
-        order_rng = np.random.default_rng(kern.seed)  # stream_priority "random": seeded, so runs repeat
-        pos = np.zeros(n_w, dtype=np.int64)  # each warp's current step (all its lanes are on it)
-        done = np.zeros((n_w, w_size), dtype=bool)  # lanes whose access at their warp's current step completed
-        lane_ids = np.arange(w_size)
-        per_batch = max(1, int(self.knobs.fault_batch_count) // int(kern.tid_stride))
-        turnaround = self.costs.batch_turnaround_ns / int(kern.tid_stride)
-        rotate = 0
-        idle_batches = 0
+        src = TablePages(pages, writes, int(kern.warp_size))
+        resident = min(src.n, -(-int(kern.resident) // int(kern.warp_size))) if kern.resident else src.n
+        waves = -(-src.n // resident)
+        access_ns = float(kern.native_ns) / (waves * src.steps * int(kern.sub))
+        launch = Launch(resident, int(kern.sms), access_ns, int(kern.sub), int(kern.tid_stride), int(kern.seed))
         k = self._k
-
-        def pending(warps: np.ndarray, steps: np.ndarray) -> np.ndarray:
-            """(warps, lanes, steps) accesses still to do: page missing and, at a warp's current step, not done."""
-            rows = (warps[:, None] * w_size + lane_ids[None, :])[:, :, None]
-            cols = np.minimum(steps, length - 1)[:, None, :]
-            miss = ~(flat_gpu[safe[rows, cols]] | invalid[rows, cols]) & (steps < length)[:, None, :]
-            miss[:, :, 0] &= ~(done[warps] & (steps[:, :1] == pos[warps][:, None]))
-            return miss
-
-        def first_pending(warps: np.ndarray) -> np.ndarray:
-            """Each warp's first step with a pending access at or after its current step (``length``: none).
-
-            Steps whose pages are all resident run on at no cost, so the scan looks ahead in windows that double
-            while a warp finds nothing to wait for (no batch is serviced during the scan: residency is fixed)."""
-            out = np.full(len(warps), length, dtype=np.int64)
-            todo = np.arange(len(warps))
-            start = pos[warps].copy()
-            width = min(SCAN_WINDOW, length)  # a short kernel: no window past its last step
-            while todo.size:
-                steps = start[todo][:, None] + np.arange(width)[None, :]
-                blocked = pending(warps[todo], steps).any(axis=1)
-                hit = blocked.any(axis=1)
-                out[todo[hit]] = start[todo[hit]] + blocked[hit].argmax(axis=1)
-                more = ~hit & (start[todo] + width < length)
-                start[todo[more]] += width
-                todo = todo[more]
-                width *= 2
-            return out
-
-        active = np.arange(n_w)
-        scan = active  # the warps whose first pending step may have moved (every warp before the first batch)
-        while True:
-            first = pos.copy()
-            first[scan] = first_pending(scan)
-            moved = first != pos
-            done[moved] = False  # a warp that moved on starts its new step with no lane done
-            progressed = bool(moved.any())
-            pos = first
-            active = np.flatnonzero(pos < length)
-            if not active.size:
-                break
-            stalled = active
-            if prio == "rotate":
-                stalled = np.roll(stalled, -(rotate % len(stalled)))
-            elif prio == "random":
-                stalled = order_rng.permutation(stalled)
-            lanes = pending(stalled, first[stalled][:, None])[:, :, 0]  # (stalled warps, lanes): their faults
-            per_warp = np.cumsum(lanes.sum(axis=1))
-            take = stalled[: int(np.searchsorted(per_warp, per_batch)) + 1]  # warps whose entries fill the batch
-            rotate += len(take)
-            tw, lane = np.nonzero(lanes[: len(take)])
-            tw, lane = tw[:per_batch], lane[:per_batch]  # the fetch stops at the batch size (the rest refault)
-            rows, steps = take[tw] * w_size + lane, first[take][tw]
-            gid = pages[rows, steps]
-            is_w = writes[rows, steps]
-            slots = gid // PAGES_PER_BLOCK
-            order = np.argsort(slots, kind="stable")  # the driver sorts a batch by address (uvm.md 1.4)
-            slots, gid, is_w = slots[order], gid[order], is_w[order]
-            bounds = np.flatnonzero(np.diff(slots)) + 1
-            for grp in np.split(np.arange(len(slots)), bounds):
-                s = int(slots[grp[0]])
-                faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
-                faulted[gid[grp] - s * PAGES_PER_BLOCK] = True
-                self._service_block(s, faulted)
-            n_wr = int(is_w.sum())
-            n = len(gid)
-            k.fault_batch_count += 1
-            k.fault_count += n
-            k.write_fault_count += n_wr
-            k.read_fault_count += n - n_wr
-            k.raw_fault_entries += n
-            k.stall_ns += turnaround + self.costs.fault_entry_ns * n
-            if self.events is not None:  # as FaultService._close_batch: (kind, faults, VA blocks)
-                kind = "write" if n_wr == n else "read" if n_wr == 0 else "mixed"
-                self.events.append(("batch", kind, n, len(bounds) + 1))
-            self._open_faults = 0
-            self._open_blocks = 0
-            # The replay: every stalled lane whose page is resident now completes its access.
-            lane_rows = stalled[:, None] * w_size + lane_ids[None, :]
-            at = first[stalled][:, None]
-            now = flat_gpu[safe[lane_rows, at]] | invalid[lane_rows, at]
-            newly = now & ~done[stalled]
-            done[stalled] |= now
-            # After the replay a lane not done waits for a page that is still missing, so a warp with one such
-            # lane stays on its step: only warps with every lane done can move (the same result as rescanning all).
-            scan = stalled[done[stalled].all(axis=1)]
-            if progressed or newly.any():
-                idle_batches = 0
-            else:
-                idle_batches += 1
-                if idle_batches >= STALL_BATCH_LIMIT:
-                    raise SimulationStalledError(
-                        f"the UVM simulation made no progress in {STALL_BATCH_LIMIT} fault batches of one stream "
-                        f"kernel ({active.size} warps stalled, GPU capacity {self.capacity_bytes} bytes): "
-                        "this is a bug in uvmlab's forward-progress rule, please report it"
-                    )
+        before = k.stall_ns
+        dur = self.run_walkers(src, launch)  # type: ignore[attr-defined]
+        if access_ns > 0:
+            k.stall_ns = before + max(0.0, dur - float(kern.native_ns))
         return self._flush_kernel_counters(stream=True)

@@ -19,7 +19,6 @@ The parameter file is JSON ``{"schema_version": 1, "source": "...", "params": {f
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -29,8 +28,9 @@ import numpy as np
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
-from uvmlab.files.inputs import read_input_text
-from uvmlab.gpus import GpuSpec
+from uvmlab.files.inputs import read_json_file
+from uvmlab.gpus import LINKS, GpuSpec
+from uvmlab.numbers import prefix
 
 PARAMS_SCHEMA_VERSION = 1
 MAX_PARAMS_BYTES = 16 * 1024 * 1024
@@ -178,40 +178,145 @@ class CostParams:
     # -- parameter files ---------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | Path) -> CostParams:
-        """Read a parameter file; unknown fields or a wrong schema version are an InputError."""
-        p = Path(path)
-        if not p.exists():
-            raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate")
-        text = read_input_text(p, MAX_PARAMS_BYTES, "a cost parameter file (JSON)")
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"cost parameter file {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        except RecursionError:
-            raise InputError(f"cost parameter file {p} nests too deeply to be one") from None
-        if not isinstance(doc, dict) or doc.get("schema_version") != PARAMS_SCHEMA_VERSION:
-            got = doc.get("schema_version") if isinstance(doc, dict) else None
-            raise InputError(
-                f"cost parameter file {p} has schema_version {got!r}; this uvmlab reads {PARAMS_SCHEMA_VERSION} "
-                '(format: {"schema_version": 1, "source": "...", "params": {field: value}})'
-            )
-        params = doc.get("params")
-        if not isinstance(params, dict):
-            raise InputError(f"cost parameter file {p} needs a 'params' mapping of field to number")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise InputError(f"cost parameter file {p} has unknown fields {unknown}; known fields: {sorted(known)}")
-        return cls(**params)
+        """The costs a parameter file sets, over the built-in defaults (for files that set every cost, such as the
+        shipped profiles; a run takes a user's file through :func:`read_params_file` and the GPU's profile)."""
+        return cls(**read_params_file(path).values)
 
     def to_file(self, path: str | Path, source: str) -> Path:
-        """Write the parameter file atomically (``source`` says where the numbers come from)."""
+        """Write the parameter file atomically, every cost set (``source`` says where the numbers come from)."""
         doc = {"schema_version": PARAMS_SCHEMA_VERSION, "source": source, "params": asdict(self)}
+        check_cost_values(doc["params"], str(path))
         atomic_write_json(Path(path), doc)
         return Path(path)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ZERO_MEANS: dict[str, str] = {
+    "batch_turnaround_ns": "the other modelled terms take the whole batch (uvmlab calibrate floors its fit there)",
+    "prefetch_first_block_ns": "the API path pays only block_service_ns and the zero-fill (the default)",
+    "migrate_page_ns": "folded into block_service_ns (the default)",
+    "collapse_page_ns": "folded into the write fault (the default)",
+    "fault_overlap": "no fault time is hidden (the default)",
+}
+"""The costs for which 0 means something (what it means); every other cost of a parameter file must be > 0: a
+driver operation, a kernel launch or a transfer is never free, and a zero rate has no finite time."""
+MAX_COST_NS = 1e9
+"""Largest time cost accepted (1 s per operation; the largest measured: 0.9 ms for a block's first chunk, uvm.md
+2.2): 1e308 ns was accepted and overflowed a run's totals to infinity."""
+MAX_RATE_BYTES_PER_S = 1e13
+"""Largest rate accepted (10 TB/s: above every GPU's HBM in uvmlab.gpus, the H200's 4.8 TB/s the fastest)."""
+MAX_LINK_BYTES_PER_S = max(lk.peak_bytes_per_s for lk in LINKS.values())
+"""Largest host-link rate accepted: the fastest link peak uvmlab knows (uvmlab.gpus.LINKS: NVLink-C2C, 450 GB/s)."""
+LINK_FIELDS = ("link_bytes_per_s", "remote_read_bytes_per_s", "remote_write_bytes_per_s")
+SHARE_FIELDS = ("compute_efficiency", "memory_efficiency", "sector_memory_efficiency", "fault_overlap")
+"""Shares of a peak (0, 1]; fault_overlap [0, 1]."""
+MAX_RAW_ENTRIES_PER_FAULT = 256.0
+"""Raw fault-buffer entries per unique faulted page: at least 1, at most a whole batch (256 entries, uvm.md 1.4)."""
+
+
+def cost_limits(name: str) -> tuple[float, float, str]:
+    """(lowest, highest, unit) a parameter file may give cost ``name`` (docs/uvm-sim.md "Parameter files")."""
+    low = 0.0 if name in ZERO_MEANS else math.ulp(0.0)
+    if name in SHARE_FIELDS:
+        return low, 1.0, ""
+    if name == "raw_entries_per_fault":
+        return 1.0, MAX_RAW_ENTRIES_PER_FAULT, " entries"
+    if name in LINK_FIELDS:
+        return low, MAX_LINK_BYTES_PER_S, " bytes/s"
+    if name.endswith("_bytes_per_s"):
+        return low, MAX_RATE_BYTES_PER_S, " bytes/s"
+    return low, MAX_COST_NS, " ns"
+
+
+def check_cost_values(values: dict[str, Any], where: str) -> None:
+    """Refuse (one InputError naming ``where`` and the bad costs) values a run cannot use: not a finite number, 0
+    where 0 means nothing (:data:`ZERO_MEANS`), or outside :func:`cost_limits`. ``None`` is allowed where the field
+    defaults to None (the GPU's own value)."""
+    nullable = {f.name for f in fields(CostParams) if f.default is None}
+    zero: list[str] = []
+    bad: list[str] = []
+    for name, value in values.items():
+        if value is None and name in nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            bad.append(f"{name} {prefix(value)} is not a finite number")
+            continue
+        low, high, unit = cost_limits(name)
+        if value == 0 and low > 0:
+            zero.append(name)
+        elif not low <= value <= high:
+            bad.append(f"{name} {value:g} is outside {low:g}..{high:g}{unit}")
+    if zero:
+        bad.append(
+            f"{_names(zero)} {'is' if len(zero) == 1 else 'are'} 0, a cost that is never free (0 is allowed only for "
+            f"{', '.join(ZERO_MEANS)})"
+        )
+    if bad:
+        raise InputError(f"{where}: {'; '.join(bad[:3])}{f'; and {len(bad) - 3} more' if len(bad) > 3 else ''}")
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+@dataclass(frozen=True)
+class ParamsFile:
+    """A cost parameter file as read: the costs it sets, which of them were fitted, where they come from."""
+
+    path: Path
+    values: dict[str, Any]
+    """The costs the file sets (its ``params``); a run takes every other cost from the GPU's profile."""
+    fitted: tuple[str, ...] = ()
+    """The costs fitted to measurements (``uvmlab calibrate``); empty when the file does not say."""
+    source: str = ""
+    ignored: tuple[str, ...] = ()
+    """Costs an older ``uvmlab calibrate`` wrote with the built-in defaults (listed in its ``kept``): not taken."""
+
+    def describe(self, rest: str) -> str:
+        """Where a run's costs come from when it reads this file over ``rest`` (the profile's description)."""
+        fitted = [n for n in self.fitted if n in self.values]
+        given = [n for n in self.values if n not in fitted]
+        parts = [f"fitted {', '.join(fitted)}" if fitted else "", f"set {', '.join(given)}" if given else ""]
+        sets = "; ".join(p for p in parts if p) or "no cost"
+        return f"{self.path} ({sets}); every other cost: {rest}"
+
+
+def read_params_file(path: str | Path) -> ParamsFile:
+    """Read a parameter file ``{"schema_version": 1, "source": ..., "params": {field: value}, "fitted": [...]}``:
+    its numbers are checked while decoded (uvmlab.numbers) and against :func:`check_cost_values`; unknown fields or a
+    wrong schema version are an InputError. A file of an older ``uvmlab calibrate`` (every cost written, the
+    unfitted ones with the built-in defaults, listed in ``kept``) sets only the costs it did not keep."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"cost parameter file {p} not found; write one with: uvmlab calibrate")
+    doc = read_json_file(p, MAX_PARAMS_BYTES, "a cost parameter file (JSON)")  # numbers checked (uvmlab.numbers)
+    if not isinstance(doc, dict) or doc.get("schema_version") != PARAMS_SCHEMA_VERSION:
+        got = doc.get("schema_version") if isinstance(doc, dict) else None
+        raise InputError(
+            f"cost parameter file {p} has schema_version {prefix(got)}; this uvmlab reads {PARAMS_SCHEMA_VERSION} "
+            '(format: {"schema_version": 1, "source": "...", "params": {field: value}})'
+        )
+    params = doc.get("params")
+    if not isinstance(params, dict):
+        raise InputError(f"cost parameter file {p} needs a 'params' mapping of field to number")
+    known = {f.name for f in fields(CostParams)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise InputError(f"cost parameter file {p} has unknown fields {prefix(unknown)}; known fields: {sorted(known)}")
+    fitted, kept = doc.get("fitted", []), doc.get("kept", [])
+    for key, names in (("fitted", fitted), ("kept", kept)):
+        if isinstance(names, dict):  # uvmlab calibrate --uvm-timings wrote {name: true}
+            names = list(names)
+        if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
+            raise InputError(f"cost parameter file {p}: '{key}' must list cost names, not {prefix(names)}")
+    fitted = list(fitted)
+    ignored = tuple(n for n in kept if n in params and n not in fitted)
+    values = {k: v for k, v in params.items() if k not in ignored}
+    check_cost_values(values, f"cost parameter file {p}")
+    CostParams(**values)  # the dataclass's own checks (fault_overlap, efficiencies)
+    return ParamsFile(p, values, tuple(fitted), str(doc.get("source", "")), ignored)
 
 
 def transfer_bandwidth(nbytes: np.ndarray | float, link_bytes_per_s: float) -> np.ndarray:

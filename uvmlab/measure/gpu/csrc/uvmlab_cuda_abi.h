@@ -18,7 +18,8 @@
   X(cudaFree, ERR, (void*))                                 \
   X(cudaMemGetInfo, ERR, (size_t*, size_t*))                \
   X(cudaGetDevice, ERR, (int*))                             \
-  X(cudaRuntimeGetVersion, ERR, (int*))
+  X(cudaRuntimeGetVersion, ERR, (int*))                     \
+  X(cudaDeviceSynchronize, ERR, (void))
 
 // Functions taking an enum cudaDeviceAttr (ATTR), the same in CUDA 12 and 13. Not called by the shim: uvmlab's
 // Python side calls it through ctypes (uvmlab/measure/gpu/cudart.py); listed here so that its signature is checked too.
@@ -30,6 +31,14 @@
 #define UVMLAB_CUDA_PYTHON_FUNCTIONS(X, ERR, PATTR)              \
   X(cudaPointerGetAttributes, ERR, (PATTR*, const void*))        \
   X(cudaGetErrorName, const char*, (ERR))
+
+// Streams and events uvmlab.measure.gpu.hints uses through ctypes (prefetch-next-kernel's side stream), the same in
+// CUDA 12 and 13 (STREAM = cudaStream_t, EVENT = cudaEvent_t).
+#define UVMLAB_CUDA_STREAM_FUNCTIONS(X, ERR, STREAM, EVENT)              \
+  X(cudaStreamCreateWithFlags, ERR, (STREAM*, unsigned int))             \
+  X(cudaEventCreateWithFlags, ERR, (EVENT*, unsigned int))               \
+  X(cudaEventRecord, ERR, (EVENT, STREAM))                               \
+  X(cudaStreamWaitEvent, ERR, (STREAM, EVENT, unsigned int))
 
 // CUDA >= 13.0: cudaMemAdvise / cudaMemPrefetchAsync take a struct cudaMemLocation by value (ADV = the advice
 // enum, LOC = struct cudaMemLocation, STREAM = cudaStream_t).
@@ -47,6 +56,9 @@
   C(kCudaSuccess, cudaSuccess)                                      \
   C(kCudaErrorInvalidValue, cudaErrorInvalidValue)                  \
   C(kCudaErrorInitializationError, cudaErrorInitializationError)    \
+  C(kCudaErrorMemoryAllocation, cudaErrorMemoryAllocation)          \
+  C(kCudaStreamNonBlocking, cudaStreamNonBlocking)                  \
+  C(kCudaEventDisableTiming, cudaEventDisableTiming)                \
   C(kCudaMemAttachGlobal, cudaMemAttachGlobal)                      \
   C(kCudaMemAdviseSetReadMostly, cudaMemAdviseSetReadMostly)        \
   C(kCudaMemAdviseSetPreferredLocation, cudaMemAdviseSetPreferredLocation) \
@@ -81,6 +93,9 @@ struct cudaMemLocation {  // CUDA >= 12.2 driver_types.h; passed by value (one 8
 constexpr cudaError_t kCudaSuccess = 0;
 constexpr cudaError_t kCudaErrorInvalidValue = 1;
 constexpr cudaError_t kCudaErrorInitializationError = 3;
+constexpr cudaError_t kCudaErrorMemoryAllocation = 2;  // the balloon's retry in pieces
+constexpr unsigned kCudaStreamNonBlocking = 0x01;  // hints.py STREAM_NON_BLOCKING
+constexpr unsigned kCudaEventDisableTiming = 0x02;  // hints.py EVENT_DISABLE_TIMING
 constexpr unsigned kCudaMemAttachGlobal = 0x01;
 constexpr int kCudaMemAdviseSetReadMostly = 1;
 constexpr int kCudaMemAdviseSetPreferredLocation = 3;

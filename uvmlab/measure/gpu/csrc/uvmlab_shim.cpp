@@ -23,6 +23,15 @@
 //                             released at exit (atexit, registered after the runtime's own handlers).
 //                             When free memory is already at or below what to leave, no balloon is taken: the
 //                             shim says so on stderr (always) and logs a balloon_alloc record of size 0.
+//   UVMLAB_BALLOON_DEFER      1: do not take the balloon at the first intercepted call; the program takes it by
+//                             calling uvmlab_balloon_take() (the GPU worker does after a warm-up iteration, so that
+//                             lazily loaded modules, library handles and workspaces exist before the balloon is
+//                             measured): every live managed range is prefetched to the host first, so that the free
+//                             memory the balloon is computed from holds no managed page.
+//   UVMLAB_REPORT_FREE_BYTES  N: the interposed cudaMemGetInfo answers free = min(N, the real total) (total unchanged),
+//                             so that PyTorch's cuDNN workspace limit (CUDACachingAllocator cacheInfo's first guess is
+//                             cudaMemGetInfo's free) is the same in the runs a comparison pairs; unset: cudaMemGetInfo
+//                             passes through. uvmlab_real_mem_get_info() always answers the real figures.
 //   UVMLAB_BALLOON_CLAIM      path of a file the shim creates (O_EXCL) before taking the balloon: only the first
 //                             process of a step that allocates takes it; later ones (children inherit LD_PRELOAD)
 //                             find the file and do not, and say so on stderr (always). The shim never changes the
@@ -101,6 +110,8 @@ struct Config {
   std::atomic<bool> prefetch_on_alloc{false};  // also switched at run time by uvmlab_prefetch_on_alloc()
   long long balloon_bytes = -1;        // -1: not set
   long long balloon_leave_bytes = -1;  // -1: not set
+  bool balloon_defer = false;          // UVMLAB_BALLOON_DEFER=1: taken by uvmlab_balloon_take()
+  long long report_free_bytes = -1;    // UVMLAB_REPORT_FREE_BYTES (-1: cudaMemGetInfo passes through)
   std::string balloon_claim;          // UVMLAB_BALLOON_CLAIM ("" = no claim file)
   std::string log_path;              // set once at parse time, never changed afterwards
   std::atomic<bool> log_on{false};   // false when unset or when the file cannot be opened
@@ -166,6 +177,12 @@ void parse_config(Config& c) {
   }
   c.balloon_bytes = parse_size("UVMLAB_BALLOON_BYTES", getenv("UVMLAB_BALLOON_BYTES"));
   c.balloon_leave_bytes = parse_size("UVMLAB_BALLOON_LEAVE_BYTES", getenv("UVMLAB_BALLOON_LEAVE_BYTES"));
+  const char* defer = getenv("UVMLAB_BALLOON_DEFER");
+  if (defer != nullptr && *defer != '\0') {
+    if (strcmp(defer, "1") == 0) c.balloon_defer = true;
+    else if (strcmp(defer, "0") != 0) die_config("UVMLAB_BALLOON_DEFER", defer, "0 or 1");
+  }
+  c.report_free_bytes = parse_size("UVMLAB_REPORT_FREE_BYTES", getenv("UVMLAB_REPORT_FREE_BYTES"));
   const char* claim = getenv("UVMLAB_BALLOON_CLAIM");
   if (claim != nullptr) c.balloon_claim = claim;
   if (c.balloon_bytes >= 0 && c.balloon_leave_bytes >= 0)
@@ -256,10 +273,11 @@ class AllocLog {
     std::lock_guard<std::mutex> lock(mu_);
     flush_locked();
   }
-  // After fork: the child must not write the parent's buffered records a second time.
-  void forget_after_fork() {
-    new (&mu_) std::mutex();  // another thread may have held it at fork time; the child has only this thread
-    buf_.clear();
+  // fork(): held across the fork; the child must not write the parent's buffered records a second time.
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork(bool child) {
+    if (child) buf_.clear();
+    mu_.unlock();
   }
 
  private:
@@ -328,6 +346,7 @@ struct Real {
   RuntimeGetVersionFn runtime_get_version = nullptr;
   void* mem_advise = nullptr;
   void* mem_prefetch_async = nullptr;
+  cudaDeviceSynchronize_fn device_synchronize = nullptr;
   int runtime_version = 0;
   std::string library;  // path of the object that provides cudaMalloc
 };
@@ -340,9 +359,26 @@ Real& real_instance() {
 std::once_flag g_resolve_once;
 bool g_resolved = false;
 
+// True when `path`'s file name is libcudart.so or libcudart.so.<digits>[.<digits>...]: the runtime, not any path
+// that merely contains the string (a folder named libcudart.so.d, a libcudart.so.bak, libcudart.so_wrapper.so).
+bool is_cudart_path(const char* path) {
+  if (path == nullptr) return false;
+  const char* base = strrchr(path, '/');
+  base = base == nullptr ? path : base + 1;
+  static const char kPrefix[] = "libcudart.so";
+  if (strncmp(base, kPrefix, sizeof kPrefix - 1) != 0) return false;
+  const char* rest = base + sizeof kPrefix - 1;
+  while (*rest == '.') {
+    ++rest;
+    if (*rest < '0' || *rest > '9') return false;
+    while (*rest >= '0' && *rest <= '9') ++rest;
+  }
+  return *rest == '\0';
+}
+
 int find_cudart_cb(dl_phdr_info* info, size_t, void* data) {
   const char* name = info->dlpi_name;
-  if (name != nullptr && strstr(name, "libcudart.so") != nullptr) {
+  if (is_cudart_path(name)) {
     *static_cast<std::string*>(data) = name;
     return 1;
   }
@@ -381,6 +417,7 @@ void resolve_all() {
   g_real.runtime_get_version = reinterpret_cast<RuntimeGetVersionFn>(lookup(handle, "cudaRuntimeGetVersion"));
   g_real.mem_advise = lookup(handle, "cudaMemAdvise");
   g_real.mem_prefetch_async = lookup(handle, "cudaMemPrefetchAsync");
+  g_real.device_synchronize = reinterpret_cast<cudaDeviceSynchronize_fn>(lookup(handle, "cudaDeviceSynchronize"));
   if (g_real.runtime_get_version != nullptr) g_real.runtime_get_version(&g_real.runtime_version);
   Dl_info info{};
   if (g_real.malloc != nullptr && dladdr(reinterpret_cast<void*>(g_real.malloc), &info) != 0 && info.dli_fname)
@@ -425,6 +462,13 @@ void at_exit() {
   g_log.flush();
 }
 
+// True when the runtime says `bytes` are free: a balloon piece that failed although they are (fragmentation, memory
+// not yet returned) is retried smaller; a request larger than the free memory is not (it cannot fit at all).
+bool fits_free(size_t bytes) {
+  size_t free_b = 0, total_b = 0;
+  return g_real.mem_get_info != nullptr && g_real.mem_get_info(&free_b, &total_b) == kCudaSuccess && bytes <= free_b;
+}
+
 // Reserve `bytes` with the real cudaMalloc; measured_free is logged (-1 if not measured).
 cudaError_t inflate(size_t bytes, int64_t measured_free) {
   if (!resolve()) return kCudaErrorInitializationError;
@@ -435,14 +479,39 @@ cudaError_t inflate(size_t bytes, int64_t measured_free) {
     atexit(at_exit);
     g_atexit_registered = true;
   }
-  void* p = nullptr;
-  int64_t t0 = log_clock();
-  cudaError_t rc = g_real.malloc(&p, bytes);
-  g_log.record(OP_BALLOON_ALLOC, t0, log_clock() - t0, p, bytes, measured_free, rc);
-  if (rc == kCudaSuccess) g_balloon.emplace_back(p, bytes);
-  if (g_cfg.verbose)
-    fprintf(stderr, "uvmlab shim: balloon of %zu bytes -> error %d\n", bytes, rc);
-  return rc;
+  // One cudaMalloc of the whole balloon first; when the device cannot give one range that large
+  // (cudaErrorMemoryAllocation: fragmented memory, or memory freed but not yet back), the rest is taken in pieces,
+  // halved down to 2 MiB, each logged; the balloon is then the sum of the pieces that succeeded.
+  size_t left = bytes / kTwoMiB * kTwoMiB;
+  if (left == 0) left = bytes;
+  size_t piece = left;
+  cudaError_t first_rc = kCudaSuccess;
+  bool first = true;
+  while (left > 0 && piece > 0) {
+    void* p = nullptr;
+    size_t ask = piece < left ? piece : left;
+    int64_t t0 = log_clock();
+    cudaError_t rc = g_real.malloc(&p, ask);
+    g_log.record(OP_BALLOON_ALLOC, t0, log_clock() - t0, p, ask, first ? measured_free : -1, rc);
+    if (first) first_rc = rc;
+    first = false;
+    if (g_cfg.verbose) fprintf(stderr, "uvmlab shim: balloon piece of %zu bytes -> error %d\n", ask, rc);
+    if (rc == kCudaSuccess) {
+      g_balloon.emplace_back(p, ask);
+      left -= ask;
+    } else if (rc == kCudaErrorMemoryAllocation && ask > kTwoMiB && fits_free(left)) {
+      piece = ask / 2 / kTwoMiB * kTwoMiB;
+      if (piece == 0) piece = kTwoMiB;
+    } else {
+      break;
+    }
+  }
+  size_t held = 0;
+  for (auto& pc : g_balloon) held += pc.second;
+  if (left > 0 && held > 0)
+    fprintf(stderr, "uvmlab shim: WARNING: the balloon holds %zu of the %zu bytes asked (the device gave no more)\n",
+            held, bytes);
+  return held > 0 ? kCudaSuccess : first_rc;
 }
 
 cudaError_t inflate_leaving(size_t leave_bytes) {
@@ -497,6 +566,7 @@ void balloon_from_env() {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   if (g_balloon_env_done.load(std::memory_order_relaxed)) return;
+  if (g_cfg.balloon_defer) return;  // taken later by uvmlab_balloon_take()
   cudaError_t rc = kCudaSuccess;
   bool wanted = g_cfg.balloon_bytes > 0 || g_cfg.balloon_leave_bytes >= 0;
   if (wanted && !claim_balloon()) {
@@ -523,17 +593,32 @@ void live_add(void* ptr, size_t size) {
   Live& l = live_instance();
   std::lock_guard<std::mutex> lock(l.mu);
   auto [it, fresh] = l.sizes.emplace(reinterpret_cast<uintptr_t>(ptr), size);
-  if (fresh) l.bytes += size;
-  (void)it;
+  if (!fresh) {  // a stale entry (cannot happen while frees take the entry out first; kept exact anyway)
+    l.bytes -= it->second;
+    it->second = size;
+  }
+  l.bytes += size;
 }
 
-void live_remove(void* ptr) {
+// Take ptr's entry out BEFORE the real free: once the runtime has the memory back, another thread's allocation may
+// return the same address, and its live_add must find no entry (it used to find the old one, count nothing, and
+// then lose the entry to this free's removal). Returns the size taken out (0: not a live managed allocation).
+size_t live_take(void* ptr) {
   Live& l = live_instance();
   std::lock_guard<std::mutex> lock(l.mu);
   auto it = l.sizes.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == l.sizes.end()) return;
-  l.bytes -= it->second;
+  if (it == l.sizes.end()) return 0;
+  size_t size = it->second;
+  l.bytes -= size;
   l.sizes.erase(it);
+  return size;
+}
+
+// Every live managed range (a copy, taken under the lock).
+std::vector<std::pair<uintptr_t, size_t>> live_ranges() {
+  Live& l = live_instance();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return {l.sizes.begin(), l.sizes.end()};
 }
 
 // ---- policies --------------------------------------------------------------------------------------------------------
@@ -599,11 +684,27 @@ __attribute__((constructor)) void shim_init() {
   (void)log_instance();
   (void)balloon_instance();
   (void)live_instance();
-  pthread_atfork(nullptr, nullptr, [] {
-    g_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
-    g_log.forget_after_fork();
-    new (&live_instance().mu) std::mutex();  // another thread may have held it at fork time
-  });
+  // fork(): every lock is taken before the fork (prepare) and released after it in both processes, so that the
+  // child never inherits a map or buffer another thread was in the middle of changing (re-initialising a held
+  // mutex in the child, as before, left whatever that thread had half-done).
+  pthread_atfork(
+      [] {
+        g_log.lock_for_fork();
+        live_instance().mu.lock();
+        g_balloon_mu.lock();
+      },
+      [] {
+        g_balloon_mu.unlock();
+        live_instance().mu.unlock();
+        g_log.unlock_after_fork(false);
+      },
+      [] {
+        g_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+        g_balloon.clear();  // the parent's balloon: the child neither owns nor frees it at exit
+        g_balloon_mu.unlock();
+        live_instance().mu.unlock();
+        g_log.unlock_after_fork(true);
+      });
 }
 
 __attribute__((destructor)) void shim_fini() { g_log.flush(); }
@@ -636,10 +737,11 @@ __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** devPtr, siz
 __attribute__((visibility("default"))) cudaError_t cudaFree(void* devPtr) {
   if (!resolve()) return kCudaErrorInitializationError;
   if (t_depth > 0) return g_real.free(devPtr);
+  size_t taken = live_take(devPtr);
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(devPtr);
   g_log.record(OP_FREE, t0, log_clock() - t0, devPtr, 0, 0, rc);
-  if (rc == kCudaSuccess) live_remove(devPtr);
+  if (rc != kCudaSuccess && taken > 0) live_add(devPtr, taken);  // the runtime kept it: still live
   return rc;
 }
 
@@ -656,13 +758,73 @@ __attribute__((visibility("default"))) void* uvmlab_malloc(ssize_t size, int dev
 
 __attribute__((visibility("default"))) void uvmlab_free(void* ptr, ssize_t size, int device, cudaStream_t) {
   if (!resolve()) return;
+  size_t taken = live_take(ptr);
   int64_t t0 = log_clock();
   cudaError_t rc = g_real.free(ptr);
   g_log.record(OP_PLUGGABLE_FREE, t0, log_clock() - t0, ptr, size < 0 ? 0 : size, device, rc);
-  if (rc == kCudaSuccess) live_remove(ptr);
+  if (rc != kCudaSuccess && taken > 0) live_add(ptr, taken);
 }
 
 // ---- exported: control -------------------------------------------------------------------------------------------------
+/** cudaMemGetInfo: the real figures, or with UVMLAB_REPORT_FREE_BYTES=N free = min(N, total) (the same figure in the
+ * runs a comparison pairs: PyTorch sizes cuDNN workspaces from it). */
+__attribute__((visibility("default"))) cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  if (!resolve() || g_real.mem_get_info == nullptr) return kCudaErrorInitializationError;
+  cudaError_t rc = g_real.mem_get_info(free_b, total_b);
+  if (rc == kCudaSuccess && g_cfg.report_free_bytes >= 0 && free_b != nullptr && total_b != nullptr) {
+    size_t n = static_cast<size_t>(g_cfg.report_free_bytes);
+    *free_b = n < *total_b ? n : *total_b;
+  }
+  return rc;
+}
+
+/** The real cudaMemGetInfo, whatever UVMLAB_REPORT_FREE_BYTES says (the worker's probes read this). */
+__attribute__((visibility("default"))) int uvmlab_real_mem_get_info(size_t* free_b, size_t* total_b) {
+  if (!resolve() || g_real.mem_get_info == nullptr) return kCudaErrorInitializationError;
+  return g_real.mem_get_info(free_b, total_b);
+}
+
+/** With UVMLAB_BALLOON_DEFER=1: prefetch every live managed range to the host, wait for the device, then take the
+ * balloon the environment asks for (UVMLAB_BALLOON_BYTES / _LEAVE_BYTES, with the claim file), once. Returns the
+ * cudaError_t (0 also when there is nothing to take); *evicted_bytes (may be NULL) gets the bytes prefetched away. */
+__attribute__((visibility("default"))) int uvmlab_balloon_take(size_t* evicted_bytes) {
+  if (!resolve()) return kCudaErrorInitializationError;
+  size_t evicted = 0;
+  int device = 0;
+  if (g_real.get_device != nullptr) g_real.get_device(&device);
+  for (auto& r : live_ranges()) {
+    cudaError_t rc;
+    int64_t t0 = log_clock();
+    if (g_real.mem_prefetch_async == nullptr) break;
+    if (g_real.runtime_version >= kCuda13Version) {
+      cudaMemLocation host{kCudaMemLocationTypeHost, 0};
+      rc = reinterpret_cast<Prefetch13Fn>(g_real.mem_prefetch_async)(reinterpret_cast<void*>(r.first), r.second,
+                                                                       host, 0u, nullptr);
+    } else {
+      rc = reinterpret_cast<Prefetch12Fn>(g_real.mem_prefetch_async)(reinterpret_cast<void*>(r.first), r.second,
+                                                                       kCudaCpuDeviceId, nullptr);
+    }
+    g_log.record(OP_PREFETCH, t0, log_clock() - t0, reinterpret_cast<void*>(r.first), r.second, kCudaCpuDeviceId, rc);
+    if (rc == kCudaSuccess) evicted += r.second;
+  }
+  if (g_real.device_synchronize != nullptr) g_real.device_synchronize();
+  if (evicted_bytes != nullptr) *evicted_bytes = evicted;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  static bool taken = false;
+  if (taken) return kCudaSuccess;
+  taken = true;
+  cudaError_t rc = kCudaSuccess;
+  bool wanted = g_cfg.balloon_bytes > 0 || g_cfg.balloon_leave_bytes >= 0;
+  if (!wanted || !claim_balloon()) return kCudaSuccess;
+  if (g_cfg.balloon_bytes > 0) rc = inflate(static_cast<size_t>(g_cfg.balloon_bytes), -1);
+  else rc = inflate_leaving(static_cast<size_t>(g_cfg.balloon_leave_bytes));
+  if (rc != kCudaSuccess)
+    fprintf(stderr, "uvmlab shim: the balloon could not be reserved (CUDA error %d); the run is not oversubscribed "
+            "as requested\n", rc);
+  return rc;
+}
+
 /** Reserve `bytes` more of device memory with the real cudaMalloc (held until exit). Returns the cudaError_t. */
 __attribute__((visibility("default"))) int uvmlab_balloon(size_t bytes) { return inflate(bytes, -1); }
 
@@ -716,3 +878,4 @@ __attribute__((visibility("default"))) int uvmlab_shim_log_version(void) { retur
 // real CUDA headers).
 static_assert(std::is_same<decltype(&cudaMalloc), MallocFn>::value, "cudaMalloc signature");
 static_assert(std::is_same<decltype(&cudaFree), FreeFn>::value, "cudaFree signature");
+static_assert(std::is_same<decltype(&cudaMemGetInfo), MemGetInfoFn>::value, "cudaMemGetInfo signature");

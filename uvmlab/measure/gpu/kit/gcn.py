@@ -1,7 +1,14 @@
 """Child step of ``uvmlab collect``: the noob512 GCN (``benchmark_gnn_uvm.py``), under UVM and natively.
 
-``python -m uvmlab.measure.gpu.kit.gcn OUT --nodes N [--epochs 3] [--chunk-edges 2000000] [--variant uvm|native]
-[--device cuda]``
+``python -m uvmlab.measure.gpu.kit.gcn OUT (--nodes N | --fraction-of-free F --max-seconds S) [--epochs 3]
+[--chunk-edges 2000000] [--variant uvm|native] [--device cuda | --device cpu --cudart LIB]``
+
+Sizing (issue 43 blocker 3): with ``--fraction-of-free`` the node count is decided here, from the free memory this
+process measures when it starts (``cudaMemGetInfo``; the runtime LIB's with ``--device cpu``), not from a plan made
+earlier elsewhere: the largest count whose simulated footprint, inflated by the estimator's worst known error, fits
+``F x free`` and the managed limit, and whose epochs fit ``--max-seconds`` (uvmlab.measure.gpu.kit.sizing
+``gcn_nodes_within``); ``OUT/sizing.json`` records the numbers. Before, the plan sized it from NVML's free memory
+with a 10 % margin: a simulator 9 % low would have asked for more managed memory than was free.
 
 The program is the one of workloads/files/gcn.py, noob512/uvm
 ``workloads/pytorch/benchmark_gnn_uvm.py`` at 5a9f2f2 (``--dataset random --prop chunked``; features 128, hidden 256,
@@ -92,19 +99,65 @@ def run_gcn(nodes: int, epochs: int = 3, chunk_edges: int = CHUNK_EDGES, device:
     }
 
 
+def measured_free(device: str, cudart: str | None) -> int:
+    """Free device memory now: the real ``cudaMemGetInfo`` (the runtime LIB's with ``--device cpu --cudart``)."""
+    import ctypes
+
+    from uvmlab.measure.gpu.worker import real_mem_get_info
+
+    if device.startswith("cuda"):
+        import torch
+
+        from uvmlab.measure.gpu.cudart import load_cudart
+
+        torch.cuda.init()
+        return real_mem_get_info(load_cudart())[0]
+    if not cudart:
+        raise UvmlabError("--fraction-of-free on the CPU needs --cudart (the runtime whose free memory to read)")
+    return real_mem_get_info(ctypes.CDLL(cudart))[0]
+
+
+def size_nodes(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """The node count: ``--nodes``, or from the measured free memory (module docstring)."""
+    if args.nodes:
+        return int(args.nodes), {"nodes_given": True}
+    from uvmlab.measure.gpu.kit.plan import gcn_nodes_for
+    from uvmlab.measure.gpu.kit.sizing import gcn_nodes_within
+
+    free = measured_free(args.device, args.cudart)
+    nodes, numbers = gcn_nodes_within(
+        free, args.fraction_of_free, args.max_seconds, args.epochs, lambda t: gcn_nodes_for(t, args.chunk_edges)
+    )
+    if nodes is None:
+        raise UvmlabError(
+            f"the GCN fits no node count: {numbers['target_bytes']:.0f} B allowed by the free memory, the margin "
+            "and the time cap is less than 1,000 nodes need"
+        )
+    return nodes, {**numbers, "nodes": nodes, "fraction_of_free": args.fraction_of_free}
+
+
 def main(argv: list[str] | None = None) -> int:
     from uvmlab.files.atomic import atomic_write_json
 
     parser = argparse.ArgumentParser(prog="python -m uvmlab.measure.gpu.kit.gcn", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--fraction-of-free", type=float, default=None)
+    parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--chunk-edges", type=int, default=CHUNK_EDGES)
     parser.add_argument("--variant", choices=VARIANTS, default="uvm")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cudart", default=None)
     args = parser.parse_args(argv)
+    if not args.nodes and not args.fraction_of_free:
+        parser.error("give --nodes or --fraction-of-free")
     try:
         import torch
+
+        args.nodes, sizing = size_nodes(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / "sizing.json", sizing)
 
         try:
             doc = run_gcn(args.nodes, args.epochs, args.chunk_edges, args.device)

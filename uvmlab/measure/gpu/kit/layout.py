@@ -2,10 +2,13 @@
 
 ::
 
-    DIR/collect.json                     the kit's record: uvmlab version, the GPU, versions, the plan, each step's
-                                         outcome (written last: its presence means the collection finished)
+    DIR/collect.json                     the kit's record: uvmlab version, the GPU, the machine (runtime: gVisor or
+                                         Firecracker), the plan, each step's outcome, the facts and probe records;
+                                         rewritten after every step, ``complete`` true once the last step has run
     DIR/README.md                        what each folder holds and how it was made (like real-data's READMEs)
-    DIR/raw/<step>/                      each step's own output and its stdout/stderr (kept for inspection)
+    DIR/raw/<set>/<step>/                each step's own output (written as ``<step>.partial``, renamed when the
+                                         step succeeds) and, in ``raw/logs``, its stdout/stderr
+    DIR/raw/progress.json                every step's status so far (what ``uvmlab collect --resume`` reads)
     DIR/memory/uvmlab_collect/runs.csv   one row per training case (RUN_COLUMNS): PyTorch's peaks, NVML's peak
     DIR/snapshots/MANIFEST.tsv           the memory snapshots (``file`` column first, like real-data/snapshots)
     DIR/snapshots/uvmlab_collect_*.pickle  torch.cuda.memory._snapshot() with frames, one per case
@@ -27,8 +30,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import pandas as pd
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json, atomic_write_text, atomic_write_with
+from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame, read_csv_rows, read_json_file
 
 DATASET = "uvmlab_collect"
 MEMORY_DIR = f"memory/{DATASET}"
@@ -95,9 +97,13 @@ STREAM_COLUMNS = (
     "free_factor",
     "free_bytes",
     "total_bytes",
+    "cold_ms",
+    "limited_by_margin",
 )
 """``streams.csv``: uvmbench's columns (``size_factor`` = working set / total memory, as uvmbench's ``W = size_factor
-x total``), plus ``free_factor`` (working set / free memory: what the kit asked) and the memory it measured."""
+x total``), plus ``free_factor`` (working set / free memory: what the kit asked), the memory it measured, ``cold_ms``
+(the first launch: migration of the host-written input and first touch of the output, uvm_step docstring) and
+``limited_by_margin`` (the working set was cut to the managed limit, uvmlab.measure.gpu.kit.sizing)."""
 WORKSPACE_COLUMNS = ("case", "index", "size_bytes", "frame")
 
 
@@ -109,10 +115,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) 
 
 def read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """A kit CSV; InputError naming the file when it lacks a column."""
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise InputError(f"{path} is not a readable CSV ({exc})") from None
+    df = read_csv_frame(path, MAX_DATA_FILE_BYTES, "a CSV written by uvmlab collect")
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise InputError(f"{path} lacks columns {missing}: is it written by uvmlab collect?")
@@ -124,11 +127,9 @@ def write_manifest(folder: Path, rows: list[dict[str, Any]]) -> None:
     an existing manifest that name other files are kept."""
     path = folder / MANIFEST
     kept: list[dict[str, Any]] = []
-    if path.is_file():
-        with path.open() as fh:
-            kept = [
-                r for r in csv.DictReader(fh, delimiter="\t") if not str(r.get("file", "")).startswith(SNAPSHOT_PREFIX)
-            ]
+    if path.exists():
+        _, old = read_csv_rows(path, MAX_DATA_FILE_BYTES, "a snapshot MANIFEST.tsv", delimiter="\t")
+        kept = [r for r in old if not str(r.get("file", "")).startswith(SNAPSHOT_PREFIX)]
     every = [*kept, *rows]
     columns = ["file", *sorted({k for r in every for k in r} - {"file"})]
     lines = ["\t".join(columns)]
@@ -144,12 +145,12 @@ def write_meta(folder: Path, meta: dict[str, Any]) -> None:
 def read_meta(folder: Path) -> dict[str, Any]:
     """``meta.json`` of a data set ({} when absent)."""
     path = folder / "meta.json"
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return {}
-    try:
-        return dict(json.loads(path.read_text()))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc.msg})") from None
+    doc = read_json_file(path, MAX_DATA_FILE_BYTES, "a meta.json written by uvmlab collect")
+    if not isinstance(doc, dict):
+        raise InputError(f"{path} holds a JSON {type(doc).__name__}, not the object uvmlab collect writes")
+    return doc
 
 
 README = """# Data recorded by `uvmlab collect`

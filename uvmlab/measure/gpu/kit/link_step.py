@@ -18,6 +18,24 @@ from pathlib import Path
 from uvmlab.errors import UvmlabError
 
 
+def sizes_within_limit(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The transfer sizes that fit the managed limit of the free memory measured now (uvmlab.measure.gpu.kit.sizing;
+    each row holds one allocation of its size at a time); the others are dropped with a line on stderr."""
+    try:
+        import cupy as cp
+    except ImportError:
+        return sizes  # run_microbench refuses with its own sentence
+    from uvmlab.measure.gpu.kit.sizing import managed_limit
+
+    limit = managed_limit(int(cp.cuda.runtime.memGetInfo()[0]))
+    kept = tuple(s for s in sizes if s <= limit)
+    if len(kept) < len(sizes):
+        print(f"uvmlab link step: sizes above the managed limit of {limit} B dropped", file=sys.stderr)
+    if not kept:
+        raise UvmlabError(f"no transfer size fits the managed limit of {limit} B of this card's free memory")
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     from uvmlab.files.atomic import atomic_write_with
     from uvmlab.measure.gpu.microbench import DEFAULT_SIZES, run_microbench
@@ -33,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     factors = tuple(float(f) for f in args.factors.split(",") if f)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s)
     try:
+        sizes = sizes_within_limit(sizes)
         timings = run_microbench(sizes=sizes, factors=factors, repeats=args.repeats)
     except UvmlabError as exc:
         print(f"uvmlab link step: error: {exc}", file=sys.stderr)

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from uvmlab.errors import UvmlabError
+from uvmlab.errors import InputError, UvmlabError
 from uvmlab.files.atomic import atomic_write_json, atomic_write_with
 
 WORKSPACE_FRAME = re.compile(r"cudnn|run_conv_plan|Conv_v[78]", re.IGNORECASE)
@@ -85,7 +85,7 @@ def run_case(out: Path, case: dict[str, Any], snapshot: str = "python", device: 
     from uvmlab.measure.gpu.kit.nvml_peak import device_used_bytes, open_sampler
 
     if snapshot not in SNAPSHOT_STACKS:
-        raise UvmlabError(f"--snapshot must be one of {', '.join(SNAPSHOT_STACKS)}, not {snapshot!r}")
+        raise InputError(f"--snapshot must be one of {', '.join(SNAPSHOT_STACKS)}, not {snapshot!r}")
     is_cuda = device.startswith("cuda")
     used_before = device_used_bytes(os.environ) if is_cuda else None
     import torch

@@ -16,9 +16,30 @@ GPU run, uvmlab.measure.gpu.plan.step_environment), writing under ``DIR/raw/<set
 ``link``    the microbenchmarks (``link_step``): prefetch bandwidth and page-touch costs; the oversubscribed rows
             only with ``allow_oversubscription``.
 
+``facts``   the machine (``facts_step``): runtime (gVisor / Firecracker), kernel, driver, HMM/ATS attributes, UVM
+            module parameters, the tools present, the worker's import check;
+``probe``   the shim and UVM on the real runtime (``probe_step``): interposition, the balloon, residency in
+            cudaMemGetInfo, memory returned after a free, non-UVM growth after the balloon, the hint calls' codes;
+``run``     ``uvmlab run resnet50 --oversub 0.75 --baseline`` end to end (``run_step``): balloon after the warm-up,
+            capacity probe, effective factor, comparable cuDNN engines, slowdown without eviction.
+
+**The budget** (:func:`select_steps`): every candidate step has a value rank (:data:`FIRST_RUN_ORDER`: what the open
+questions of docs/gpu.md need first: machine facts, the shim and balloon probe, the ImageNet CNN snapshots and cuDNN
+engine logs, the link and fault costs, the end-to-end run, then the rest), an estimated duration on the GPU's spec
+(:func:`estimate_seconds`, not measured: [I]) and a time cap (:func:`cap_seconds`). With ``budget_s`` the plan keeps
+the candidates in value order whose estimates still fit the budget (a step that does not fit is left out and the
+next ones are still considered) and lists what it left out; the runner also stops each step at its cap and at the
+budget's end. Without a budget every candidate runs.
+
 Safety: a factor above :data:`MAX_SAFE_FACTOR` (0.9) of the free memory asks a shared GPU for memory it may not have
 (the driver then evicts, and another tenant's job may stall or fail); it is refused unless
-``allow_oversubscription`` is set. The default factors never ask for more managed memory than the card has free.
+``allow_oversubscription`` is set. Every step sizes its managed memory from the free memory it measures when it
+starts, minus the margin of uvmlab.measure.gpu.kit.sizing, so the default never asks for more managed memory than
+the card has free.
+
+Outputs: each step writes into ``<its folder>.partial`` (the paths in its argv), which the runner renames to the
+folder when the step succeeds: a step killed at its cap or failing never replaces or removes a finished step's
+output.
 """
 
 from __future__ import annotations
@@ -39,17 +60,40 @@ from uvmlab.measure.gpu.detect import GpuStatus, gpu_status
 from uvmlab.measure.gpu.plan import DEVICE_ORDER, NSYS_PROFILE_FLAGS, Step, shell_command
 from uvmlab.units import format_bytes
 
-WHAT = ("memory", "cudnn", "uvm", "link")
+WHAT = ("facts", "probe", "memory", "cudnn", "link", "run", "uvm")
+STAGING_SUFFIX = ".partial"
+"""A step writes into ``<output>.partial``; the runner renames it to ``<output>`` when the step succeeds."""
+DEFAULT_BUDGET_S = 540.0
+"""The default budget: what the lent machine allows in one command with time left to rerun it (10 minutes a
+command, about 15 minutes in all; .library/device README)."""
 MAX_SAFE_FACTOR = 0.9
 """Largest factor of the free memory asked without ``--allow-oversubscription`` [I]: 10 % of the free memory stays
 for the context's growth, the process's other allocations and other tenants."""
-DEFAULT_FACTORS = (0.25, 0.5, 0.9)
+DEFAULT_FACTORS = (0.1, 0.25)
+"""Working sets of the streams and the GCN as fractions of the free memory: small enough for the budget (a 0.9
+working set of an H200 is a 125 GB host write per row); --factors 0.25,0.5,0.9 gives the fuller set."""
 OVERSUB_LINK_FACTORS = (1.5, 2.0, 4.0)
 """uvmlab.measure.gpu.microbench.DEFAULT_FACTORS: its oversubscribed rows (behind a balloon), with the flag only."""
 CONV_WORKLOADS = ("resnet50", "resnet101", "alexnet")
 """Built-in workloads with convolutions; named ``torchvision:``/``timm:`` models count as convolutional too."""
-STEP_SECONDS = {"memory": 60.0, "cudnn": 120.0, "streams": 300.0, "gcn": 240.0, "link": 150.0, "export": 120.0}
-"""Rough wall seconds per step on a datacenter GPU [I: an estimate for the plan and docs/gpu.md, not measured]."""
+STARTUP_S = 15.0
+"""A fresh Python process importing torch and creating the CUDA context [I: not measured on the lent machine; its
+gVisor runtime makes file I/O slower than a plain host]."""
+BUILD_S = 5.0
+"""Building a torchvision/HF model with random weights [I]."""
+ITERATION_S = 3.0
+"""One of the first training iterations of a memory case (cuDNN heuristics, lazy modules) [I]."""
+SNAPSHOT_S = {"python": 10.0, "all": 30.0, "none": 0.0}
+"""Pickling a memory snapshot with Python frames / with C++ frames symbolized (TORCH_SYMBOLIZE_MODE=fast) [I]."""
+HOST_FILL_BYTES_PER_S = 4e9
+"""The CPU writing managed memory (memset) in a sandbox [I]."""
+RUN_STEP_S = 95.0
+"""``uvmlab run`` with --footprint measure --baseline: three worker processes (calibrate, baseline, run), a trace
+capture for the estimate, a few iterations each [I]."""
+SYMBOLIZE_ENV = {"TORCH_SYMBOLIZE_MODE": "fast"}
+"""C++ frames of a snapshot symbolized by PyTorch's own DWARF reader, not one ``addr2line`` process per frame (the
+default in torch 2.x; minutes for a CNN iteration, and the lent machine has no binutils) [I: torch
+``torch/csrc/profiler/unwind`` reads TORCH_SYMBOLIZE_MODE = dladdr | addr2line | fast]."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +190,20 @@ class CollectOptions:
     nvidia-cuda-runtime wheel installed (uvmlab.measure.gpu.cudart)."""
     dry_run: bool = False
     force: bool = False
+    budget_s: float | None = DEFAULT_BUDGET_S
+    """Seconds the whole collection may take (None: no budget, every step)."""
+    caps: Mapping[str, float] = field(default_factory=dict)
+    """Time caps (seconds) by step name instead of the planned ones (a step known to be slower here; tests)."""
+    resume: bool = False
+    """Skip the steps a previous collection into the same folder finished; run the rest."""
+    run_workload: tuple[str, int] = ("resnet50", 64)
+    """The ``run`` set's job (workload, batch size), at factor :data:`RUN_FACTOR` with a baseline."""
 
     def __post_init__(self) -> None:
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise InputError(f"--budget must be a number of seconds > 0, not {self.budget_s:g}")
+        if self.resume and self.force:
+            raise InputError("give --resume (keep finished steps) or --force (run every step again), not both")
         bad = [w for w in self.what if w not in WHAT]
         if bad or not self.what:
             raise InputError(f"--what takes a comma list of {', '.join(WHAT)}, not {','.join(self.what) or 'nothing'}")
@@ -164,12 +220,22 @@ class CollectOptions:
 
 @dataclass(frozen=True)
 class KitStep:
-    """One step of the kit: the command (a GPU-run Step), the data set it feeds, a rough duration."""
+    """One step of the kit: the command (a GPU-run Step), the data set it feeds, its estimated duration and time
+    cap, its value rank, what it settles (and what needs nsys elsewhere), its output folder (the argv writes into
+    ``output + STAGING_SUFFIX``)."""
 
     step: Step
     what: str
     seconds: float
     output: str
+    cap_s: float = 600.0
+    value: int = 1000
+    settles: str = ""
+    needs_nsys: str = ""
+
+    @property
+    def staging(self) -> str:
+        return self.output + STAGING_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -185,6 +251,11 @@ class KitPlan:
     factors: tuple[float, ...]
     nsys: bool
     notes: tuple[str, ...] = ()
+    budget_s: float | None = None
+    left_out: tuple[KitStep, ...] = ()
+    """Candidates the budget left out, in value order."""
+    spec_name: str = ""
+    """The GPU spec the estimates use (uvmlab.gpus)."""
 
     @property
     def seconds(self) -> float:
@@ -230,6 +301,66 @@ def gcn_nodes_for(target_bytes: int, chunk_edges: int) -> int | None:
     return n1 if per_node <= 0 else int(n1 + (target_bytes - p1) / per_node) // 1_000 * 1_000
 
 
+RUN_FACTOR = 0.75
+"""The ``run`` set's factor: UVM capacity M / 0.75 > M, so nothing is evicted and nothing is oversubscribed."""
+FIRST_RUN_ORDER = (
+    "facts",
+    "probe",
+    "memory-torchvision-vgg16_b64_sgd_bench-off",
+    "cudnn-torchvision-vgg16_b64_sgd_bench-off",
+    "memory-resnet50_b64_sgd_bench-off",
+    "link",
+    "run",
+    "memory-torchvision-vgg16_b64_sgd_bench-on",
+    "uvm-streams",
+    "uvm-export",
+    "cudnn-resnet50_b64_sgd_bench-off",
+)
+"""Value order of the candidate steps (the rest follow in plan order): the open questions of docs/gpu.md ("What each
+step settles"), the ImageNet CNN gap of the memory estimator and the shim/balloon first (issue 43)."""
+MIN_STEP_S = 20.0
+"""A step is not started with less of the budget left (it could not finish anything) [I]."""
+
+
+def cap_seconds(estimate: float) -> float:
+    """A step's time cap: 1.5 x its estimate, at least 30 s more, at most one command's 10 minutes."""
+    return float(min(600.0, max(estimate + 30.0, 1.5 * estimate)))
+
+
+def estimate_seconds(kind: str, spec: Any, **kw: Any) -> float:
+    """Estimated wall seconds of one step on the GPU ``spec`` (uvmlab.gpus.GpuSpec) [I: the constants above, not
+    measured on a GPU]. ``kind``: facts, probe, memory, cudnn, link, run, streams, export, gcn."""
+    if kind == "facts":
+        return 20.0
+    if kind == "probe":
+        return STARTUP_S + 30.0
+    if kind in ("memory", "cudnn"):
+        log = 10.0 if kind == "cudnn" else 0.0
+        return STARTUP_S + BUILD_S + kw["iterations"] * ITERATION_S + SNAPSHOT_S[kw["snapshot"]] + log
+    if kind == "run":
+        return RUN_STEP_S
+    if kind == "link":
+        sizes = sum(kw["sizes"]) * kw["repeats"]
+        fill = sizes * 4 / HOST_FILL_BYTES_PER_S  # every kind but touch_fresh writes its buffer on the host first
+        moved = sizes * 6 / spec.link_bytes_per_s
+        return 10.0 + fill + moved + 0.01 * 6 * len(kw["sizes"]) * kw["repeats"]  # gates of 10 ms
+    if kind == "streams":
+        free, iters = kw["free"], kw["iterations"]
+        t = 10.0
+        for f in kw["factors"]:
+            w = f * free
+            per_kernel = w / 2 / HOST_FILL_BYTES_PER_S + w / 2 / spec.link_bytes_per_s + (2 + iters) * w / 2e12
+            t += len(kw["kernels"]) * per_kernel
+        return t
+    if kind == "export":
+        return 60.0
+    if kind == "gcn":
+        from uvmlab.measure.gpu.kit.sizing import GCN_EPOCH_S_PER_GB
+
+        return STARTUP_S + 15.0 + kw["epochs"] * GCN_EPOCH_S_PER_GB * kw["footprint_bytes"] / 1e9
+    raise InputError(f"unknown kit step kind {kind!r}")
+
+
 def _memory_info(status: GpuStatus, opts: CollectOptions) -> tuple[str, str, int, int]:
     """(name, source, total, free) of the GPU to plan for."""
     if status.available and status.memory_bytes:
@@ -239,6 +370,59 @@ def _memory_info(status: GpuStatus, opts: CollectOptions) -> tuple[str, str, int
 
     spec = get_gpu(opts.gpu)
     return spec.name, "assumed", spec.memory_bytes, spec.memory_bytes - spec.context_bytes
+
+
+def _spec_for(status: GpuStatus, opts: CollectOptions) -> Any:
+    """The GpuSpec the estimates use: the detected GPU's when uvmlab knows it, else ``--gpu``'s."""
+    from uvmlab.gpus import GPUS, get_gpu, known_gpu
+
+    name = known_gpu(status.name) if status.available else None
+    return GPUS[name] if name else get_gpu(opts.gpu)
+
+
+SETTLES = {
+    "facts": (
+        "which runtime (gVisor or Firecracker), kernel, driver, HMM/ATS attributes, UVM module parameters, tools "
+        "present, and whether the worker's imports work",
+        "all of it: no profiler needed",
+    ),
+    "probe": (
+        "whether the shim interposes PyTorch's allocations (pointer type managed), whether the balloon holds, "
+        "whether touched managed memory lowers cudaMemGetInfo free and freed memory comes back, the non-UVM "
+        "growth after the balloon, the hint calls' codes on managed and device memory against the stub's",
+        "all of it: CUDA calls and cudaMemGetInfo only",
+    ),
+    "memory": (
+        "per-layer memory snapshot (segments, blocks, Python frames), PyTorch's and NVML's peaks: the ImageNet CNN "
+        "gap of the memory estimator (docs/estimate.md)",
+        "all of it",
+    ),
+    "cudnn": (
+        "which cuDNN engine each convolution runs and its workspace (API log + C++ frames of the allocations)",
+        "all of it",
+    ),
+    "link": (
+        "host-device link rate by transfer size and the per-block fault service cost (device-timed events)",
+        "fault counts and batch sizes per pass need nsys (not on the lent machine): elsewhere",
+    ),
+    "run": (
+        "the GPU run path end to end at factor 0.75 (no eviction): balloon after the warm-up, capacity probe, "
+        "effective factor, the same cuDNN engines in baseline and run, slowdown vs native",
+        "fault and migration counts of the run need nsys: elsewhere",
+    ),
+    "streams": (
+        "the cold first launch (HtoD migration of the host-written input, first-touch zero-fill of the output) and "
+        "the resident speed of uvmbench's page-strided kernels, below the free memory (no eviction)",
+        "per-pass fault records and their order (rand vs seq arrival) need nsys: elsewhere",
+    ),
+    "export": ("the streams' nsys export", "needs nsys"),
+    "gcn": (
+        "the GCN's epoch time under UVM (no eviction) and natively on this GPU: whether the RTX 5090 profile's "
+        "constants transfer",
+        "fault counts need nsys: elsewhere",
+    ),
+}
+"""What each kind of step settles on the lent machine, and what needs nsys elsewhere (docs/gpu.md's table)."""
 
 
 def plan_collect(
@@ -253,29 +437,92 @@ def plan_collect(
     out = Path(out)
     raw = out / "raw"
     name, source, total, free = _memory_info(status, opts)
+    spec = _spec_for(status, opts)
     notes: list[str] = []
     if source == "assumed":
         notes.append(
             f"no GPU here ({status.reason}); this plan assumes the {name} with {format_bytes(free)} free "
-            "(on the GPU the steps measure the free memory themselves)"
+            "(on the GPU each step measures the free memory itself and sizes its managed memory from it)"
         )
     if nsys_available is None:
         nsys_available = shutil.which(opts.nsys_path) is not None
     use_nsys = nsys_available if opts.nsys is None else opts.nsys
     py = (opts.python, "-m")
     base = {"CUDA_DEVICE_ORDER": DEVICE_ORDER, "PYTHONUNBUFFERED": "1"}
+    cudart_env = {CUDART_ENV: opts.cudart} if opts.cudart else {}
     steps: list[KitStep] = []
 
-    def add(name_: str, what: str, argv: tuple[str, ...], env: dict[str, str], out_dir: Path, desc: str, kind: str):
+    def staged(d: Path) -> str:
+        return str(d) + STAGING_SUFFIX
+
+    def add(
+        name_: str,
+        what: str,
+        argv: tuple[str, ...],
+        env: dict[str, str],
+        out_dir: Path,
+        desc: str,
+        kind: str,
+        seconds: float,
+    ) -> None:
+        settles, nsys_note = SETTLES[kind]
         steps.append(
-            KitStep(Step(name_, argv, {**base, **env}, str(out), desc), what, STEP_SECONDS[kind], str(out_dir))
+            KitStep(
+                Step(name_, argv, {**base, **env}, str(out), desc),
+                what,
+                round(seconds, 1),
+                str(out_dir),
+                cap_seconds(seconds),
+                settles=settles,
+                needs_nsys=nsys_note,
+            )
         )
 
+    if "facts" in opts.what:
+        d = raw / "facts"
+        argv = (*py, "uvmlab.measure.gpu.kit.facts_step", staged(d))
+        add(
+            "facts",
+            "facts",
+            argv,
+            cudart_env,
+            d,
+            "the machine: runtime, driver, attributes, tools",
+            "facts",
+            estimate_seconds("facts", spec),
+        )
+    if "probe" in opts.what:
+        d = raw / "probe"
+        library = str(shim_mod.shim_path())
+        env = {
+            **shim_mod.shim_env(library, mode="managed", balloon_defer=True, alloc_log=staged(d) + "/probe.alloc.bin"),
+            **cudart_env,
+        }
+        argv = (*py, "uvmlab.measure.gpu.kit.probe_step", staged(d))
+        add(
+            "probe",
+            "probe",
+            argv,
+            env,
+            d,
+            "the shim and UVM on this runtime (interposition, balloon, residency)",
+            "probe",
+            estimate_seconds("probe", spec),
+        )
     if "memory" in opts.what:
         for c in opts.cases:
             d = raw / "memory" / c.name
-            argv = (*py, "uvmlab.measure.gpu.kit.memory_step", str(d), "--case", c.to_json(), "--snapshot", "python")
-            add(f"memory-{c.name}", "memory", argv, {}, d, f"{c.iterations} iterations of {c.name}", "memory")
+            argv = (*py, "uvmlab.measure.gpu.kit.memory_step", staged(d), "--case", c.to_json(), "--snapshot", "python")
+            add(
+                f"memory-{c.name}",
+                "memory",
+                argv,
+                {},
+                d,
+                f"{c.iterations} iterations of {c.name}",
+                "memory",
+                estimate_seconds("memory", spec, iterations=c.iterations, snapshot="python"),
+            )
     if "cudnn" in opts.what:
         seen: set[str] = set()
         for c in opts.cases:
@@ -286,62 +533,23 @@ def plan_collect(
                 continue
             seen.add(one.name)
             d = raw / "cudnn" / one.name
-            env = {**LOG_ENV, DEST_ENV: str(d / "cudnn.log")}
-            argv = (*py, "uvmlab.measure.gpu.kit.memory_step", str(d), "--case", one.to_json(), "--snapshot", "all")
-            add(f"cudnn-{one.name}", "cudnn", argv, env, d, f"one iteration of {one.name}, cuDNN API log on", "cudnn")
-    if "uvm" in opts.what:
-        d = raw / "uvm"
-        argv: tuple[str, ...] = (
-            *py,
-            "uvmlab.measure.gpu.kit.uvm_step",
-            str(d),
-            "--factors",
-            ",".join(f"{f:g}" for f in opts.factors),
-            "--kernels",
-            ",".join(opts.kernels),
-            "--iterations",
-            str(opts.stream_iterations),
-        )
-        if use_nsys:
-            argv = (opts.nsys_path, "profile", *NSYS_PROFILE_FLAGS, "-o", str(d / "streams"), *argv)
-        add(
-            "uvm-streams",
-            "uvm",
-            argv,
-            {},
-            d,
-            "uvmbench streams (seq, rand) at the factors of the free memory",
-            "streams",
-        )
-        if use_nsys:
-            export = ("export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(d / "streams.sqlite"))
-            add("uvm-export", "uvm", (opts.nsys_path, *export, str(d / "streams.nsys-rep")), {}, d,
-                "SQLite export of the streams' report", "export")  # fmt: skip
-        else:
-            notes.append(
-                f"{opts.nsys_path} is not on PATH: the streams run without nsys (no fault or migration records)"
+            env = {**LOG_ENV, DEST_ENV: staged(d) + "/cudnn.log", **SYMBOLIZE_ENV}
+            argv = (*py, "uvmlab.measure.gpu.kit.memory_step", staged(d), "--case", one.to_json(), "--snapshot", "all")
+            add(
+                f"cudnn-{one.name}",
+                "cudnn",
+                argv,
+                env,
+                d,
+                f"one iteration of {one.name}, cuDNN API log on",
+                "cudnn",
+                estimate_seconds("cudnn", spec, iterations=1, snapshot="all"),
             )
-        if opts.gcn:
-            library = str(shim_mod.shim_path())
-            for f in opts.factors if opts.gcn_factors is None else opts.gcn_factors:
-                nodes = gcn_nodes_for(int(f * free), opts.gcn_chunk_edges)
-                if nodes is None:
-                    notes.append(f"GCN at factor {f:g}: even 1,000 nodes need more than {format_bytes(f * free)}")
-                    continue
-                common = ("--nodes", str(nodes), "--epochs", str(opts.gcn_epochs), "--chunk-edges",
-                          str(opts.gcn_chunk_edges))  # fmt: skip
-                gd = d / "gcn" / "uvm"
-                shim = shim_mod.shim_env(library, mode="managed", alloc_log=gd / f"{nodes}.alloc.bin")
-                env = {**shim, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-                argv = (*py, "uvmlab.measure.gpu.kit.gcn", str(gd), *common, "--variant", "uvm")
-                desc = f"GCN {nodes:,} nodes under UVM (every tensor its own managed range), factor {f:g}"
-                add(f"gcn-uvm-{nodes}", "uvm", argv, env, gd, desc, "gcn")
-                nd = d / "gcn" / "native"
-                argv = (*py, "uvmlab.measure.gpu.kit.gcn", str(nd), *common, "--variant", "native")
-                add(f"gcn-native-{nodes}", "uvm", argv, {}, nd, f"GCN {nodes:,} nodes natively", "gcn")
     if "link" in opts.what:
+        from uvmlab.measure.gpu.microbench import DEFAULT_SIZES
+
         d = raw / "link"
-        argv = (*py, "uvmlab.measure.gpu.kit.link_step", str(d))
+        argv = (*py, "uvmlab.measure.gpu.kit.link_step", staged(d))
         if opts.link_sizes:
             argv = (*argv, "--sizes", ",".join(str(s) for s in opts.link_sizes))
         if opts.allow_oversubscription:
@@ -350,27 +558,208 @@ def plan_collect(
             notes.append(
                 "link: the oversubscribed touch rows need --allow-oversubscription (prefetch and touch rows run)"
             )
-        env = {CUDART_ENV: opts.cudart} if opts.cudart else {}
-        add("link", "link", argv, env, d, "prefetch bandwidth by size and page-touch costs (microbenchmarks)", "link")
-    return KitPlan(out, tuple(steps), name, source, total, free, tuple(opts.factors), use_nsys, tuple(notes))
+        sizes = opts.link_sizes or DEFAULT_SIZES
+        add(
+            "link",
+            "link",
+            argv,
+            cudart_env,
+            d,
+            "prefetch bandwidth by size and page-touch costs (microbenchmarks)",
+            "link",
+            estimate_seconds("link", spec, sizes=sizes, repeats=3),
+        )
+    if "run" in opts.what:
+        workload, batch = opts.run_workload
+        d = raw / "run" / f"{re.sub(r'[^A-Za-z0-9]+', '-', workload)}_b{batch}_x{RUN_FACTOR:g}"
+        argv = (
+            *py,
+            "uvmlab.measure.gpu.kit.run_step",
+            staged(d),
+            "--workload",
+            workload,
+            "--batch-size",
+            str(batch),
+            "--oversub",
+            f"{RUN_FACTOR:g}",
+        )
+        add(
+            "run",
+            "run",
+            argv,
+            {},
+            d,
+            f"uvmlab run {workload} --oversub {RUN_FACTOR:g} --baseline, sized from the measured free memory",
+            "run",
+            estimate_seconds("run", spec),
+        )
+    if "uvm" in opts.what:
+        d = raw / "uvm" / "streams"
+        argv: tuple[str, ...] = (
+            *py,
+            "uvmlab.measure.gpu.kit.uvm_step",
+            staged(d),
+            "--factors",
+            ",".join(f"{f:g}" for f in opts.factors),
+            "--kernels",
+            ",".join(opts.kernels),
+            "--iterations",
+            str(opts.stream_iterations),
+        )
+        if use_nsys:
+            argv = (opts.nsys_path, "profile", *NSYS_PROFILE_FLAGS, "-o", staged(d) + "/streams", *argv)
+        add(
+            "uvm-streams",
+            "uvm",
+            argv,
+            {},
+            d,
+            "uvmbench streams (seq, rand) at the factors of the free memory",
+            "streams",
+            estimate_seconds(
+                "streams",
+                spec,
+                free=free,
+                factors=opts.factors,
+                kernels=opts.kernels,
+                iterations=opts.stream_iterations,
+            ),
+        )
+        if use_nsys:
+            e = raw / "uvm" / "streams-export"
+            export = ("export", "--type", "sqlite", "--force-overwrite", "true", "-o", staged(e) + "/streams.sqlite")
+            add(
+                "uvm-export",
+                "uvm",
+                (opts.nsys_path, *export, str(d / "streams.nsys-rep")),
+                {},
+                e,
+                "SQLite export of the streams' report",
+                "export",
+                estimate_seconds("export", spec),
+            )
+        else:
+            notes.append(
+                f"{opts.nsys_path} is not on PATH: the streams run without nsys (no fault or migration records)"
+            )
+        if opts.gcn:
+            from uvmlab.measure.gpu.kit.sizing import managed_limit
+
+            library = str(shim_mod.shim_path())
+            for f in opts.factors if opts.gcn_factors is None else opts.gcn_factors:
+                footprint = min(int(f * free), managed_limit(free))
+                for variant in ("uvm", "native"):
+                    gd = raw / "uvm" / "gcn" / f"{variant}-f{f:g}"
+                    secs = estimate_seconds("gcn", spec, epochs=opts.gcn_epochs, footprint_bytes=footprint)
+                    cap = cap_seconds(secs)
+                    common = (
+                        "--fraction-of-free",
+                        f"{f:g}",
+                        "--max-seconds",
+                        f"{cap:g}",
+                        "--epochs",
+                        str(opts.gcn_epochs),
+                        "--chunk-edges",
+                        str(opts.gcn_chunk_edges),
+                    )
+                    env: dict[str, str] = {}
+                    if variant == "uvm":
+                        shim = shim_mod.shim_env(library, mode="managed", alloc_log=staged(gd) + "/gcn.alloc.bin")
+                        env = {**shim, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+                    argv = (*py, "uvmlab.measure.gpu.kit.gcn", staged(gd), *common, "--variant", variant)
+                    desc = (
+                        f"GCN at factor {f:g} of the free memory "
+                        + ("under UVM (every tensor its own managed range)" if variant == "uvm" else "natively")
+                        + "; node count from the measured free memory, the sizing margin and the time cap"
+                    )
+                    add(f"gcn-{variant}-f{f:g}", "uvm", argv, env, gd, desc, "gcn", secs)
+    if opts.caps:
+        from dataclasses import replace as _replace
+
+        steps = [_replace(k, cap_s=float(opts.caps.get(k.step.name, k.cap_s))) for k in steps]
+    ranked = _ranked(steps)
+    chosen, left = select_steps(ranked, opts.budget_s)
+    if left:
+        notes.append(
+            f"the budget of {opts.budget_s:g} s leaves out {len(left)} step(s) (value order, estimates): "
+            + ", ".join(f"{k.step.name} ~{k.seconds:.0f} s" for k in left[:6])
+            + (" ..." if len(left) > 6 else "")
+            + "; --budget SECONDS takes more, --resume continues a collection"
+        )
+    return KitPlan(
+        out,
+        tuple(chosen),
+        name,
+        source,
+        total,
+        free,
+        tuple(opts.factors),
+        use_nsys,
+        tuple(notes),
+        opts.budget_s,
+        tuple(left),
+        spec.name,
+    )
+
+
+def _ranked(steps: list[KitStep]) -> list[KitStep]:
+    """The steps with their value rank (:data:`FIRST_RUN_ORDER` first, then plan order), in that order."""
+    from dataclasses import replace
+
+    order = {n: i for i, n in enumerate(FIRST_RUN_ORDER)}
+    ranked = [replace(k, value=order.get(k.step.name, len(order) + i)) for i, k in enumerate(steps)]
+    return sorted(ranked, key=lambda k: k.value)
+
+
+def select_steps(ranked: list[KitStep], budget_s: float | None) -> tuple[list[KitStep], list[KitStep]]:
+    """(chosen, left out): the steps in value order whose estimates fit ``budget_s`` (None: all). A step that does
+    not fit is left out and cheaper later ones are still taken; an export step only with its streams."""
+    if budget_s is None:
+        return list(ranked), []
+    chosen: list[KitStep] = []
+    left: list[KitStep] = []
+    used = 0.0
+    names: set[str] = set()
+    for k in ranked:
+        needs_streams = k.step.name == "uvm-export" and "uvm-streams" not in names
+        if used + k.seconds <= budget_s and not needs_streams:
+            chosen.append(k)
+            names.add(k.step.name)
+            used += k.seconds
+        else:
+            left.append(k)
+    return chosen, left
 
 
 def format_kit_plan(plan: KitPlan) -> str:
-    """The dry run's text: the GPU, the memory rule, every step with its paste-able command, the time it takes."""
+    """The dry run's text: the GPU, the memory rule, the budget table (estimate, cap, what each step settles), every
+    step with its paste-able command."""
+    from uvmlab.measure.gpu.kit.sizing import MARGIN_BYTES, MARGIN_FRACTION, WORST_UNDERESTIMATE
+
     lines = [
         f"GPU: {plan.gpu_name} ({plan.gpu_source}), {format_bytes(plan.total_bytes)} total, "
-        f"{format_bytes(plan.free_bytes)} free",
+        f"{format_bytes(plan.free_bytes)} free; estimates on the {plan.spec_name} spec [not measured]",
+        f"managed memory: each step measures the free memory F when it starts and holds at most F - max("
+        f"{MARGIN_FRACTION:.0%} of F, {format_bytes(MARGIN_BYTES)}); an estimated footprint counts as estimate / "
+        f"{1 - WORST_UNDERESTIMATE:.3f} (the estimator's worst known miss, -{WORST_UNDERESTIMATE:.1%})",
         f"factors of the free memory: {', '.join(f'{f:g}' for f in plan.factors)} (above {MAX_SAFE_FACTOR:g} only "
-        "with --allow-oversubscription); each step measures the free memory itself when it starts",
+        "with --allow-oversubscription)",
         f"nsys: {'yes (streams profiled with the UM flags)' if plan.nsys else 'no'}",
         f"output: {plan.out} (validate with: uvmlab validate {shlex.quote(str(plan.out))})",
     ]
     for n in plan.notes:
         lines.append(f"note: {n}")
+    budget = f"{plan.budget_s:g} s" if plan.budget_s is not None else "none"
+    lines.append(f"budget: {budget}; steps in value order (estimate and time cap in seconds):")
+    lines.append(f"  {'#':>2}  {'step':<46} {'est':>5} {'cap':>5}  settles")
     for i, ks in enumerate(plan.steps, 1):
-        lines.append(f"step {i} [{ks.what}, ~{ks.seconds / 60:.0f} min]: {ks.step.name}: {ks.step.description}")
+        lines.append(f"  {i:>2}  {ks.step.name:<46} {ks.seconds:>5.0f} {ks.cap_s:>5.0f}  {ks.settles}")
+        lines.append(f"  {'':>2}  {'':<46} {'':>5} {'':>5}  settled without nsys: {ks.needs_nsys}")
+    for ks in plan.steps:
+        lines.append(f"{ks.step.name} [{ks.what}, ~{ks.seconds:.0f} s, cap {ks.cap_s:.0f} s]: {ks.step.description}")
         lines.append(f"  {shell_command(ks.step)}")
     by = {w: sum(s.seconds for s in plan.steps if s.what == w) for w in WHAT}
-    parts = ", ".join(f"{w} {by[w] / 60:.0f} min" for w in WHAT if by[w])
-    lines.append(f"{len(plan.steps)} steps, about {plan.seconds / 60:.0f} min in all ({parts}) [rough estimate]")
+    parts = ", ".join(f"{w} {by[w]:.0f} s" for w in WHAT if by[w])
+    fits = "" if plan.budget_s is None else f" (budget {plan.budget_s:g} s)"
+    lines.append(f"{len(plan.steps)} steps, estimates sum to {plan.seconds:.0f} s{fits}: {parts} [rough estimate]")
     return "\n".join(lines) + "\n"
