@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import read_json_file
 from uvmlab.gpus import DEFAULT_GPU
+from uvmlab.numbers import json_loads
 
 MAX_GPU_FILE_BYTES = 1024 * 1024
 """Largest GPU file read (1 MiB; a description is a few hundred bytes)."""
@@ -37,13 +38,7 @@ def read_gpu_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"GPU file {p} not found; give a listed GPU (uvmlab gpus) or a .json description")
-    text = read_input_text(p, MAX_GPU_FILE_BYTES, "a GPU file (JSON)")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"GPU file {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise InputError(f"GPU file {p} nests too deeply to be a GPU description") from None
+    doc = read_json_file(p, MAX_GPU_FILE_BYTES, "a GPU file (JSON)")  # numbers checked (uvmlab.numbers)
     if not isinstance(doc, dict):
         raise InputError(f"GPU file {p} must hold a mapping of keys to values (uvmlab.gpus.SPEC_KEYS)")
     return {"base": DEFAULT_GPU, **doc}
@@ -57,7 +52,7 @@ def parse_gpu_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise InputError(f"--gpu-set takes KEY=VALUE (e.g. sm_count=132), not {item!r}")
         try:
-            out[key.strip()] = json.loads(value)
+            out[key.strip()] = json_loads(value, f"--gpu-set {key.strip()}")  # numbers checked (uvmlab.numbers)
         except json.JSONDecodeError:
             out[key.strip()] = value.strip()
     return out
