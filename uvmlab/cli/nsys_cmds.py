@@ -249,14 +249,14 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     "--kernels",
     "kernel_exports",
     multiple=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     help="Fit the native kernel-time classes on this export's kernel table instead (repeatable; each kernel's work "
     "from --work; docs/uvm-sim.md 'Native kernel time by class').",
 )
 @click.option(
     "--work",
     "work_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
     default=None,
     help="Kernel work file of --kernels (CSV: export, kernel, grid, class, flops, bytes, dtype, split, uvm, note) "
     "[default: the shipped one, for the exports in real-data/nsys].",
