@@ -14,7 +14,7 @@ from uvmlab.cli import main
 from uvmlab.files.rundir import RunDir
 from uvmlab.measure.calibrate import calibrate, costs_against
 from uvmlab.measure.nsys.synthetic import GLOBAL_PID, write_synthetic_export
-from uvmlab.sim.uvm.timing import CostParams, transfer_bandwidth
+from uvmlab.sim.uvm.timing import STREAM_EFFICIENCY, CostParams, transfer_bandwidth
 from uvmlab.stats.schema import KERNEL_COLUMNS, RESULT_KEYS
 
 LINK = 18e9  # bytes/s at 2 MiB
@@ -78,7 +78,8 @@ def test_kernel_time_scale_from_sim_run(tmp_path: Path) -> None:
     d = CostParams()
     assert doc["details"]["kernel_time_scale"]["matched_kernels"] == n
     assert doc["params"]["compute_efficiency"] == pytest.approx(d.compute_efficiency / 2)
-    assert doc["params"]["memory_efficiency"] == pytest.approx(d.memory_efficiency / 2)
+    assert doc["params"]["gemm_efficiency"] == pytest.approx(d.gemm_efficiency / 2)
+    assert doc["params"]["memory_efficiency"] == pytest.approx(STREAM_EFFICIENCY["HBM"] / 2)  # None: resolved
 
 
 @pytest.mark.real_data

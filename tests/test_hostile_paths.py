@@ -34,7 +34,7 @@ from uvmlab.cli.options import PathParam
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "docs" / "examples" / "tiny_mlp.py"
 NOT_PATHS = {
-    "alloc_conf", "budget", "checkpoint", "factors", "footprint", "gpu", "gpu_memory", "gpu_name",
+    "alloc_conf", "budget", "checkpoint", "factors", "footprint", "gpu", "gpu_memory", "gpu_name", "gpu_sets",
     "iteration_pattern", "lora_targets", "margin", "only", "options", "overrides", "oversub", "partition", "pca",
     "policies", "policy", "shard_options", "sim_options", "what", "workloads",
 }  # fmt: skip

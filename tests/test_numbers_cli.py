@@ -98,6 +98,7 @@ NUMERIC_TEXT = {
 """Text options whose value is (or holds) a number: (command, option) -> the command line before the value."""
 TEXT_WITH_NUMBERS = {
     ("run", "--gpu"): (["run", "gpt2", "--gpu"], "A100-80GB@{}"),
+    ("run", "--gpu-set"): (["run", "gpt2", "--gpu-set"], "sm_count={}"),
     ("advise", "--gpu"): (["advise", "gpt2", "--gpu"], "A100-80GB@{}"),
     ("collect", "--workload"): (["collect", "--dry-run", "--workload"], "gpt2@{}"),
     ("estimate", "--alloc-conf"): (["estimate", "gpt2", "--alloc-conf"], "max_split_size_mb:{}"),

@@ -30,7 +30,7 @@ def test_every_example_is_in_the_docs() -> None:
     doc = (REPO / "docs" / "workloads.md").read_text()
     assert "## Programs: more than a training loop" in doc
     linked = set(re.findall(r"examples/programs/(\w+)\.py", doc))
-    assert set(NAMES) == linked and len(NAMES) == 7
+    assert set(NAMES) == linked and len(NAMES) == 12
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,6 +91,35 @@ def _prefetching_allocator(k, result) -> None:
     assert len(pf) > 0 and set(pf["phase"]) == {"compute"}  # the activations of the loop, not features/scratch
 
 
+def _streams_overlap(k, result) -> None:
+    assert set(k["stream"]) == {0, 1}  # uvm.stream(): the copy stream's prefetches
+    assert set(k.loc[k["stream"] == 1, "api"]) == {"prefetch", "event_record"}
+    assert (k["api"] == "event_wait").sum() == 3 * 2 and (k["api"] == "synchronize").sum() == 2
+    assert result["time_breakdown_ns"]["other_ns"] < 0  # overlap: the parts add up to more than the iteration
+
+
+def _device_memory(k, result) -> None:
+    assert result["device_bytes"] == 64 << 20
+    assert set(k.loc[k["api"] != "", "api"]) == {"memcpy_htod", "memcpy_dtoh", "host_write"}
+
+
+def _inplace_gemm(k, result) -> None:
+    gemms = k[k["name"].isin(["aten::addmm_", "aten::mm", "aten::baddbmm_"])]
+    assert len(gemms) == 6 and (gemms["flops"] > 2 * 2048**3 * 0.99).all()
+    assert set(result["native_by_class_ns"]) == {"gemm"}
+
+
+def _gather_index(k, result) -> None:
+    idx = set(k["index"]) - {""}
+    assert idx == {f"zipf:1.1;rows={1 << 18};lookups={1 << 16}"}
+
+
+def _declared_time(k, result) -> None:
+    assert k.loc[k["name"] == "stencil", "native_ns"].tolist() == [1.5e6, 1.5e6]
+    assert (k.loc[k["name"] == "naive_gemm", "efficiency"] == 0.05).all()
+    assert set(result["native_by_class_ns"]) >= {"declared", "compute", "serial"}
+
+
 def _row_per_thread(k, result) -> None:
     row = k[k["name"] == "row_sum"].iloc[0]
     assert (row["order"], row["threads"], row["stride_bytes"]) == ("sequential", 65536, 4)
@@ -98,6 +127,11 @@ def _row_per_thread(k, result) -> None:
 
 
 CHECKS = {
+    "streams_overlap": _streams_overlap,
+    "device_memory": _device_memory,
+    "inplace_gemm": _inplace_gemm,
+    "gather_index": _gather_index,
+    "declared_time": _declared_time,
     "host_data": _host_data,
     "hints": _hints,
     "inference": _inference,

@@ -46,6 +46,7 @@ def _sector_bytes_per_array(factor: float) -> float:
 
 
 def _native_ms(nbytes: float, costs: CostParams = COSTS) -> float:
+    costs = costs.for_gpu(GPU)  # memory_efficiency None: the GPU's memory kind's stream share
     return nbytes / (GPU.hbm_bytes_per_s * (costs.sector_memory_efficiency or costs.memory_efficiency)) * 1e3
 
 
@@ -58,7 +59,7 @@ def test_device_mode_is_the_lone_sector_roofline() -> None:
 def test_sector_efficiency_defaults_to_the_memory_efficiency() -> None:
     plain = CostParams()
     assert plain.sector_memory_efficiency is None
-    assert plain.for_scattered_sectors().memory_efficiency == plain.memory_efficiency
+    assert plain.for_scattered_sectors().memory_efficiency == plain.memory_efficiency  # both None until for_gpu
     assert COSTS.for_scattered_sectors().memory_efficiency == 0.125
     r = _run("seq_stream", 0.5, "device", costs=plain)
     assert r["median_ms"] == pytest.approx(_native_ms(2 * _sector_bytes_per_array(0.5), plain), rel=1e-6)

@@ -60,6 +60,6 @@ def test_roofline_kernel_time() -> None:
     t = kernel_time_ns(np.array([0.0, 1e12, 0.0]), np.array([0.0, 0.0, 1e9]), gpu, c)
     assert t[0] == c.kernel_min_ns
     assert t[1] == pytest.approx(1e12 / (gpu.fp32_flops * c.compute_efficiency) * 1e9)
-    assert t[2] == pytest.approx(1e9 / (gpu.hbm_bytes_per_s * c.memory_efficiency) * 1e9)
+    assert t[2] == pytest.approx(1e9 / (gpu.hbm_bytes_per_s * c.for_gpu(gpu).memory_efficiency) * 1e9)
     bf16 = kernel_time_ns(np.array([1e12]), np.array([0.0]), gpu, c, dtype="bf16")
     assert bf16[0] < t[1]

@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "WorkloadConfig": "uvmlab.config",
     "RunConfig": "uvmlab.config",
     "get_gpu": "uvmlab.gpus",
+    "custom_gpu": "uvmlab.gpus",
+    "read_gpu_file": "uvmlab.files.gpu_file",
     "RunDir": "uvmlab.files.rundir",
     # traces (capture needs torch)
     "capture_trace": "uvmlab.trace.capture",
@@ -91,9 +93,14 @@ def _path_of(x: Any) -> Any:
 
 
 def _gpu(x: Any) -> Any:
+    """A GpuSpec of a listed GPU's name, a GPU file (``.json``), or the spec itself."""
+    from uvmlab.files.gpu_file import resolve_gpu
     from uvmlab.gpus import get_gpu
 
-    return get_gpu(x) if isinstance(x, str) else x
+    if not isinstance(x, str):
+        return x
+    base, spec = resolve_gpu(x)
+    return get_gpu(base, spec=spec)
 
 
 def _workload(x: Any) -> Any:
@@ -315,6 +322,13 @@ def _run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         )
     rkw = {k: kwargs.pop(k) for k in list(kwargs) if k in run_fields}
     wkw = {k: kwargs.pop(k) for k in list(kwargs) if k in workload_fields}
+    if isinstance(rkw.get("gpu"), str):  # a GPU file: its base GPU and its fields (uvmlab.files.gpu_file)
+        from uvmlab.files.gpu_file import resolve_gpu
+
+        base, spec = resolve_gpu(rkw["gpu"])
+        rkw["gpu"] = base
+        if spec:
+            rkw["gpu_spec"] = {**spec, **dict(rkw.get("gpu_spec") or {})}
     if isinstance(cfg, RunConfig):
         workload = replace(cfg.workload, **wkw) if wkw else cfg.workload
         cfg = replace(cfg, workload=workload, **rkw)

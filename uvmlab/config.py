@@ -319,6 +319,9 @@ class RunConfig:
     gpu: str = "A100-80GB"
     gpu_memory_bytes: int | None = None
     prefetch: bool = True
+    gpu_spec: dict[str, Any] = field(default_factory=dict)
+    """A GPU that is not in the list, or a listed one changed: the fields of a GPU file (``--gpu FILE.json``) and of
+    ``--gpu-set KEY=VALUE`` (``uvmlab.gpus.SPEC_KEYS``), applied to ``gpu`` (or to the file's ``base``)."""
     params_file: str | None = None
     """JSON file of simulator cost parameters (uvmlab calibrate writes one)."""
     sim_options: dict[str, Any] = field(default_factory=dict)
@@ -342,7 +345,8 @@ class RunConfig:
         object.__setattr__(self, "pca", parse_on_off("pca", self.pca))
         object.__setattr__(self, "prefetch", parse_on_off("prefetch", self.prefetch))
         _choice("mode", self.mode, MODES)
-        get_gpu(_text("gpu", self.gpu, "a GPU name (uvmlab gpus)"))  # an unknown name lists the known ones
+        object.__setattr__(self, "gpu_spec", _mapping("gpu_spec", self.gpu_spec))
+        get_gpu(_text("gpu", self.gpu, "a GPU name (uvmlab gpus)"), spec=self.gpu_spec)  # one sentence if bad
         memory = self.gpu_memory_bytes
         if memory is not None:
             if isinstance(memory, str):
@@ -362,6 +366,8 @@ class RunConfig:
         """Plain-dict form (config.json, hashing)."""
         d = asdict(self)
         d.pop("applied")
+        if not d["gpu_spec"]:  # a listed GPU: the dict (and every sweep's config hash) as before GPU files
+            d.pop("gpu_spec")
         d["workload"] = self.workload.to_dict()
         return d
 

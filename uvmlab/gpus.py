@@ -18,7 +18,10 @@ fault-path costs depend on its generation (uvmlab.sim.uvm.generations). Default 
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,6 +147,32 @@ class GpuSpec:
     driver: str = DEFAULT_DRIVER
     sources: tuple[tuple[str, str], ...] = ()
     """(what, source) for every number of this spec."""
+    sm_count: int = 0
+    """Streaming multiprocessors; 0 = unknown (the simulators then take :data:`DEFAULT_SM_COUNT`)."""
+    fp64_flops: float = 0.0
+    """Peak dense FP64 FLOP/s as cuBLAS DGEMM reaches it (FP64 tensor cores where the GPU has them); 0 = unknown:
+    FP32 / 64 (the consumer-GPU ratio, CUDA C++ Programming Guide, arithmetic instructions)."""
+    max_threads_per_sm: int = 2048
+    """Resident threads per SM (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability")."""
+    memory_kind: str = "HBM"
+    """Device memory technology, ``HBM`` or ``GDDR``: the share of peak bandwidth a stream reaches differs
+    (uvmlab.sim.uvm.timing ``STREAM_EFFICIENCY``)."""
+
+    @property
+    def sms(self) -> int:
+        """SMs: :attr:`sm_count`, or :data:`DEFAULT_SM_COUNT` when unknown."""
+        return self.sm_count or DEFAULT_SM_COUNT
+
+    @property
+    def fp64_peak(self) -> float:
+        """FP64 FLOP/s: :attr:`fp64_flops`, else FP32 / 64."""
+        return self.fp64_flops or self.fp32_flops / 64
+
+    @property
+    def tf32_flops(self) -> float:
+        """Dense TF32 tensor-core FLOP/s: half the BF16 rate on Ampere and later (NVIDIA A100 datasheet: 156 vs 312
+        TFLOPS; H100 SXM 494.7 vs 989), none (0) before Ampere."""
+        return self.tensor_flops / 2 if self.arch in TF32_ARCHS else 0.0
 
     @property
     def usable_bytes(self) -> int:
@@ -179,6 +208,13 @@ class GpuSpec:
         return replace(self, driver=check_driver(driver))
 
 
+MEMORY_KINDS = ("HBM", "GDDR")
+DEFAULT_SM_COUNT = 108
+"""SMs of a GPU whose count is unknown: the seed study's A100."""
+TF32_ARCHS = frozenset({"Ampere", "Ada", "Hopper", "Blackwell"})
+"""Architectures with TF32 tensor cores (NVIDIA Ampere architecture whitepaper; Ada, Hopper, Blackwell keep them)."""
+
+
 def check_driver(version: str) -> str:
     """``version`` if it is a driver version uvmlab can describe (``MAJOR[.MINOR[.PATCH]]``, major >= 375)."""
     m = re.fullmatch(r"(\d{3})(\.\d{1,3}){0,2}", version.strip())
@@ -209,6 +245,8 @@ def _gpu(
     host: str = "x86-64 Linux",
 ) -> GpuSpec:
     lk = LINKS[link]
+    sms, threads, fp64 = SM_FP64[name]
+    kind = "GDDR" if name in GDDR_GPUS else "HBM"
     page = PAGE_64K if host != "x86-64 Linux" else X86_PAGE_BYTES
     return GpuSpec(
         name=name,
@@ -222,13 +260,57 @@ def _gpu(
         link_peak_bytes_per_s=lk.peak_bytes_per_s,
         coherent=lk.coherent,
         host_page_bytes=page,
+        sm_count=sms,
+        max_threads_per_sm=threads,
+        fp64_flops=fp64,
+        memory_kind=kind,
         sources=(
             ("memory, FP32, tensor, memory bandwidth", datasheet),
             ("host link", lk.source),
             (f"host page size ({host})", "x86-64 PAGE_SIZE" if page == X86_PAGE_BYTES else PAGE_64K_SOURCE),
             ("CUDA context", "reference/uvm.md 3.3 (512 MiB default [I])"),
+            ("SMs, threads per SM, FP64", SM_FP64_SOURCE),
         ),
     )
+
+
+GDDR_GPUS = frozenset({"A6000", "L40S", "RTX4090", "RTX4060", "RTX5090", "T4", "RTX2080Ti", "GTX1080Ti", "GTX1080"})
+"""Listed GPUs with GDDR memory (GDDR5X/6/6X/7, their datasheets); the others have HBM2/2e/3/3e."""
+SM_FP64: dict[str, tuple[int, int, float]] = {
+    "A100-80GB": (108, 2048, 19.5e12),
+    "A100-40GB": (108, 2048, 19.5e12),
+    "A6000": (84, 1536, 0.0),
+    "H100-80GB": (132, 2048, 67e12),
+    "H100-PCIe": (114, 2048, 51e12),
+    "H200": (132, 2048, 67e12),
+    "GH200": (132, 2048, 67e12),
+    "L40S": (142, 1536, 0.0),
+    "RTX4090": (128, 1536, 0.0),
+    "RTX4060": (24, 1536, 0.0),
+    "RTX5090": (170, 1536, 0.0),
+    "V100-32GB": (80, 2048, 7.8e12),
+    "V100-16GB": (80, 2048, 7.8e12),
+    "V100-PCIe": (80, 2048, 7.0e12),
+    "V100-PCIe-32GB": (80, 2048, 7.0e12),
+    "V100-SXM2-P9": (80, 2048, 7.8e12),
+    "TitanV": (80, 2048, 7.45e12),
+    "T4": (40, 1024, 0.0),
+    "RTX2080Ti": (68, 1024, 0.0),
+    "P100-PCIe": (56, 2048, 4.7e12),
+    "P100-SXM2": (56, 2048, 5.3e12),
+    "GTX1080Ti": (28, 2048, 0.0),
+    "GTX1080": (20, 2048, 0.0),
+}
+"""(SMs, max resident threads per SM, FP64 FLOP/s; 0 = FP32 / 64) per catalogue GPU."""
+SM_FP64_SOURCE = (
+    "SMs: the vendor datasheets / architecture whitepapers (A100 108, H100 SXM 132, H100 PCIe 114, GA102 A6000 84, "
+    "AD102 L40S 142 and RTX 4090 128, AD107 RTX 4060 24, GB202 RTX 5090 170, GV100 80, TU104 T4 40, TU102 2080 Ti 68, "
+    "GP100 56, GP104 GTX 1080 20, GP102 1080 Ti 28); threads per SM: CUDA C++ Programming Guide, technical "
+    "specifications per compute capability (2048 on 6.0-7.0, 8.0, 9.0; 1536 on 8.6, 8.9, 12.0; 1024 on 7.5); FP64: "
+    "the datasheets (A100 FP64 tensor core 19.5 TFLOPS, H100 SXM 67, H100 PCIe 51, V100 SXM2 7.8, PCIe 7.0, Titan V "
+    "7.45, P100 4.7/5.3); consumer GPUs 1/64 of FP32 (compute capability 8.6/8.9/12.0 and 7.5 technical "
+    "specifications: 2 FP64 results per clock per SM against 128)"
+)
 
 
 H200_MEMORY_BYTES = 143_771 * MiB
@@ -380,19 +462,169 @@ GPUS: dict[str, GpuSpec] = {
 DEFAULT_GPU = "A100-80GB"
 
 
-def get_gpu(name: str, memory: str | int | None = None) -> GpuSpec:
+def get_gpu(name: str, memory: str | int | None = None, spec: Mapping[str, Any] | None = None) -> GpuSpec:
     """Look up a GPU by name (case-insensitive), optionally ``NAME@DRIVER``; ``memory`` (e.g. ``"80GiB"``) overrides
-    its capacity."""
+    its capacity; ``spec`` (a GPU file's fields and/or ``--gpu-set KEY=VALUE``, :data:`SPEC_KEYS`) describes a GPU
+    that is not in the list, starting from ``spec["base"]`` or else ``name`` (:func:`custom_gpu`)."""
+    if spec:
+        base_name = str(spec.get("base", name))
+        gpu = custom_gpu(_catalog(base_name), spec)
+    else:
+        gpu = _catalog(name)
+    if memory is not None:
+        gpu = gpu.with_memory(parse_bytes(memory))
+    return gpu
+
+
+def _catalog(name: str) -> GpuSpec:
     base, _, driver = name.partition("@")
     by_lower = {k.lower(): v for k, v in GPUS.items()}
     spec = by_lower.get(base.strip().lower())
     if spec is None:
-        raise InputError(f"unknown GPU {base!r}; known GPUs: {', '.join(GPUS)} (optionally NAME@DRIVER)")
+        raise InputError(
+            f"unknown GPU {base!r}; known GPUs: {', '.join(GPUS)} (optionally NAME@DRIVER), or describe it in a GPU "
+            "file (--gpu FILE.json) or with --gpu-set KEY=VALUE (docs/uvm-sim.md, 'GPUs not in the list')"
+        )
     if driver:
         spec = spec.with_driver(driver)
-    if memory is not None:
-        spec = spec.with_memory(parse_bytes(memory))
     return spec
+
+
+SPEC_KEYS: dict[str, str] = {
+    "name": "the GPU's name (text)",
+    "base": "the listed GPU to start from (default: --gpu)",
+    "arch": "architecture (Pascal, Volta, Turing, Ampere, Ada, Hopper, Blackwell): TF32 from Ampere on",
+    "memory": "device memory (bytes or 80GiB)",
+    "fp32_flops": "peak dense FP32 FLOP/s (67e12 or 67TFLOPS)",
+    "tensor_flops": "peak dense BF16/FP16 tensor-core FLOP/s",
+    "fp64_flops": "peak FP64 FLOP/s cuBLAS DGEMM reaches (tensor cores where present)",
+    "hbm_bytes_per_s": "peak DRAM bandwidth (3.35e12 or 3.35TB/s)",
+    "sm_count": "streaming multiprocessors",
+    "max_threads_per_sm": "resident threads per SM (2048, 1536 or 1024)",
+    "memory_kind": "HBM or GDDR (the share of peak bandwidth a stream reaches)",
+    "link": f"host link, one of {', '.join(LINKS)}",
+    "link_bytes_per_s": "sustained 2 MiB UVM migration rate per direction",
+    "link_peak_bytes_per_s": "the link's peak per direction",
+    "coherent": "true when the CPU can map GPU memory (NVLink-C2C, POWER9 NVLink)",
+    "host_page_bytes": "the host's PAGE_SIZE (4096 or 65536)",
+    "context_bytes": "CUDA context and driver reservation (bytes or 512MiB)",
+    "driver": "NVIDIA driver version (e.g. 550.54.15)",
+}
+"""Keys of a GPU description (a GPU file or ``--gpu-set``): every number a run of the simulator uses."""
+_RATE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtTpP]?)\s*(b/s|flops|flop/s)?\s*$", re.I)
+MAX_RATE = 1e18
+"""Largest rate accepted (1 EFLOP/s or 1 EB/s): a guard against unit slips, far above any GPU."""
+
+
+def parse_rate(key: str, value: Any) -> float:
+    """A positive rate: a number, or text such as ``3.35TB/s`` / ``989TFLOPS`` / ``25e9`` (decimal prefixes)."""
+    if isinstance(value, bool):
+        raise InputError(f"GPU {key} must be a number, not {value!r}")
+    if isinstance(value, int | float):
+        rate = float(value)
+    else:
+        m = _RATE_RE.match(str(value))
+        if m is None:
+            raise InputError(f"GPU {key} {value!r} is not a rate (examples: 3.35e12, 3.35TB/s, 989TFLOPS)")
+        rate = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    if not math.isfinite(rate) or rate <= 0 or rate > MAX_RATE:
+        raise InputError(f"GPU {key} must be a rate > 0 and <= {MAX_RATE:g}, not {value!r}")
+    return rate
+
+
+def _whole(key: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InputError(f"GPU {key} must be a whole number in [{lo}, {hi}], not {value!r}")
+    return value
+
+
+def custom_gpu(base: GpuSpec, fields: Mapping[str, Any]) -> GpuSpec:
+    """``base`` with the GPU description ``fields`` (:data:`SPEC_KEYS`) applied; unknown keys and bad values are an
+    InputError naming the key. The spec's ``sources`` say that these numbers are the user's."""
+    unknown = sorted(set(fields) - set(SPEC_KEYS))
+    if unknown:
+        raise InputError(f"unknown GPU keys {unknown}; known keys: {', '.join(SPEC_KEYS)}")
+    kw: dict[str, Any] = {}
+    if "link" in fields:  # first: explicit link rates and coherence below override the named link's
+        lk = LINKS.get(str(fields["link"]))
+        if lk is None:
+            raise InputError(f"unknown GPU link {fields['link']!r}; known links: {', '.join(LINKS)}")
+        kw.update(
+            link=lk.name,
+            link_bytes_per_s=lk.sustained_bytes_per_s,
+            link_peak_bytes_per_s=lk.peak_bytes_per_s,
+            coherent=lk.coherent,
+        )
+    elif "link_bytes_per_s" in fields:
+        kw["link"] = "user-given link"
+    for key, value in fields.items():
+        if key in ("base", "link"):
+            continue
+        if key in ("name", "arch"):
+            if not isinstance(value, str) or not value.strip():
+                raise InputError(f"GPU {key} must be non-empty text, not {value!r}")
+            kw[key] = value.strip()
+        elif key == "memory_kind":
+            if value not in MEMORY_KINDS:
+                raise InputError(f"GPU memory_kind must be one of {', '.join(MEMORY_KINDS)}, not {value!r}")
+            kw[key] = value
+        elif key in ("memory", "context_bytes"):
+            kw["memory_bytes" if key == "memory" else key] = parse_bytes(value)
+        elif key.endswith(("_flops", "_bytes_per_s")):
+            kw[key] = parse_rate(key, value)
+        elif key == "sm_count":
+            kw[key] = _whole(key, value, 1, 10_000)
+        elif key == "max_threads_per_sm":
+            kw[key] = _whole(key, value, 32, 65_536)
+        elif key == "host_page_bytes":
+            kw[key] = _whole(key, value, X86_PAGE_BYTES, 1 << 30)
+            if kw[key] & (kw[key] - 1):
+                raise InputError(f"GPU host_page_bytes must be a power of two, not {value}")
+        elif key == "coherent":
+            if not isinstance(value, bool):
+                raise InputError(f"GPU coherent must be true or false, not {value!r}")
+            kw[key] = value
+        elif key == "driver":
+            kw[key] = check_driver(str(value))
+    if "link_bytes_per_s" in fields and "link_peak_bytes_per_s" not in fields and "link" not in fields:
+        kw["link_peak_bytes_per_s"] = kw["link_bytes_per_s"]
+    if "name" not in kw:
+        kw["name"] = f"{base.catalog_name}-custom"
+    gpu = replace(base, **kw)
+    if gpu.link_peak_bytes_per_s and gpu.link_bytes_per_s > gpu.link_peak_bytes_per_s:
+        raise InputError(
+            f"GPU link_bytes_per_s {gpu.link_bytes_per_s:g} exceeds link_peak_bytes_per_s {gpu.link_peak_bytes_per_s:g}"
+        )
+    if gpu.memory_bytes <= gpu.context_bytes:
+        raise InputError(f"GPU memory {gpu.memory_bytes} B is not larger than its context_bytes {gpu.context_bytes} B")
+    if gpu.memory_bytes > MAX_MEMORY_BYTES:
+        raise InputError(f"GPU memory {gpu.memory_bytes:,} B is more than {MAX_MEMORY_BYTES // TiB} TiB")
+    given = ", ".join(sorted(k for k in fields if k != "base"))
+    return replace(gpu, sources=((f"user-given ({given}); the rest from {base.name}", "the user"), *base.sources))
+
+
+def spec_dict(gpu: GpuSpec) -> dict[str, Any]:
+    """The numbers of ``gpu`` a run uses, by :data:`SPEC_KEYS` name (result.json ``gpu_spec``)."""
+    return {
+        "name": gpu.name,
+        "arch": gpu.arch,
+        "memory": gpu.memory_bytes,
+        "fp32_flops": gpu.fp32_flops,
+        "tensor_flops": gpu.tensor_flops,
+        "fp64_flops": gpu.fp64_peak,
+        "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
+        "sm_count": gpu.sms,
+        "max_threads_per_sm": gpu.max_threads_per_sm,
+        "memory_kind": gpu.memory_kind,
+        "link": gpu.link,
+        "link_bytes_per_s": gpu.link_bytes_per_s,
+        "link_peak_bytes_per_s": gpu.link_limit_bytes_per_s,
+        "coherent": gpu.coherent,
+        "host_page_bytes": gpu.host_page_bytes,
+        "context_bytes": gpu.context_bytes,
+        "driver": gpu.driver,
+    }
 
 
 def known_gpu(detected: str | None) -> str | None:
@@ -401,7 +633,8 @@ def known_gpu(detected: str | None) -> str | None:
     if not detected:
         return None
     words = detected.upper().replace("-", " ").split()
-    fits = [k for k in GPUS if all(part in words for part in k.upper().split("-"))]
+    pairs = {a + b for a, b in itertools.pairwise(words)}  # "RTX 4060" is the listed "RTX4060"
+    fits = [k for k in GPUS if all(part in words or part in pairs for part in k.upper().split("-"))]
     return max(fits, key=len) if fits else None
 
 

@@ -138,21 +138,24 @@ def _advise(
     from uvmlab.advise.advisor import advise
     from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note
+    from uvmlab.files.gpu_file import resolve_gpu
     from uvmlab.units import parse_bytes
 
+    gpu_base, gpu_spec = resolve_gpu(gpu_name)
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub if oversub is not None else 1.0,
         pca=parse_on_off("--pca", pca),
         mode="sim",
-        gpu=gpu_name,
+        gpu=gpu_base,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
+        gpu_spec=gpu_spec,
     )
     available = None
     if oversub is None:
         from uvmlab.gpus import get_gpu
 
-        available = get_gpu(gpu_name, cfg.gpu_memory_bytes).usable_bytes
+        available = get_gpu(gpu_base, cfg.gpu_memory_bytes, gpu_spec).usable_bytes
     adv = advise(
         cfg,
         available_bytes=available,

@@ -245,6 +245,22 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     default=None,
     help="Start from this parameter file instead of the built-in defaults.",
 )
+@click.option(
+    "--kernels",
+    "kernel_exports",
+    multiple=True,
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
+    help="Fit the native kernel-time classes on this export's kernel table instead (repeatable; each kernel's work "
+    "from --work; docs/uvm-sim.md 'Native kernel time by class').",
+)
+@click.option(
+    "--work",
+    "work_file",
+    type=PathParam("input", folder=False, path_type=Path, dir_okay=False),
+    default=None,
+    help="Kernel work file of --kernels (CSV: export, kernel, grid, class, flops, bytes, dtype, split, uvm, note) "
+    "[default: the shipped one, for the exports in real-data/nsys].",
+)
 @click.option("--microbench", is_flag=True, help="Measure the parameters on this machine's GPU instead (GPU only).")
 @click.option(
     "--microbench-timings",
@@ -290,13 +306,17 @@ def calibrate_cmd(
     memory_csv: Path | None = None,
     gpu_name: str | None = None,
     module_loading: str = "lazy",
+    kernel_exports: tuple[Path, ...] = (),
+    work_file: Path | None = None,
 ) -> None:
     """Fit the simulator's cost parameters (uvmlab.sim.uvm.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
     records, kernel time scale with --sim-run) and keeps the defaults for the rest; the file says which is which.
     With --microbench-timings CSV it fits the microbenchmark model to timings recorded earlier (e.g. by
-    `uvmlab collect`).
+    `uvmlab collect`). With --kernels REPORT.sqlite (repeatable) it fits the native kernel-time classes on the
+    exports' kernel tables instead (each kernel's FLOPs and bytes from --work), on the work file's declared fit rows,
+    and prints every row's measured vs predicted time.
     With --uvm-timings DIR it fits a UVM cost profile from workload timings instead (uvmlab.measure.profile_fit: GCN
     native, UVM and with-user-prefetch epochs at 5M nodes, uvmbench seq_stream in device mode at 0.5x and at 1.25x;
     docs/uvm-sim.md "Cost profiles"). With --memory MEASURED.csv it fits a software stack's fixed memory costs
@@ -306,7 +326,26 @@ def calibrate_cmd(
     from uvmlab.files.outputs import check_output_file
     from uvmlab.measure.calibrate import calibrate, calibrate_from_timings, calibrate_microbench
 
-    check_output_file(out, [report, sim_run, base, microbench_timings, memory_csv], force)
+    check_output_file(out, [report, sim_run, base, microbench_timings, memory_csv, *kernel_exports, work_file], force)
+    if kernel_exports:
+        from uvmlab.measure.kernel_fit import calibrate_kernels
+
+        doc = calibrate_kernels(list(kernel_exports), out, work_file=work_file, base=base)
+        if fmt == "json":
+            click.echo(json.dumps(doc, indent=2, default=str))
+            return
+        cols = ["export", "kernel", "grid", "class", "split", "launches", "measured_us", "predicted_us", "ratio"]
+        rows = [[r[c] for c in cols] for r in doc["details"]["kernels"]]
+        if fmt == "csv":
+            print_csv(("kernels", cols, rows))
+            return
+        print_table("Native kernel time by class: measured vs predicted", cols, rows)
+        for k, v in doc["details"]["fitted_values"].items():
+            note(f"fitted {k} = {v:.6g}")
+        for n in doc["notes"]:
+            note(n)
+        note(f"Wrote {out}")
+        return
 
     if memory_csv is not None:
         from uvmlab.memory.stack import calibrate_memory
@@ -342,8 +381,7 @@ def calibrate_cmd(
             [
                 *FAULT_PATH,
                 "link_bytes_per_s",
-                "compute_efficiency",
-                "memory_efficiency",
+                "index_memory_efficiency",
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
                 "collapse_page_ns",

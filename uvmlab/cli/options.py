@@ -145,7 +145,8 @@ def simulated_gpu_option() -> Callable[[F], F]:
         "gpu_name",
         default="A100-80GB",
         show_default=True,
-        help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus).",
+        help="GPU model, optionally NAME@DRIVER (the driver version sets the fault-path costs; see uvmlab gpus), "
+        "or a GPU file FILE.json describing one that is not in the list.",
     )
 
 

@@ -63,7 +63,22 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
         ("evicted chunks", r.get("eviction_count")),
         ("zero-filled (no transfer)", b("zero_fill_bytes")),
         ("retained cudaMemcpy HtoD", b("memcpy_htod_bytes")),
+        *_breakdown_rows(r),
     ]
+
+
+def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The time breakdown (result.json ``time_breakdown_ns``, per iteration) as one row, when the run has one."""
+    bd = r.get("time_breakdown_ns") or {}
+    if not bd:
+        return []
+    label = {"other_ns": "other (allocator calls less stream overlap)"}
+    parts = [
+        f"{label.get(k, k.removesuffix('_ns').replace('_', ' '))} {v / 1e6:,.2f}"
+        for k, v in bd.items()
+        if v == v and round(v / 1e6, 2) != 0
+    ]
+    return [("time per iteration (ms)", ", ".join(parts) or "n/a")]
 
 
 def _oversub_label(r: dict[str, Any]) -> str:
@@ -101,6 +116,14 @@ def _oversub_label(r: dict[str, Any]) -> str:
 )
 @simulated_gpu_option()
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Override the GPU's memory, e.g. 40GiB.")
+@click.option(
+    "--gpu-set",
+    "gpu_sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one number of the GPU, e.g. --gpu-set sm_count=34 --gpu-set hbm_bytes_per_s=288GB/s (repeatable; "
+    "keys: uvmlab.gpus.SPEC_KEYS, docs/uvm-sim.md 'GPUs not in the list').",
+)
 @workload_options(iterations_default=3)
 @click.option(
     "--prefetch/--no-prefetch",
@@ -182,6 +205,7 @@ def run_command(
     mode: str,
     gpu_name: str,
     gpu_memory: str | None,
+    gpu_sets: tuple[str, ...],
     prefetch: bool,
     sim_options: tuple[str, ...],
     params_file: str | None,
@@ -210,16 +234,19 @@ def run_command(
     """
     from uvmlab.config import RunConfig, parse_on_off
     from uvmlab.console import note, print_csv, print_table, say, scalar_rows
+    from uvmlab.files.gpu_file import resolve_gpu
     from uvmlab.run import run
     from uvmlab.units import parse_bytes
 
+    gpu_base, gpu_spec = resolve_gpu(gpu_name, gpu_sets)
     cfg = RunConfig(
         workload=workload_config(workload, **wl),
         oversub=oversub,  # validated by check_oversub
         pca=parse_on_off("--pca", pca),
         mode=mode,
-        gpu=gpu_name,
+        gpu=gpu_base,
         gpu_memory_bytes=parse_bytes(gpu_memory) if gpu_memory else None,
+        gpu_spec=gpu_spec,
         prefetch=prefetch,
         params_file=params_file,
         sim_options=parse_options(sim_options, "--sim-option"),

@@ -16,11 +16,12 @@ Fits (approximations, also in docs/nsys.md):
     minus the model's other terms (fault entries × ``fault_entry_ns`` × ``raw_entries_per_fault``, distinct 2 MiB
     VA blocks × ``block_service_ns``, and the transfer time of the UM migrations that start inside the batch at the
     fitted link bandwidth); the median over batches, floored at 0, is the fitted turnaround.
-``compute_efficiency`` and ``memory_efficiency`` (the kernel time scale)
+``compute_efficiency``, ``gemm_efficiency`` and ``memory_efficiency`` (the kernel time scale)
     Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
     matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
-    (the kernels table's ``native_ns`` where present, else ``duration_ns``); both
-    efficiencies are divided by ``scale`` (the native kernel time is inversely proportional to them).
+    (the kernels table's ``native_ns`` where present, else ``duration_ns``); the three efficiencies (a None one:
+    the run's resolved value) are divided by ``scale`` (capped at 1). One scale for every class is coarse: ``uvmlab
+    calibrate --kernels`` fits each class on its own (uvmlab.measure.kernel_fit).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
 from uvmlab.gpus import GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
-from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams, transfer_bandwidth
+from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, STREAM_EFFICIENCY, CostParams, transfer_bandwidth
 
 MIN_SAMPLES = 10  # fewest migrations / batches / kernels a fit uses
 MAX_FAULT_ROWS = 2_000_000  # fault records read for the batch fit (bounded memory)
@@ -165,6 +166,17 @@ def fit_kernel_scale(ex: Export, sim_run: str | os.PathLike[str]) -> tuple[float
     }
 
 
+def _run_cost_params(run: str | os.PathLike[str]) -> dict[str, Any]:
+    """The cost parameters a simulated run used (result.json ``cost_params``, resolved for its GPU), or {}."""
+    import json
+
+    try:
+        doc = json.loads((Path(run) / "result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc.get("cost_params") or {} if isinstance(doc, dict) else {}
+
+
 def costs_against(
     gpu: str | GpuSpec | None, base: str | os.PathLike[str] | None, sim_run: str | os.PathLike[str] | None
 ) -> tuple[CostParams, dict[str, Any], str]:
@@ -237,8 +249,14 @@ def calibrate(
         if sim_run is not None:
             scale, details["kernel_time_scale"] = fit_kernel_scale(ex, sim_run)
             if scale is not None and scale > 0:
-                fitted["compute_efficiency"] = params.compute_efficiency / scale
-                fitted["memory_efficiency"] = params.memory_efficiency / scale
+                used = _run_cost_params(sim_run)
+                for f in ("compute_efficiency", "gemm_efficiency", "memory_efficiency"):
+                    value = getattr(params, f) or used.get(f) or STREAM_EFFICIENCY["HBM"]
+                    fitted[f] = min(1.0, float(value) / scale)
+                if any(v == 1.0 for v in fitted.values()):
+                    notes.append(
+                        "kernel time scale: an efficiency would exceed 1 (the run is faster than peak); capped"
+                    )
         else:
             details["kernel_time_scale"] = {"reason": "no --sim-run given"}
         source = f"uvmlab calibrate from nsys export {Path(report).resolve()} (nsys {ex.version.nsys_version})"

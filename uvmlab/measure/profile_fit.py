@@ -3,8 +3,11 @@
 Protocol (docs/uvm-sim.md "Cost profiles"): fit on a declared subset, validate on all the rest; the seed study is
 never fitted. For the RTX 5090 (driver 575) profile:
 
-0. The kernel time scale (``compute_efficiency`` and ``memory_efficiency`` divided by one factor) on the
-   **native GCN 5M epoch** (no UVM).
+0. ``index_memory_efficiency`` (the DRAM share at which gathers and scatters move their rows, class ``index`` of
+   uvmlab.sim.uvm.kernel_class) on the **native GCN 5M epoch** (no UVM): GCN's native time is mostly its index ops
+   (``x[src]``, ``index_select``, ``index_add_``: random rows, atomics), the class no public source gives a rate
+   for; every other class keeps its sourced constant (GDDR streams, GEMMs, the launch floor). The native time is
+   the rest plus the index part, inversely proportional to the efficiency, so one simulation gives it.
 1. ``fault_scale`` s multiplies every fault-path constant of ``CostParams`` (batch turnaround, per-entry cost,
    per-block service, fresh-block cost, eviction fixed cost; their Titan V / literature defaults keep their
    ratios). Fitted on **GCN 5M without user prefetch** (no oversubscription: the epoch is native time plus the
@@ -116,6 +119,20 @@ def gcn_epoch_s(
     )
 
 
+def gcn_native_split(nodes: int, costs: CostParams, gpu: str = "RTX5090") -> tuple[float, float]:
+    """Simulated (native epoch s, of which class ``index`` s) of ``workloads/files/gcn.py`` at ``nodes``: the means
+    over the epochs after the warm-up of the kernels' all-resident times (uvmlab.sim.uvm.kernel_class)."""
+    from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
+
+    opts = {"nodes": int(nodes), "prefetch": False, "chunk_edges": GCN_CHUNK_EDGES}
+    cfg = shipped_config("gcn", opts, gpu, RTX5090_TOTAL_BYTES)
+    _, res, _ = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
+    k = res.kernels[res.kernels["iteration"] >= 1]
+    epochs = max(1, k["iteration"].nunique())
+    index = k.loc[k["kernel_class"] == "index", "native_ns"].sum()
+    return float(k["native_ns"].sum()) / epochs / 1e9, float(index) / epochs / 1e9
+
+
 def bench_ms(
     kernel: str,
     factor: float,
@@ -156,18 +173,26 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     base = base or CostParams()
     gpu = GPUS["RTX5090"]
     native_meas = gcn_measured(uvm_dir, 5_000_000, uvm=False)
-    _, native_sim, _ = gcn_epoch_s(5_000_000, scaled(base, 0.0))
-    k = native_meas / native_sim  # simulated native time is inversely proportional to both efficiencies
-    base = replace(base, compute_efficiency=base.compute_efficiency / k, memory_efficiency=base.memory_efficiency / k)
+    probe_eff = base.for_gpu(gpu).memory_efficiency
+    native_sim, index_sim = gcn_native_split(5_000_000, replace(scaled(base, 0.0), index_memory_efficiency=probe_eff))
+    rest = native_sim - index_sim
+    if native_meas <= rest or index_sim <= 0:
+        raise InputError(
+            f"GCN 5M native measured {native_meas:.3f} s is not above the simulated time of its other kernels "
+            f"({rest:.3f} s): the index efficiency cannot be fitted"
+        )
+    index_eff = min(1.0, probe_eff * index_sim / (native_meas - rest))
+    base = replace(base, index_memory_efficiency=index_eff)
     t_gcn = gcn_measured(uvm_dir, 5_000_000)
     t0, _, _ = gcn_epoch_s(5_000_000, scaled(base, 0.0))
     t1, _, _ = gcn_epoch_s(5_000_000, scaled(base, 1.0))
     s = max(0.0, (t_gcn - t0) / (t1 - t0))
     fitted = scaled(base, s)
     t_dev = bench_measured(uvm_dir, "seq_stream", SECTOR_FIT[1], mode=SECTOR_FIT[0])
-    probe = replace(fitted, sector_memory_efficiency=fitted.memory_efficiency)
+    mem_eff = fitted.for_gpu(gpu).memory_efficiency
+    probe = replace(fitted, sector_memory_efficiency=mem_eff)
     t_dev_sim = bench_ms("seq_stream", SECTOR_FIT[1], probe, mode=SECTOR_FIT[0])
-    sector_eff = fitted.memory_efficiency * t_dev_sim / t_dev  # native time is inversely proportional to it
+    sector_eff = mem_eff * t_dev_sim / t_dev  # native time is inversely proportional to it
     fitted = replace(fitted, sector_memory_efficiency=sector_eff)
     t_seq = bench_measured(uvm_dir, "seq_stream", 1.25)
     link0 = base.link_bytes_per_s or gpu.link_bytes_per_s
@@ -188,7 +213,13 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     costs = replace(costs, collapse_page_ns=collapse)
     details = {
         "fault_scale": s,
-        "kernel_time_scale": {"measured_native_s": native_meas, "sim_native_s": native_sim, "scale": k},
+        "index_memory_efficiency": {
+            "measured_native_s": native_meas,
+            "sim_native_s_at_probe": native_sim,
+            "sim_index_s_at_probe": index_sim,
+            "probe_efficiency": probe_eff,
+            "index_memory_efficiency": index_eff,
+        },
         "gcn_5M": {"measured_s": t_gcn, "sim_s_at_scale0": t0, "sim_s_at_scale1": t1},
         "seq_stream_device_0.5": {
             "measured_ms": t_dev,
@@ -253,7 +284,7 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
         "link": GPUS["RTX5090"].link,
         "source": "uvmlab.measure.profile_fit.fit_rtx5090 on real-data/uvm",
         "fitted_on": [
-            f"{GCN_DIR}/without-user-prefetch/result_no_uvm1/5000000.json avg_epoch_time_s -> kernel efficiencies",
+            f"{GCN_DIR}/without-user-prefetch/result_no_uvm1/5000000.json avg_epoch_time_s -> index_memory_efficiency",
             f"{GCN_DIR}/without-user-prefetch/result_uvm_baseline1/5000000.json avg_epoch_time_s -> fault_scale",
             f"{BENCH_CSV} seq_stream device 0.5 median_ms -> sector_memory_efficiency",
             f"{BENCH_CSV} seq_stream uvm 1.25 median_ms -> link_bytes_per_s",
@@ -289,13 +320,10 @@ def derive_profile(
     if link is None:
         raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
     params = dict(base_doc["params"])
-    params.update(
-        link_bytes_per_s=link,
-        compute_efficiency=base_gpu_defaults.compute_efficiency,
-        memory_efficiency=base_gpu_defaults.memory_efficiency,
-        sector_memory_efficiency=base_gpu_defaults.sector_memory_efficiency,
-        zero_fill_bytes_per_s=None,
-    )
+    from uvmlab.sim.uvm.profile import GPU_FIELDS
+
+    params.update({f: getattr(base_gpu_defaults, f) for f in GPU_FIELDS if f != "link_bytes_per_s"})
+    params.update(link_bytes_per_s=link, zero_fill_bytes_per_s=None)
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
@@ -308,7 +336,7 @@ def derive_profile(
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]
-                if "fault_scale" in x or "prefetch" in x or "collapse" in x
+                if any(k in x.rsplit("->", 1)[-1] for k in ("fault_scale", "prefetch_first_block", "collapse"))
             ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],

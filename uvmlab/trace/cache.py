@@ -30,14 +30,15 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
-CAPTURE_VERSION = 6
+CAPTURE_VERSION = 7
 """Version of the capture rules (recorder, categories, emulation); part of the cache key.
 2: dropout keeps CUDA's 1-byte mask, data-dependent ops emulated, named models, parameters registered on meta.
 3: kernels carry what the CUDA kernel allocates inside itself (``temporaries``, uvmlab.trace.internal_rules).
 4: the header's parameter map (uvmlab.trace.param_map), LoRA/QLoRA (workloads.peft_adapt).
 5: a kernel's temporaries made under ``uvm.prefetch_new_allocations`` are marked, and prefetched like the outputs.
 6: data-dependent scalars from CPU values of the seeded inputs (uvmlab.trace.known_values), ``--dtype auto``
-(the header's ``compute_dtype``), fewer layers that keep every kind of layer (workloads.hf_config)."""
+(the header's ``compute_dtype``), fewer layers that keep every kind of layer (workloads.hf_config).
+7: in-place and ``out=`` GEMMs counted as GEMMs (uvmlab.trace.flops), the kernel ``dtype`` column recorded."""
 
 
 def cache_root() -> Path:

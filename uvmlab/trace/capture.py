@@ -336,6 +336,7 @@ def capture_trace(
         "capture_seconds": round(elapsed, 3),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": notes,
+        **rec.program_header(),
     }
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")

@@ -4,7 +4,11 @@ Rules, in order:
 
 1. Ops in ``torch.utils.flop_counter.flop_registry`` (mm, addmm, bmm, baddbmm, convolution and its backward,
    the SDPA kernels and their backwards): PyTorch's own formula (2 FLOPs per multiply-add; causal masking not
-   discounted, as in PyTorch).
+   discounted, as in PyTorch). Their ``out=`` overloads (``mm.out``, ``bmm.out``, ``addmm.out``) share the packet.
+   The in-place and other BLAS forms the registry lacks (:data:`GEMM_VARIANTS`) take the same formula:
+   ``addmm_`` is ``addmm`` (``c.addmm_(a, b)`` is a cuBLAS GEMM, 2 m n k FLOPs, not an elementwise op),
+   ``baddbmm_`` is ``baddbmm``, ``addbmm``/``addbmm_`` sum ``b`` GEMMs (2 b m n k), ``mv``/``addmv``/``addmv_`` are
+   GEMVs (2 m n).
 2. Data-movement and fill ops (``DATA_MOVEMENT``: copies, concatenation, gathers, embedding lookups, fills,
    random fills): 0 FLOPs.
 3. Everything else (elementwise, reductions, normalizations, softmax, losses, optimizer foreach ops):
@@ -67,6 +71,33 @@ DATA_MOVEMENT = frozenset(
 """Ops counted as 0 FLOPs (they move or fill memory)."""
 
 
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+
+
+def _addbmm_flops(args: tuple[Any, ...]) -> float:
+    b, m, k = _shape(args[1])
+    n = _shape(args[2])[-1]
+    return 2.0 * b * m * n * k
+
+
+def _gemv_flops(args: tuple[Any, ...], first: int) -> float:
+    m, n = _shape(args[first])
+    return 2.0 * m * n
+
+
+GEMM_VARIANTS = {
+    "addmm_": lambda a, kw, out: flop_registry[torch.ops.aten.addmm](*a, **kw, out_val=out),
+    "baddbmm_": lambda a, kw, out: flop_registry[torch.ops.aten.baddbmm](*a, **kw, out_val=out),
+    "addbmm": lambda a, kw, out: _addbmm_flops(a),
+    "addbmm_": lambda a, kw, out: _addbmm_flops(a),
+    "mv": lambda a, kw, out: _gemv_flops(a, 0),
+    "addmv": lambda a, kw, out: _gemv_flops(a, 1),
+    "addmv_": lambda a, kw, out: _gemv_flops(a, 1),
+}
+"""BLAS ops ``flop_registry`` lacks, by overload packet name: FLOPs of ``(args, kwargs, out)`` (module docstring)."""
+
+
 def _numel(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return x.numel()
@@ -83,6 +114,9 @@ def estimate_flops(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: d
     formula = flop_registry.get(packet)
     if formula is not None:
         return float(formula(*args, **kwargs, out_val=out))
+    variant = GEMM_VARIANTS.get(packet.__name__)
+    if variant is not None:
+        return float(variant(args, kwargs, out))
     if packet.__name__ in DATA_MOVEMENT:
         return 0.0
     biggest = _numel(out)

@@ -83,6 +83,18 @@ WRITE_ONLY = frozenset(
 """In-place ops that overwrite their ``self`` without reading it."""
 
 
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+"""torch dtype name -> the kernel ``dtype`` column (uvmlab.trace.schema.KERNEL_OPTIONAL)."""
+
+
+def _dtype_name(dtype: torch.dtype | None, outs: list[Any]) -> str:
+    """The kernel ``dtype`` column: the first floating-point input's dtype (under autocast the inputs are already
+    cast), else the first floating-point output's; "" when the op has none."""
+    if dtype is None:
+        dtype = next((t.dtype for t in outs if t.is_floating_point()), None)
+    return "" if dtype is None else DTYPE_NAMES.get(str(dtype).removeprefix("torch."), "")
+
+
 def _arg_info(func: torch._ops.OpOverload) -> tuple[tuple[str, bool], ...]:
     """(name, is_mutated) of each schema argument."""
     return tuple((a.name, a.alias_info is not None and a.alias_info.is_write) for a in func._schema.arguments)
@@ -115,6 +127,8 @@ class Recorder(TorchDispatchMode):
         self.k_phase: list[str] = []
         self.k_iter: list[int] = []
         self.k_flops: list[float] = []
+        self.k_stream: list[int] = []
+        self.stream = 0  # the CUDA stream new rows run on (workloads.program: uvm.stream())
         self.x_kernel: list[int] = []
         self.x_alloc: list[int] = []
         self.x_offset: list[int] = []
@@ -122,6 +136,8 @@ class Recorder(TorchDispatchMode):
         self.x_write: list[bool] = []
         self.k_extra: dict[str, dict[int, Any]] = {}  # optional kernel columns (KERNEL_OPTIONAL), by kernel_id
         self.prefetch_new_allocations = False  # workloads.program: every new allocation is prefetched to the GPU
+        self.device_allocs: list[int] = []  # workloads.program: allocations that are plain device memory (not managed)
+        self.index_arrays: dict[str, Any] = {}  # workloads.program: gather/scatter index rows by key (trace header)
         self._arg_cache: dict[Any, tuple[tuple[str, bool], ...]] = {}
         self._skip_cache: dict[Any, bool] = {}
         self._label: str | None = None
@@ -239,6 +255,7 @@ class Recorder(TorchDispatchMode):
             info = self._arg_cache[func] = _arg_info(func)
         rows: dict[tuple[int, int, int, bool], None] = {}
         operands: list[tuple[tuple[int, ...], tuple[int, ...], int, int]] = []
+        dtype: torch.dtype | None = None  # the first floating-point input's: what a GEMM computes in
         inplace_reads = func._opname not in WRITE_ONLY
         for i, (name, mutated) in enumerate(info):
             if i < len(args):
@@ -250,6 +267,8 @@ class Recorder(TorchDispatchMode):
             for t in tree_leaves(value):
                 if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
                     continue
+                if dtype is None and t.is_floating_point():
+                    dtype = t.dtype
                 aid = self._track(t, "<external>")
                 if aid is None:
                     continue
@@ -288,6 +307,7 @@ class Recorder(TorchDispatchMode):
             flops=estimate_flops(func, args, kwargs, out),
             stride_bytes=stride_b,
             touched_bytes=touched_b,
+            dtype=_dtype_name(dtype, outs),
             **({"temporaries": temps} if temps else {}),
         )
 
@@ -305,6 +325,26 @@ class Recorder(TorchDispatchMode):
         if rows:
             self._add_kernel(name, rows, **columns)
 
+    def record_api(self, name: str, **columns: Any) -> None:
+        """A row that touches no memory (a stream or event call of a workload program, workloads.program)."""
+        self._add_kernel(name, [], **columns)
+
+    def mark_device(self, t: torch.Tensor) -> None:
+        """``t``'s allocation is plain device memory (``cudaMalloc``), not managed (workloads.program)."""
+        aid = self._track(t, "<external>")
+        if aid is not None and aid not in self.device_allocs:
+            self.device_allocs.append(aid)
+
+    def program_header(self) -> dict[str, Any]:
+        """What a workload program adds to the trace header: ``device_allocations`` (alloc ids of plain device
+        memory) and ``kernel_indices`` (gather/scatter index rows, uvmlab.sim.uvm.index_order.encode_rows)."""
+        out: dict[str, Any] = {}
+        if self.device_allocs:
+            out["device_allocations"] = sorted(self.device_allocs)
+        if self.index_arrays:
+            out["kernel_indices"] = dict(self.index_arrays)
+        return out
+
     def _add_kernel(
         self, name: str, rows: list[tuple[int, int, int, bool]], flops: float = 0.0, **columns: Any
     ) -> None:
@@ -314,6 +354,7 @@ class Recorder(TorchDispatchMode):
         self.k_phase.append(self.phase)
         self.k_iter.append(self.iteration)
         self.k_flops.append(float(flops))
+        self.k_stream.append(self.stream)
         for col, value in columns.items():
             if col not in KERNEL_OPTIONAL:
                 raise InvariantError(f"recorder: unknown kernel column {col!r}")
@@ -356,7 +397,7 @@ class Recorder(TorchDispatchMode):
                 "phase": self.k_phase,
                 "iteration": self.k_iter,
                 "flops": self.k_flops,
-                "stream": [0] * n_k,
+                "stream": self.k_stream,
             },
             "accesses": {
                 "kernel_id": self.x_kernel,

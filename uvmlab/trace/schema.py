@@ -97,6 +97,10 @@ KERNEL_OPTIONAL: dict[str, tuple[pa.DataType, Any]] = {
     "warp_size": (pa.int32(), 0),
     "stride_bytes": (pa.int64(), 0),
     "seed": (pa.int64(), 0),
+    "dtype": (pa.string(), ""),
+    "native_ns": (pa.float64(), float("nan")),
+    "efficiency": (pa.float64(), float("nan")),
+    "index": (pa.string(), ""),
     "temporaries": (pa.string(), ""),
 }
 """Optional kernel columns, (Arrow type, default): every write stores them (defaults filled), a read of an older
@@ -106,7 +110,13 @@ trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host
 ``uvmlab.sim.uvm.advice.ADVICE`` for an advise; ``touched_bytes``: DRAM bytes the kernel really moves (NaN: the sum
 of its access sizes); ``host_ns``: host time of ``host``/``host_async`` rows; ``order`` and the launch shape
 (``threads``, ``warp_size``, ``stride_bytes``, ``seed``; 0: derived) say in which order the kernel's threads touch
-its ranges (ACCESS_ORDERS; "" derives it from the op, docs/uvm-sim.md); ``temporaries``: what the CUDA kernel
+its ranges (ACCESS_ORDERS; "" derives it from the op, docs/uvm-sim.md); ``dtype``: the element type of the op's
+first floating-point operand ("fp32", "bf16", "fp16", "fp64"; "" unknown: the run's dtype), which picks a GEMM's
+math unit (uvmlab.sim.uvm.kernel_class); ``native_ns`` / ``efficiency``: a program kernel's declared native time or
+share of peak (NaN: none, the class rules); ``index``: a gather / scatter's index order (``uniform``,
+``zipf:A``, ``sorted``, ``rows:KEY`` for index rows kept in the trace header; "": the replay's default;
+uvmlab.sim.uvm.index_order). The ``stream`` column of the kernels table is the CUDA stream a row runs on (0: the
+default stream; a program's ``uvm.stream()``); ``temporaries``: what the CUDA kernel
 allocates inside itself and frees before it returns, which the capture device's kernel does not (a JSON list,
 ``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator."""
 ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")

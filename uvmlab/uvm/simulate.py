@@ -36,13 +36,14 @@ from uvmlab.errors import InputError, InvariantError
 from uvmlab.files.env import env_info
 from uvmlab.files.inputs import short
 from uvmlab.files.rundir import RunDir
-from uvmlab.gpus import GpuSpec, get_gpu
+from uvmlab.gpus import GpuSpec, get_gpu, spec_dict
+from uvmlab.sim.uvm.breakdown import ITERATION_BREAKDOWN_COLUMNS
 from uvmlab.sim.uvm.knobs import UvmKnobs
 from uvmlab.sim.uvm.profile import cap_link, pick_profile
 from uvmlab.sim.uvm.replay import ReplayResult, peak_managed_bytes, replay
 from uvmlab.sim.uvm.timing import CostParams, read_params_file
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
-from uvmlab.trace.schema import Trace
+from uvmlab.trace.schema import NEVER_FREED, Trace
 
 
 @dataclass
@@ -54,11 +55,15 @@ class Prepared:
     placement: Any
     footprint_bytes: int
     available_bytes: int
+    device_bytes: int = 0
+    """Peak plain device memory (``uvm.device_empty``, not managed): taken from the GPU memory UVM may use."""
+    device_accesses: int = 0
+    """Accesses to plain device memory (outside every managed range: the replay counts them as unplaced)."""
 
 
 def run_gpu_spec(cfg: RunConfig) -> GpuSpec:
-    """The GpuSpec of a run (``--gpu`` plus ``--gpu-memory``)."""
-    return get_gpu(cfg.gpu, cfg.gpu_memory_bytes)
+    """The GpuSpec of a run (``--gpu`` plus ``--gpu-memory``, and a GPU file's or ``--gpu-set``'s fields)."""
+    return get_gpu(cfg.gpu, cfg.gpu_memory_bytes, cfg.gpu_spec)
 
 
 def _pipeline() -> tuple[Any, Any, Any]:
@@ -84,14 +89,52 @@ def prepare(
     trace = cuda_trace if cuda_trace is not None else cuda_trace_of(cfg, progress)
     trace = shaped_trace(cfg, trace)
     conf, releases = _policy_allocator(cfg, trace)
-    placement = place(trace, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
+    managed, device_peak = managed_part(trace)
+    placement = place(managed, "pca" if cfg.pca else "nocache", settings=conf, release_at_seqs=releases)
     footprint = peak_managed_bytes(placement.ranges)
     if footprint <= 0:
-        raise InputError(f"workload {cfg.workload.workload!r} allocates no device memory: nothing to simulate")
+        raise InputError(f"workload {cfg.workload.workload!r} allocates no managed memory: nothing to simulate")
     if available_bytes is None:
         available_bytes = int(footprint / cfg.oversub)
-    available = min(available_bytes, gpu.usable_bytes)
-    return Prepared(gpu, trace, placement, footprint, available)
+    if device_peak >= gpu.usable_bytes:
+        raise InputError(
+            f"workload {cfg.workload.workload!r} holds {device_peak:,} B of plain device memory (uvm.device_empty) at "
+            f"its peak, more than the {gpu.usable_bytes:,} B the GPU has: it would not run"
+        )
+    available = min(available_bytes, gpu.usable_bytes - device_peak)
+    acc = trace.accesses
+    on_device = acc["alloc_id"].isin(trace.header.get("device_allocations") or [])
+    device_accesses = int((on_device & (acc["size_bytes"] > 0)).sum())
+    return Prepared(gpu, trace, placement, footprint, available, device_peak, device_accesses)
+
+
+def managed_part(trace: Trace) -> tuple[Trace, int]:
+    """(the trace without its plain device allocations, their peak live bytes).
+
+    A workload program's ``uvm.device_empty`` tensors (trace header ``device_allocations``) are ``cudaMalloc``
+    memory: never managed, so the placement and the footprint leave them out; they stay on the GPU for their whole
+    life, so the memory UVM may use is the GPU's usable memory less their peak (taken for the whole run: an
+    approximation for a program that frees them early). Kernels still touch them: their bytes count in the native
+    times, they never fault (the replay finds them outside every managed range)."""
+    ids = trace.header.get("device_allocations") or []
+    if not ids:
+        return trace, 0
+    a = trace.allocations
+    dev = a["alloc_id"].isin(ids)
+    d = a[dev]
+    seqs = np.concatenate([d["alloc_seq"].to_numpy(), d["free_seq"].to_numpy()])
+    delta = np.concatenate([d["size_bytes"].to_numpy(), -d["size_bytes"].to_numpy()])
+    keep = seqs != NEVER_FREED
+    keep[: len(d)] = True
+    order = np.lexsort((delta[keep], seqs[keep]))
+    peak = int(np.cumsum(delta[keep][order]).max(initial=0))
+    managed = Trace(
+        allocations=a[~dev].reset_index(drop=True),
+        kernels=trace.kernels,
+        accesses=trace.accesses[~trace.accesses["alloc_id"].isin(ids)].reset_index(drop=True),
+        header=trace.header,
+    )
+    return managed, peak
 
 
 def cuda_trace_of(cfg: RunConfig, progress: Any = None) -> Trace:
@@ -266,7 +309,8 @@ def result_dict(
             "remote_bytes": int(totals.remote_bytes),
             "writeback_saved_bytes": int(totals.writeback_saved_bytes),
             "hint_api_calls": {k: v for k, v in res.api_calls.items() if k not in ("cudaMallocManaged", "cudaFree")},
-            "skipped_accesses": res.skipped_accesses,
+            "skipped_accesses": res.skipped_accesses - prep.device_accesses,
+            "device_bytes": prep.device_bytes,
             "knobs": knobs.to_dict(),
             "sim_scale": res.sim_scale,
             "stream_kernels": res.stream_kernels,
@@ -276,11 +320,24 @@ def result_dict(
             "cost_params_source": costs_source,
         }
     )
+    d["gpu_spec"] = spec_dict(prep.gpu)
+    d["time_breakdown_ns"] = {c: steady_mean(its[c]) if c in its else None for c in ITERATION_BREAKDOWN_COLUMNS}
+    d["native_by_class_ns"] = native_by_class(res.kernels)
     d["batch_size"] = prep.trace.header.get("batch_size")
     missing = [k for k in RESULT_KEYS if k not in d]
     if missing:
         raise InvariantError(f"result.json lacks shared keys {missing}")
     return d
+
+
+def native_by_class(kernels: pd.DataFrame) -> dict[str, float]:
+    """Mean native (all-resident) ns per iteration after the first, by kernel class (uvmlab.sim.uvm.kernel_class):
+    which rule times the job's native time."""
+    k = kernels[kernels["iteration"] >= 0]
+    if k.empty or "kernel_class" not in k.columns:
+        return {}
+    per = k.groupby(["iteration", "kernel_class"])["native_ns"].sum().unstack(fill_value=0.0)
+    return {str(c): steady_mean(per[c]) for c in per.columns}
 
 
 def _ratio(a: float, b: float | None) -> float | None:

@@ -148,6 +148,7 @@ CHECKS: dict[str, Check] = {}
 CHECK_MODULES: list[str] = [
     "uvmlab.validate.snapshot_checks",
     "uvmlab.validate.nsys_checks",
+    "uvmlab.validate.kernel_checks",
     "uvmlab.validate.titanv_checks",
     "uvmlab.validate.microbench_checks",
     "uvmlab.validate.memory_checks",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.concurrent import AffinePages
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 
@@ -127,22 +128,27 @@ LARGE_KERNEL_ARG_DRIVER = 530
 >= 530 (its runtime check ``driver_ver >= 12010``: a CUDA 12.1 driver is R530)."""
 
 
-def base_name(gpu_name: str) -> str:
+def base_name(gpu_name: str | GpuSpec) -> str:
     """The catalog name of a (possibly renamed) spec: ``"A100-80GB (40.0 GiB)"`` -> ``"A100-80GB"``."""
-    return gpu_name.split(" (")[0]
+    return gpu_name.catalog_name if isinstance(gpu_name, GpuSpec) else gpu_name.split(" (")[0]
 
 
-def sm_count(gpu_name: str) -> int:
-    """SMs of ``gpu_name``."""
+def sm_count(gpu_name: str | GpuSpec) -> int:
+    """SMs of ``gpu_name``: a spec's own count (a GPU described in a file or by options), else by name."""
+    if isinstance(gpu_name, GpuSpec) and gpu_name.sm_count:
+        return gpu_name.sm_count
     return SM_COUNT.get(base_name(gpu_name), DEFAULT_SM_COUNT)
 
 
-def sm_limits(gpu_name: str) -> tuple[int, int]:
-    """(max resident threads, max resident blocks) per SM of ``gpu_name``."""
-    return SM_LIMITS[COMPUTE_CAPABILITY.get(base_name(gpu_name), DEFAULT_CC)]
+def sm_limits(gpu_name: str | GpuSpec) -> tuple[int, int]:
+    """(max resident threads, max resident blocks) per SM of ``gpu_name`` (a spec's own threads per SM)."""
+    threads, blocks = SM_LIMITS[COMPUTE_CAPABILITY.get(base_name(gpu_name), DEFAULT_CC)]
+    if isinstance(gpu_name, GpuSpec):
+        threads = gpu_name.max_threads_per_sm or threads
+    return threads, blocks
 
 
-def resident_blocks(gpu_name: str, block_threads: int) -> int:
+def resident_blocks(gpu_name: str | GpuSpec, block_threads: int) -> int:
     """Blocks of ``block_threads`` threads resident on the whole GPU (threads and blocks per SM; registers and shared
     memory not applied)."""
     threads, blocks = sm_limits(gpu_name)
@@ -150,7 +156,7 @@ def resident_blocks(gpu_name: str, block_threads: int) -> int:
     return sm_count(gpu_name) * per_sm
 
 
-def resident_threads(gpu_name: str, block_threads: int = DEFAULT_BLOCK_THREADS) -> int:
+def resident_threads(gpu_name: str | GpuSpec, block_threads: int = DEFAULT_BLOCK_THREADS) -> int:
     """Threads resident on the whole GPU in blocks of ``block_threads``."""
     return resident_blocks(gpu_name, block_threads) * int(block_threads)
 
@@ -305,7 +311,7 @@ def op_launches(
     op: str,
     rows: list[Row],
     dtype: str,
-    gpu_name: str,
+    gpu_name: str | GpuSpec,
     driver_major: int,
     gids: Callable[[int], np.ndarray],
     native_ns: float,
@@ -336,7 +342,9 @@ def op_launches(
     return plans if needs_concurrency(plans, capacity_blocks) else None
 
 
-def windows_fit(op: str, rows: list[Row], dtype: str, gpu_name: str, driver_major: int, capacity_blocks: int) -> bool:
+def windows_fit(
+    op: str, rows: list[Row], dtype: str, gpu_name: str | GpuSpec, driver_major: int, capacity_blocks: int
+) -> bool:
     """True when every launch of a foreach op surely fits the GPU (its first wave's bytes per list in 2 MiB blocks
     plus one block per tensor and list: whatever the tensors' offsets); independent of where the tensors are."""
     e = ELEM_BYTES.get(dtype, 4)

@@ -81,13 +81,15 @@ torch) scales.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InputError
+from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.index_order import draw_rows, parse_spec, thread_page_visits
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm.occupancy import DEFAULT_BLOCK_THREADS, resident_threads, sm_count
 from uvmlab.sim.uvm.reread import GEMM_OPS
@@ -161,6 +163,11 @@ class OrderPlan:
     stride_bytes: int
     seed: int
     derived: bool = False
+    index_rows: np.ndarray | None = field(default=None, compare=False)
+    """A gather / scatter with a declared index (trace column ``index``, uvmlab.sim.uvm.index_order): the row each
+    lookup visits, in lookup order; None: the seeded uniform permutation."""
+    table_rows: int = 0
+    """The indexed operand's rows (with ``index_rows``)."""
 
     @property
     def streams(self) -> bool:
@@ -177,14 +184,17 @@ def _col(kern: pd.DataFrame, name: str, default: object) -> np.ndarray:
     return np.full(len(kern), default, dtype=object if isinstance(default, str) else None)
 
 
-def front_threads(gpu_name: str) -> int:
+def front_threads(gpu_name: str | GpuSpec) -> int:
     """Threads resident at once in blocks of ``BLOCK_THREADS`` (the front of an elementwise kernel;
     uvmlab.sim.uvm.occupancy)."""
     return resident_threads(gpu_name, BLOCK_THREADS)
 
 
-def plan_orders(kern: pd.DataFrame, gpu_name: str, knobs: UvmKnobs) -> list[OrderPlan | None]:
+def plan_orders(
+    kern: pd.DataFrame, gpu_name: str | GpuSpec, knobs: UvmKnobs, indices: dict[str, Any] | None = None
+) -> list[OrderPlan | None]:
     """Per kernel (rows of ``kern`` in replay order): its OrderPlan, or None for address order / tiled / API rows.
+    ``indices``: the trace header's ``kernel_indices`` (explicit index rows of declared gathers and scatters).
 
     Raises InputError for an unknown ``order`` value."""
     names = kern["name"].astype(str).tolist()
@@ -194,6 +204,7 @@ def plan_orders(kern: pd.DataFrame, gpu_name: str, knobs: UvmKnobs) -> list[Orde
     warp = _col(kern, "warp_size", 0).astype(np.int64)
     stride = _col(kern, "stride_bytes", 0).astype(np.int64)
     seed = _col(kern, "seed", 0).astype(np.int64)
+    index = [str(x) for x in _col(kern, "index", "")]
     kid = kern["kernel_id"].to_numpy(dtype=np.int64)
     front = front_threads(gpu_name)
     out: list[OrderPlan | None] = []
@@ -208,7 +219,11 @@ def plan_orders(kern: pd.DataFrame, gpu_name: str, knobs: UvmKnobs) -> list[Orde
         st = int(stride[i]) or PAGE_BYTES
         if o in STREAM_ORDERS or o in ("gather", "scatter"):
             plan_order = STREAM_ORDERS.get(o, o)
-            out.append(OrderPlan(plan_order, int(threads[i]), w, st, int(seed[i])))
+            rows, table = None, 0
+            if index[i] and o in ("gather", "scatter"):
+                spec = parse_spec(index[i])
+                rows, table = draw_rows(spec, int(seed[i]), indices), spec.rows
+            out.append(OrderPlan(plan_order, int(threads[i]), w, st, int(seed[i]), index_rows=rows, table_rows=table))
             continue
         if o or not knobs.derived_orders:  # address, tiled, or derivation off
             out.append(None)
@@ -254,7 +269,7 @@ def strided_sector_bytes(rows: list[Row], stride_bytes: int) -> float:
     return float(sum(-(-r[2] // stride_bytes) for r in rows) * SECTOR_BYTES)
 
 
-def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int = 1) -> int:
+def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1) -> int:
     """Threads of the launch: the plan's, or (0) derived: ``min(elements / 4, front)`` for an elementwise kernel
     (elements: the largest range's accesses at ``stride_bytes``; ``rows`` at 1/``scale``), the front for others."""
     if plan.threads > 0:
@@ -265,7 +280,7 @@ def stream_threads(plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int =
 
 
 def stream_kernel(
-    plan: OrderPlan, rows: list[Row], gpu_name: str, scale: int = 1, native_ns: float = 0.0
+    plan: OrderPlan, rows: list[Row], gpu_name: str | GpuSpec, scale: int = 1, native_ns: float = 0.0
 ) -> StreamKernel:
     """The StreamKernel of a planned kernel over its (possibly scaled) rows: ``threads / scale`` streams standing
     for ``scale`` threads each (``tid_stride``), at most the GPU's resident threads in flight
@@ -279,9 +294,15 @@ def stream_kernel(
         n = min(n, max(1, max((-(-r[2] // PAGE_BYTES) for r in rows), default=1)))
     order = plan.order
     acc_orders: tuple[str, ...] = ()
+    visits: tuple[np.ndarray | None, ...] = ()
     if order in ("gather", "scatter"):
-        acc_orders = tuple("shuffled" if x else "sequential" for x in indexed_rows(plan, rows))
+        indexed = indexed_rows(plan, rows)
+        acc_orders = tuple("shuffled" if x else "sequential" for x in indexed)
         order = "sequential"
+        if plan.index_rows is not None:  # the declared index: each thread's share of the lookups, in order
+            visits = tuple(
+                _index_visits(plan, r[2], n, scale) if x else None for r, x in zip(rows, indexed, strict=True)
+            )
     stride = plan.stride_bytes if order == "sequential" else PAGE_BYTES
     block = BLOCK_THREADS if plan.derived else DEFAULT_BLOCK_THREADS
     sub = PAGE_BYTES // stride if order == "sequential" and not acc_orders and 0 < stride < PAGE_BYTES else 1
@@ -294,11 +315,21 @@ def stream_kernel(
         tid_stride=scale,
         warp_size=plan.warp_size,
         access_orders=acc_orders,
+        access_visits=visits,
         resident=max(1, resident_threads(gpu_name, block) // scale),
         sms=sm_count(gpu_name),
         native_ns=native_ns / scale,
         sub=sub,
     )
+
+
+def _index_visits(plan: OrderPlan, size: int, n: int, scale: int) -> np.ndarray:
+    """(n, steps) pages of the indexed operand (its access of ``size`` bytes, at 1/``scale``) each of ``n`` sampled
+    threads visits: the declared index's lookups dealt to ``n x scale`` threads, every ``scale``-th kept
+    (uvmlab.sim.uvm.index_order.thread_page_visits)."""
+    assert plan.index_rows is not None
+    row_bytes = size / max(1, plan.table_rows)
+    return thread_page_visits(plan.index_rows, row_bytes, n * scale, PAGE_BYTES)[::scale][:n]
 
 
 # -- scaled replay ---------------------------------------------------------------------------------------------------

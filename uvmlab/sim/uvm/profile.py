@@ -33,7 +33,17 @@ from uvmlab.sim.uvm.generations import FAULT_PATH_FIELDS, generation
 from uvmlab.sim.uvm.timing import CostParams
 
 PROFILE_DIR = Path(str(resources.files("uvmlab.sim.uvm.profiles")))
-GPU_FIELDS = ("link_bytes_per_s", "compute_efficiency", "memory_efficiency", "sector_memory_efficiency")
+GPU_FIELDS = (
+    "link_bytes_per_s",
+    "compute_efficiency",
+    "gemm_efficiency",
+    "memory_efficiency",
+    "index_memory_efficiency",
+    "sector_memory_efficiency",
+    "kernel_min_ns",
+    "cta_dispatch_ns",
+    "warp_trip_ns",
+)
 """The CostParams fields a GPU's own profile contributes under another driver generation."""
 
 

@@ -31,9 +31,12 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.gpus import DEFAULT_DRIVER, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import ADVICE, remote_ns
+from uvmlab.sim.uvm.breakdown import BREAKDOWN_COLUMNS, iteration_breakdown, kernel_breakdown
 from uvmlab.sim.uvm.concurrent import Launch
+from uvmlab.sim.uvm.cuda_streams import BARRIER_API, STREAM_API, StreamClocks
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
+from uvmlab.sim.uvm.kernel_class import GEMM_NATIVE_OPS, native_times, work_of
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
 from uvmlab.sim.uvm.occupancy import is_foreach, op_launches, windows_fit
 from uvmlab.sim.uvm.order import (
@@ -50,7 +53,7 @@ from uvmlab.sim.uvm.order import (
     strided_sector_bytes,
 )
 from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes, occupancy
-from uvmlab.sim.uvm.timing import CostParams, kernel_time_ns, transfer_time_ns
+from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.orchestrate import op_base
 from uvmlab.trace.schema import NEVER_FREED, Trace
@@ -200,6 +203,9 @@ class _KernelStatics:
     """Per kernel: ``touched_bytes`` / accessed bytes when the trace gives ``touched_bytes`` (a strided or gathering
     kernel moves only part of the ranges it accesses), else 1: scales the bytes of its remote accesses."""
     plans: list[OrderPlan | None] = field(default_factory=list)  # access order of each kernel (uvm_order)
+    classes: list[str] = field(default_factory=list)  # native-time class of each kernel (uvm_kernel_class)
+    streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
+    device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
     is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
 
@@ -248,15 +254,11 @@ def kernel_statics(
     written = trace.accesses[trace.accesses["is_write"]].groupby("kernel_id")["size_bytes"].sum()
     names = kern["name"].astype(str).tolist()
     flops = kern["flops"].to_numpy(dtype=float)
-    gemm = np.array([op_base(n) in GEMM_OPS for n in names], dtype=bool)
-    occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu.name)
-    plans = plan_orders(kern, gpu.name, knobs or UvmKnobs())
+    gemm = np.array([op_base(n) in GEMM_NATIVE_OPS for n in names], dtype=bool)
+    occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu)
+    plans = plan_orders(kern, gpu, knobs or UvmKnobs(), trace.header.get("kernel_indices"))
     sector = _order_bytes(plans, acc, touched_b, remote_scale, kern)
-    native_ns = kernel_time_ns(flops, touched_b, gpu, costs, dtype, occ)
-    if sector.any():
-        native_ns[sector] = kernel_time_ns(
-            flops[sector], touched_b[sector], gpu, costs.for_scattered_sectors(), dtype, occ[sector]
-        )
+    native_ns, classes = native_times(work_of(kern, flops, touched_b, occ, sector, plans), gpu, costs, dtype)
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
@@ -265,6 +267,13 @@ def kernel_statics(
     api_arg = kern["api_arg"].fillna("").astype(str).tolist() if "api_arg" in kern.columns else [""] * len(kern)
     _check_api_rows(api, api_arg)
     _transfer_and_host_times(trace, kern, api, native_ns, costs)
+    device_copy = np.zeros(len(kern))  # uvm.memcpy_htod into plain device memory: the rows no range holds
+    if acc is not None and "memcpy_htod" in api:
+        raw = touched.reindex(kid, fill_value=0).to_numpy(dtype=float)
+        for i in (j for j, a in enumerate(api) if a == "memcpy_htod"):
+            rest = raw[i] - sum(r[2] for r in acc.rows[acc.lo[i] : acc.hi[i]])
+            if rest > 0:
+                device_copy[i] = transfer_time_ns(np.array([rest]), costs.link_bytes_per_s)
     return _KernelStatics(
         kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
         native_ns=native_ns,
@@ -276,6 +285,9 @@ def kernel_statics(
         flops=flops,
         remote_scale=remote_scale,
         plans=plans,
+        classes=classes,
+        streams=kern["stream"].astype(int).tolist() if "stream" in kern.columns else [],
+        device_copy_ns=device_copy,
     )
 
 
@@ -386,7 +398,13 @@ class _Replayer:
     """Step 4: the serial stream. Owns the UvmSim, the clock, the per-kernel output columns and the API counts."""
 
     def __init__(
-        self, sim: UvmSim, costs: CostParams, n: int, dtype: str = "fp32", gpu_name: str = "", driver: str = ""
+        self,
+        sim: UvmSim,
+        costs: CostParams,
+        n: int,
+        dtype: str = "fp32",
+        gpu_name: str | GpuSpec = "",
+        driver: str = "",
     ) -> None:
         self.sim, self.costs = sim, costs
         self.dtype, self.gpu_name = dtype, gpu_name
@@ -409,6 +427,8 @@ class _Replayer:
         self.hint_pos = 0  # next of ``hints.events``
         self.scale = sim.scale  # a scaled replay (uvmlab.sim.uvm.order): rows and ranges are already divided
         self.stream_kernels = 0
+        self.clocks = StreamClocks()  # per-stream clocks and events (uvm_cuda_streams)
+        self.cur = 0  # the stream ``self.t`` belongs to
 
     def _access(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters:
         """A compute kernel's faults: one pass, or the passes of a tiled GEMM whose operands may not stay resident.
@@ -463,6 +483,7 @@ class _Replayer:
 
     def range_event(self, is_map: bool, range_id: int, size: int) -> None:
         """cudaMallocManaged (map) or cudaFree (unmap, no DtoH) with their API costs."""
+        self._enter(self.cur, barrier=True)  # both calls wait for every stream (uvm_cuda_streams)
         self.sim.now_ns = self.t
         if is_map:
             self.sim.map_range(range_id, size)
@@ -479,6 +500,7 @@ class _Replayer:
             self.mapped.discard(range_id)
             self.t += self.costs.cudafree_sync_ns + nb * self.costs.range_destroy_block_ns
             self.api["cudaFree"] += 1
+        self.clocks.finish(self.cur, self.t, barrier=True)
 
     def kernel(
         self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics, ids: list[int] | None = None
@@ -490,7 +512,15 @@ class _Replayer:
         sim = self.sim
         sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing)
         kind = st.api[i]
-        if kind in HOST_API:  # API calls and host accesses between kernels: the stream waits for them
+        barrier = kind in BARRIER_API
+        self._enter(st.streams[i] if st.streams else 0, barrier)
+        if kind in STREAM_API:  # stream calls: no memory, no time of their own
+            c, dur = UvmCounters(), 0.0
+            if kind == "event_record":
+                self.clocks.record(st.api_arg[i], self.t)
+            elif kind == "event_wait":
+                self.t = self.clocks.wait(st.api_arg[i], self.t)
+        elif kind in HOST_API:  # API calls and host accesses between kernels: the stream waits for them
             c = self._api_call(kind, st.api_arg[i], rows)
             dur = c.stall_ns
         elif kind == "host":  # CPU work the GPU waits for (no device memory touched)
@@ -503,6 +533,7 @@ class _Replayer:
             for r in rows:
                 c.add(sim.memcpy_htod(r[0], r[1], r[2]))
             dur = max(0.0, self.host_until - self.t) + c.stall_ns  # the host buffer must be ready, then transfers
+            dur += float(st.device_copy_ns[i]) if len(st.device_copy_ns) else 0.0  # into plain device memory
         elif kind == "memcpy_dtoh":  # explicit DtoH copies: non-resident pages fault in first (approximation)
             c = sim.access(rows)
             dur = float(st.native_ns[i]) + c.stall_ns
@@ -530,11 +561,19 @@ class _Replayer:
         self.starts[i] = self.t
         self.t += dur
         self.ends[i] = self.t
+        self.clocks.finish(self.cur, self.t, barrier)
         self.ints[i] = _INTS_OF(c)
         self.floats[i] = _FLOATS_OF(c)
         self.reserved[i] = sim.mapped_bytes * self.scale
         self.resident[i] = sim.used_bytes * self.scale
         return dur
+
+    def _enter(self, stream: int, barrier: bool = False) -> None:
+        """Make ``self.t`` the start of the next row on ``stream`` (uvm_cuda_streams): what was added to the clock
+        since the last row (hints, prefetches ahead) stays on that row's stream."""
+        self.clocks.finish(self.cur, self.t)
+        self.t = self.clocks.start(stream, barrier)
+        self.cur = stream
 
     def columns(self) -> dict[str, np.ndarray]:
         """The per-kernel counter columns: FAULT_COLUMNS (int64), then the extra ones (float64)."""
@@ -652,7 +691,7 @@ def replay(
         events = [(q, m, r, scaled_bytes(size, scale)) for q, m, r, size in events]
         acc.rows = scale_rows(acc.rows, scale)
     n = len(kern)
-    rp = _Replayer(sim, costs, n, dtype, gpu.name, gpu.driver)
+    rp = _Replayer(sim, costs, n, dtype, gpu, gpu.driver)
     skipped = acc.skipped
     kseq = kern["seq"].to_numpy().tolist()
     hints = rp.hints = plan_hints(trace, placement.blocks, placement.ranges, sim.knobs) if sim.knobs.any_hint else None
@@ -689,6 +728,8 @@ def replay(
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     sim.check_invariants()
+    rp.clocks.finish(rp.cur, rp.t)
+    rp.t = rp.clocks.now()
     res = _result(kern, st, rp, skipped)
     if tagged is not None:
         res.events = tagged
@@ -713,8 +754,9 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
             "native_ns": st.native_ns,
             "is_copy": st.is_copy,
             "resident_bytes": rp.resident,
+            "kernel_class": st.classes or [""] * len(kid),
         }
-    )[[*KERNEL_COLUMNS, *_FLOAT_COLUMNS, "native_ns", "is_copy", "resident_bytes"]]
+    )[[*KERNEL_COLUMNS, *_FLOAT_COLUMNS, "native_ns", "is_copy", "resident_bytes", "kernel_class"]]
     memory = pd.DataFrame(
         {
             "time_ns": rp.starts,
@@ -725,7 +767,9 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
             "iteration": kern["iteration"].to_numpy(),
         }
     )[[*MEMORY_COLUMNS, "kernel_id", "iteration"]]
+    kernels[list(BREAKDOWN_COLUMNS)] = kernel_breakdown(kernels, st.api, rp.costs)
     iterations, baseline = _iterations(kernels, st.native_ns)
+    iterations = pd.concat([iterations, iteration_breakdown(kernels, iterations)], axis=1)
     return ReplayResult(
         kernels=kernels,
         iterations=iterations,

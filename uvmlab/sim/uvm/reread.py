@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 
+from uvmlab.gpus import GpuSpec
 from uvmlab.sim.uvm.occupancy import sm_count
 from uvmlab.trace.orchestrate import op_base
 
@@ -72,7 +73,9 @@ def sweep_passes(mt: int, nt: int, ctas: int) -> int:
     return max(1, min(nt, -(-mt * nt // max(1, ctas))))
 
 
-def occupancy(flops: np.ndarray, out_bytes: np.ndarray, gemm: np.ndarray, dtype: str, gpu_name: str) -> np.ndarray:
+def occupancy(
+    flops: np.ndarray, out_bytes: np.ndarray, gemm: np.ndarray, dtype: str, gpu_name: str | GpuSpec
+) -> np.ndarray:
     """Share of the GPU's compute a GEMM-like kernel can use: its parallel work units over the SMs, at most 1.
 
     Units = output tiles (``TILE_M x TILE_N`` elements of its written bytes) x split-K slices, where a kernel with
@@ -206,7 +209,9 @@ def _conv_backward(rows: list[Access], flops: float, e: int, ctas: int) -> list[
 _RULES = {"mm": _mm, "addmm": _mm, "convolution": _conv, "convolution_backward": _conv_backward}
 
 
-def gemm_passes(name: str, rows: list[Access], flops: float, dtype: str, gpu_name: str) -> list[list[Access]] | None:
+def gemm_passes(
+    name: str, rows: list[Access], flops: float, dtype: str, gpu_name: str | GpuSpec
+) -> list[list[Access]] | None:
     """The kernel's accesses as the passes its tiled GEMM makes (module docstring), or None (one pass)."""
     rule = _RULES.get(op_base(name))
     e = ELEM_BYTES.get(dtype)

@@ -99,6 +99,9 @@ class StreamKernel:
     """Per access, its own order ("sequential", "random", "lcg" or "shuffled"), overriding ``order`` (empty:
     every access takes ``order``): e.g. a gather walks the indexed operand in a random order and its index and
     output in sequence (uvmlab.sim.uvm.order). Not with order ``visits``."""
+    access_visits: tuple[np.ndarray | None, ...] = field(default=(), compare=False)
+    """Per access, the pages of that access each thread visits step by step ((n_streams, steps), -1: none) in place
+    of chunking it (a gather's declared index, uvmlab.sim.uvm.index_order), or None; empty: none."""
     resident: int = 0
     """Threads in flight at once (occupancy, uvmlab.sim.uvm.occupancy; 0: every thread): more are launched as
     resident warps retire, in thread order."""
@@ -127,6 +130,11 @@ class StreamKernel:
             or not set(self.access_orders) <= {"sequential", "random", "lcg", "shuffled"}
         ):
             raise InputError("access_orders needs one of sequential/random/lcg per access (not with visits)")
+        if self.access_visits and (
+            len(self.access_visits) != len(self.accesses)
+            or any(v is not None and (v.ndim != 2 or v.shape[0] != self.n_streams) for v in self.access_visits)
+        ):
+            raise InputError("access_visits needs one (n_streams, steps) array or None per access")
         if min(self.n_streams, self.stride_bytes, self.tid_stride, self.warp_size, self.sms, self.sub) < 1:
             raise InputError("a stream kernel needs n_streams, stride_bytes, tid_stride, warp_size, sms, sub >= 1")
         if self.resident < 0 or not self.native_ns >= 0:
@@ -173,6 +181,11 @@ class StreamService:
             if not segs:
                 continue
             gids = np.concatenate([s * PAGES_PER_BLOCK + np.arange(lo, hi) for s, lo, hi in segs])
+            given = kern.access_visits[a] if kern.access_visits else None
+            if given is not None:  # this access's visits are given (a declared index): no chunking
+                v = np.minimum(given, len(gids) - 1)
+                per_range.append((np.where(given >= 0, gids[np.maximum(v, 0)], -1), bool(is_write)))
+                continue
             if kern.order == "visits":  # the caller placed every visit: no chunking
                 if kern.visits.max(initial=-1) >= len(gids):
                     raise InputError(f"visits index a page past the range's {len(gids)} pages")

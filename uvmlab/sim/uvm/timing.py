@@ -35,6 +35,14 @@ from uvmlab.numbers import prefix
 PARAMS_SCHEMA_VERSION = 1
 MAX_PARAMS_BYTES = 16 * 1024 * 1024
 """Largest cost parameter file read (16 MiB; the shipped profiles are about 2 KB)."""
+STREAM_EFFICIENCY = {"HBM": 0.896, "GDDR": 0.624}
+"""Share of peak DRAM bandwidth a streaming kernel reaches, by memory technology (``GpuSpec.memory_kind``).
+HBM: 4.3 of 4.8 TB/s for a device-to-device copy through PyTorch on an H200, counting bytes read and written (the lent
+H200's reading, /work/.library/device/KINDS.md, 2026-10-28: 8.6 GB in 2.0 ms); the A100's cudaMemset in the
+gemmspmm nsys export writes at 0.995 of its 1555 GB/s (write-only, a validation point: docs/fidelity.md). GDDR: the
+RTX 5090 (GDDR7) runs gpu_ext's dense seq_stream (read half, write half of the working set once) in device mode at
+0.25x in 7.527 ms, 8.42 GB: 1.118 of 1.792 TB/s (real-data/uvm gpu_ext_rtx5090_microbench rq1, the fitted point of
+the ``rtx5090-stream-native`` check; rq2 at 0.5x validates it)."""
 _ATAN_K_PER_KIB = 0.07292
 """UVMSmart ``gpu-sim.cc:636-651`` transfer curve constant (per KiB)."""
 
@@ -93,17 +101,43 @@ class CostParams:
     range_destroy_block_ns: float = 1_000.0
     """Per VA block of a destroyed range (freeing GPU chunks, no DtoH) [U]."""
     compute_efficiency: float = 0.5
-    """Achieved share of peak FLOP/s for a training kernel [U: typical 30-70 % for fp32 GEMM/conv mixes]."""
-    memory_efficiency: float = 0.7
-    """Achieved share of peak HBM bandwidth for a memory-bound kernel [U: STREAM-like kernels reach 70-90 %]."""
+    """Achieved share of the FP32 peak by the FLOPs of a kernel that is not a library GEMM (elementwise, reduction,
+    a declared kernel's ``flops``) [U: such kernels are rarely compute-bound; typical 30-70 %]. Library GEMMs take
+    ``gemm_efficiency`` (uvmlab.sim.uvm.kernel_class)."""
+    gemm_efficiency: float = 0.80
+    """Achieved share of the math unit's peak by a large cuBLAS / cuBLASLt / cuDNN GEMM (uvmlab.sim.uvm.kernel_class,
+    class ``gemm``): 788 of 989 TFLOP/s (0.797) for an 8192^3 BF16 matmul through PyTorch on an H200 (the lent H200's
+    reading, /work/.library/device/KINDS.md, 2026-10-28: mean of ten products on random data; 769-798 on
+    2026-11-04); validated on the A100 cuBLAS DGEMMs of the gemmspmm nsys export (FP64 tensor cores, 16.1-16.4 of
+    19.5 TFLOP/s: 0.83-0.84; docs/fidelity.md ``nsys-kernels``). The same share is taken for every architecture and
+    for SIMT FP32 GEMMs [I]."""
+    memory_efficiency: float | None = None
+    """Achieved share of peak DRAM bandwidth by a streaming kernel (class ``memory``); None: by the GPU's memory
+    (:data:`STREAM_EFFICIENCY`, filled by :meth:`for_gpu`)."""
+    index_memory_efficiency: float | None = None
+    """Share of peak DRAM bandwidth at which a gather / scatter moves its rows (class ``index``); None:
+    ``memory_efficiency``. The RTX 5090 profile fits it on GCN's native epoch (its index ops dominate it)."""
     sector_memory_efficiency: float | None = None
     """Achieved share of peak DRAM bandwidth when every access is a lone 32 B sector in its own 4 KiB page (a
     page-strided stream: gpu_ext microbench ``--stride_bytes=4096``, one DRAM row and one TLB entry per access); None:
     ``memory_efficiency``. The RTX 5090 profile fits it on the microbenchmark's seq_stream in ``device`` mode at 0.5x
     (t0rq3: 0.568 ms for 4.11 M sectors: 13 % of peak, against ~49-70 % for dense streams) [F:
     uvmlab.measure.profile_fit]."""
-    kernel_min_ns: float = 4_000.0
-    """Floor of any kernel's time: launch + tail (~3-5 µs for back-to-back launches on A100) [U]."""
+    kernel_min_ns: float = 4_575.0
+    """Floor of any kernel's time: launch and drain (class ``launch``). [F: the median of Mordred's ``build_GPU2``
+    over 5 CTAs of 128 threads on a Quadro RTX 6000 (mordred nsys export, 3 launches, 4.48-4.61 us; work negligible);
+    validated on its 40-CTA launches (4.74-5.02 us: 0.96); ``uvmlab calibrate --kernels``, docs/fidelity.md
+    ``nsys-kernels``]. The only GPU generation measured is Turing; newer GPUs may launch faster [U]."""
+    cta_dispatch_ns: float = 79.64
+    """Time per CTA per SM to dispatch and retire the blocks of a declared launch (class ``launch``): a grid of
+    mostly idle threads is bound by block scheduling. [F: 79.6 ns on the GH200 of the cudamicrobench nsys export,
+    ``LowAccessDensityTest_cudakernel``: 524,288 CTAs of 256 threads of which 131,072 threads load, 316 us on 132 SMs;
+    uvmlab calibrate --kernels, docs/fidelity.md ``nsys-kernels``]."""
+    warp_trip_ns: float = 255.13
+    """Time one warp's memory request takes to come back in a launch too small to fill the DRAM pipe (class
+    ``serial``, Little's law: resident warps x bytes per request / this). [F: a single-thread ``y[i] = x[i] + y[i]``
+    over 2^28 floats on an A100-SXM4 (csc746 nsys export, 25.8 s; 32 B per request, the UM migrations inside it
+    0.15 s removed); uvmlab calibrate --kernels]."""
     fault_overlap: float = 0.0
     """Share of fault-batch time hidden behind non-faulting warps; 0 = the warps stall for every batch (uvm.md 2.5
     optional knob (a)) [U]."""
@@ -119,10 +153,10 @@ class CostParams:
             raise InputError(f"cost parameter fault_overlap must be in [0, 1], not {self.fault_overlap}")
         if self.host_zero_bytes_per_s <= 0 or 0 in (self.remote_read_bytes_per_s, self.remote_write_bytes_per_s):
             raise InputError("cost parameters host_zero_bytes_per_s and remote_*_bytes_per_s must be > 0")
-        if self.compute_efficiency <= 0 or self.memory_efficiency <= 0 or self.sector_memory_efficiency == 0:
-            raise InputError(
-                "cost parameters compute_efficiency, memory_efficiency and sector_memory_efficiency must be > 0"
-            )
+        effs = ("compute_efficiency", "gemm_efficiency", "memory_efficiency", "sector_memory_efficiency",
+                "index_memory_efficiency")  # fmt: skip
+        if any(getattr(self, f) is not None and not 0 < getattr(self, f) <= 1 for f in effs):
+            raise InputError(f"cost parameters {', '.join(effs)} must be in (0, 1]")
 
     def for_scattered_sectors(self) -> CostParams:
         """These costs with ``memory_efficiency`` set to the lone-sector one (for page-strided streams)."""
@@ -133,6 +167,8 @@ class CostParams:
         link = self.link_bytes_per_s or gpu.link_bytes_per_s
         return replace(
             self,
+            memory_efficiency=self.memory_efficiency
+            or STREAM_EFFICIENCY.get(gpu.memory_kind, STREAM_EFFICIENCY["HBM"]),
             link_bytes_per_s=link,
             zero_fill_bytes_per_s=self.zero_fill_bytes_per_s or gpu.hbm_bytes_per_s,
             remote_read_bytes_per_s=self.remote_read_bytes_per_s or link,
@@ -313,6 +349,7 @@ def kernel_time_ns(
     ``gpu.tensor_flops``; touched bytes are the bytes the kernel reads and writes, each once. ``occupancy`` (0-1]
     scales the compute rate of a kernel too small to fill the GPU (``uvmlab.sim.uvm.reread.occupancy``).
     """
+    costs = costs.for_gpu(gpu)
     peak = gpu.tensor_flops if dtype == "bf16" else gpu.fp32_flops
     t_compute = np.asarray(flops, dtype=float) / (peak * costs.compute_efficiency * np.asarray(occupancy, dtype=float))
     t_memory = np.asarray(nbytes, dtype=float) / (gpu.hbm_bytes_per_s * costs.memory_efficiency)
