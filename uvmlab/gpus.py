@@ -644,23 +644,12 @@ SM_VERSION: dict[str, int] = {
 }  # fmt: skip
 """Compute capability x 10 by GpuSpec name prefix (NVIDIA CUDA GPUs list)."""
 
-# (SM count, max resident threads per SM) by GpuSpec name prefix: vendor datasheets; CUDA C Programming Guide.
 SM_TABLE: dict[str, tuple[int, int]] = {
-    "A100": (108, 2048),
-    "H100-PCIe": (114, 2048),
-    "H100": (132, 2048),
-    "H200": (132, 2048),
-    "GH200": (132, 2048),
-    "L40S": (142, 1536),
-    "A6000": (84, 1536),
-    "V100": (80, 2048),
-    "TitanV": (80, 2048),
-    "RTX4090": (128, 1536),
-    "RTX5090": (170, 1536),
-    "RTX4060": (24, 1536),
-    "RTX3060": (28, 1536),
-    "T4": (40, 1024),
+    **{name: (sms, threads) for name, (sms, threads, _fp64) in SM_FP64.items()},
+    "RTX3060": (28, 1536),  # GA106: 28 SMs (RTX 3060 datasheet); compute capability 8.6: 1536 threads per SM
 }
+"""(SM count, max resident threads per SM) by GpuSpec name prefix: :data:`SM_FP64`'s counts (its sources), plus the
+xMem sample's RTX 3060, a GPU the memory estimate meets by name but the catalogue does not list."""
 DEFAULT_SMS = (108, 2048)
 """GPUs missing from ``SM_TABLE`` are taken as an A100 (``uvmlab.memory.devicemem.ContextModel.notes`` says so)."""
 

@@ -30,41 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import SM_FP64, GpuSpec
 from uvmlab.sim.uvm.concurrent import AffinePages
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 
 Row = tuple[int, int, int, bool]
 
-SM_COUNT = {
-    "A100-80GB": 108,
-    "A100-40GB": 108,
-    "A6000": 84,
-    "H100-80GB": 132,
-    "H100-PCIe": 114,
-    "H200": 132,
-    "GH200": 132,
-    "L40S": 142,
-    "RTX4090": 128,
-    "RTX4060": 24,
-    "RTX5090": 170,
-    "V100-32GB": 80,
-    "V100-16GB": 80,
-    "V100-PCIe": 80,
-    "V100-PCIe-32GB": 80,
-    "V100-SXM2-P9": 80,
-    "TitanV": 80,
-    "T4": 40,
-    "RTX2080Ti": 68,
-    "P100-PCIe": 56,
-    "P100-SXM2": 56,
-    "GTX1080Ti": 28,
-    "GTX1080": 20,
-}
-"""Streaming multiprocessors (NVIDIA datasheets / architecture whitepapers: GA100 A100 108, GA102 RTX A6000 84, GH100
-H100 SXM5 / H200 / GH200 132 and H100 PCIe 114, AD102 L40S 142 and RTX 4090 128, AD107 RTX 4060 24, GB202 RTX 5090
-170, GV100 V100 / Titan V 80, TU104 T4 40, TU102 RTX 2080 Ti 68, GP100 P100 56, GP102 GTX 1080 Ti 28, GP104 GTX 1080
-20)."""
+SM_COUNT = {name: sms for name, (sms, _threads, _fp64) in SM_FP64.items()}
+"""Streaming multiprocessors per catalogue GPU: :data:`uvmlab.gpus.SM_FP64` (one table; its sources in
+:data:`uvmlab.gpus.SM_FP64_SOURCE`)."""
 DEFAULT_SM_COUNT = 108
 """SMs of a GPU not listed (a renamed ``--gpu-memory`` spec keeps its base name's count): the study's A100."""
 
