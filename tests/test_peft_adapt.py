@@ -137,3 +137,12 @@ def test_training_setup_keeps_old_hashes() -> None:
     assert not {"lora_rank", "qlora", "shard", "world_size", "weights_dtype", "sdpa_backend", "lora_targets"} & set(d)
     d = WorkloadConfig("gpt2", lora_rank=8, lora_targets="q_proj, v_proj", shard="zero3", world_size=8).to_dict()
     assert d["lora_targets"] == ["q_proj", "v_proj"] and d["shard"] == "zero3" and d["world_size"] == 8
+
+
+def test_a_bf16_base_cast_by_weights_dtype_keeps_fp32_compute(tmp_path: Path) -> None:
+    """Only ``--dtype auto`` reads the built model's 2-byte weights as bf16 compute (workloads.hf_dtype): a base cast
+    by ``--weights-dtype bf16`` (whose parameters are 2 bytes each too) keeps the run's fp32 kernels."""
+    folder = tiny_config(tmp_path / "m", "llama")
+    t = _trace(folder, weights_dtype="bf16")
+    assert t.header["parameter_bytes"] <= 2 * t.header["parameter_count"]  # what the guard must not misread
+    assert t.header["compute_dtype"] == "fp32"
