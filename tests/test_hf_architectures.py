@@ -194,3 +194,15 @@ def test_mla_attention_takes_the_memory_efficient_kernel() -> None:
     with sdpa:
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert sdpa.counts["flash"] == 1
+
+
+def test_forcing_flash_on_mla_is_refused_naming_the_head_dims() -> None:
+    """``--sdpa-backend flash`` where the values' head dim differs (MLA): PyTorch has no flash kernel for it
+    (sdp_utils.cpp check_head_dim_size_flash), so the capture refuses in one sentence naming the three head dims."""
+    q = torch.empty(2, 4, 16, 24, device="meta", dtype=torch.bfloat16)
+    v = torch.empty(2, 4, 16, 16, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="head dims 24/24/16"), SdpaEmulation("flash"):
+        torch.nn.functional.scaled_dot_product_attention(q, q, v, is_causal=True)
+    with SdpaEmulation("flash") as sdpa:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert sdpa.counts == {"flash": 1}
