@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,16 @@ def real_data() -> Path:
 def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Tests never read or write the user's trace cache: each session starts empty, as on a fresh machine."""
     os.environ["UVMLAB_CACHE"] = str(tmp_path_factory.mktemp("uvmlab-cache"))
+
+
+@pytest.fixture(scope="module")
+def module_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A trace cache of the test module's own (``pytestmark = pytest.mark.usefixtures("module_trace_cache")``): its
+    tests share captures, and nothing another module captured."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,7 @@ TINY_GPT2 = ["gpt2", "-b", "2", "-n", "2"] + [x for o in _GPT2_OPTS for x in ("-
 TINY_RESNET = ["resnet50", "-b", "2", "-n", "2", "--option", "image_size=32", "--option", "num_classes=10"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_trace_cache")
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:

@@ -111,6 +111,11 @@ FILES: dict[tuple[str, str], tuple[str, FILE]] = {
     ("calibrate", "base"): ("b.json", lambda d, x: ["calibrate", str(H.export(d)), "--base", x, "-o", str(d / OUT)]),
     ("calibrate", "microbench_timings"): ("t.csv", lambda d, x: ["calibrate", "--microbench-timings", x, "-o", OUT]),
     ("calibrate", "memory_csv"): ("m.csv", lambda d, x: ["calibrate", "--memory", x, "-o", str(d / OUT)]),
+    ("calibrate", "kernel_exports"): ("k.sqlite", lambda d, x: ["calibrate", "--kernels", x, "-o", str(d / OUT)]),
+    ("calibrate", "work_file"): (
+        "w.csv",
+        lambda d, x: ["calibrate", "--kernels", str(H.export(d)), "--work", x, "-o", str(d / OUT)],
+    ),
     ("sweep run", "spec"): ("s.yaml", lambda d, x: ["sweep", "run", x, "-o", str(d / OUT), "--dry-run"]),
     ("evaluate", "ground_truth"): ("gt.csv", lambda d, x: ["evaluate", x]),
     ("fragmentation", "source"): ("s.pickle", lambda d, x: ["fragmentation", x]),

@@ -259,3 +259,12 @@ def test_class_rules_against_real_cudnn_layers(real_data: Path) -> None:
     for gpu in ("V100-16GB", "T4"):
         for kind in ("relu", "pool", "add"):
             assert 0.8 < streams.loc[(gpu, kind), "median ratio"] < 1.25, (gpu, kind)
+
+
+def test_calibrate_kernels_refuses_exports_no_work_row_names(nsys_dir: Path, tmp_path: Path) -> None:
+    """An export that no kernel work row names fits nothing: alone it is one sentence and exit 2 (it exited 0 with a
+    note and wrote nothing); beside a named export it is a note."""
+    other = tmp_path / "mine.sqlite"
+    other.write_bytes(next(iter(sorted(nsys_dir.glob("*.sqlite")))).read_bytes())
+    code = main(["calibrate", "--kernels", str(other), "-o", str(tmp_path / "o.json")])
+    assert code == 2 and not (tmp_path / "o.json").exists()

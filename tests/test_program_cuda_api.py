@@ -23,12 +23,7 @@ EXAMPLES = REPO / "docs" / "examples" / "programs"
 GPU_FILE = REPO / "docs" / "examples" / "gpus" / "rtx4060ti.json"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_trace_cache")
 
 
 def run(tmp_path: Path, name: str, *args: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

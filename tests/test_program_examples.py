@@ -18,12 +18,7 @@ EXAMPLES = REPO / "docs" / "examples" / "programs"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.py"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_trace_cache")
 
 
 def test_every_example_is_in_the_docs() -> None:

@@ -17,12 +17,7 @@ TINY = str(REPO / "docs" / "examples" / "tiny_mlp.py")
 TINY_ARGS = [TINY, "--option", "hidden=2048", "--batch-size", "256", "--iterations", "2", "--mode", "sim"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("UVMLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_trace_cache")
 
 
 @pytest.fixture(scope="module")

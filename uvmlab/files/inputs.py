@@ -26,7 +26,7 @@ import json
 import os
 import reprlib
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -262,16 +262,9 @@ def read_parquet_table(
     """The Parquet file ``path`` as a pyarrow Table (``pyarrow.parquet.read_table(**kw)``): a regular file of at
     most ``max_bytes``, whose footer declares at most ``max_rows`` rows and :data:`MAX_PARQUET_EXPANDED`
     uncompressed bytes (checked before any column is decoded); a file that is not Parquet is one sentence."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with open_input(path, max_bytes, what) as fh:
-        try:
-            _parquet_limits(fh, path, what, max_rows)
-            return pq.read_table(fh, **kw)
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
+    return _read_parquet(path, max_bytes, what, max_rows, lambda fh: pq.read_table(fh, **kw))
 
 
 def read_parquet_file(
@@ -280,12 +273,21 @@ def read_parquet_file(
     """The Parquet file ``path`` as a DataFrame (``pandas.read_parquet(**kw)``), with the limits of
     :func:`read_parquet_table`."""
     import pandas as pd
+
+    return _read_parquet(path, max_bytes, what, max_rows, lambda fh: pd.read_parquet(fh, **kw))
+
+
+def _read_parquet(
+    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int, reader: Callable[[IO[bytes]], Any]
+) -> Any:
+    """``reader(fh)`` on the opened file once its footer is within the limits; a file that is not Parquet is one
+    sentence."""
     import pyarrow as pa
 
     with open_input(path, max_bytes, what) as fh:
         try:
             _parquet_limits(fh, path, what, max_rows)
-            return pd.read_parquet(fh, **kw)
+            return reader(fh)
         except (pa.ArrowException, OSError, ValueError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None

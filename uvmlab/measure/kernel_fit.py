@@ -332,8 +332,19 @@ def calibrate_kernels(
     work_file: str | os.PathLike[str] | None = None,
     base: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """``uvmlab calibrate --kernels``: fit, write the parameter file ``out`` (with the error table), return it."""
-    res = fit_kernels(exports, read_work(work_file), CostParams.from_file(base) if base else None)
+    """``uvmlab calibrate --kernels``: fit, write the parameter file ``out`` (with the error table), return it. At least
+    one export the user names must be named by a work row (else nothing is fitted); the others are listed in the
+    notes (``--kernels real-data/nsys/*.sqlite`` gives exports without kernel work)."""
+    work = read_work(work_file)
+    named = {w.export for w in work}
+    unused = [Path(e).name for e in exports if Path(e).name not in named]
+    if len(unused) == len(exports):
+        where = str(work_file) if work_file else f"the shipped work file (uvmlab/measure/{SHIPPED_WORK})"
+        raise InputError(
+            f"no kernel work row of {where} names {', '.join(unused)}: give --work FILE with rows for their kernels "
+            "(docs/uvm-sim.md 'Native kernel time by class')"
+        )
+    res = fit_kernels(exports, work, CostParams.from_file(base) if base else None)
     params: CostParams = res["params"]
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
