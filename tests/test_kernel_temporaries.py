@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from uvmlab.config import WorkloadConfig
+from uvmlab.errors import InputError
 from uvmlab.gpus import get_gpu
 from uvmlab.trace.emulate import ConvLayoutEmulation
 from uvmlab.trace.internal_allocs import decode, embedding_final, gamma_beta_partials, reduce_buffers, resolve
@@ -553,3 +554,20 @@ def test_a_failing_rule_leaves_the_capture_going_and_says_so(tmp_path: Path, mon
     k = trace.kernels
     assert (k.loc[k["name"] == "aten::_log_softmax", "temporaries"] == "").all()
     assert any("kernel temporaries not derived" in n and "aten::_log_softmax x1" in n for n in trace.header["notes"])
+
+
+@pytest.mark.parametrize(
+    "cell",
+    ["[" * 100_000, "[1]", '[{"l": "x"}]', '[{"b": 1}]', '{"l": "x", "b": 1}', '[{"l": "x", "b": 1e999}]'],
+)
+def test_a_crafted_temporaries_cell_is_one_sentence(cell: str) -> None:
+    """A trace folder is an input: a temporaries cell that is not uvmlab's format (nested beyond the decoder, entries
+    of the wrong shape, an infinite size) stops the orchestration with one InputError, not a traceback."""
+    x = torch.randn(4, 1024, 1024, device="meta")
+    t = capture(lambda: x.sum((0, 1)))
+    k = t.kernels.copy()
+    k.loc[k["name"] == "aten::sum", "temporaries"] = cell
+    crafted = Trace(header=t.header, allocations=t.allocations, kernels=k, accesses=t.accesses)
+    with pytest.raises(InputError) as err:
+        to_cuda(crafted, A100, ONLY_TEMPS)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400

@@ -45,6 +45,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from uvmlab.files.inputs import decode_json, short
+
 COLUMN = "temporaries"
 """The kernels-table column holding each kernel's internal allocations (``""``: none)."""
 WARP_SIZE = 32
@@ -98,8 +100,9 @@ def mark_prefetched(text: str) -> str:
 
 
 def decode(text: str) -> list[dict[str, Any]]:
-    """The entries of a column value (``[]`` for ``""``)."""
-    return json.loads(text) if text else []
+    """The entries of a column value (``[]`` for ``""``), decoded by the one checked JSON decoder
+    (:func:`uvmlab.files.inputs.decode_json`: a trace folder is an input, and a crafted cell is one sentence)."""
+    return decode_json(text, f"kernel temporaries cell {short(text)}", "uvmlab's temporaries format") if text else []
 
 
 def last_pow2(n: int) -> int:

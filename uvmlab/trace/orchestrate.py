@@ -549,7 +549,13 @@ def rule_kernel_temporaries(b: _Builder, trace: Trace, gpu: GpuSpec) -> tuple[in
     for i, text in enumerate(values[pos].tolist()):
         temps = cache.get(text)
         if temps is None:
-            temps = cache[text] = resolve(decode(text), sms, threads)
+            try:
+                temps = cache[text] = resolve(decode(text), sms, threads)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a cell not in uvmlab's format
+                raise InputError(
+                    f"kernel {names[i]}'s temporaries cell is not uvmlab's format ({type(exc).__name__}: "
+                    f"{str(exc)[:120]}); was the trace written by another tool?"
+                ) from None
         seq, start = int(seqs[i]), int(first_out[i])
         keys: list[float] = []
         for j, t in enumerate(temps):
