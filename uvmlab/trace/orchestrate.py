@@ -248,23 +248,23 @@ class _Builder:
         return Trace(allocations=allocs, kernels=kernels, accesses=accesses, header=header)
 
     def _inserted_kernels(self) -> pd.DataFrame:
-        """The inserted kernel rows in the kernels table's columns and dtypes (an optional column's schema
-        default where a row does not give it)."""
-        columns = {}
-        for col, dtype in zip(self.k.columns, self.k.dtypes, strict=True):
-            default = KERNEL_OPTIONAL[col][1] if col in KERNEL_OPTIONAL else None
-            values = [row.get(col, default) for row in self.new_kernels]
-            columns[col] = values if any(v is None for v in values) else pd.array(values, dtype=dtype)
-        return pd.DataFrame(columns)
+        """The inserted kernel rows (an optional column's schema default where a row does not give it)."""
+        defaults = {col: default for col, (_type, default) in KERNEL_OPTIONAL.items()}
+        return _rows_frame(self.new_kernels, self.k, defaults)
 
     def _inserted(self) -> pd.DataFrame:
-        """The inserted allocations, each column in the captured column's dtype where every row gives it (a column
-        beyond the schema, which no inserted row gives, is left missing there)."""
-        columns = {}
-        for col, dtype in zip(self.a.columns, self.a.dtypes, strict=True):
-            values = [row.get(col) for row in self.new_rows]
-            columns[col] = values if any(v is None for v in values) else pd.array(values, dtype=dtype)
-        return pd.DataFrame(columns)
+        """The inserted allocations (a column beyond the schema, which no inserted row gives, is left missing)."""
+        return _rows_frame(self.new_rows, self.a, {})
+
+
+def _rows_frame(rows: list[dict[str, Any]], like: pd.DataFrame, defaults: dict[str, Any]) -> pd.DataFrame:
+    """``rows`` as a frame with ``like``'s columns, each in ``like``'s dtype where every row gives it (else left as
+    objects with the missing values); a row without a column takes ``defaults[column]`` (None: missing)."""
+    columns = {}
+    for col, dtype in zip(like.columns, like.dtypes, strict=True):
+        values = [row.get(col, defaults.get(col)) for row in rows]
+        columns[col] = values if any(v is None for v in values) else pd.array(values, dtype=dtype)
+    return pd.DataFrame(columns)
 
 
 def _iteration_bounds(trace: Trace) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
