@@ -201,3 +201,15 @@ def test_calibrate_never_writes_a_file_that_run_refuses(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"batch_turnaround_ns .* is outside .*no parameter file written"):
         calibrate(db, out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["gemm_efficiency", "index_memory_efficiency", "compute_efficiency"])
+def test_every_efficiency_is_a_share_in_the_file_limits(name: str) -> None:
+    """A parameter file's efficiencies are shares of a peak: 5.0 is refused by the file check itself (gemm and index
+    efficiencies were missing from its share list and took the 1e9 ns limit)."""
+    from uvmlab.errors import InputError
+    from uvmlab.sim.uvm.timing import check_cost_values, cost_limits
+
+    assert cost_limits(name)[1:] == (1.0, "")
+    with pytest.raises(InputError, match=name):
+        check_cost_values({name: 5.0}, "p.json")

@@ -640,7 +640,8 @@ def known_gpu(detected: str | None) -> str | None:
 
 SM_VERSION: dict[str, int] = {
     "A100": 80, "H100": 90, "H200": 90, "GH200": 90, "L40S": 89, "A6000": 86, "V100": 70, "TitanV": 70,
-    "RTX4090": 89, "RTX5090": 120, "RTX4060": 89, "RTX3060": 86, "T4": 75,
+    "RTX4090": 89, "RTX5090": 120, "RTX4060": 89, "RTX3060": 86, "T4": 75, "RTX2080Ti": 75, "P100": 60,
+    "GTX1080": 61,
 }  # fmt: skip
 """Compute capability x 10 by GpuSpec name prefix (NVIDIA CUDA GPUs list)."""
 

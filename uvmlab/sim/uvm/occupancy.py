@@ -30,58 +30,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uvmlab.gpus import SM_FP64, GpuSpec
+from uvmlab.gpus import GpuSpec, sm_info, sm_version
 from uvmlab.sim.uvm.concurrent import AffinePages
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 
 Row = tuple[int, int, int, bool]
 
-SM_COUNT = {name: sms for name, (sms, _threads, _fp64) in SM_FP64.items()}
-"""Streaming multiprocessors per catalogue GPU: :data:`uvmlab.gpus.SM_FP64` (one table; its sources in
-:data:`uvmlab.gpus.SM_FP64_SOURCE`)."""
-DEFAULT_SM_COUNT = 108
-"""SMs of a GPU not listed (a renamed ``--gpu-memory`` spec keeps its base name's count): the study's A100."""
-
 SM_LIMITS = {
-    "6.0": (2048, 32),
-    "6.1": (2048, 32),
-    "7.0": (2048, 32),
-    "7.5": (1024, 16),
-    "8.0": (2048, 32),
-    "8.6": (1536, 16),
-    "8.9": (1536, 24),
-    "9.0": (2048, 32),
-    "12.0": (1536, 24),
+    60: (2048, 32),
+    61: (2048, 32),
+    70: (2048, 32),
+    75: (1024, 16),
+    80: (2048, 32),
+    86: (1536, 16),
+    89: (1536, 24),
+    90: (2048, 32),
+    120: (1536, 24),
 }
-"""(max resident threads, max resident blocks) per SM by compute capability (CUDA C++ Programming Guide,
-"Technical Specifications per Compute Capability")."""
-COMPUTE_CAPABILITY = {
-    "A100-80GB": "8.0",
-    "A100-40GB": "8.0",
-    "A6000": "8.6",
-    "H100-80GB": "9.0",
-    "H100-PCIe": "9.0",
-    "H200": "9.0",
-    "GH200": "9.0",
-    "L40S": "8.9",
-    "RTX4090": "8.9",
-    "RTX4060": "8.9",
-    "RTX5090": "12.0",
-    "V100-32GB": "7.0",
-    "V100-16GB": "7.0",
-    "V100-PCIe": "7.0",
-    "V100-PCIe-32GB": "7.0",
-    "V100-SXM2-P9": "7.0",
-    "TitanV": "7.0",
-    "T4": "7.5",
-    "RTX2080Ti": "7.5",
-    "P100-PCIe": "6.0",
-    "P100-SXM2": "6.0",
-    "GTX1080Ti": "6.1",
-    "GTX1080": "6.1",
-}
-"""Compute capability per GPU (CUDA GPUs list, developer.nvidia.com/cuda-gpus)."""
-DEFAULT_CC = "8.0"
+"""(max resident threads, max resident blocks) per SM by compute capability x 10 (CUDA C++ Programming Guide,
+"Technical Specifications per Compute Capability"); a GPU's capability is :func:`uvmlab.gpus.sm_version`'s."""
 
 DEFAULT_BLOCK_THREADS = 256
 """[U] Threads per block of a declared program kernel (``uvm.kernel`` gives the total threads, not the block size):
@@ -108,15 +75,16 @@ def base_name(gpu_name: str | GpuSpec) -> str:
 
 
 def sm_count(gpu_name: str | GpuSpec) -> int:
-    """SMs of ``gpu_name``: a spec's own count (a GPU described in a file or by options), else by name."""
-    if isinstance(gpu_name, GpuSpec) and gpu_name.sm_count:
-        return gpu_name.sm_count
-    return SM_COUNT.get(base_name(gpu_name), DEFAULT_SM_COUNT)
+    """SMs of ``gpu_name``: a spec's own count (a GPU described in a file or by options), else the one SM table's
+    (:func:`uvmlab.gpus.sm_info`: an A100's 108 for a GPU it does not list)."""
+    if isinstance(gpu_name, GpuSpec):
+        return gpu_name.sms
+    return sm_info(base_name(gpu_name))[0]
 
 
 def sm_limits(gpu_name: str | GpuSpec) -> tuple[int, int]:
     """(max resident threads, max resident blocks) per SM of ``gpu_name`` (a spec's own threads per SM)."""
-    threads, blocks = SM_LIMITS[COMPUTE_CAPABILITY.get(base_name(gpu_name), DEFAULT_CC)]
+    threads, blocks = SM_LIMITS.get(sm_version(base_name(gpu_name)), SM_LIMITS[80])
     if isinstance(gpu_name, GpuSpec):
         threads = gpu_name.max_threads_per_sm or threads
     return threads, blocks

@@ -510,10 +510,10 @@ class _Replayer:
         ``ids``: the allocation of each row (needed when per-tensor hints are on, ``self.hints``).
         """
         sim = self.sim
-        sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing)
         kind = st.api[i]
         barrier = kind in BARRIER_API
         self._enter(st.streams[i] if st.streams else 0, barrier)
+        sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing), on the row's own stream
         if kind in STREAM_API:  # stream calls: no memory, no time of their own
             c, dur = UvmCounters(), 0.0
             if kind == "event_record":

@@ -153,10 +153,8 @@ class CostParams:
             raise InputError(f"cost parameter fault_overlap must be in [0, 1], not {self.fault_overlap}")
         if self.host_zero_bytes_per_s <= 0 or 0 in (self.remote_read_bytes_per_s, self.remote_write_bytes_per_s):
             raise InputError("cost parameters host_zero_bytes_per_s and remote_*_bytes_per_s must be > 0")
-        effs = ("compute_efficiency", "gemm_efficiency", "memory_efficiency", "sector_memory_efficiency",
-                "index_memory_efficiency")  # fmt: skip
-        if any(getattr(self, f) is not None and not 0 < getattr(self, f) <= 1 for f in effs):
-            raise InputError(f"cost parameters {', '.join(effs)} must be in (0, 1]")
+        if any(getattr(self, f) is not None and not 0 < getattr(self, f) <= 1 for f in EFFICIENCY_FIELDS):
+            raise InputError(f"cost parameters {', '.join(EFFICIENCY_FIELDS)} must be in (0, 1]")
 
     def for_scattered_sectors(self) -> CostParams:
         """These costs with ``memory_efficiency`` set to the lone-sector one (for page-strided streams)."""
@@ -210,7 +208,15 @@ MAX_RATE_BYTES_PER_S = 1e13
 MAX_LINK_BYTES_PER_S = max(lk.peak_bytes_per_s for lk in LINKS.values())
 """Largest host-link rate accepted: the fastest link peak uvmlab knows (uvmlab.gpus.LINKS: NVLink-C2C, 450 GB/s)."""
 LINK_FIELDS = ("link_bytes_per_s", "remote_read_bytes_per_s", "remote_write_bytes_per_s")
-SHARE_FIELDS = ("compute_efficiency", "memory_efficiency", "sector_memory_efficiency", "fault_overlap")
+EFFICIENCY_FIELDS = (
+    "compute_efficiency",
+    "gemm_efficiency",
+    "memory_efficiency",
+    "sector_memory_efficiency",
+    "index_memory_efficiency",
+)
+"""Shares of a peak, each in (0, 1] (None: the class rule's default where the field allows it)."""
+SHARE_FIELDS = (*EFFICIENCY_FIELDS, "fault_overlap")
 """Shares of a peak (0, 1]; fault_overlap [0, 1]."""
 MAX_RAW_ENTRIES_PER_FAULT = 256.0
 """Raw fault-buffer entries per unique faulted page: at least 1, at most a whole batch (256 entries, uvm.md 1.4)."""
