@@ -99,3 +99,18 @@ def test_a_refusal_stays_one_line(tmp_path: Path) -> None:
     """A sweep folder without runs/ is still one sentence (the contract of tests/hostile.py)."""
     outcome = run_probes([Probe("no-runs", ["sweep", "collect", str(tmp_path)], tmp_path, tmp_path)])["no-runs"]
     assert_refused(outcome, words="not a sweep folder")
+
+
+def test_collect_never_replaces_a_users_results_parquet_in_a_folder_uvmlab_does_not_own(tmp_path: Path) -> None:
+    """A folder without uvmlab's ownership record (a sweep of an older uvmlab): collect replaced any results.parquet
+    there, a user's file too (exit 0, the file became a 0-row table). It now refuses one that is not its table."""
+    from uvmlab.cli import main
+
+    (tmp_path / "runs").mkdir()
+    mine = tmp_path / "results.parquet"
+    mine.write_text("my precious")
+    assert main(["sweep", "collect", str(tmp_path)]) == 2
+    assert mine.read_text() == "my precious"
+    mine.unlink()
+    assert main(["sweep", "collect", str(tmp_path)]) == 0  # uvmlab's own table: rebuilt each time
+    assert main(["sweep", "collect", str(tmp_path)]) == 0

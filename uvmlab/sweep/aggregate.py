@@ -178,8 +178,26 @@ def write_results(out: str | os.PathLike[str]) -> Path:
     if folder.is_owned():  # listed with its content: a results.parquet of the user's is never replaced
         folder.write_file_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     else:
+        _refuse_foreign_results(path)
         atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
+
+
+def _refuse_foreign_results(path: Path) -> None:
+    """In a folder without uvmlab's ownership record (a sweep of an older uvmlab), an existing results.parquet is
+    replaced only when it reads as the table uvmlab writes there (a Parquet file with a ``run_id`` column): a file of
+    the user's at that name is never overwritten."""
+    if not path.exists():
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except (OSError, ValueError, pa.ArrowException):  # not Parquet: not ours
+        names = set()
+    if "run_id" not in names:
+        raise InputError(f"{path} is not a results table uvmlab wrote (no run_id column); move it away to collect")
 
 
 def read_results(out: str | os.PathLike[str]) -> pd.DataFrame:
