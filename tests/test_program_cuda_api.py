@@ -107,6 +107,8 @@ def test_a_bad_gpu_description_is_one_sentence(tmp_path: Path, capsys: pytest.Ca
     f = str(EXAMPLES / "device_memory.py")
     assert main(["run", f, "--mode", "sim", "--gpu-set", "sm_count=-3", "-o", str(tmp_path / "a")]) == 2
     assert main(["run", f, "--mode", "sim", "--gpu-set", "warp_speed=9", "-o", str(tmp_path / "b")]) == 2
+    deep = "sm_count=" + "[" * 5000  # a RecursionError traceback when --gpu-set had its own parser
+    assert main(["run", f, "--mode", "sim", "--gpu-set", deep, "-o", str(tmp_path / "d")]) == 2
     bad = tmp_path / "gpu.json"
     bad.write_text("{not json")
     assert main(["run", f, "--mode", "sim", "--gpu", str(bad), "-o", str(tmp_path / "c")]) == 2

@@ -13,15 +13,13 @@ A file that cannot be read or parsed is an InputError (one sentence); unknown ke
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError
-from uvmlab.files.inputs import read_json_file
+from uvmlab.files.inputs import parse_options, read_json_file
 from uvmlab.gpus import DEFAULT_GPU
-from uvmlab.numbers import json_loads
 
 MAX_GPU_FILE_BYTES = 1024 * 1024
 """Largest GPU file read (1 MiB; a description is a few hundred bytes)."""
@@ -45,17 +43,9 @@ def read_gpu_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def parse_gpu_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """``--gpu-set KEY=VALUE`` pairs: a JSON value (number, true/false, quoted text) or else the text as given."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--gpu-set takes KEY=VALUE (e.g. sm_count=132), not {item!r}")
-        try:
-            out[key.strip()] = json_loads(value, f"--gpu-set {key.strip()}")  # numbers checked (uvmlab.numbers)
-        except json.JSONDecodeError:
-            out[key.strip()] = value.strip()
-    return out
+    """``--gpu-set KEY=VALUE`` pairs: a JSON value (number, true/false, quoted text) or else the text as given, with
+    every ``--option`` limit (:func:`uvmlab.files.inputs.parse_options`: depth, size, numbers checked)."""
+    return parse_options(tuple(items), "--gpu-set")
 
 
 def resolve_gpu(gpu: str, sets: tuple[str, ...] | list[str] = ()) -> tuple[str, dict[str, Any]]:
