@@ -269,10 +269,6 @@ def run(
             note(f"{', '.join('--' + k.replace('_', '-') for k in used)} only apply to --mode gpu; ignored")
     from uvmlab.uvm.simulate import simulate_run
 
-    if cfg.params_file:  # read (and refused) before the run folder is taken and the trace captured
-        from uvmlab.sim.uvm.timing import CostParams
-
-        CostParams.from_file(cfg.params_file)
     rundir.prepare(force=force)
     with rundir:  # releases the writer's lock
         result = simulate_run(

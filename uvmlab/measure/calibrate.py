@@ -39,7 +39,7 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
 from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
-from uvmlab.gpus import GpuSpec
+from uvmlab.gpus import DEFAULT_GPU, GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, STREAM_EFFICIENCY, CostParams, transfer_bandwidth
@@ -208,8 +208,7 @@ def costs_against(
         why = f"the costs of --sim-run {sim_run}: {why}"
         spec = get_gpu(run_cfg.gpu)
     else:
-        default_gpu = next(f.default for f in fields(RunConfig) if f.name == "gpu")
-        spec = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu or str(default_gpu))
+        spec = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu or DEFAULT_GPU)
         costs, why = pick_profile(spec)
     if given is None:
         return costs, values, why

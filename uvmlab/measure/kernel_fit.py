@@ -49,7 +49,7 @@ import numpy as np
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
 from uvmlab.files.inputs import read_input_text
-from uvmlab.gpus import GPUS, GpuSpec, custom_gpu, known_gpu
+from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, custom_gpu, known_gpu
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
 from uvmlab.sim.uvm.kernel_class import KernelWork, math_peak, native_times, serial_rate
@@ -149,7 +149,7 @@ def export_gpu(ex: Export) -> GpuSpec:
         fields["hbm_bytes_per_s"] = float(bw)
     if sms:
         fields["sm_count"] = int(sms)
-    base = GPUS[listed] if listed else GPUS["A100-80GB"]
+    base = GPUS[listed or DEFAULT_GPU]
     gpu = custom_gpu(base, fields)
     if listed is None:  # its FLOP rates are unknown: no FLOP-bound class on it
         gpu = replace(gpu, fp32_flops=math.nan, tensor_flops=math.nan, fp64_flops=math.nan, arch="")

@@ -110,7 +110,7 @@ def memtracker_peak(cfg: WorkloadConfig, world_size: int | None = None) -> float
     with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(_fake_group(world_size)) if world_size else None
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        workload = spec.build(replace(cfg, shard="", world_size=1, shard_options={}), "cpu")
+        workload = spec.build(cfg.single_gpu, "cpu")
         if mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
