@@ -53,7 +53,6 @@ BREAKDOWN_COLUMNS = (
 """Per-kernel time columns that add up to ``duration_ns`` (module docstring)."""
 ITERATION_BREAKDOWN_COLUMNS = (*BREAKDOWN_COLUMNS, "other_ns")
 """Per-iteration time columns: the kernels' sums plus ``other_ns`` (module docstring)."""
-COPY_API = ("memcpy_htod", "memcpy_dtoh")
 HOST_ROWS = ("host_write", "host_read", "host", "host_async", "advise", "event_record", "event_wait", "synchronize")
 
 

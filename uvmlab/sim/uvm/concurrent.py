@@ -457,7 +457,7 @@ class _Engine:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> float:
         """Rounds until every walker retired (or a steady state is extrapolated); return the duration (ns)."""
-        s, k = self.s, self.k
+        k = self.k
         idle = 0
         round_ns = 0.0
         running, _ = self._live()
@@ -493,7 +493,6 @@ class _Engine:
                     )
             if self.steady_on and self._steady():
                 break
-        del s
         return max(self.end, self.now)
 
     def _jump(self, running: np.ndarray) -> None:

@@ -62,6 +62,8 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.occupancy import DEFAULT_BLOCK_THREADS
+from uvmlab.sim.uvm.order import SECTOR_BYTES, WARP_SIZE
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.orchestrate import op_base
 
@@ -110,14 +112,8 @@ CONV_OPS = frozenset({"convolution", "_convolution", "convolution_overrideable",
 """cuDNN convolutions: class ``conv``, at ``compute_efficiency`` (module docstring)."""
 DTYPES = ("fp32", "bf16", "fp16", "fp64", "tf32")
 """Kernel dtypes the class rules know (the trace's optional ``dtype`` column; "" = the run's)."""
-WARP_LANES = 32
-"""Threads per warp (CUDA C++ Programming Guide, "SIMT Architecture")."""
 LANE_BYTES = 4
 """Bytes one lane moves per access in the serial rule (a 32-bit element, as the declared kernels' loops do)."""
-SECTOR_BYTES = 32
-"""DRAM / L2 transfer unit (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory")."""
-DEFAULT_BLOCK_THREADS = 256
-"""Threads per CTA assumed for a declared kernel's CTA dispatch term (the common launch of CUDA samples) [U]."""
 
 
 @dataclass(frozen=True)
@@ -287,8 +283,8 @@ def serial_rate(threads: int, gpu: GpuSpec, costs: CostParams, scattered: bool =
     bytes per ``warp_trip_ns``. A warp's request is its lanes' 4 B elements coalesced (at least one 32 B sector), or,
     for ``scattered`` accesses (a strided stream, a gather), one 32 B sector per lane."""
     resident = min(threads, gpu.sms * gpu.max_threads_per_sm)
-    warps = -(-resident // WARP_LANES)
-    lanes = min(resident, WARP_LANES)
+    warps = -(-resident // WARP_SIZE)
+    lanes = min(resident, WARP_SIZE)
     request = lanes * SECTOR_BYTES if scattered else max(SECTOR_BYTES, lanes * LANE_BYTES)
     return warps * request / (costs.warp_trip_ns * 1e-9)
 

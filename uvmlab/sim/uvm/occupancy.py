@@ -232,6 +232,7 @@ def window_blocks(src: AffinePages, resident: int) -> int:
 
 # -- which traced ops run concurrently ----------------------------------------------------------------------------
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
+"""Bytes per element of the run dtypes a GEMM's tiles are counted in (IEEE-754 binary32 and bfloat16)."""
 
 
 def is_foreach(op: str) -> bool:

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from uvmlab.gpus import GpuSpec
-from uvmlab.sim.uvm.occupancy import sm_count
+from uvmlab.sim.uvm.occupancy import ELEM_BYTES, sm_count
 from uvmlab.trace.orchestrate import op_base
 
 Access = tuple[int, int, int, bool]
@@ -57,7 +57,6 @@ TILE_N = 128
 """CTA tile columns (same source)."""
 CTAS_PER_SM = 1
 """[U] resident CTAs of one 128x128 GEMM tile per SM (register/shared-memory bound; 1-2 on A100)."""
-ELEM_BYTES = {"fp32": 4, "bf16": 2}
 SPLIT_K_MIN = 128
 """[U] Smallest K slice a split-K GEMM gives one CTA (``occupancy``): CUTLASS's split-K kernels divide K among
 ``split_k_slices`` CTAs per output tile (include/cutlass/gemm/device/gemm_splitk_parallel.h); cuBLAS and cuDNN pick
