@@ -65,6 +65,8 @@ Trainer's rule (uvmlab.trace.shard.zero)."""
 MAX_WORLD_SIZE = 1 << 16
 """Largest ``world_size`` accepted (65,536 ranks)."""
 MAX_LORA_RANK = 1 << 16
+"""Largest LoRA rank accepted (65,536: above any model's hidden size, so every real rank fits; a bound, not a
+source value)."""
 CAPTURE_DEVICES = ("meta", "cpu")
 MODES = ("sim", "gpu", "auto")
 ALLOCATORS = ("pca", "nocache")
@@ -183,7 +185,9 @@ class WorkloadConfig:
         """LoRA/QLoRA, weight dtype, data-parallel layout and SDPA backend (issue 45)."""
         rank = self.lora_rank
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_LORA_RANK:
-            raise InputError(f"LoRA rank must be a whole number from 1 to {MAX_LORA_RANK} (0: no LoRA), not {rank!r}")
+            raise InputError(
+                f"LoRA rank must be a whole number from 0 (no LoRA) to {MAX_LORA_RANK}, not {prefix(rank)}"
+            )
         targets = self.lora_targets
         if isinstance(targets, str):
             targets = tuple(t.strip() for t in targets.split(",") if t.strip())
@@ -242,8 +246,9 @@ OPTIONAL_KEYS = frozenset(
     {"checkpoint", "lora_rank", "lora_targets", "qlora", "weights_dtype", "shard", "world_size", "sdpa_backend",
      "shard_options"}
 )  # fmt: skip
-AUTO_SHARD_OPTIONS = ("reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold")
 """WorkloadConfig fields left out of ``to_dict`` at their defaults."""
+AUTO_SHARD_OPTIONS = ("reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold")
+"""``--shard-option`` keys that also take ``auto`` (HF Trainer's hidden-size rule, uvmlab.trace.shard.zero)."""
 MIN_OVERSUB = 1e-3
 """Smallest factor accepted: footprint / factor must stay a byte count (1e-300 overflowed to infinity)."""
 MAX_ITERATIONS = 10_000

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from uvmlab.errors import InputError
+from workloads.base import package_version
 
 if TYPE_CHECKING:
     import torch
@@ -158,15 +159,9 @@ def _lora(model: Any, cfg: WorkloadConfig) -> tuple[Any, str]:
     total = sum(p.numel() for p in peft_model.parameters())
     chosen = sorted(peft_model.peft_config["default"].target_modules)
     return peft_model, (
-        f"LoRA rank {cfg.lora_rank} (peft {_version('peft')}) on {', '.join(chosen)}: {trainable:,} trainable of "
-        f"{total:,} parameters; base weights frozen"
+        f"LoRA rank {cfg.lora_rank} (peft {package_version('peft')}) on {', '.join(chosen)}: {trainable:,} trainable "
+        f"of {total:,} parameters; base weights frozen"
     )
-
-
-def _version(name: str) -> str:
-    from workloads.base import package_version
-
-    return package_version(name)
 
 
 def rematerialize(model: Any, device: torch.device) -> int:

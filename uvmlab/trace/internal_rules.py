@@ -29,15 +29,11 @@ REDUCE_MAX_THREADS = 512
 """Reduce.cuh ``mnt_wrapper<T>::MAX_NUM_THREADS`` (256 for complex<double>, not modelled)."""
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _copy(t: Any, label: str, pre: bool = False) -> list[Entry]:
     """A ``.contiguous()`` copy of ``t`` when it is a non-contiguous tensor with elements."""
     if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_contiguous():
         return []
-    return [{"l": label, "b": _nbytes(t), **({"pre": 1} if pre else {})}]
+    return [{"l": label, "b": t.nbytes, **({"pre": 1} if pre else {})}]
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str, default: Any = None) -> Any:
@@ -141,7 +137,7 @@ def _cudnn_layout(a: Any, b: Any) -> torch.memory_format:
 def _copy_to(t: Any, fmt: torch.memory_format, label: str) -> list[Entry]:
     if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_contiguous(memory_format=fmt):
         return []
-    return [{"l": label, "b": _nbytes(t)}]
+    return [{"l": label, "b": t.nbytes}]
 
 
 def convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> list[Entry]:
@@ -253,7 +249,7 @@ def efficient_attention_backward(args: tuple[Any, ...], kwargs: dict[str, Any], 
     res: list[Entry] = []
     g_t = grad_out.transpose(1, 2)
     if grad_out.numel() and not g_t.is_contiguous():  # before grad_q/k/v are allocated
-        res.append({"l": "contiguous_grad_out", "b": _nbytes(grad_out), "pre": 1})
+        res.append({"l": "contiguous_grad_out", "b": grad_out.nbytes, "pre": 1})
     if half:
         res.append({"l": "delta", "b": b * nh * m * 4})
     else:

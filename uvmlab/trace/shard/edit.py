@@ -115,10 +115,6 @@ class TraceEdit:
         """Move the free of an existing allocation to ``key`` (None: never freed)."""
         self.free_keys[alloc_id] = key
 
-    def allocate_at(self, alloc_id: int, key: Key) -> None:
-        """Move the allocation event of an existing allocation to ``key``."""
-        self.alloc_keys[alloc_id] = key
-
     def remove(self, alloc_id: int) -> None:
         """Drop an existing allocation and its accesses."""
         self.removed.add(int(alloc_id))

@@ -16,8 +16,6 @@ touches one of the unit's parameters or gradients: where the gathers and frees g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
@@ -54,14 +52,6 @@ def assign_units(params: pd.DataFrame, kind: str) -> pd.Series:
         codes, _ = pd.factorize(params["module"])
         return pd.Series(codes, index=params.index)
     raise ValueError(f"unknown unit kind {kind!r}")
-
-
-@dataclass(frozen=True)
-class Window:
-    """First and last kernel seq of a unit in one phase of one iteration (-1 when it has none)."""
-
-    first: int
-    last: int
 
 
 def windows(trace: Trace, params: pd.DataFrame, unit: pd.Series) -> pd.DataFrame:
