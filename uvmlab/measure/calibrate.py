@@ -167,14 +167,12 @@ def fit_kernel_scale(ex: Export, sim_run: str | os.PathLike[str]) -> tuple[float
 
 
 def _run_cost_params(run: str | os.PathLike[str]) -> dict[str, Any]:
-    """The cost parameters a simulated run used (result.json ``cost_params``, resolved for its GPU), or {}."""
-    import json
+    """The cost parameters a simulated run used (result.json ``cost_params``, resolved for its GPU), or {}; read by
+    the run directory's own reader (limits, numbers checked; a damaged file is one sentence)."""
+    from uvmlab.files.rundir import RunDir
 
-    try:
-        doc = json.loads((Path(run) / "result.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc.get("cost_params") or {} if isinstance(doc, dict) else {}
+    used = RunDir(run).read_result().get("cost_params")
+    return used if isinstance(used, dict) else {}
 
 
 def costs_against(
