@@ -268,3 +268,18 @@ def test_calibrate_kernels_refuses_exports_no_work_row_names(nsys_dir: Path, tmp
     other.write_bytes(next(iter(sorted(nsys_dir.glob("*.sqlite")))).read_bytes())
     code = main(["calibrate", "--kernels", str(other), "-o", str(tmp_path / "o.json")])
     assert code == 2 and not (tmp_path / "o.json").exists()
+
+
+def test_a_work_file_error_names_its_real_line_and_a_huge_field_is_one_sentence(tmp_path: Path) -> None:
+    """Comment lines keep their place in the numbering (a bad row on line 5 was reported as line 3), numbers go
+    through the one number parser, and a 2 MB field is the CSV reader's sentence (a raw _csv.Error before)."""
+    from uvmlab.errors import InputError
+    from uvmlab.measure.kernel_fit import read_work
+
+    work = tmp_path / "w.csv"
+    work.write_text("# a\n# b\nexport,kernel,class,split,flops\n# c\nx.sqlite,add,gemm,fit,-3\n")
+    with pytest.raises(InputError, match=r"line 5: flops"):
+        read_work(work)
+    work.write_text("export,kernel,class,split,flops\nx.sqlite," + "a" * 2_000_000 + ",gemm,fit,1\n")
+    with pytest.raises(InputError, match="not a readable CSV file"):
+        read_work(work)

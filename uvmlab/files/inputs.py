@@ -316,14 +316,28 @@ def read_csv_rows(
 ) -> tuple[list[str], list[dict[str, str]]]:
     """(header, rows as dicts) of the CSV (or TSV) file ``path``: size-limited, one field at most
     :data:`MAX_CSV_FIELD_CHARS` characters, a file that is not UTF-8 text or not CSV is one sentence."""
-    text = read_input_text(path, max_bytes, what)
+    header, numbered = csv_text_rows(read_input_text(path, max_bytes, what), str(path), what, delimiter)
+    return header, [row for _line, row in numbered]
+
+
+def csv_text_rows(
+    text: str, source: str, what: str, delimiter: str = ",", comment: str | None = None
+) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """(header, (line number, row) pairs) of CSV ``text`` read from ``source`` (:func:`read_csv_rows`' limits);
+    lines starting with ``comment`` are skipped but keep their place in the numbering."""
+    lead = 0
+    if comment is not None:
+        lines = text.splitlines()
+        while lead < len(lines) and lines[lead].startswith(comment):
+            lead += 1  # before the header: dropped (a blank line there would be read as the header)
+        text = "\n".join("" if line.startswith(comment) else line for line in lines[lead:])
     previous = csv.field_size_limit(MAX_CSV_FIELD_CHARS)
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-        rows = list(reader)
+        rows = [(lead + reader.line_num, row) for row in reader]
         header = list(reader.fieldnames or [])
     except csv.Error as exc:
-        raise InputError(f"{path} is not a readable CSV file ({short(str(exc))[1:-1]}); give {what}") from None
+        raise InputError(f"{source} is not a readable CSV file ({short(str(exc))[1:-1]}); give {what}") from None
     finally:
         csv.field_size_limit(previous)
     return header, rows

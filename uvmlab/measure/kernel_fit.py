@@ -34,8 +34,6 @@ bandwidth and SM count; a GPU not in the list takes those two from the export an
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 import re
@@ -48,10 +46,11 @@ import numpy as np
 
 from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
-from uvmlab.files.inputs import read_input_text
+from uvmlab.files.inputs import csv_text_rows, read_input_text
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, custom_gpu, known_gpu
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
+from uvmlab.numbers import parse_float
 from uvmlab.sim.uvm.kernel_class import KernelWork, math_peak, native_times, serial_rate
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
 
@@ -110,25 +109,25 @@ def read_work(path: str | os.PathLike[str] | None = None) -> list[WorkRow]:
     else:
         text = read_input_text(Path(path), MAX_WORK_BYTES, "a kernel work file (CSV)")
         where = str(path)
-    reader = csv.DictReader(io.StringIO("\n".join(x for x in text.splitlines() if not x.startswith("#"))))
-    missing = [c for c in ("export", "kernel", "class", "split") if c not in (reader.fieldnames or [])]
+    header, numbered = csv_text_rows(text, where, "a kernel work file (CSV)", comment="#")
+    missing = [c for c in ("export", "kernel", "class", "split") if c not in header]
     if missing:
         raise InputError(f"kernel work file {where} lacks columns {missing}; columns: {', '.join(WORK_COLUMNS)}")
     rows = []
-    for n, r in enumerate(reader, start=2):
+    for n, r in numbered:
         cls, split, uvm = r["class"].strip(), r["split"].strip(), (r.get("uvm") or "exclude").strip()
         if cls not in FIT_CLASSES or split not in ("fit", "validate", "exclude") or uvm not in ("exclude", "subtract"):
             raise InputError(
                 f"kernel work file {where} line {n}: class must be one of {', '.join(FIT_CLASSES)}, split fit / "
                 f"validate / exclude, uvm exclude / subtract (got {cls!r}, {split!r}, {uvm!r})"
             )
+        at = f"kernel work file {where} line {n}"
+        flops = parse_float(r.get("flops") or 0, f"{at}: flops", lo=0.0)
+        nbytes = parse_float(r.get("bytes") or 0, f"{at}: bytes", lo=0.0)
         try:
-            flops, nbytes = float(r.get("flops") or 0), float(r.get("bytes") or 0)
             re.compile(r["kernel"])
-        except (ValueError, re.error) as exc:
-            raise InputError(f"kernel work file {where} line {n}: {exc}") from None
-        if not (math.isfinite(flops) and math.isfinite(nbytes)) or flops < 0 or nbytes < 0:
-            raise InputError(f"kernel work file {where} line {n}: flops and bytes must be numbers >= 0")
+        except re.error as exc:
+            raise InputError(f"{at}: {exc}") from None
         rows.append(
             WorkRow(
                 r["export"].strip(), r["kernel"], (r.get("grid") or "").strip(), cls, flops, nbytes,
