@@ -246,15 +246,6 @@ class OwnedFolder:
         entries[rel] = [*writes, file_digest(tmp)][-KEPT_WRITES:]
         self._write_manifest(entries)
 
-    def seal(self, path: str | os.PathLike[str]) -> None:
-        """Record the current content of ``path``, a listed file uvmlab's own processes finished writing (a log)."""
-        rel = self._relative(Path(path))
-        entries = self.entries() or {}
-        target = self.path / rel
-        if rel in entries and self._state(rel, entries[rel]) == "ours":
-            entries[rel] = [*entries[rel], file_digest(target)][-KEPT_WRITES:]
-            self._write_manifest(entries)
-
     def adopt(self, path: str | os.PathLike[str]) -> None:
         """List the file already at ``path`` as uvmlab's, with its current content. Only for a file the caller has
         established is uvmlab's (a sweep folder of an uvmlab before markers, a spec.yaml identical to the spec)."""
