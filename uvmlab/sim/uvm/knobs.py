@@ -215,12 +215,9 @@ class UvmKnobs:
             raise InputError(
                 f"stream_priority must be 'lowest', 'sm', 'rotate' or 'random', not {self.stream_priority!r}"
             )
-        if self.concurrent_ops not in (0, 1):
-            raise InputError(f"concurrent_ops must be 0 or 1, not {self.concurrent_ops!r}")
-        if self.walker_time not in (0, 1):
-            raise InputError(f"walker_time must be 0 or 1, not {self.walker_time!r}")
-        if self.cascade_steady not in (0, 1):
-            raise InputError(f"cascade_steady must be 0 or 1, not {self.cascade_steady!r}")
+        for switch in ("concurrent_ops", "walker_time", "cascade_steady"):
+            if getattr(self, switch) not in (0, 1):
+                raise InputError(f"{switch} must be 0 or 1, not {getattr(self, switch)!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:
             raise InputError(
                 f"fault_replay_policy must be one of {', '.join(REPLAY_POLICIES)}, not {self.fault_replay_policy!r}"

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.errors import InvariantError
-from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, Trace
 
 Key = tuple[int, int]
 """(anchor seq, place): place 0 is the anchor itself; negative places come before it, positive after."""
@@ -237,8 +237,8 @@ class TraceEdit:
             k_minor = np.concatenate([k_minor, [x[1] for x in new_k["at"]]])
             extra = new_k.drop(columns=["at"])
             for col in k.columns:
-                if col not in extra.columns:
-                    extra[col] = _default(k[col])
+                if col not in extra.columns:  # an optional column's schema default (uvmlab.trace.schema)
+                    extra[col] = KERNEL_OPTIONAL[col][1] if col in KERNEL_OPTIONAL else _default(k[col])
             k = pd.concat([k, extra[k.columns].astype(k.dtypes.to_dict())], ignore_index=True)
         # one numbering of every event: allocations, frees, kernels
         freed = f_major != NEVER_FREED
@@ -310,7 +310,7 @@ class TraceEdit:
 
 
 def _default(col: pd.Series) -> Any:
-    """The fill value of a kernel column the new kernels do not set."""
+    """The fill value of a column the new rows do not set and the schema gives no default for."""
     if col.dtype == object or pd.api.types.is_string_dtype(col):
         return ""
     if pd.api.types.is_float_dtype(col):
