@@ -54,6 +54,18 @@ def module_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     mp.undo()
 
 
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Sweep workers run tests/sweep_fake_run.py instead of a simulation (``UVMLAB_SWEEP_RUN_FN``): the sweep
+    machinery in seconds. Returns the worker's environment."""
+    import sweep_fake_run
+
+    env = sweep_fake_run.env_for_worker()
+    for key in ("UVMLAB_SWEEP_RUN_FN", "PYTHONPATH"):
+        monkeypatch.setenv(key, env[key])
+    return env
+
+
 @pytest.fixture(autouse=True)
 def _stable_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "120")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import sweep_fake_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,14 +177,6 @@ def test_allow_code_lets_a_trusted_csv_name_a_workload_file(tmp_path: Path) -> N
 
 
 # -- sweeps --------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = sweep_fake_run.env_for_worker()
-    for key in ("UVMLAB_SWEEP_RUN_FN", "PYTHONPATH"):
-        monkeypatch.setenv(key, env[key])
-    return env
 
 
 SPEC = "name: t\ndefaults: {mode: sim, iterations: 1}\ngrid:\n  workload: [gpt2]\n  oversub: [1.0, 2]\n"

@@ -443,16 +443,6 @@ SPEC_A = "defaults: {mode: sim, iterations: 1}\ngrid: {workload: [gpt2], oversub
 SPEC_B = "defaults: {mode: sim, iterations: 1}\ngrid: {workload: [gpt2], oversub: [3, 4]}\n"
 
 
-@pytest.fixture
-def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    import sweep_fake_run
-
-    env = sweep_fake_run.env_for_worker()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return env
-
-
 def test_a_second_spec_into_one_sweep_folder_is_refused(
     tmp_path: Path, fake_env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

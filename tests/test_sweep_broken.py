@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import sweep_fake_run
 
 from tests.hostile import Probe, assert_refused, run_probes, tree_hashes
 from uvmlab.cli import main
@@ -18,14 +17,6 @@ DAMAGE = {
     "deep": b"[" * 100_000 + b"]" * 100_000,
     "not-an-object": b"[1, 2, 3]",
 }
-
-
-@pytest.fixture
-def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = sweep_fake_run.env_for_worker()
-    for key in ("UVMLAB_SWEEP_RUN_FN", "PYTHONPATH"):
-        monkeypatch.setenv(key, env[key])
-    return env
 
 
 @pytest.fixture

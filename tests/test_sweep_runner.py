@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import sweep_fake_run
 
 from uvmlab.errors import InputError
 from uvmlab.files.rundir import RunDir
@@ -24,14 +23,6 @@ from uvmlab.sweep.aggregate import collect
 from uvmlab.sweep.runner import plan_entries, render_sbatch, run_sweep, submit_plan
 from uvmlab.sweep.slurm import SlurmOptions
 from uvmlab.sweep.spec import parse_spec
-
-
-@pytest.fixture
-def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = sweep_fake_run.env_for_worker()
-    for key in ("UVMLAB_SWEEP_RUN_FN", "PYTHONPATH"):
-        monkeypatch.setenv(key, env[key])
-    return env
 
 
 def attempts(path: Path) -> list[tuple[float, int, str]]:
