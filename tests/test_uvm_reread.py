@@ -183,6 +183,7 @@ def test_cli_gemm_rereads_knob_end_to_end(tmp_path: Path, monkeypatch: pytest.Mo
     tiny = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py")
     args = [tiny, "--option", "hidden=2048", "--batch-size", "4096", "--iterations", "2", "--mode", "sim"]
     args += ["--oversub", "10", "--pca", "on", "--sim-option", "concurrent_ops=0"]  # the sweeps alone (not foreach)
+    args += ["--sim-option", "gemm_tile_order=0"]  # nor the tile order of the GEMMs that fit (test_uvm_tile_order)
     assert main(["run", *args, "-o", str(tmp_path / "on")]) == 0
     assert main(["run", *args, "--sim-option", "gemm_rereads=0", "-o", str(tmp_path / "off")]) == 0
     on, off = RunDir(tmp_path / "on").read_result(), RunDir(tmp_path / "off").read_result()

@@ -30,7 +30,7 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
-CAPTURE_VERSION = 7
+CAPTURE_VERSION = 8
 """Version of the capture rules (recorder, categories, emulation); part of the cache key.
 2: dropout keeps CUDA's 1-byte mask, data-dependent ops emulated, named models, parameters registered on meta.
 3: kernels carry what the CUDA kernel allocates inside itself (``temporaries``, uvmlab.trace.internal_rules).

@@ -43,7 +43,7 @@ from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.internal_allocs import mark_prefetched
 from uvmlab.trace.internal_rules import temporaries
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
-from uvmlab.trace.strides import extent_elements, strided_columns
+from uvmlab.trace.strides import extent_elements, matrix_layout, strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -93,6 +93,22 @@ def _dtype_name(dtype: torch.dtype | None, outs: list[Any]) -> str:
     if dtype is None:
         dtype = next((t.dtype for t in outs if t.is_floating_point()), None)
     return "" if dtype is None else DTYPE_NAMES.get(str(dtype).removeprefix("torch."), "")
+
+
+GEMM_LAYOUT_OPS = frozenset({"mm", "addmm", "addmm_"})
+"""aten ops whose two matrix operands (the last two positional arguments) get the kernel column ``layout``."""
+
+
+def _gemm_layout(func: Any, args: tuple[Any, ...]) -> str:
+    """The ``layout`` column of a 2-D GEMM: the BLAS layouts of its two matrices (``strides.matrix_layout``, e.g.
+    ``"nt"`` for ``x @ w.t()``); "" for other ops or when either is neither layout."""
+    if func._opname not in GEMM_LAYOUT_OPS or len(args) < 2:
+        return ""
+    mats = args[-2:]
+    if not all(isinstance(t, torch.Tensor) for t in mats):
+        return ""
+    out = "".join(matrix_layout(tuple(t.shape), tuple(t.stride())) for t in mats)
+    return out if len(out) == 2 else ""
 
 
 def _arg_info(func: torch._ops.OpOverload) -> tuple[tuple[str, bool], ...]:
@@ -301,6 +317,7 @@ class Recorder(TorchDispatchMode):
             temps = ""
         if temps and self.prefetch_new_allocations:
             temps = mark_prefetched(temps)  # the orchestrator prefetches them as it does the op's outputs
+        layout = _gemm_layout(func, args)
         self._add_kernel(
             opname,
             list(rows),
@@ -309,6 +326,7 @@ class Recorder(TorchDispatchMode):
             touched_bytes=touched_b,
             dtype=_dtype_name(dtype, outs),
             **({"temporaries": temps} if temps else {}),
+            **({"layout": layout} if layout else {}),
         )
 
     def record_call(self, name: str, spans: list[tuple[torch.Tensor, int, int, bool]], **columns: Any) -> None:

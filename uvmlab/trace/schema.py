@@ -102,6 +102,7 @@ KERNEL_OPTIONAL: dict[str, tuple[pa.DataType, Any]] = {
     "efficiency": (pa.float64(), float("nan")),
     "index": (pa.string(), ""),
     "temporaries": (pa.string(), ""),
+    "layout": (pa.string(), ""),
 }
 """Optional kernel columns, (Arrow type, default): every write stores them (defaults filled), a read of an older
 trace fills the defaults. ``api``: "" for a kernel, else a CUDA API call or host access between kernels
@@ -118,7 +119,9 @@ share of peak (NaN: none, the class rules); ``index``: a gather / scatter's inde
 uvmlab.sim.uvm.index_order). The ``stream`` column of the kernels table is the CUDA stream a row runs on (0: the
 default stream; a program's ``uvm.stream()``); ``temporaries``: what the CUDA kernel
 allocates inside itself and frees before it returns, which the capture device's kernel does not (a JSON list,
-``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator."""
+``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator; ``layout``: the BLAS
+layouts of a 2-D GEMM's two matrices (``n`` row-major, ``t`` transposed, e.g. ``"nt"`` for ``x @ w.t()``; ""
+unknown or not a GEMM), which give the order its tiles fault in (uvmlab.sim.uvm.tile_order)."""
 ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")
 """Values of the ``order`` column: "" derived from the op by the replay; "address" every range in address order;
 "sequential" / "strided" each thread its own contiguous chunk of every range, ascending, one access every

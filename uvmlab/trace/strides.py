@@ -56,3 +56,17 @@ def strided_columns(operands: list[tuple[tuple[int, ...], tuple[int, ...], int, 
         else:
             touched += span
     return widest, (touched if sparse else math.nan)
+
+
+def matrix_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
+    """BLAS layout of a 2-D operand: ``n`` when its last dimension is contiguous (row-major), ``t`` when the one
+    before it is (a transposed view of a row-major tensor, ``w.t()``), "" for any other view (the trace column
+    ``layout``, read by uvmlab.sim.uvm.tile_order). A dimension of size 1 is contiguous whatever its stride."""
+    if len(shape) != 2:
+        return ""
+    (r, c), (sr, sc) = shape, stride
+    if (c == 1 or sc == 1) and (r == 1 or sr >= c):
+        return "n"
+    if (r == 1 or sr == 1) and (c == 1 or sc >= r):
+        return "t"
+    return ""

@@ -315,6 +315,7 @@ def result_dict(
             "sim_scale": res.sim_scale,
             "stream_kernels": res.stream_kernels,
             "concurrent_kernels": res.concurrent_kernels,
+            "tiled_kernels": res.tiled_kernels,
             "thrashing": res.thrashing,
             "cost_params": costs.for_gpu(prep.gpu).to_dict(),
             "cost_params_source": costs_source,

@@ -301,10 +301,13 @@ class UvmSim(
 
     def range_gids(self, range_id: int) -> np.ndarray:
         """Global page ids (slot * 512 + page) of every 4 KiB page of a mapped range, in address order."""
-        slots = self._ranges[range_id]
         n = -(-self._range_size[range_id] // PAGE_BYTES)
-        p = np.arange(n, dtype=np.int64)
-        return slots[p // PAGES_PER_BLOCK] * PAGES_PER_BLOCK + p % PAGES_PER_BLOCK
+        return self.page_gids(range_id, np.arange(n, dtype=np.int64))
+
+    def page_gids(self, range_id: int, pages: np.ndarray) -> np.ndarray:
+        """Global page ids (slot * 512 + page) of the 4 KiB pages ``pages`` (indices within a mapped range)."""
+        slots = self._ranges[range_id]
+        return slots[pages // PAGES_PER_BLOCK] * PAGES_PER_BLOCK + pages % PAGES_PER_BLOCK
 
     def _segments(self, range_id: int, offset: int, size: int) -> list[tuple[int, int, int]]:
         """(slot, first_page, end_page) per VA block of a byte range, in address order."""

@@ -208,6 +208,55 @@ class FaultService:
         if self._open_faults:
             self._close_batch()
 
+    def access_in_order(self, stages: list[tuple[np.ndarray, bool]]) -> UvmCounters:
+        """Run one kernel whose pages fault in a given order (a tiled GEMM, uvmlab.sim.uvm.tile_order).
+
+        ``stages``: (global page ids ``slot * 512 + page``, each once, in first-request order; is_write), reads
+        before writes. Each batch takes the next ``pages_per_batch`` pages of the order that are not GPU-resident
+        when the batch is fetched (pages an earlier batch prefetched raise no fault), sorted by address as the
+        driver sorts a batch, and serviced block by block (prefetcher, chunk, migration) as the address-order model
+        services its batches. A host page of ``g`` 4 KiB pages is the unit of faults (its first page stands for it).
+        Single touch as in :meth:`access`: a page the kernel already faulted is not faulted again.
+        """
+        flat = self._gpu.reshape(-1)
+        per_batch, g = self._per_batch, self._g
+        window = 8 * per_batch
+        self._open_faults = 0
+        self._open_blocks = 0
+        for gids, is_write in stages:
+            self._kind = "write" if is_write else "read"
+            if g > 1:  # the host page holding each 4 KiB page, each once, in order of first appearance
+                hp = gids - gids % g
+                _, first = np.unique(hp, return_index=True)
+                gids = hp[np.sort(first)]
+            pos, n = 0, gids.size
+            while pos < n:
+                taken: list[np.ndarray] = []
+                count = 0
+                while pos < n and count < per_batch:  # fetch: the next missing pages of the order
+                    part = gids[pos : pos + window]
+                    miss = np.flatnonzero(~flat[part])[: per_batch - count]
+                    if miss.size:
+                        taken.append(part[miss])
+                        count += miss.size
+                        pos += int(miss[-1]) + 1 if count >= per_batch else part.size
+                    else:
+                        pos += part.size
+                if not count:
+                    break
+                batch = np.sort(np.concatenate(taken))
+                blk = batch // PAGES_PER_BLOCK
+                bounds = np.flatnonzero(np.diff(blk)) + 1
+                for grp in np.split(batch, bounds):
+                    s = int(grp[0] // PAGES_PER_BLOCK)
+                    faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                    for j in range(g):  # a host page faults as a whole (clipped at the block end)
+                        faulted[np.minimum(grp % PAGES_PER_BLOCK + j, self._npages[s] - 1)] = True
+                    self._service_block(s, faulted & ~self._gpu[s])
+                self._close_batch()
+                flat = self._gpu.reshape(-1)
+        return self._flush_kernel_counters()
+
     def _close_batch(self) -> None:
         k, costs = self._k, self.costs
         n = -(-self._open_faults // self._g)  # faults are host pages; the bitmaps count 4 KiB pages
@@ -284,8 +333,7 @@ class FaultService:
         if runs.size:
             self._add_htod_runs(runs)
         self._account_service(s, n_f, np.count_nonzero(mask), fault_h, n_h - fault_h, zero)
-        if self._thr_last and s in self._thr_last:
-            self.thr_note(s, mask, GPU)
+        self.thr_note_gpu(s, mask)
 
     def _plan(self, lo: int, hi: int, budget: int, npages: int) -> FaultPlan:
         """The batches that fault in pages [lo, hi) of a block with no GPU-resident page (memoized)."""
@@ -478,8 +526,7 @@ class FaultService:
                 self._cmap[rows] &= ~plan.union
             if self._thr_last:
                 for s in new + on_cpu:
-                    if s in self._thr_last:
-                        self.thr_note(s, plan.union, GPU)
+                    self.thr_note_gpu(s, plan.union)
         self.populated_gpu_bytes += (zero_pages + htod_pages) * PAGE_BYTES
         nf = close_faults + n_full * (self._per_batch // g)
         k.fault_batch_count += n_closes + n_full
@@ -567,6 +614,5 @@ class FaultService:
         self._res_count[s] = plan.n_pages
         self._lrm.move_to_end(s)
         self.populated_gpu_bytes += plan.n_pages * PAGE_BYTES
-        if self._thr_last and s in self._thr_last:
-            self.thr_note(s, plan.union, GPU)
+        self.thr_note_gpu(s, plan.union)
         return plan.budget_out

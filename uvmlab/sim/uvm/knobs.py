@@ -144,6 +144,11 @@ class UvmKnobs:
     """MODEL parameter: replay a GEMM-like kernel (mm, addmm, convolution and its backward) whose bytes exceed the
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
     within the kernel fault again; 0 = every kernel touches each page once (the model before issue 11's re-reads)."""
+    gemm_tile_order: bool = True
+    """MODEL parameter: a 2-D GEMM (``mm``, ``addmm``) whose operands are not all GPU-resident faults its pages in
+    the order its tiles first ask for them (uvmlab.sim.uvm.tile_order: CUTLASS's rasterization, the trace's operand
+    layouts), which spreads a batch's faults over the rows of an operand read across its storage rows; 0 = address
+    order (the model before issue 41 section 3). A kernel whose bytes exceed the GPU keeps ``gemm_rereads``."""
 
     sim_scale: int = 0
     """MODEL parameter (cost, not physics): replay at 1/``sim_scale`` of the memory (uvmlab.sim.uvm.order,
@@ -215,7 +220,7 @@ class UvmKnobs:
             raise InputError(
                 f"stream_priority must be 'lowest', 'sm', 'rotate' or 'random', not {self.stream_priority!r}"
             )
-        for switch in ("concurrent_ops", "walker_time", "cascade_steady"):
+        for switch in ("concurrent_ops", "walker_time", "cascade_steady", "gemm_tile_order"):
             if getattr(self, switch) not in (0, 1):
                 raise InputError(f"{switch} must be 0 or 1, not {getattr(self, switch)!r}")
         if self.fault_replay_policy not in REPLAY_POLICIES:

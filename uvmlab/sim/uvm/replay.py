@@ -38,7 +38,7 @@ from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.kernel_class import GEMM_NATIVE_OPS, native_times, work_of
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
-from uvmlab.sim.uvm.occupancy import is_foreach, op_launches, windows_fit
+from uvmlab.sim.uvm.occupancy import ELEM_BYTES, is_foreach, op_launches, sm_count, windows_fit
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
     STREAM_ORDERS,
@@ -52,7 +52,8 @@ from uvmlab.sim.uvm.order import (
     stream_kernel,
     strided_sector_bytes,
 )
-from uvmlab.sim.uvm.reread import GEMM_OPS, gemm_passes, occupancy
+from uvmlab.sim.uvm.reread import CTAS_PER_SM, GEMM_OPS, gemm_passes, mm_operands, occupancy
+from uvmlab.sim.uvm.tile_order import TileOrders
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
 from uvmlab.trace.orchestrate import op_base
@@ -118,6 +119,8 @@ class ReplayResult:
     """Kernels replayed through the stream path (a given or derived access order, not all pages resident)."""
     concurrent_kernels: int = 0
     """Traced ops replayed through the concurrent engine (foreach launches whose window exceeds the GPU)."""
+    tiled_kernels: int = 0
+    """2-D GEMMs faulted in tile order (uvmlab.sim.uvm.tile_order: operands not all resident, layouts known)."""
     thrashing: dict[str, int] = field(default_factory=dict)
     """Thrashing detection (uvmlab.sim.uvm.thrashing): pages detected, faults throttled, pages pinned."""
     events: list[tuple] | None = None
@@ -206,6 +209,7 @@ class _KernelStatics:
     classes: list[str] = field(default_factory=list)  # native-time class of each kernel (uvm_kernel_class)
     streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
     device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
+    layouts: list[str] = field(default_factory=list)  # a 2-D GEMM's operand layouts (tile_order); [] = none known
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
     is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
 
@@ -288,6 +292,7 @@ def kernel_statics(
         classes=classes,
         streams=kern["stream"].astype(int).tolist() if "stream" in kern.columns else [],
         device_copy_ns=device_copy,
+        layouts=kern["layout"].astype(str).tolist() if "layout" in kern.columns else [],
     )
 
 
@@ -412,6 +417,8 @@ class _Replayer:
         self.concurrent_kernels = 0  # traced ops replayed through the concurrent engine (uvmlab.sim.uvm.occupancy)
         self.windows_fit: dict[tuple, bool] = {}  # (op, sizes, writes) -> its launches' windows surely fit
         self.reread_kernels = 0  # kernels replayed as several GEMM passes (uvm_reread)
+        self.tiled_kernels = 0  # GEMMs faulted in tile order (uvmlab.sim.uvm.tile_order)
+        self.tile_orders = TileOrders(sm_count(gpu_name) * CTAS_PER_SM) if gpu_name else None
         self.t = 0.0
         self.mapped: set[int] = set()
         self.api = {"cudaMallocManaged": 0, "cudaFree": 0}
@@ -456,7 +463,26 @@ class _Replayer:
                 for p in passes:
                     c.add(sim.access(p))
                 return c
+        if sim.knobs.gemm_tile_order and st.layouts and st.layouts[i] and self.scale == 1:
+            c = self._tiled(i, rows, st)
+            if c is not None:
+                return c
         return sim.access(rows)
+
+    def _tiled(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
+        """A 2-D GEMM whose operands are not all resident, faulted in tile order (uvmlab.sim.uvm.tile_order);
+        None when it is resident, advised, or its shapes or layouts are not known (address order then)."""
+        sim, e = self.sim, ELEM_BYTES.get(self.dtype)
+        if self.tile_orders is None or e is None:
+            return None
+        if sim.resident(rows) or sim.advised(rows):
+            return None
+        mm = mm_operands(rows, float(st.flops[i]), e)
+        stages = None if mm is None else self.tile_orders.stages(mm, st.layouts[i], e, sim.page_gids)
+        if stages is None:
+            return None
+        self.tiled_kernels += 1
+        return sim.access_in_order(stages)
 
     def _concurrent(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
         """A traced op with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) through the concurrent
@@ -783,6 +809,7 @@ def _result(kern: pd.DataFrame, st: _KernelStatics, rp: _Replayer, skipped: int)
         sim_scale=rp.scale,
         stream_kernels=rp.stream_kernels,
         concurrent_kernels=rp.concurrent_kernels,
+        tiled_kernels=rp.tiled_kernels,
         thrashing={
             "thrashing_pages": rp.sim.thrashing_pages_detected,
             "throttled_faults": rp.sim.throttled_faults,

@@ -42,6 +42,7 @@ The model (an approximation; docs/uvm-sim.md "Re-reads within a kernel"):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -136,7 +137,22 @@ def _inner_dim(flops: float, e: int, out_bytes: int) -> int | None:
     return _whole(flops * e / (2.0 * out_bytes)) if out_bytes > 0 else None
 
 
-def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+@dataclass(frozen=True)
+class MmOperands:
+    """A 2-D GEMM's operands as PyTorch names them, ``out[m, n] = a[m, k] b[k, n]``, and its shape."""
+
+    others: list[Access]  # reads before ``a`` (addmm's bias)
+    a: Access
+    b: Access
+    writes: list[Access]  # ``out`` first
+    m: int
+    n: int
+    k: int
+
+
+def mm_operands(rows: list[Access], flops: float, e: int) -> MmOperands | None:
+    """The operands and shape of an ``mm`` / ``addmm`` kernel from its sizes and FLOPs (module docstring), or None
+    when they do not give whole, consistent shapes."""
     ops = _operands(rows, 2)
     if ops is None:
         return None
@@ -148,12 +164,18 @@ def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access
     m, n = _whole(a[2] / (k * e)), _whole(b[2] / (k * e))
     if m is None or n is None or m * n * e != out[2]:
         return None
-    p = sweep_passes(-(-n // TILE_M), -(-m // TILE_N), ctas)
+    return MmOperands(reads[:-2], a, b, writes, m, n, k)
+
+
+def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:
+    mm = mm_operands(rows, flops, e)
+    if mm is None:
+        return None
+    p = sweep_passes(-(-mm.n // TILE_M), -(-mm.m // TILE_N), ctas)
     if p <= 1:
         return None
-    others = reads[:-2]  # addmm's bias: read with the first pass
-    passes = _passes(b, [a, *writes], p)
-    passes[0][1:1] = others
+    passes = _passes(mm.b, [mm.a, *mm.writes], p)
+    passes[0][1:1] = mm.others  # addmm's bias: read with the first pass
     return passes
 
 

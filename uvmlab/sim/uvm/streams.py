@@ -67,7 +67,7 @@ import numpy as np
 from uvmlab.errors import InputError
 from uvmlab.sim.uvm.concurrent import Launch, TablePages
 from uvmlab.sim.uvm.faults import UvmCounters
-from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+from uvmlab.sim.uvm.knobs import PAGE_BYTES
 
 ORDERS = ("sequential", "random", "lcg", "visits", "shuffled")
 LCG_A, LCG_C = 1664525, 1013904223
@@ -177,10 +177,10 @@ class StreamService:
         perms: dict[tuple[int, int, int], np.ndarray] = {}  # one page order per thread, shared by its ranges
         for a, (range_id, offset, size, is_write) in enumerate(kern.accesses):
             order = kern.access_orders[a] if kern.access_orders else kern.order
-            segs = self._segments(int(range_id), int(offset), int(size))
-            if not segs:
+            span = self._page_span(int(range_id), int(offset), int(size))
+            if span is None:
                 continue
-            gids = np.concatenate([s * PAGES_PER_BLOCK + np.arange(lo, hi) for s, lo, hi in segs])
+            gids = self.page_gids(int(range_id), np.arange(*span, dtype=np.int64))
             given = kern.access_visits[a] if kern.access_visits else None
             if given is not None:  # this access's visits are given (a declared index): no chunking
                 v = np.minimum(given, len(gids) - 1)

@@ -99,6 +99,12 @@ class ThrashingService:
                 self._thr.pop(s, None)
                 self._thr_resets.pop(s, None)
 
+    def thr_note_gpu(self, s: int, mask: np.ndarray) -> None:
+        """A migration of pages ``mask`` of slot ``s`` to the GPU: noted only for blocks the CPU has migrated to
+        (a GPU-only block is never tracked, uvm_perf_thrashing.c ``thrashing_event_cb``)."""
+        if self._thr_last and s in self._thr_last:
+            self.thr_note(s, mask, GPU)
+
     def thr_note(self, s: int, mask: np.ndarray, dst: int) -> None:
         """A fault or prefetch migration of pages ``mask`` of slot ``s`` to ``dst`` (``thrashing_event_cb``). GPU
         migrations matter only for blocks the CPU has migrated to (the caller checks ``_thr_last``)."""

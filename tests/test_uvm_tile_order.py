@@ -1,0 +1,216 @@
+"""GEMM faults in tile order (uvmlab.sim.uvm.tile_order, FaultService.access_in_order; issue 41 section 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from uvmlab.gpus import GPUS
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, UvmKnobs
+from uvmlab.sim.uvm.reread import TILE_M, TILE_N, mm_operands
+from uvmlab.sim.uvm.tile_order import TILE_K, TileOrders, mm_tile_orders
+from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.trace.recorder import Recorder
+from uvmlab.trace.strides import matrix_layout
+
+GPU = GPUS["A100-80GB"]
+
+
+def _mm_rows(m: int, n: int, k: int, e: int = 4, offsets: tuple[int, int, int] = (0, 0, 0)) -> list:
+    """aten::mm(a[m, k], b[k, n]) -> out[m, n], each tensor its own range (ids 0, 1, 2) at the given offsets."""
+    return [
+        (0, offsets[0], m * k * e, False),
+        (1, offsets[1], k * n * e, False),
+        (2, offsets[2], m * n * e, True),
+    ]
+
+
+# -- the trace column ------------------------------------------------------------------------------------------
+
+
+def test_matrix_layout_of_views() -> None:
+    w = torch.empty(64, 32, device="meta")
+    assert matrix_layout(tuple(w.shape), w.stride()) == "n"
+    assert matrix_layout(tuple(w.t().shape), w.t().stride()) == "t"
+    assert matrix_layout(tuple(w[:, ::2].shape), w[:, ::2].stride()) == ""  # strided along both: neither
+    assert matrix_layout((1, 32), (999, 1)) == "n" == matrix_layout((32, 1), (1, 999))  # a vector: both hold
+    assert matrix_layout((4, 4, 4), (16, 4, 1)) == ""  # not 2-D
+
+
+def test_recorder_writes_the_layout_of_2d_gemms() -> None:
+    """``x @ w.t()`` (a linear layer) is ``nt``; ``w.t() @ x`` ``tn``; a plain ``x @ y`` ``nn``; others none."""
+    rec = Recorder("meta")
+    with rec:
+        rec.set_phase("forward", 0)
+        x, w = torch.empty(16, 32, device="meta"), torch.empty(8, 32, device="meta")
+        torch.nn.functional.linear(x, w, torch.empty(8, device="meta"))  # addmm(bias, x, w.t())
+        _ = w.t().mm(torch.empty(8, 4, device="meta").t().contiguous().t())  # (32x8) @ (8x4 transposed storage)
+        _ = x @ torch.empty(32, 4, device="meta")
+        _ = x.relu()
+    rec.close()
+    layouts = rec.k_extra.get("layout", {})
+    named = {rec.k_name[k]: v for k, v in layouts.items()}
+    assert [rec.k_name[k] for k in sorted(layouts)] == ["aten::addmm", "aten::mm", "aten::mm"]
+    assert [layouts[k] for k in sorted(layouts)] == ["nt", "tt", "nn"]
+    assert "aten::relu" not in named
+
+
+# -- the order ---------------------------------------------------------------------------------------------------
+
+
+def _brute_keys(m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: tuple[int, int, int]) -> list:
+    """First-request rank of every page of a, b and out, element by element (the rule of the module docstring)."""
+    mt, n_ctas, slabs = -(-n // TILE_M), -(-n // TILE_M) * -(-m // TILE_N), -(-k // TILE_K)
+
+    def rank(cta: np.ndarray, slab: np.ndarray) -> np.ndarray:
+        return ((cta // ctas) * (slabs + 1) + slab) * n_ctas + cta
+
+    def smallest(off: int, flat: np.ndarray, r: np.ndarray) -> dict[int, int]:
+        pages = (off + flat * e) // PAGE_BYTES
+        out = np.full(pages.max() + 1, np.iinfo(np.int64).max)
+        np.minimum.at(out, pages, r)
+        return {int(p): int(out[p]) for p in np.unique(pages)}
+
+    mi, ki = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(k), indexing="ij"))  # a[m, k]
+    a = smallest(offs[0], mi * k + ki if layouts[0] == "n" else ki * m + mi, rank((mi // TILE_N) * mt, ki // TILE_K))
+    ki, ni = (x.ravel() for x in np.meshgrid(np.arange(k), np.arange(n), indexing="ij"))  # b[k, n]
+    b = smallest(offs[1], ki * n + ni if layouts[1] == "n" else ni * k + ki, rank(ni // TILE_M, ki // TILE_K))
+    mi, ni = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))  # out, after the last slab
+    o = smallest(offs[2], mi * n + ni, rank((mi // TILE_N) * mt + ni // TILE_M, np.full(mi.size, slabs)))
+    return [a, b, o]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 400),
+    n=st.integers(1, 400),
+    k=st.integers(1, 400),
+    layouts=st.sampled_from(["nn", "nt", "tn", "tt"]),
+    e=st.sampled_from([2, 4]),
+    ctas=st.integers(1, 6),
+    offs=st.tuples(*[st.integers(0, 4095).map(lambda x: x // 4 * 4)] * 3),
+)
+def test_page_keys_are_the_smallest_element_rank(m, n, k, layouts, e, ctas, offs) -> None:  # type: ignore[no-untyped-def]
+    """The page-level shortcut (first element, or the next storage row's first) equals the element-wise minimum."""
+    mm = mm_operands(_mm_rows(m, n, k, e, offs), 2.0 * m * n * k, e)
+    assert mm is not None
+    orders = mm_tile_orders(mm, layouts, e, ctas)
+    assert orders is not None
+    for got, want in zip(orders, _brute_keys(m, n, k, layouts, e, ctas, offs), strict=True):
+        pages = (got.page_offsets // PAGE_BYTES).tolist()
+        assert pages == sorted(want)
+        assert got.keys.tolist() == [want[p] for p in pages]
+
+
+def test_unknown_layouts_give_no_order() -> None:
+    mm = mm_operands(_mm_rows(256, 256, 256), 2.0 * 256**3, 4)
+    assert mm is not None
+    assert mm_tile_orders(mm, "", 4, 108) is None and mm_tile_orders(mm, "nx", 4, 108) is None
+
+
+def test_a_row_major_first_wave_reads_one_page_per_row_before_the_next_slab_of_any_row() -> None:
+    """a[m, k] stored [m, k] (layout n) with 64 KiB rows: the first wave asks for the first page of each of its
+    rows before the second page of any: a batch's faults lie a row apart, not side by side."""
+    m, n, k = 1024, 256, 16384  # a's rows: 64 KiB = 16 pages; 2 tiles along n, 8 along m: 16 CTAs, one wave
+    rows = _mm_rows(m, n, k)
+    sim = UvmSim(80 << 30, UvmKnobs(), CostParams(), GPU)
+    for rid, _, size, _ in rows:
+        sim.map_range(rid, size)
+    mm = mm_operands(rows, 2.0 * m * n * k, 4)
+    stages = TileOrders(108).stages(mm, "nn", 4, sim.page_gids)
+    assert stages is not None
+    reads, writes = stages
+    a_pages = sim.range_gids(0)
+    first_a = reads[0][np.isin(reads[0], a_pages)][:m].tolist()
+    assert first_a == a_pages[:: k * 4 // PAGE_BYTES].tolist()  # page 0 of every row, rows in order
+    assert writes[1] and sorted(writes[0].tolist()) == sim.range_gids(2).tolist()
+
+
+# -- the driver ------------------------------------------------------------------------------------------------
+
+
+def _sim(cap: int = 80 << 30, **knobs) -> UvmSim:  # type: ignore[no-untyped-def]
+    return UvmSim(cap, UvmKnobs(**knobs), CostParams(), GPU)
+
+
+def test_access_in_order_batches_the_next_missing_pages_and_skips_resident_ones() -> None:
+    sim = _sim(prefetch_enable=False)
+    npages = 64 * PAGES_PER_BLOCK
+    sim.map_range(0, npages * PAGE_BYTES)
+    idx = np.concatenate([np.arange(0, npages, 16), np.arange(1, npages, 16)])  # 2,048 + 2,048 pages, scattered
+    sim.access([(0, 0, PAGE_BYTES, False)])  # page 0 resident before the kernel: it raises no fault
+    before = sim.totals.fault_count
+    c = sim.access_in_order([(sim.page_gids(0, idx), False)])
+    per_batch = sim.knobs.pages_per_batch
+    assert c.fault_count == idx.size - 1 == sim.totals.fault_count - before
+    assert c.fault_batch_count == -(-(idx.size - 1) // per_batch)
+    assert all(sim.resident([(0, int(p) * PAGE_BYTES, PAGE_BYTES, False)]) for p in idx[::97])
+    assert not sim.resident([(0, 2 * PAGE_BYTES, PAGE_BYTES, False)])  # an unlisted page stays where it was
+
+
+def test_access_in_order_single_touch_and_reads_before_writes() -> None:
+    """A page listed in both stages faults once (as a read); the write stage's batches are counted as writes."""
+    sim = _sim(prefetch_enable=False)
+    sim.map_range(0, 2 * PAGES_PER_BLOCK * PAGE_BYTES)
+    gids = sim.range_gids(0)
+    c = sim.access_in_order([(gids[:100], False), (gids[50:150], True)])
+    assert c.read_fault_count == 100 and c.write_fault_count == 50 and c.fault_count == 150
+
+
+def _gemm_records(order: bool, layouts: str, m: int, n: int, k: int) -> dict[str, float]:
+    """An A100 mm whose operands start on the host, through the replay: its nsys HtoD records, bytes and faults."""
+    from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
+
+    rows = _mm_rows(m, n, k)
+    sim = UvmSim(80 << 30, UvmKnobs(gemm_tile_order=order), CostParams(), GPU)
+    for rid, _, size, _ in rows:
+        sim.map_range(rid, size)
+        if rid < 2:
+            sim.host_write(rid, 0, size)
+    st_ = _KernelStatics(
+        kernel_bytes=np.array([sum(r[2] for r in rows)]),
+        native_ns=np.zeros(1),
+        allocated_bytes=np.zeros(1, dtype="int64"),
+        is_copy=np.zeros(1, dtype=bool),
+        api=[""],
+        names=["aten::mm"],
+        flops=np.array([2.0 * m * n * k]),
+        layouts=[layouts],
+    )
+    rp = _Replayer(sim, sim.costs, 1, "fp32", GPU)
+    rp.kernel(0, rows, st_)
+    sim.check_invariants()
+    t = sim.totals
+    assert rp.tiled_kernels == int(order and bool(layouts))
+    return {"records": t.htod_records, "bytes": t.htod_bytes, "faults": t.fault_count}
+
+
+@pytest.mark.parametrize("layouts", ["nn", "nt"])
+def test_a_gemm_that_fits_moves_more_smaller_records_in_tile_order(layouts: str) -> None:
+    """The mechanism of section 3: in address order a batch's faults are side by side and the prefetcher moves them
+    in few large records; in tile order the faults lie a row apart and each migration is split into more, smaller
+    records. The same bytes move (every page of a and b, once)."""
+    m = n = k = 4096
+    addr, tiled = _gemm_records(False, layouts, m, n, k), _gemm_records(True, layouts, m, n, k)
+    assert tiled["bytes"] == addr["bytes"] == 2 * m * k * 4
+    assert tiled["records"] >= 4 * addr["records"]
+    assert tiled["bytes"] / tiled["records"] <= addr["bytes"] / addr["records"] / 4
+
+
+def test_resident_or_unknown_layout_gemms_keep_address_order() -> None:
+    assert _gemm_records(True, "", 512, 512, 512)["records"] == _gemm_records(False, "", 512, 512, 512)["records"]
+
+
+def test_cli_gemm_tile_order_knob(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from uvmlab.cli import main
+
+    assert main(["run", "gpt2", "--sim-option", "gemm_tile_order=2", "-o", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "gemm_tile_order must be 0 or 1" in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
