@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uvmlab.sim.uvm.faults import htod_record_count, run_lengths
 from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
+from uvmlab.sim.uvm.runs import htod_record_count, run_lengths
 
 bools = st.lists(st.booleans(), min_size=PAGES_PER_BLOCK, max_size=PAGES_PER_BLOCK)
 

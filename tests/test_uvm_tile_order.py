@@ -214,3 +214,56 @@ def test_cli_gemm_tile_order_knob(tmp_path: Path, capsys) -> None:  # type: igno
     err = capsys.readouterr().err
     assert "gemm_tile_order must be 0 or 1" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
+
+
+# -- the memoized schedules (uvmlab.sim.uvm.tile_schedule) -------------------------------------------------------
+
+
+def _gemm_sequence(bulk: bool, cap_blocks: int, seed: int) -> tuple[dict, np.ndarray, np.ndarray, list[int], int]:
+    """A seeded sequence of mm kernels over a few host-initialised and fresh matrices on a small GPU (evictions
+    between and within kernels), each faulted in tile order: the totals, the final GPU / CPU bitmaps and LRM order,
+    and how many schedules were memoized."""
+    from uvmlab.sim.uvm.faults import FaultService
+
+    rng = np.random.default_rng(seed)
+    shapes = [(256, 1024, 2048), (512, 512, 1024), (1024, 256, 512)]
+    old = FaultService.bulk_tile_schedules
+    FaultService.bulk_tile_schedules = bulk
+    try:
+        knobs = UvmKnobs(thrashing_enable=False)  # host writes would put every block under tracking (no bulk)
+        sim = UvmSim(cap_blocks * PAGES_PER_BLOCK * PAGE_BYTES, knobs, CostParams(), GPU)
+        orders = TileOrders(4)
+        rid = 0
+        for step in range(12):
+            m, n, k = shapes[int(rng.integers(len(shapes)))]
+            rows = _mm_rows(m, n, k, offsets=(0, 0, 0))
+            rows = [(rid + j, o, size, w) for j, (_, o, size, w) in enumerate(rows)]
+            for r in rows:
+                sim.map_range(r[0], r[2])
+                if not r[3] and rng.random() < 0.7:
+                    sim.host_write(r[0], 0, r[2])
+            layouts = "".join(rng.choice(["n", "t"], 2))
+            for _ in range(2):  # the same kernel twice: the second finds some blocks resident, some evicted
+                mm = mm_operands(rows, 2.0 * m * n * k, 4)
+                stages = orders.stages(mm, layouts, 4, sim.page_gids)
+                sim.access_in_order(stages, sim.kernel_slots(rows), orders.schedule_key(mm, layouts, 4))
+                sim.check_invariants()
+            if step % 3 == 2:
+                for r in rows:
+                    sim.unmap_range(r[0])
+            rid += 3
+        return sim.totals.as_dict(), sim._gpu.copy(), sim._cpu.copy(), list(sim._lrm), len(sim._tile_schedules)
+    finally:
+        FaultService.bulk_tile_schedules = old
+
+
+@pytest.mark.parametrize(("cap_blocks", "seed"), [(64, 0), (24, 1), (12, 2)])
+def test_memoized_schedules_give_the_same_counters_and_state(cap_blocks: int, seed: int) -> None:
+    """The bulk replay of a memoized schedule is an optimisation: every counter (time to rounding), the residency
+    bitmaps and the LRM order equal the batch-by-batch path's, on GPUs small enough to evict within kernels."""
+    fast, slow = _gemm_sequence(True, cap_blocks, seed), _gemm_sequence(False, cap_blocks, seed)
+    for key in fast[0]:
+        assert fast[0][key] == pytest.approx(slow[0][key], rel=1e-9), key
+    assert np.array_equal(fast[1], slow[1]) and np.array_equal(fast[2], slow[2])
+    assert fast[3] == slow[3]
+    assert fast[4] > 0 == slow[4]  # the fast run did replay schedules

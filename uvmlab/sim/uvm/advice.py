@@ -69,9 +69,10 @@ from typing import Any
 import numpy as np
 
 from uvmlab.errors import InputError
-from uvmlab.sim.uvm.faults import UvmCounters, htod_record_count
+from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.runs import htod_record_count
 from uvmlab.sim.uvm.timing import CostParams
 
 ADVICE = (

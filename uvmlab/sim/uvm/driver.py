@@ -50,14 +50,16 @@ from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
 from uvmlab.sim.uvm.concurrent import ConcurrentService
-from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters, run_lengths
+from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs, rounded_tail_bytes
 from uvmlab.sim.uvm.migrate import MigrateService
 from uvmlab.sim.uvm.resident import ResidentMarks
+from uvmlab.sim.uvm.runs import run_lengths
 from uvmlab.sim.uvm.streams import StreamService
 from uvmlab.sim.uvm.thrashing import ThrashingService
+from uvmlab.sim.uvm.tile_schedule import TileSchedule
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
 RUNS_CACHED = 8
@@ -146,6 +148,7 @@ class UvmSim(
         self._full_ranges: set[int] = set()
         """Ranges known to be entirely GPU-resident (one leaves the set when pages of it leave the GPU)."""
         self._plans: dict[tuple[int, int, int, int], FaultPlan] = {}
+        self._tile_schedules: dict[object, TileSchedule] = {}  # FaultService._bulk_in_order's memo
         self._open_faults = 0
         self._open_blocks = 0
         self._kind = "read"
@@ -303,6 +306,21 @@ class UvmSim(
         """Global page ids (slot * 512 + page) of every 4 KiB page of a mapped range, in address order."""
         n = -(-self._range_size[range_id] // PAGE_BYTES)
         return self.page_gids(range_id, np.arange(n, dtype=np.int64))
+
+    def kernel_slots(self, accesses: list[Access]) -> np.ndarray:
+        """The slots of the VA blocks ``accesses`` touch, each once, in order of first touch."""
+        parts = []
+        for range_id, offset, size, _ in accesses:
+            span = self._page_span(int(range_id), int(offset), int(size))
+            if span is not None:
+                parts.append(
+                    self._ranges[int(range_id)][span[0] // PAGES_PER_BLOCK : (span[1] - 1) // PAGES_PER_BLOCK + 1]
+                )
+        if not parts:
+            return np.empty(0, dtype=np.int64)
+        cat = np.concatenate(parts)
+        _, first = np.unique(cat, return_index=True)
+        return cat[np.sort(first)]
 
     def page_gids(self, range_id: int, pages: np.ndarray) -> np.ndarray:
         """Global page ids (slot * 512 + page) of the 4 KiB pages ``pages`` (indices within a mapped range)."""

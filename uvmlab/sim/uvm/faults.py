@@ -20,8 +20,15 @@ import numpy as np
 
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.runs import htod_record_count, run_lengths
 from uvmlab.sim.uvm.thrashing import GPU
+from uvmlab.sim.uvm.tile_schedule import TileSchedule, build_schedule
 from uvmlab.sim.uvm.timing import transfer_time_ns
+
+Stages = list[tuple[np.ndarray, bool]]
+"""A kernel's pages in fault order: (global page ids, is_write) per stage (``FaultService.access_in_order``)."""
+TILE_SCHEDULES_KEPT = 4096
+"""Memoized tile schedules kept (one per GEMM, place and residency pattern; emptied when full)."""
 
 
 @dataclass
@@ -109,30 +116,19 @@ class FaultPlan:
     htod_stall_ns: float = 0.0  # block services + HtoD transfers of the whole plan (block entirely on the CPU)
 
 
-_FALSE = np.zeros(1, dtype=bool)
-
-
-def run_lengths(row: np.ndarray) -> np.ndarray:
-    """Lengths (pages) of the runs of True in a 1-D bool array: one transfer per contiguous run (padded with False
-    at both ends, the value changes alternate run starts and run ends)."""
-    padded = np.concatenate((_FALSE, row, _FALSE))
-    edges = np.flatnonzero(padded[1:] != padded[:-1])
-    return edges[1::2] - edges[::2]
-
-
-def htod_record_count(moved: np.ndarray, faulted: np.ndarray) -> int:
-    """nsys-style HtoD records of moving the pages ``moved`` (1-D bool), split by cause: one per contiguous run of
-    ``moved & faulted`` plus one per run of ``moved & ~faulted``, i.e. ``run_lengths`` of both (the test checks),
-    counted in one pass: a record starts at each moved page whose predecessor is not moved or has the other cause.
-    """
-    start = moved.copy()
-    start[1:] &= ~moved[:-1] | (faulted[1:] != faulted[:-1])
-    return int(np.count_nonzero(start))
+def kernel_local(blocks: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    """Global page ids as kernel-local ids ``i * 512 + page``, ``i`` the position of the page's slot in ``blocks``
+    (the kernel's blocks in order of first touch, each once)."""
+    by_slot = np.argsort(blocks, kind="stable")
+    idx = by_slot[np.searchsorted(blocks[by_slot], gids // PAGES_PER_BLOCK)]
+    return idx * PAGES_PER_BLOCK + gids % PAGES_PER_BLOCK
 
 
 class FaultService:
     """The batch-servicing half of UvmSim (uses its state: bitmaps, per-slot lists, counters, LRM)."""
 
+    bulk_tile_schedules: ClassVar[bool] = True
+    """:meth:`access_in_order` replays memoized schedules where the state allows (tests turn it off to compare)."""
     bulk_block_runs: ClassVar[bool] = True
     """:meth:`_run_stage` services runs of never-touched blocks with :meth:`_apply_plan_run` (tests turn it off to
     compare it with :meth:`_apply_plan` block by block)."""
@@ -208,16 +204,30 @@ class FaultService:
         if self._open_faults:
             self._close_batch()
 
-    def access_in_order(self, stages: list[tuple[np.ndarray, bool]]) -> UvmCounters:
+    def access_in_order(
+        self, order: Stages | Callable[[], Stages], blocks: np.ndarray | None = None, key: object = None
+    ) -> UvmCounters:
         """Run one kernel whose pages fault in a given order (a tiled GEMM, uvmlab.sim.uvm.tile_order).
 
-        ``stages``: (global page ids ``slot * 512 + page``, each once, in first-request order; is_write), reads
+        ``order``: the stages, or a function that builds them (called only when they are needed): (global page
+        ids ``slot * 512 + page``, each once, in first-request order; is_write), reads
         before writes. Each batch takes the next ``pages_per_batch`` pages of the order that are not GPU-resident
-        when the batch is fetched (pages an earlier batch prefetched raise no fault), sorted by address as the
-        driver sorts a batch, and serviced block by block (prefetcher, chunk, migration) as the address-order model
+        when the batch is fetched (pages an earlier batch prefetched raise no fault), sorted as the driver sorts a
+        batch (by address: here the blocks in the kernel's order of first touch, ``blocks``, else by slot), and
+        serviced block by block (prefetcher, chunk, migration) as the address-order model
         services its batches. A host page of ``g`` 4 KiB pages is the unit of faults (its first page stands for it).
         Single touch as in :meth:`access`: a page the kernel already faulted is not faulted again.
+
+        ``blocks`` (the slots of the kernel's VA blocks, each once) and ``key`` (what besides the blocks' state
+        decides the batches: the order's plan and the operands' places): with both, a kernel whose blocks are each
+        wholly resident or hold no resident page replays a memoized schedule block by block
+        (:meth:`_bulk_in_order`, uvmlab.sim.uvm.tile_schedule), with the same counters and state.
         """
+        if blocks is not None and key is not None and self.bulk_tile_schedules:
+            done = self._bulk_in_order(order, blocks, key)
+            if done is not None:
+                return done
+        stages = order() if callable(order) else order
         flat = self._gpu.reshape(-1)
         per_batch, g = self._per_batch, self._g
         window = 8 * per_batch
@@ -244,7 +254,9 @@ class FaultService:
                         pos += part.size
                 if not count:
                     break
-                batch = np.sort(np.concatenate(taken))
+                batch = np.concatenate(taken)
+                # blocks in the kernel's order (standing for the driver's address order, as ``access`` does)
+                batch = batch[np.argsort(kernel_local(blocks, batch))] if blocks is not None else np.sort(batch)
                 blk = batch // PAGES_PER_BLOCK
                 bounds = np.flatnonzero(np.diff(blk)) + 1
                 for grp in np.split(batch, bounds):
@@ -256,6 +268,85 @@ class FaultService:
                 self._close_batch()
                 flat = self._gpu.reshape(-1)
         return self._flush_kernel_counters()
+
+    def _bulk_in_order(
+        self, order: Stages | Callable[[], Stages], blocks: np.ndarray, key: object
+    ) -> UvmCounters | None:
+        """:meth:`access_in_order` from a memoized schedule (uvmlab.sim.uvm.tile_schedule), keyed on ``key`` and the
+        blocks' GPU and CPU bitmaps; None when the state does not allow it: a block tracked by the thrashing
+        detector or advised; discarded blocks waiting to be evicted first; host pages above 4 KiB; events recorded;
+        the prefetcher waiting for several faults; or an eviction this kernel needs would take one of its own
+        blocks."""
+        knobs = self.knobs
+        if self._g > 1 or self.events is not None or self._disc_fifo:  # discarded blocks go first when evicting
+            return None
+        if knobs.prefetch_enable and knobs.prefetch_min_faults != 1:
+            return None
+        sl = blocks.tolist()
+        if self._thr_last and any(s in self._thr_last for s in sl):
+            return None
+        if self._pol_any is not None and any(self._pol_any[s] for s in sl):
+            return None
+        gpu, cpu = self._gpu[blocks], self._cpu[blocks]
+        np_arr = np.array([self._npages[s] for s in sl], dtype=np.int64)
+        memo_key = (key, np.packbits(gpu).tobytes(), np.packbits(cpu).tobytes(), np_arr.tobytes())
+        sched = self._tile_schedules.get(memo_key)
+        if sched is None:
+            local = [(kernel_local(blocks, gids), w) for gids, w in (order() if callable(order) else order)]
+            threshold = int(knobs.prefetch_threshold) if knobs.prefetch_enable else None
+            sched = build_schedule(local, gpu, cpu, np_arr, self._per_batch, threshold)
+            if len(self._tile_schedules) >= TILE_SCHEDULES_KEPT:
+                self._tile_schedules.clear()
+            self._tile_schedules[memo_key] = sched
+        chunk = self._has_chunk
+        need = sum(self._chunk_bytes[sl[b.local]] for b in sched.blocks if not chunk[sl[b.local]])
+        free = self.capacity_bytes - self.used_bytes
+        if need > free:  # the victims: the head of the LRM list, until the new chunks fit
+            mine = set(sl)
+            for v in self._lrm:
+                if free >= need:
+                    break
+                if v in mine:
+                    return None
+                free += self._chunk_bytes[v]
+        self._apply_schedule(sched, sl)
+        return self._flush_kernel_counters()
+
+    def _apply_schedule(self, sched: TileSchedule, slots: list[int]) -> None:
+        """Apply a schedule's per-block totals and batches (``_bulk_in_order``; the state checks passed)."""
+        k, costs = self._k, self.costs
+        for b in sched.blocks:
+            s = slots[b.local]
+            self._ensure_chunk(s)
+            n, moved = b.pages, b.fault_htod + b.prefetch_htod
+            self._gpu[s] |= b.union
+            if moved:
+                self._cpu[s] &= ~b.union
+                self._cpu_count[s] -= moved
+            self._res_count[s] += n
+            if self._hint_arrays:  # the mappings change with the pages (the union of each service's)
+                self._after_gpu_populate(s, b.union)
+            self._fault_migrations[s] += b.faults
+            self.populated_gpu_bytes += n * PAGE_BYTES
+            k.htod_records += b.records
+            if b.runs.size:
+                self._add_htod_runs(b.runs)
+            k.fault_htod_bytes += b.fault_htod * PAGE_BYTES
+            k.prefetch_htod_bytes += b.prefetch_htod * PAGE_BYTES
+            k.zero_fill_bytes += b.zero * PAGE_BYTES
+            k.stall_ns += b.services * costs.block_service_ns + b.zero * self._zero_ns_per_page
+            k.stall_ns += moved * costs.migrate_page_ns
+        for b in sched.last_order:
+            self._lrm.move_to_end(slots[b])
+        bf = sched.batch_faults
+        n_w = int(bf[sched.batch_writes].sum())
+        raw = np.minimum(float(self.knobs.fault_batch_count), bf * costs.raw_entries_per_fault)
+        k.fault_batch_count += int(bf.size)
+        k.fault_count += int(bf.sum())
+        k.write_fault_count += n_w
+        k.read_fault_count += int(bf.sum()) - n_w
+        k.raw_fault_entries += float(raw.sum())
+        k.stall_ns += bf.size * costs.batch_turnaround_ns + costs.fault_entry_ns * float(raw.sum())
 
     def _close_batch(self) -> None:
         k, costs = self._k, self.costs

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from uvmlab.sim.uvm.faults import UvmCounters, run_lengths
+from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BIG_PAGE, PAGES_PER_BLOCK, UvmKnobs
+from uvmlab.sim.uvm.runs import run_lengths
 from uvmlab.sim.uvm.timing import transfer_time_ns
 from uvmlab.trace.schema import NEVER_FREED, Trace
 

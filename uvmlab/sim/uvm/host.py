@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from uvmlab.sim.uvm.faults import UvmCounters, run_lengths
+from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.runs import run_lengths
 from uvmlab.sim.uvm.thrashing import CPU
 from uvmlab.sim.uvm.timing import transfer_time_ns
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -477,12 +478,13 @@ class _Replayer:
             return None
         if sim.resident(rows) or sim.advised(rows):
             return None
-        mm = mm_operands(rows, float(st.flops[i]), e)
-        stages = None if mm is None else self.tile_orders.stages(mm, st.layouts[i], e, sim.page_gids)
-        if stages is None:
+        mm, layouts = mm_operands(rows, float(st.flops[i]), e), st.layouts[i]
+        if mm is None or not self.tile_orders.known(mm, layouts, e):
             return None
         self.tiled_kernels += 1
-        return sim.access_in_order(stages)
+        key = self.tile_orders.schedule_key(mm, layouts, e)
+        stages = partial(self.tile_orders.stages, mm, layouts, e, sim.page_gids)  # built only when needed
+        return sim.access_in_order(stages, sim.kernel_slots(rows), key)
 
     def _concurrent(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
         """A traced op with a launch geometry (uvmlab.sim.uvm.occupancy: foreach launches) through the concurrent

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uvmlab.sim.uvm.knobs import PAGE_BYTES
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES
 from uvmlab.sim.uvm.reread import TILE_M, TILE_N, MmOperands
 
 TILE_K = 8
@@ -141,6 +141,17 @@ class TileOrders:
         self.ctas = ctas
         self._memo: dict[tuple[object, ...], _Plan | None] = {}
 
+    def known(self, mm: MmOperands, layouts: str, e: int) -> bool:
+        """True when the GEMM has a tile order (its layouts are ``n`` or ``t``); the plan is memoized."""
+        return self._plan_of(mm, layouts, e) is not None
+
+    def _plan_of(self, mm: MmOperands, layouts: str, e: int) -> _Plan | None:
+        key = self._key(mm, layouts, e)
+        plan = self._memo.get(key, False)
+        if plan is False:
+            plan = self._memo[key] = self._plan(mm, layouts, e)
+        return plan
+
     def stages(
         self, mm: MmOperands, layouts: str, e: int, page_gids: Callable[[int, np.ndarray], np.ndarray]
     ) -> list[tuple[np.ndarray, bool]] | None:
@@ -148,10 +159,7 @@ class TileOrders:
         ``FaultService.access_in_order``); None when the layouts are not known. ``page_gids(range_id, pages)``
         maps page indices within a range to global page ids."""
         ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
-        key = (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[1] % PAGE_BYTES, r[2]) for r in ops))
-        plan = self._memo.get(key, False)
-        if plan is False:
-            plan = self._memo[key] = self._plan(mm, layouts, e)
+        plan = self._plan_of(mm, layouts, e)
         if plan is None:
             return None
         gids = np.concatenate(
@@ -169,6 +177,23 @@ class TileOrders:
                 ordered = ordered[np.sort(first)]
             out.append((ordered, is_write))
         return out
+
+    @staticmethod
+    def _key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
+        ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
+        return (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[1] % PAGE_BYTES, r[2]) for r in ops))
+
+    @staticmethod
+    def schedule_key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
+        """What, besides the state of its blocks, decides the batches of a GEMM's tile order: its plan, and where
+        its operands lie relative to 2 MiB blocks and to each other (operands in one range share its blocks)."""
+        ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
+        groups: dict[int, int] = {}
+        places = []
+        for r in ops:
+            g = groups.setdefault(r[0], len(groups))
+            places.append((g, r[1] % VA_BLOCK_BYTES if sum(x[0] == r[0] for x in ops) == 1 else r[1]))
+        return (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[2],) for r in ops), *places)
 
     def _plan(self, mm: MmOperands, layouts: str, e: int) -> _Plan | None:
         orders = mm_tile_orders(mm, layouts, e, self.ctas)

@@ -1,0 +1,138 @@
+"""The batches of a kernel faulted in a given order, computed once and replayed in bulk (torch-free).
+
+``FaultService.access_in_order`` fetches batch after batch from a page order (a tiled GEMM's,
+uvmlab.sim.uvm.tile_order). A training step runs the same GEMMs on the same places every iteration, and under
+oversubscription their VA blocks come back in the same states (evicted whole, or never touched). The batches depend
+on nothing but the order and the blocks' GPU- and CPU-resident pages and page counts, so this module computes them
+once on a scratch copy of the blocks (:func:`build_schedule`: the same fetch, prefetcher and single-touch rules, no
+costs) and sums what each block receives; the driver then applies a whole kernel block by block instead of batch by
+batch (``FaultService._bulk_in_order``; tests/test_uvm_tile_order.py checks that both give the same counters and
+state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
+from uvmlab.sim.uvm.prefetch import prefetch_pages
+from uvmlab.sim.uvm.runs import htod_record_count, run_lengths
+
+
+@dataclass(frozen=True)
+class BlockTotals:
+    """What one block of the kernel receives over all its services."""
+
+    local: int  # index into the kernel's block list
+    services: int  # (batch, block) services
+    faults: int  # faulted pages
+    union: np.ndarray  # (512,) bool: the pages made resident
+    pages: int  # pages made resident (faulted + prefetched)
+    fault_htod: int  # faulted pages moved from the CPU
+    prefetch_htod: int  # prefetched pages moved from the CPU
+    zero: int  # pages resident nowhere before: zero-filled
+    runs: np.ndarray  # HtoD run lengths of every service
+    records: int  # nsys HtoD records
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    """A kernel's batches (fault counts and kind) and per-block totals, in first-service order; ``last_order``
+    is the blocks in the order of their last service (the LRM order they leave)."""
+
+    batch_faults: np.ndarray  # unique pages per batch
+    batch_writes: np.ndarray  # bool per batch: a write stage's batch
+    blocks: list[BlockTotals]
+    last_order: list[int]
+
+
+def build_schedule(
+    stages: list[tuple[np.ndarray, bool]],
+    gpu: np.ndarray,
+    cpu: np.ndarray,
+    npages: np.ndarray,
+    per_batch: int,
+    prefetch_threshold: int | None,
+) -> TileSchedule:
+    """The batches of ``stages`` (local page ids ``block * 512 + page``, in order; is_write) over blocks whose
+    GPU- and CPU-resident pages are ``gpu`` and ``cpu`` ((blocks, 512) bool; copied, not changed), ``npages``
+    valid pages each; the prefetcher at ``prefetch_threshold`` percent (None: off). The rules are
+    ``FaultService.access_in_order``'s and ``_service_block``'s."""
+    gpu = gpu.copy()
+    start = gpu.copy()
+    nb = gpu.shape[0]
+    flat = gpu.reshape(-1)
+    window = 8 * per_batch
+    batch_faults: list[int] = []
+    batch_writes: list[bool] = []
+    services = np.zeros(nb, dtype=np.int64)
+    faults = np.zeros(nb, dtype=np.int64)
+    fault_h = np.zeros(nb, dtype=np.int64)
+    moved_h = np.zeros(nb, dtype=np.int64)
+    runs: list[list[np.ndarray]] = [[] for _ in range(nb)]
+    records = np.zeros(nb, dtype=np.int64)
+    first: dict[int, None] = {}
+    last: dict[int, None] = {}
+    for seq, is_write in stages:
+        pos, n = 0, seq.size
+        while pos < n:
+            taken: list[np.ndarray] = []
+            count = 0
+            while pos < n and count < per_batch:
+                part = seq[pos : pos + window]
+                miss = np.flatnonzero(~flat[part])[: per_batch - count]
+                if miss.size:
+                    taken.append(part[miss])
+                    count += miss.size
+                    pos += int(miss[-1]) + 1 if count >= per_batch else part.size
+                else:
+                    pos += part.size
+            if not count:
+                break
+            batch = np.sort(np.concatenate(taken))
+            blk = batch // PAGES_PER_BLOCK
+            bounds = np.flatnonzero(np.diff(blk)) + 1
+            for grp in np.split(batch, bounds):
+                b = int(grp[0] // PAGES_PER_BLOCK)
+                faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                faulted[grp % PAGES_PER_BLOCK] = True
+                row = gpu[b]
+                if prefetch_threshold is None:
+                    mask = faulted & ~row
+                else:
+                    mask = faulted | prefetch_pages(row, faulted, int(npages[b]), prefetch_threshold)
+                cpu_m = cpu[b] & mask
+                services[b] += 1
+                faults[b] += grp.size
+                if cpu_m.any():
+                    fault_h[b] += np.count_nonzero(cpu_m & faulted)
+                    moved_h[b] += np.count_nonzero(cpu_m)
+                    runs[b].append(run_lengths(cpu_m))
+                    records[b] += htod_record_count(cpu_m, faulted)
+                row |= mask
+                first.setdefault(b, None)
+                last.pop(b, None)
+                last[b] = None
+            batch_faults.append(count)
+            batch_writes.append(is_write)
+    blocks = []
+    for b in first:
+        union = gpu[b] & ~start[b]
+        pages = int(np.count_nonzero(union))
+        blocks.append(
+            BlockTotals(
+                local=b,
+                services=int(services[b]),
+                faults=int(faults[b]),
+                union=union,
+                pages=pages,
+                fault_htod=int(fault_h[b]),
+                prefetch_htod=int(moved_h[b] - fault_h[b]),
+                zero=pages - int(moved_h[b]),
+                runs=np.concatenate(runs[b]) if runs[b] else np.empty(0, dtype=np.int64),
+                records=int(records[b]),
+            )
+        )
+    return TileSchedule(np.array(batch_faults, dtype=np.int64), np.array(batch_writes, dtype=bool), blocks, list(last))
