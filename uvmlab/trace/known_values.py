@@ -24,13 +24,14 @@ dispatched op (``torch.tensor([...], device=...)``, ``as_tensor``, ``new_tensor`
 ``x[:, [-1, 0]]`` / ``x[[0, 1]] = v``) are seen one level up, by :class:`KnownLiterals` (a TorchFunctionMode), which
 repeats the call on the CPU values.
 
-A random factory with no tensor argument (``randn``, ``rand``, ``randint``, ``randperm``) is drawn **when its value is
-first read**, not when it runs: a model's random batch is rarely read (it goes into a layer with unknown weights),
-and drawing it cost more than the rest of the mirroring (a GPUMemNet MLP's batch: 8 of its 95 ms). The draws keep
-their order: reading one makes every draw before it first (a storage that died or was overwritten in between is
-still drawn, and thrown away), and any other seeded CPU op makes every pending draw first, so every value is the
-one an immediate draw gives. A view op is not run on the CPU at all: its output shares its input's storage, whose
-value it already is. ``counts`` is unchanged by both (a pending draw is counted as mirrored when made).
+A random factory with no tensor argument (``randn``, ``rand``, ``randint``, ``randperm``) is drawn **when its value
+is first read**, not when it runs: a model's random batch is rarely read (it goes into a layer with unknown
+weights), and drawing it cost more than the rest of the mirroring (a GPUMemNet MLP's batch and its views: about 15
+of its 95 ms of capture). The draws keep their order: reading one makes every draw before it first (a storage that
+died or was overwritten in between is still drawn, and thrown away), and any other seeded CPU op makes every pending
+draw first, so every value is the one an immediate draw gives. A view op is not run on the CPU at all: its output
+shares its input's storage, whose value it already is. ``counts`` is unchanged by both (a pending draw is counted as
+mirrored when made).
 
 What it approximates: the values are those of one seeded draw of the workload's random batch, not of the CUDA run's
 own draw (a CUDA generator gives other numbers from the same distribution): a scalar that depends on the data (is a
