@@ -71,6 +71,8 @@ def main() -> int:
             table.add_row(name, f"{wall:.1f}", f"{cpu:.1f}", f"{GOALS_S[name]:.0f}", str(len(payload["points"])),
                           str(rc), f"{load:.2f}", f"{os.getloadavg()[0]:.2f}")  # fmt: skip
     Console().print(table)
+    if "cold" not in runs:
+        return 0
     checks = Table(title="cold: per check")
     for col in ("check", "CPU s", "busy wall s"):
         checks.add_column(col, justify="left" if col == "check" else "right")
