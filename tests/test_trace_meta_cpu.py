@@ -57,3 +57,33 @@ def test_cpu_capture_refuses_what_does_not_fit(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cap, "_mem_available_bytes", lambda: 100 * 2**20)  # pretend 100 MiB of free RAM
     with pytest.raises(InputError, match="capture on meta"):
         capture_trace(WorkloadConfig("gpt2", batch_size=2, iterations=1, options={"n_layer": 1}), "cpu")
+
+
+def test_a_meta_capture_runs_its_cpu_ops_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The known-value mirrors of a meta capture run on one intra-op thread (META_CPU_THREADS) (a parallel region per
+    small op costs more than it saves); the caller's thread count is restored, and a CPU capture keeps it."""
+    import torch
+
+    import uvmlab.trace.capture as capture_mod
+    from uvmlab.evaluate.gpumemnet import WORKLOAD_FILE
+
+    seen: list[int] = []
+    real_step = capture_mod.train_step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(capture_mod, "train_step", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfg = WorkloadConfig(str(WORKLOAD_FILE), batch_size=4, iterations=2, options={"layers": "linear:8,ReLU:8"})
+        capture_trace(cfg, "meta")
+        assert seen == [1, 1]
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        capture_trace(cfg, "cpu", emulate_cuda=False, check_memory=False)
+        assert seen == [2, 2]
+    finally:
+        torch.set_num_threads(before)

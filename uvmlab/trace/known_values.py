@@ -24,6 +24,15 @@ dispatched op (``torch.tensor([...], device=...)``, ``as_tensor``, ``new_tensor`
 ``x[:, [-1, 0]]`` / ``x[[0, 1]] = v``) are seen one level up, by :class:`KnownLiterals` (a TorchFunctionMode), which
 repeats the call on the CPU values.
 
+A random factory with no tensor argument (``randn``, ``rand``, ``randint``, ``randperm``) is drawn **when its value
+is first read**, not when it runs: a model's random batch is rarely read (it goes into a layer with unknown
+weights), and drawing it cost more than the rest of the mirroring (a GPUMemNet MLP's batch and its views: about 15
+of its 95 ms of capture). The draws keep their order: reading one makes every draw before it first (a storage that
+died or was overwritten in between is still drawn, and thrown away), and any other seeded CPU op makes every pending
+draw first, so every value is the one an immediate draw gives. A view op is not run on the CPU at all: its output
+shares its input's storage, whose value it already is. ``counts`` is unchanged by both (a pending draw is counted as
+mirrored when made).
+
 What it approximates: the values are those of one seeded draw of the workload's random batch, not of the CUDA run's
 own draw (a CUDA generator gives other numbers from the same distribution): a scalar that depends on the data (is a
 pad token present among random token ids?) takes the value this draw gives. Data-dependent *sizes* (``nonzero``,
@@ -36,8 +45,9 @@ device-to-host copies that answer a read launch nothing the trace records (on CU
 from __future__ import annotations
 
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,13 +97,39 @@ def _covers_storage(t: torch.Tensor) -> bool:
     )
 
 
+LAZY_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+"""Output dtypes of a random factory drawn lazily (the CPU's normal/uniform kernels take all of them); integer
+draws too (``INTEGER_DRAWS``). A draw of any other dtype is made at once, as before, so that a CPU kernel missing
+for it drops the value right away."""
+INTEGER_DRAWS = frozenset({"randint", "randperm"})
+LAZY_INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+
+
+@dataclass(eq=False)
+class _Draw:
+    """A random factory's CPU draw not made yet: what to run and the meta storage (``key``) its value is for (None
+    once that storage died or was given another value: the draw is still made, in its turn, for the generator)."""
+
+    key: int | None
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
 class KnownValues(TorchDispatchMode):
     """CPU copies of small meta tensors' values (module docstring); ``counts`` says what it answered."""
 
     def __init__(self, max_elements: int = MAX_ELEMENTS, seed: int = SEED) -> None:
         super().__init__()
         self.max_elements = max_elements
-        self._values: dict[int, torch.UntypedStorage] = {}  # meta StorageImpl address -> CPU storage of its bytes
+        # meta StorageImpl address -> CPU storage of its bytes, or the pending draw that will give it
+        self._values: dict[int, torch.UntypedStorage | _Draw] = {}
+        self._draws: deque[_Draw] = deque()  # pending draws, in the order they were made
         self._refs: dict[int, weakref.ref] = {}
         gen = torch.Generator().manual_seed(seed)
         self._rng_state = gen.get_state()
@@ -104,10 +140,65 @@ class KnownValues(TorchDispatchMode):
     def _storage_value(self, t: torch.Tensor) -> torch.UntypedStorage | None:
         st = t.untyped_storage()
         value = self._values.get(st._cdata)
+        if type(value) is _Draw:
+            self._draw_until(value)
+            value = self._values.get(st._cdata)
         if value is not None and value.nbytes() != st.nbytes():  # resized in place: the old bytes say nothing
             self._forget(st._cdata)
             return None
-        return value
+        return value  # type: ignore[return-value]
+
+    def _has_value(self, t: torch.Tensor) -> bool:
+        """``_storage_value(t) is not None`` without making a pending draw."""
+        st = t.untyped_storage()
+        value = self._values.get(st._cdata)
+        if value is None:
+            return False
+        if (value.nbytes if type(value) is _Draw else value.nbytes()) != st.nbytes():  # type: ignore[union-attr]
+            self._forget(st._cdata)
+            return False
+        return True
+
+    def _draw_until(self, last: _Draw) -> None:
+        """Make the pending draws in their order, up to and including ``last``."""
+        while self._draws:
+            d = self._draws.popleft()
+            try:
+                c = self._seeded(d.func, d.args, d.kwargs)
+            except _CPU_ERRORS:
+                c = None
+            if d.key is not None:
+                del self._values[d.key]
+                if isinstance(c, torch.Tensor) and tuple(c.shape) == d.shape and c.dtype == d.dtype:
+                    st = self._values[d.key] = torch.UntypedStorage(d.nbytes)
+                    torch.empty(0, dtype=d.dtype).set_(st, d.offset, d.shape, d.stride).copy_(c)
+            if d is last:
+                return
+
+    def _lazy_draw(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
+        """Queue ``func``'s CPU draw for ``out`` if it is a random factory of no tensor (True), instead of making it."""
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.device.type != "meta"
+            or out.numel() > self.max_elements
+            or kwargs.get("generator") is not None
+            or torch.Tag.nondeterministic_seeded not in func.tags
+            or any(True for _ in _tensors(args, kwargs))
+            or out.dtype not in (LAZY_INT_DTYPES if func._opname in INTEGER_DRAWS else LAZY_DTYPES)
+        ):
+            return False
+        st = out.untyped_storage()
+        key = st._cdata
+        if key in self._values:
+            return False
+        args = tuple(list(a) if isinstance(a, list) else a for a in args)  # sizes the caller may reuse
+        d = _Draw(key, func, args, dict(kwargs), st.nbytes(), out.dtype, tuple(out.shape), out.stride(),
+                  out.storage_offset())  # fmt: skip
+        self._values[key] = d
+        self._draws.append(d)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(st, lambda _r, k=key: self._forget(k))
+        return True
 
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
         """The CPU value of meta tensor ``t`` (a view of its storage's value), or None when unknown."""
@@ -119,13 +210,18 @@ class KnownValues(TorchDispatchMode):
         return torch.empty(0, dtype=t.dtype).set_(st, t.storage_offset(), t.shape, t.stride())
 
     def _forget(self, key: int) -> None:
-        self._values.pop(key, None)
+        value = self._values.pop(key, None)
+        if type(value) is _Draw:
+            value.key = None  # still drawn in its turn
         self._refs.pop(key, None)
 
     def new_value(self, t: torch.Tensor) -> torch.Tensor:
         """A fresh value for the storage of meta tensor ``t`` (its bytes undefined); returns ``t``'s view of it."""
         st = t.untyped_storage()
         key = st._cdata
+        pending = self._values.get(key)
+        if type(pending) is _Draw:
+            pending.key = None  # overwritten before it was read: still drawn in its turn
         self._values[key] = torch.UntypedStorage(st.nbytes())
         if key not in self._refs:
             self._refs[key] = weakref.ref(st, lambda _r, k=key: self._forget(k))
@@ -153,6 +249,8 @@ class KnownValues(TorchDispatchMode):
                 for t in self._mutated(func, args, kwargs):
                     self.drop(t)
             return out
+        if func.is_view and name not in SPECIAL:
+            return self._view(func, args, kwargs, metas)
         known = all(self._storage_value(t) is not None for t in metas)
         if metas and (name in VALUE_READS or self._is_copy_out(func, args, kwargs)):
             if known:
@@ -175,12 +273,35 @@ class KnownValues(TorchDispatchMode):
             for t in mutated:
                 self.drop(t)
             return out
+        if not metas and self._lazy_draw(func, args, kwargs, out):
+            self.counts["ops mirrored"] += 1
+            return out
+        if not self._mirror_outputs(func, args, kwargs, outs):
+            for t in mutated:
+                self.drop(t)
+        return out
+
+    def _view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[torch.Tensor]) -> Any:
+        """A view op: when its outputs share its inputs' storages, their values are known already and nothing runs on
+        the CPU (the full path ran the view there and kept nothing); counted as mirrored as before."""
+        known = all(self._has_value(t) for t in metas)
+        out = func(*args, **kwargs)
+        outs = [t for t in (out if isinstance(out, list | tuple) else (out,)) if isinstance(t, torch.Tensor)]
+        if not metas or not known or not all(t.numel() <= self.max_elements for t in outs):
+            return out  # a view writes nothing: nothing to forget
+        bases = {t.untyped_storage()._cdata for t in metas}
+        if all(t.untyped_storage()._cdata in bases for t in outs):
+            self.counts["ops mirrored"] += 1
+        else:  # not a view here after all
+            self._mirror_outputs(func, args, kwargs, outs)
+        return out
+
+    def _mirror_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> bool:
+        """Run ``func`` on the CPU values and keep its outputs' values; False when the CPU cannot run it."""
         try:
             cpu_out = self._on_cpu(func, args, kwargs)
         except _CPU_ERRORS:
-            for t in mutated:
-                self.drop(t)
-            return out
+            return False
         self.counts["ops mirrored"] += 1
         cpu_outs = cpu_out if isinstance(cpu_out, list | tuple) else (cpu_out,)
         for t, c in zip(outs, [c for c in cpu_outs if isinstance(c, torch.Tensor)], strict=False):
@@ -188,7 +309,7 @@ class KnownValues(TorchDispatchMode):
                 continue  # a view or an in-place result: its storage's value was written by the CPU op itself
             if tuple(c.shape) == tuple(t.shape) and c.dtype == t.dtype:
                 self.new_value(t).copy_(c)
-        return out
+        return True
 
     def _fills_unknown(self, target: torch.Tensor, metas: list[torch.Tensor]) -> bool:
         """``target`` (written whole by the op) is a small meta tensor covering an unknown storage, and the op's
@@ -240,10 +361,21 @@ class KnownValues(TorchDispatchMode):
         cargs = tuple(cpu(a) for a in args)
         ckwargs = {k: (torch.device("cpu") if k == "device" and v is not None and str(v) == "meta" else cpu(v))
                    for k, v in kwargs.items()}  # fmt: skip
-        seeded = torch.Tag.nondeterministic_seeded in func.tags
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
-            if not seeded:
+        if torch.Tag.nondeterministic_seeded not in func.tags:
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
                 return func(*cargs, **ckwargs)
+        if self._draws:  # the generator's earlier draws first, in their order
+            self._draw_until(self._draws[-1])
+        return self._seeded(func, cargs, ckwargs, converted=True)
+
+    def _seeded(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], converted: bool = False) -> Any:
+        """Run the random op ``func`` on the CPU from the private generator's state (advancing it)."""
+        if not converted:
+            args = tuple(torch.device("cpu") if isinstance(a, torch.device) and a.type == "meta" else a for a in args)
+            kwargs = {k: (torch.device("cpu") if k == "device" and v is not None and str(v) == "meta" else v)
+                      for k, v in kwargs.items()}  # fmt: skip
+        cargs, ckwargs = args, kwargs
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
             saved = torch.get_rng_state()
             torch.set_rng_state(self._rng_state)
             try:
