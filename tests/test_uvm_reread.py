@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.uvm_synth import run_one_gemm
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.knobs import UvmKnobs
@@ -105,8 +105,6 @@ def test_passes_conserve_bytes(m: int, n: int, k: int, bias: bool) -> None:
 
 def _gemm_run(cap: int, rereads: bool) -> tuple[int, int]:
     """A 64 MiB x 64 MiB -> 64 MiB fp32 mm on a GPU of ``cap`` bytes: (HtoD bytes, faults) of the kernel."""
-    from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
-
     m = n = 4096
     k = 4096
     rows = _mm_rows(m, n, k)
@@ -115,18 +113,7 @@ def _gemm_run(cap: int, rereads: bool) -> tuple[int, int]:
         sim.map_range(rid, size)
         if rid < 2:
             sim.host_write(rid, 0, size)  # operands start on the host
-    st_ = _KernelStatics(
-        kernel_bytes=np.array([sum(r[2] for r in rows)]),
-        native_ns=np.zeros(1),
-        allocated_bytes=np.zeros(1, dtype="int64"),
-        is_copy=np.zeros(1, dtype=bool),
-        api=[""],
-        names=["aten::mm"],
-        flops=np.array([2.0 * m * n * k]),
-    )
-    rp = _Replayer(sim, sim.costs, 1, "fp32", GPU.name)
-    rp.kernel(0, rows, st_)
-    sim.check_invariants()
+    rp = run_one_gemm(sim, GPU, rows, 2.0 * m * n * k)
     return int(rp.sim.totals.htod_bytes), int(rp.sim.totals.fault_count)
 
 

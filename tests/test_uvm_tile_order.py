@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.uvm_synth import run_one_gemm
 from uvmlab.gpus import GPUS
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, UvmKnobs
@@ -165,27 +166,13 @@ def test_access_in_order_single_touch_and_reads_before_writes() -> None:
 
 def _gemm_records(order: bool, layouts: str, m: int, n: int, k: int) -> dict[str, float]:
     """An A100 mm whose operands start on the host, through the replay: its nsys HtoD records, bytes and faults."""
-    from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
-
     rows = _mm_rows(m, n, k)
     sim = UvmSim(80 << 30, UvmKnobs(gemm_tile_order=order), CostParams(), GPU)
     for rid, _, size, _ in rows:
         sim.map_range(rid, size)
         if rid < 2:
             sim.host_write(rid, 0, size)
-    st_ = _KernelStatics(
-        kernel_bytes=np.array([sum(r[2] for r in rows)]),
-        native_ns=np.zeros(1),
-        allocated_bytes=np.zeros(1, dtype="int64"),
-        is_copy=np.zeros(1, dtype=bool),
-        api=[""],
-        names=["aten::mm"],
-        flops=np.array([2.0 * m * n * k]),
-        layouts=[layouts],
-    )
-    rp = _Replayer(sim, sim.costs, 1, "fp32", GPU)
-    rp.kernel(0, rows, st_)
-    sim.check_invariants()
+    rp = run_one_gemm(sim, GPU, rows, 2.0 * m * n * k, layouts)
     t = sim.totals
     assert rp.tiled_kernels == int(order and bool(layouts))
     return {"records": t.htod_records, "bytes": t.htod_bytes, "faults": t.fault_count}

@@ -175,3 +175,25 @@ def live_range(sizes: dict[int, int], index: int, offset: int, size: int) -> tup
     rid = live[index % len(live)]
     off = offset % sizes[rid]
     return rid, off, min(size, sizes[rid] - off)
+
+
+def run_one_gemm(sim, gpu, rows: list, flops: float, layouts: str = ""):  # type: ignore[no-untyped-def]
+    """Replay one fp32 ``aten::mm`` kernel touching ``rows`` on ``sim`` (ranges mapped by the caller) on ``gpu``,
+    with the trace column ``layout`` ``layouts`` ("" none); the replayer, after checking the simulator's
+    invariants."""
+    from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
+
+    st = _KernelStatics(
+        kernel_bytes=np.array([sum(r[2] for r in rows)]),
+        native_ns=np.zeros(1),
+        allocated_bytes=np.zeros(1, dtype="int64"),
+        is_copy=np.zeros(1, dtype=bool),
+        api=[""],
+        names=["aten::mm"],
+        flops=np.array([float(flops)]),
+        layouts=[layouts] if layouts else [],
+    )
+    rp = _Replayer(sim, sim.costs, 1, "fp32", gpu)
+    rp.kernel(0, rows, st)
+    sim.check_invariants()
+    return rp

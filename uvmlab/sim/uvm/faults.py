@@ -22,7 +22,7 @@ from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
 from uvmlab.sim.uvm.runs import htod_record_count, run_lengths
 from uvmlab.sim.uvm.thrashing import GPU
-from uvmlab.sim.uvm.tile_schedule import TileSchedule, build_schedule
+from uvmlab.sim.uvm.tile_schedule import TileSchedule, build_schedule, fetch_batches
 from uvmlab.sim.uvm.timing import transfer_time_ns
 
 Stages = list[tuple[np.ndarray, bool]]
@@ -228,9 +228,8 @@ class FaultService:
             if done is not None:
                 return done
         stages = order() if callable(order) else order
-        flat = self._gpu.reshape(-1)
+        flat = self._gpu.reshape(-1)  # a view: it sees each batch's service before the next fetch
         per_batch, g = self._per_batch, self._g
-        window = 8 * per_batch
         self._open_faults = 0
         self._open_blocks = 0
         for gids, is_write in stages:
@@ -239,22 +238,7 @@ class FaultService:
                 hp = gids - gids % g
                 _, first = np.unique(hp, return_index=True)
                 gids = hp[np.sort(first)]
-            pos, n = 0, gids.size
-            while pos < n:
-                taken: list[np.ndarray] = []
-                count = 0
-                while pos < n and count < per_batch:  # fetch: the next missing pages of the order
-                    part = gids[pos : pos + window]
-                    miss = np.flatnonzero(~flat[part])[: per_batch - count]
-                    if miss.size:
-                        taken.append(part[miss])
-                        count += miss.size
-                        pos += int(miss[-1]) + 1 if count >= per_batch else part.size
-                    else:
-                        pos += part.size
-                if not count:
-                    break
-                batch = np.concatenate(taken)
+            for batch in fetch_batches(gids, flat, per_batch):
                 # blocks in the kernel's order (standing for the driver's address order, as ``access`` does)
                 batch = batch[np.argsort(kernel_local(blocks, batch))] if blocks is not None else np.sort(batch)
                 blk = batch // PAGES_PER_BLOCK
@@ -266,7 +250,6 @@ class FaultService:
                         faulted[np.minimum(grp % PAGES_PER_BLOCK + j, self._npages[s] - 1)] = True
                     self._service_block(s, faulted & ~self._gpu[s])
                 self._close_batch()
-                flat = self._gpu.reshape(-1)
         return self._flush_kernel_counters()
 
     def _bulk_in_order(

@@ -12,6 +12,7 @@ state).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,29 @@ class TileSchedule:
     last_order: list[int]
 
 
+def fetch_batches(seq: np.ndarray, flat: np.ndarray, per_batch: int) -> Iterator[np.ndarray]:
+    """The batches a kernel faulting the pages ``seq`` in that order raises: each the next ``per_batch`` pages of
+    the order that are not resident in ``flat`` (a live view of the GPU bitmap: the caller services each batch
+    before the next is fetched, so pages it prefetched raise no fault), unsorted."""
+    window = 8 * per_batch
+    pos, n = 0, seq.size
+    while pos < n:
+        taken: list[np.ndarray] = []
+        count = 0
+        while pos < n and count < per_batch:
+            part = seq[pos : pos + window]
+            miss = np.flatnonzero(~flat[part])[: per_batch - count]
+            if miss.size:
+                taken.append(part[miss])
+                count += miss.size
+                pos += int(miss[-1]) + 1 if count >= per_batch else part.size
+            else:
+                pos += part.size
+        if not count:
+            return
+        yield np.concatenate(taken)
+
+
 def build_schedule(
     stages: list[tuple[np.ndarray, bool]],
     gpu: np.ndarray,
@@ -64,7 +88,6 @@ def build_schedule(
     start = gpu.copy()
     nb = gpu.shape[0]
     flat = gpu.reshape(-1)
-    window = 8 * per_batch
     batch_faults: list[int] = []
     batch_writes: list[bool] = []
     services = np.zeros(nb, dtype=np.int64)
@@ -76,22 +99,8 @@ def build_schedule(
     first: dict[int, None] = {}
     last: dict[int, None] = {}
     for seq, is_write in stages:
-        pos, n = 0, seq.size
-        while pos < n:
-            taken: list[np.ndarray] = []
-            count = 0
-            while pos < n and count < per_batch:
-                part = seq[pos : pos + window]
-                miss = np.flatnonzero(~flat[part])[: per_batch - count]
-                if miss.size:
-                    taken.append(part[miss])
-                    count += miss.size
-                    pos += int(miss[-1]) + 1 if count >= per_batch else part.size
-                else:
-                    pos += part.size
-            if not count:
-                break
-            batch = np.sort(np.concatenate(taken))
+        for fetched in fetch_batches(seq, flat, per_batch):
+            batch = np.sort(fetched)
             blk = batch // PAGES_PER_BLOCK
             bounds = np.flatnonzero(np.diff(blk)) + 1
             for grp in np.split(batch, bounds):
@@ -115,7 +124,7 @@ def build_schedule(
                 first.setdefault(b, None)
                 last.pop(b, None)
                 last[b] = None
-            batch_faults.append(count)
+            batch_faults.append(batch.size)
             batch_writes.append(is_write)
     blocks = []
     for b in first:
