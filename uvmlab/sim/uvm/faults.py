@@ -22,7 +22,7 @@ from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
 from uvmlab.sim.uvm.runs import htod_record_count, run_lengths
 from uvmlab.sim.uvm.thrashing import GPU
-from uvmlab.sim.uvm.tile_schedule import TileSchedule, build_schedule, fetch_batches
+from uvmlab.sim.uvm.tile_schedule import TileSchedule, block_groups, build_schedule, fetch_batches
 from uvmlab.sim.uvm.timing import transfer_time_ns
 
 Stages = list[tuple[np.ndarray, bool]]
@@ -238,12 +238,11 @@ class FaultService:
                 hp = gids - gids % g
                 _, first = np.unique(hp, return_index=True)
                 gids = hp[np.sort(first)]
-            for batch in fetch_batches(gids, flat, per_batch):
-                # blocks in the kernel's order (standing for the driver's address order, as ``access`` does)
-                batch = batch[np.argsort(kernel_local(blocks, batch))] if blocks is not None else np.sort(batch)
-                blk = batch // PAGES_PER_BLOCK
-                bounds = np.flatnonzero(np.diff(blk)) + 1
-                for grp in np.split(batch, bounds):
+            # a batch's blocks in the kernel's order (standing for the driver's address order, as ``access`` does)
+            sort_key = kernel_local(blocks, gids) if blocks is not None else gids
+            for at in fetch_batches(gids, flat, per_batch):
+                batch = gids[at[np.argsort(sort_key[at])]]
+                for grp in block_groups(batch):
                     s = int(grp[0] // PAGES_PER_BLOCK)
                     faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
                     for j in range(g):  # a host page faults as a whole (clipped at the block end)

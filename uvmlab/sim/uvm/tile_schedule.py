@@ -50,26 +50,32 @@ class TileSchedule:
 
 
 def fetch_batches(seq: np.ndarray, flat: np.ndarray, per_batch: int) -> Iterator[np.ndarray]:
-    """The batches a kernel faulting the pages ``seq`` in that order raises: each the next ``per_batch`` pages of
-    the order that are not resident in ``flat`` (a live view of the GPU bitmap: the caller services each batch
-    before the next is fetched, so pages it prefetched raise no fault), unsorted."""
+    """The batches a kernel faulting the pages ``seq`` in that order raises, as positions in ``seq``: each the next
+    ``per_batch`` pages of the order that are not resident in ``flat`` (a live view of the GPU bitmap: the caller
+    services each batch before the next is fetched, so pages it prefetched raise no fault), in order."""
     window = 8 * per_batch
     pos, n = 0, seq.size
     while pos < n:
         taken: list[np.ndarray] = []
         count = 0
         while pos < n and count < per_batch:
-            part = seq[pos : pos + window]
-            miss = np.flatnonzero(~flat[part])[: per_batch - count]
+            miss = np.flatnonzero(~flat[seq[pos : pos + window]])[: per_batch - count]
             if miss.size:
-                taken.append(part[miss])
+                taken.append(miss + pos)
                 count += miss.size
-                pos += int(miss[-1]) + 1 if count >= per_batch else part.size
+                pos += int(miss[-1]) + 1 if count >= per_batch else window
             else:
-                pos += part.size
+                pos += window
         if not count:
             return
-        yield np.concatenate(taken)
+        yield taken[0] if len(taken) == 1 else np.concatenate(taken)
+
+
+def block_groups(batch: np.ndarray) -> list[np.ndarray]:
+    """A sorted batch of page ids cut into its blocks' groups (one group when it lies in one block)."""
+    if batch[0] // PAGES_PER_BLOCK == batch[-1] // PAGES_PER_BLOCK:
+        return [batch]
+    return np.split(batch, np.flatnonzero(np.diff(batch // PAGES_PER_BLOCK)) + 1)
 
 
 def build_schedule(
@@ -99,11 +105,9 @@ def build_schedule(
     first: dict[int, None] = {}
     last: dict[int, None] = {}
     for seq, is_write in stages:
-        for fetched in fetch_batches(seq, flat, per_batch):
-            batch = np.sort(fetched)
-            blk = batch // PAGES_PER_BLOCK
-            bounds = np.flatnonzero(np.diff(blk)) + 1
-            for grp in np.split(batch, bounds):
+        for at in fetch_batches(seq, flat, per_batch):
+            batch = np.sort(seq[at])
+            for grp in block_groups(batch):
                 b = int(grp[0] // PAGES_PER_BLOCK)
                 faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
                 faulted[grp % PAGES_PER_BLOCK] = True
