@@ -191,7 +191,25 @@ def test_a_gemm_that_fits_moves_more_smaller_records_in_tile_order(layouts: str)
 
 
 def test_resident_or_unknown_layout_gemms_keep_address_order() -> None:
+    """No layout in the trace: address order (the same records as with the rule off); a GEMM whose operands are
+    all resident: no tile order, no fault; a GEMM larger than the GPU swept several times: the re-read passes."""
     assert _gemm_records(True, "", 512, 512, 512)["records"] == _gemm_records(False, "", 512, 512, 512)["records"]
+    m = n = k = 1024
+    rows = _mm_rows(m, n, k)
+    sim = _sim()
+    for rid, _, size, _ in rows:
+        sim.map_range(rid, size)
+    assert run_one_gemm(sim, GPU, rows, 2.0 * m * n * k, "nn").tiled_kernels == 1
+    faults = sim.totals.fault_count
+    assert run_one_gemm(sim, GPU, rows, 2.0 * m * n * k, "nn").tiled_kernels == 0
+    assert sim.totals.fault_count == faults
+    m = n = k = 4096  # 3 x 64 MiB on a 96 MiB GPU: 10 sweeps of b (test_uvm_reread)
+    rows = _mm_rows(m, n, k)
+    sim = _sim(cap=96 << 20)
+    for rid, _, size, _ in rows:
+        sim.map_range(rid, size)
+    rp = run_one_gemm(sim, GPU, rows, 2.0 * m * n * k, "nn")
+    assert (rp.reread_kernels, rp.tiled_kernels) == (1, 0)
 
 
 def test_cli_gemm_tile_order_knob(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -67,7 +67,7 @@ META_CPU_THREADS = 1
 """Intra-op threads of the CPU ops a meta capture runs (uvmlab.trace.known_values' mirrors of small tensors, the
 optimizer's step counters). Such ops are small and come one at a time between Python frames, so each parallel
 region wakes the sleeping OpenMP workers for microseconds of work: a ``fill_`` of 457 x 94 floats took 5-10 ms of
-CPU with PyTorch's default 2 threads and 0.04 ms with 1 (2-core machine, 2026-12). What the ops compute does not
+CPU with PyTorch's default 2 threads and 0.04 ms with 1 (2-core machine, 2026-11-29). What the ops compute does not
 change (they only feed Python control flow, never the trace's tables); a CPU capture keeps the default threads."""
 
 

@@ -62,6 +62,7 @@ from uvmlab.sim.uvm.thrashing import ThrashingService
 from uvmlab.sim.uvm.tile_schedule import TileSchedule
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 
+_NO_RUNS = np.empty(0, dtype=np.int64)
 RUNS_CACHED = 8
 """Up to this many transfers, ``_runs_ns`` sums cached per-size times instead of evaluating the link curve."""
 
@@ -149,6 +150,7 @@ class UvmSim(
         """Ranges known to be entirely GPU-resident (one leaves the set when pages of it leave the GPU)."""
         self._plans: dict[tuple[int, int, int, int], FaultPlan] = {}
         self._tile_schedules: dict[object, TileSchedule] = {}  # FaultService._bulk_in_order's memo
+        self._tile_schedule_bytes = 0  # the memo's array bytes (faults.TILE_SCHEDULE_BYTES)
         self._open_faults = 0
         self._open_blocks = 0
         self._kind = "read"
@@ -448,14 +450,17 @@ class UvmSim(
             # (cudaMemPrefetchAsync) pays its own first-chunk cost (CostParams.prefetch_first_block_ns)
             self._k.stall_ns += self.costs.block_first_gpu_ns if fault_path else self.costs.prefetch_first_block_ns
 
-    def _populate(self, s: int, mask: np.ndarray, fault_path: bool = True) -> tuple[int, np.ndarray]:
-        """Make ``mask`` pages of slot ``s`` GPU-resident; return (zero-filled pages, HtoD run lengths)."""
+    def _populate(
+        self, s: int, mask: np.ndarray, fault_path: bool = True, with_runs: bool = True
+    ) -> tuple[int, np.ndarray]:
+        """Make ``mask`` pages of slot ``s`` GPU-resident; return (zero-filled pages, HtoD run lengths; none when
+        not ``with_runs``: a caller that knows its transfers, FaultService._apply_schedule)."""
         self._ensure_chunk(s, fault_path)
         cpu_row = self._cpu[s]
         h = mask & cpu_row
         n_all = np.count_nonzero(mask)
         n_h = np.count_nonzero(h)
-        runs = run_lengths(h) if n_h else np.empty(0, dtype=np.int64)
+        runs = run_lengths(h) if n_h and with_runs else _NO_RUNS
         self._gpu[s] |= mask
         cpu_row &= ~mask
         self._cpu_count[s] -= n_h

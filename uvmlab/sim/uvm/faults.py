@@ -27,8 +27,9 @@ from uvmlab.sim.uvm.timing import transfer_time_ns
 
 Stages = list[tuple[np.ndarray, bool]]
 """A kernel's pages in fault order: (global page ids, is_write) per stage (``FaultService.access_in_order``)."""
-TILE_SCHEDULES_KEPT = 4096
-"""Memoized tile schedules kept (one per GEMM, place and residency pattern; emptied when full)."""
+TILE_SCHEDULE_BYTES = 256 << 20
+"""Cost, not physics: the memoized tile schedules' arrays are kept up to this size, then dropped (GPT-2 x4 PCA on
+builds 191 schedules; a 5M-node GCN's GEMMs hold about 1 MiB each)."""
 
 
 @dataclass
@@ -277,8 +278,10 @@ class FaultService:
             local = [(kernel_local(blocks, gids), w) for gids, w in (order() if callable(order) else order)]
             threshold = int(knobs.prefetch_threshold) if knobs.prefetch_enable else None
             sched = build_schedule(local, gpu, cpu, np_arr, self._per_batch, threshold)
-            if len(self._tile_schedules) >= TILE_SCHEDULES_KEPT:
+            self._tile_schedule_bytes += sched.nbytes
+            if self._tile_schedule_bytes > TILE_SCHEDULE_BYTES:
                 self._tile_schedules.clear()
+                self._tile_schedule_bytes = sched.nbytes
             self._tile_schedules[memo_key] = sched
         chunk = self._has_chunk
         need = sum(self._chunk_bytes[sl[b.local]] for b in sched.blocks if not chunk[sl[b.local]])
@@ -299,17 +302,9 @@ class FaultService:
         k, costs = self._k, self.costs
         for b in sched.blocks:
             s = slots[b.local]
-            self._ensure_chunk(s)
-            n, moved = b.pages, b.fault_htod + b.prefetch_htod
-            self._gpu[s] |= b.union
-            if moved:
-                self._cpu[s] &= ~b.union
-                self._cpu_count[s] -= moved
-            self._res_count[s] += n
-            if self._hint_arrays:  # the mappings change with the pages (the union of each service's)
-                self._after_gpu_populate(s, b.union)
+            moved = b.fault_htod + b.prefetch_htod
+            self._populate(s, b.union, with_runs=False)  # chunk, bitmaps, counts, mappings; transfers: b.runs
             self._fault_migrations[s] += b.faults
-            self.populated_gpu_bytes += n * PAGE_BYTES
             k.htod_records += b.records
             if b.runs.size:
                 self._add_htod_runs(b.runs)

@@ -148,7 +148,8 @@ class UvmKnobs:
     """MODEL parameter: a 2-D GEMM (``mm``, ``addmm``) whose operands are not all GPU-resident faults its pages in
     the order its tiles first ask for them (uvmlab.sim.uvm.tile_order: CUTLASS's rasterization, the trace's operand
     layouts), which spreads a batch's faults over the rows of an operand read across its storage rows; 0 = address
-    order (the model before issue 41 section 3). A kernel whose bytes exceed the GPU keeps ``gemm_rereads``."""
+    order (the model before issue 41 section 3). A kernel whose bytes exceed the GPU and whose tiles sweep it more
+    than once keeps ``gemm_rereads``' passes; one swept once faults in tile order."""
 
     sim_scale: int = 0
     """MODEL parameter (cost, not physics): replay at 1/``sim_scale`` of the memory (uvmlab.sim.uvm.order,

@@ -20,8 +20,8 @@ access per page).
 **Derived orders** (column ``order`` "", traced torch ops; ``UvmKnobs.derived_orders``):
 
 * GEMM / convolution (``reread.GEMM_OPS``): tile by tile, i.e. ``tiled`` (reread.py's passes when the kernel
-  exceeds the GPU; a 2-D GEMM that fits, in the first-request order of its tiles, uvmlab.sim.uvm.tile_order; both
-  run from the replay, not planned here).
+  exceeds the GPU and is swept more than once; any other 2-D GEMM, in the first-request order of its tiles,
+  uvmlab.sim.uvm.tile_order; both run from the replay, not planned here).
 * index ops (:data:`GATHER_OPS`, :data:`SCATTER_OPS`): ``gather`` / ``scatter`` plans whose pages fault in
   *address* order (:attr:`OrderPlan.streams` is False): the index is data that a meta-device trace does not have,
   so the order its rows arrive in is unknown, and the seeded uniform permutation of a declared ``gather`` would be

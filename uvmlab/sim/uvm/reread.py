@@ -149,6 +149,11 @@ class MmOperands:
     n: int
     k: int
 
+    @property
+    def operands(self) -> list[Access]:
+        """``[*others, a, b, out]``: the accesses the tile order ranks (uvmlab.sim.uvm.tile_order)."""
+        return [*self.others, self.a, self.b, self.writes[0]]
+
 
 def mm_operands(rows: list[Access], flops: float, e: int) -> MmOperands | None:
     """The operands and shape of an ``mm`` / ``addmm`` kernel from its sizes and FLOPs (module docstring), or None

@@ -43,6 +43,9 @@ from uvmlab.sim.uvm.reread import TILE_M, TILE_N, MmOperands
 
 TILE_K = 8
 """K slab of one main-loop iteration (CUTLASS SIMT ``GemmShape<128, 128, 8>``, default_gemm_configuration.h)."""
+PLANS_KEPT = 4096
+"""Cost, not physics: tile plans memoized per GEMM shape, layouts and page offsets, then dropped (a training step
+has tens of distinct GEMMs)."""
 LAYOUTS = ("n", "t")
 """Storage of a 2-D operand: ``n`` its last dimension contiguous (row-major), ``t`` the one before (a transposed
 view of a row-major tensor, e.g. ``weight.t()``)."""
@@ -149,6 +152,8 @@ class TileOrders:
         key = self._key(mm, layouts, e)
         plan = self._memo.get(key, False)
         if plan is False:
+            if len(self._memo) >= PLANS_KEPT:
+                self._memo.clear()
             plan = self._memo[key] = self._plan(mm, layouts, e)
         return plan
 
@@ -158,7 +163,7 @@ class TileOrders:
         """(global page ids in first-request order, is_write) for the reads, then the writes (the input of
         ``FaultService.access_in_order``); None when the layouts are not known. ``page_gids(range_id, pages)``
         maps page indices within a range to global page ids."""
-        ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
+        ops = mm.operands
         plan = self._plan_of(mm, layouts, e)
         if plan is None:
             return None
@@ -180,14 +185,14 @@ class TileOrders:
 
     @staticmethod
     def _key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
-        ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
+        ops = mm.operands
         return (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[1] % PAGE_BYTES, r[2]) for r in ops))
 
     @staticmethod
     def schedule_key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
         """What, besides the state of its blocks, decides the batches of a GEMM's tile order: its plan, and where
         its operands lie relative to 2 MiB blocks and to each other (operands in one range share its blocks)."""
-        ops = [*mm.others, mm.a, mm.b, mm.writes[0]]
+        ops = mm.operands
         groups: dict[int, int] = {}
         places = []
         for r in ops:

@@ -48,6 +48,12 @@ class TileSchedule:
     blocks: list[BlockTotals]
     last_order: list[int]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the schedule's arrays (what the driver's memo counts against its budget)."""
+        per_block = sum(b.union.nbytes + b.runs.nbytes for b in self.blocks)
+        return per_block + self.batch_faults.nbytes + self.batch_writes.nbytes
+
 
 def fetch_batches(seq: np.ndarray, flat: np.ndarray, per_batch: int) -> Iterator[np.ndarray]:
     """The batches a kernel faulting the pages ``seq`` in that order raises, as positions in ``seq``: each the next
