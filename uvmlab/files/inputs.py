@@ -26,7 +26,7 @@ import json
 import os
 import reprlib
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -243,54 +243,41 @@ def parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, A
     return result
 
 
-def _parquet_limits(fh: IO[bytes], path: str | os.PathLike[str], what: str, max_rows: int) -> None:
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(fh).metadata
-    expanded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    if meta.num_rows > max_rows or expanded > MAX_PARQUET_EXPANDED:
-        raise InputError(
-            f"{path} declares {meta.num_rows:,} rows and {expanded:,} bytes uncompressed, more than the "
-            f"{max_rows:,} rows and {MAX_PARQUET_EXPANDED:,} bytes accepted for {what}"
-        )
-    fh.seek(0)
-
-
 def read_parquet_table(
-    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS, **kw: Any
+    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS
 ) -> Any:
-    """The Parquet file ``path`` as a pyarrow Table (``pyarrow.parquet.read_table(**kw)``): a regular file of at
-    most ``max_bytes``, whose footer declares at most ``max_rows`` rows and :data:`MAX_PARQUET_EXPANDED`
-    uncompressed bytes (checked before any column is decoded); a file that is not Parquet is one sentence."""
-    import pyarrow.parquet as pq
+    """The Parquet file ``path`` as a pyarrow Table: a regular file of at most ``max_bytes``, whose footer declares at
+    most ``max_rows`` rows and :data:`MAX_PARQUET_EXPANDED` uncompressed bytes (checked before any column is
+    decoded); a file that is not Parquet is one sentence.
 
-    return _read_parquet(path, max_bytes, what, max_rows, lambda fh: pq.read_table(fh, **kw))
-
-
-def read_parquet_file(
-    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS, **kw: Any
-) -> Any:
-    """The Parquet file ``path`` as a DataFrame (``pandas.read_parquet(**kw)``), with the limits of
-    :func:`read_parquet_table`."""
-    import pandas as pd
-
-    return _read_parquet(path, max_bytes, what, max_rows, lambda fh: pd.read_parquet(fh, **kw))
-
-
-def _read_parquet(
-    path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int, reader: Callable[[IO[bytes]], Any]
-) -> Any:
-    """``reader(fh)`` on the opened file once its footer is within the limits; a file that is not Parquet is one
-    sentence."""
+    Read with ``pyarrow.parquet.ParquetFile(fh).read``, not ``read_table(fh)``: given a Python file object,
+    ``read_table``'s dataset scanner drops its last reference to that object on one of pyarrow's threads after the
+    call returns, and a process that exits meanwhile aborts ("terminate called without an active exception": the
+    thread asks for the GIL during finalization). Seen in 63 of 100 runs of a script that reads a table and exits
+    (pyarrow 26.0.1, 2026-11-29); ``ParquetFile.read`` holds the file only in the caller's thread."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     with open_input(path, max_bytes, what) as fh:
         try:
-            _parquet_limits(fh, path, what, max_rows)
-            return reader(fh)
+            parquet = pq.ParquetFile(fh)
+            meta = parquet.metadata
+            expanded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            if meta.num_rows > max_rows or expanded > MAX_PARQUET_EXPANDED:
+                raise InputError(
+                    f"{path} declares {meta.num_rows:,} rows and {expanded:,} bytes uncompressed, more than the "
+                    f"{max_rows:,} rows and {MAX_PARQUET_EXPANDED:,} bytes accepted for {what}"
+                )
+            return parquet.read(use_pandas_metadata=True)
         except (pa.ArrowException, OSError, ValueError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise InputError(f"{path} is not a readable Parquet file ({short(first)[1:-1]}); give {what}") from None
+
+
+def read_parquet_file(path: str | os.PathLike[str], max_bytes: int, what: str, max_rows: int = MAX_PARQUET_ROWS) -> Any:
+    """The Parquet file ``path`` as a DataFrame (its index and dtypes from the pandas metadata, as
+    ``pandas.read_parquet`` gives them), with the limits of :func:`read_parquet_table`."""
+    return read_parquet_table(path, max_bytes, what, max_rows).to_pandas()
 
 
 def decode_json(text: str, source: str, what: str, int_max: int = INT64_MAX) -> Any:
