@@ -18,7 +18,7 @@ from uvmlab.sim.uvm.reread import TILE_M, TILE_N, mm_operands
 from uvmlab.sim.uvm.tile_order import TILE_K, TileOrders, mm_tile_orders
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.recorder import Recorder
-from uvmlab.trace.strides import matrix_layout
+from uvmlab.trace.strides import gemm_operand_layout, matrix_layout
 
 GPU = GPUS["A100-80GB"]
 
@@ -62,12 +62,55 @@ def test_recorder_writes_the_layout_of_2d_gemms() -> None:
     assert "aten::relu" not in named
 
 
+def test_gemm_operand_layout_of_batches() -> None:
+    """A bmm operand stored batch after batch has its matrices' layout; a broadcast or padded batch has none."""
+    q = torch.empty(6, 10, 16, device="meta")
+    assert gemm_operand_layout(tuple(q.shape), q.stride()) == "n"
+    assert gemm_operand_layout(tuple(q.transpose(1, 2).shape), q.transpose(1, 2).stride()) == "t"
+    w = torch.empty(10, 16, device="meta").expand(6, 10, 16)  # batch stride 0
+    assert gemm_operand_layout(tuple(w.shape), w.stride()) == ""
+    assert gemm_operand_layout(tuple(q[:, :5].shape), q[:, :5].stride()) == ""  # batch stride 160, matrix 80
+    assert gemm_operand_layout((1, 10, 16), (999, 16, 1)) == "n"  # one batch: its stride does not matter
+    assert gemm_operand_layout((10, 16), (16, 1)) == "n" and gemm_operand_layout((2, 2, 2, 2), (8, 4, 2, 1)) == ""
+
+
+def test_recorder_writes_the_layout_of_batched_gemms() -> None:
+    """``q @ k.transpose(1, 2)`` through ``bmm`` is ``nt``, ``baddbmm`` of contiguous batches ``nn``; a bmm over an
+    expanded (broadcast) weight has no layout."""
+    rec = Recorder("meta")
+    with rec:
+        rec.set_phase("forward", 0)
+        q, k = torch.empty(6, 10, 16, device="meta"), torch.empty(6, 12, 16, device="meta")
+        _ = torch.bmm(q, k.transpose(1, 2))
+        _ = torch.baddbmm(torch.empty(6, 10, 12, device="meta"), q, k.transpose(1, 2).contiguous())
+        _ = torch.bmm(q, torch.empty(16, 12, device="meta").expand(6, 16, 12))
+    rec.close()
+    layouts = rec.k_extra.get("layout", {})
+    assert [rec.k_name[k] for k in sorted(layouts)] == ["aten::bmm", "aten::baddbmm"]
+    assert [layouts[k] for k in sorted(layouts)] == ["nt", "nn"]
+
+
+def test_mm_operands_of_a_batched_gemm() -> None:
+    """``|a| = B m K e``, ``|b| = B K n e``, ``|out| = B m n e`` and the FLOPs give B, m, n, K; a 2-D GEMM whose
+    sizes only fit a batch is refused (its sizes are not those of an mm)."""
+    rows = [(0, 0, 6 * 10 * 16 * 4, False), (1, 0, 6 * 16 * 12 * 4, False), (2, 0, 6 * 10 * 12 * 4, True)]
+    mm = mm_operands(rows, 2.0 * 6 * 10 * 12 * 16, 4, batched=True)
+    assert mm is not None and (mm.batch, mm.m, mm.n, mm.k) == (6, 10, 12, 16)
+    assert mm_operands(rows, 2.0 * 6 * 10 * 12 * 16, 4) is None
+    flat = mm_operands(_mm_rows(10, 12, 16), 2.0 * 10 * 12 * 16, 4, batched=True)
+    assert flat is not None and flat.batch == 1
+
+
 # -- the order ---------------------------------------------------------------------------------------------------
 
 
-def _brute_keys(m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: tuple[int, int, int]) -> list:
-    """First-request rank of every page of a, b and out, element by element (the rule of the module docstring)."""
-    mt, n_ctas, slabs = -(-n // TILE_M), -(-n // TILE_M) * -(-m // TILE_N), -(-k // TILE_K)
+def _brute_keys(
+    m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: tuple[int, int, int], batch: int = 1
+) -> list:
+    """First-request rank of every page of a, b and out, element by element (the rule of the module docstring):
+    ``batch`` GEMMs stored one after another, batch ``bt``'s CTAs after those of the batches before it."""
+    mt, tiles, slabs = -(-n // TILE_M), -(-n // TILE_M) * -(-m // TILE_N), -(-k // TILE_K)
+    n_ctas = tiles * batch
 
     def rank(cta: np.ndarray, slab: np.ndarray) -> np.ndarray:
         return ((cta // ctas) * (slabs + 1) + slab) * n_ctas + cta
@@ -78,13 +121,33 @@ def _brute_keys(m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: t
         np.minimum.at(out, pages, r)
         return {int(p): int(out[p]) for p in np.unique(pages)}
 
-    mi, ki = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(k), indexing="ij"))  # a[m, k]
-    a = smallest(offs[0], mi * k + ki if layouts[0] == "n" else ki * m + mi, rank((mi // TILE_N) * mt, ki // TILE_K))
-    ki, ni = (x.ravel() for x in np.meshgrid(np.arange(k), np.arange(n), indexing="ij"))  # b[k, n]
-    b = smallest(offs[1], ki * n + ni if layouts[1] == "n" else ni * k + ki, rank(ni // TILE_M, ki // TILE_K))
-    mi, ni = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))  # out, after the last slab
-    o = smallest(offs[2], mi * n + ni, rank((mi // TILE_N) * mt + ni // TILE_M, np.full(mi.size, slabs)))
+    def grid(x: int, y: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(v.ravel() for v in np.meshgrid(np.arange(batch), np.arange(x), np.arange(y), indexing="ij"))
+
+    bt, mi, ki = grid(m, k)  # a[bt, m, k]
+    flat = bt * m * k + (mi * k + ki if layouts[0] == "n" else ki * m + mi)
+    a = smallest(offs[0], flat, rank(bt * tiles + (mi // TILE_N) * mt, ki // TILE_K))
+    bt, ki, ni = grid(k, n)  # b[bt, k, n]
+    flat = bt * k * n + (ki * n + ni if layouts[1] == "n" else ni * k + ki)
+    b = smallest(offs[1], flat, rank(bt * tiles + ni // TILE_M, ki // TILE_K))
+    bt, mi, ni = grid(m, n)  # out, after the last slab
+    cta = bt * tiles + (mi // TILE_N) * mt + ni // TILE_M
+    o = smallest(offs[2], bt * m * n + mi * n + ni, rank(cta, np.full(mi.size, slabs)))
     return [a, b, o]
+
+
+def _check_keys(m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: tuple, batch: int = 1) -> None:
+    rows = _mm_rows(batch * m, n, k, e, offs)
+    rows[1] = (1, offs[1], batch * k * n * e, False)
+    rows[2] = (2, offs[2], batch * m * n * e, True)
+    mm = mm_operands(rows, 2.0 * batch * m * n * k, e, batched=batch > 1)
+    assert mm is not None and (mm.m, mm.n, mm.k, mm.batch) == (m, n, k, batch)
+    orders = mm_tile_orders(mm, layouts, e, ctas)
+    assert orders is not None
+    for got, want in zip(orders, _brute_keys(m, n, k, layouts, e, ctas, offs, batch), strict=True):
+        pages = (got.page_offsets // PAGE_BYTES).tolist()
+        assert pages == sorted(want)
+        assert got.keys.tolist() == [want[p] for p in pages]
 
 
 @settings(max_examples=40, deadline=None)
@@ -99,14 +162,31 @@ def _brute_keys(m: int, n: int, k: int, layouts: str, e: int, ctas: int, offs: t
 )
 def test_page_keys_are_the_smallest_element_rank(m, n, k, layouts, e, ctas, offs) -> None:  # type: ignore[no-untyped-def]
     """The page-level shortcut (first element, or the next storage row's first) equals the element-wise minimum."""
-    mm = mm_operands(_mm_rows(m, n, k, e, offs), 2.0 * m * n * k, e)
-    assert mm is not None
-    orders = mm_tile_orders(mm, layouts, e, ctas)
-    assert orders is not None
-    for got, want in zip(orders, _brute_keys(m, n, k, layouts, e, ctas, offs), strict=True):
-        pages = (got.page_offsets // PAGE_BYTES).tolist()
-        assert pages == sorted(want)
-        assert got.keys.tolist() == [want[p] for p in pages]
+    _check_keys(m, n, k, layouts, e, ctas, offs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(2, 9),
+    m=st.integers(1, 160),
+    n=st.integers(1, 160),
+    k=st.integers(1, 160),
+    layouts=st.sampled_from(["nn", "nt", "tn", "tt"]),
+    e=st.sampled_from([2, 4]),
+    ctas=st.integers(1, 6),
+    offs=st.tuples(*[st.integers(0, 4095).map(lambda x: x // 4 * 4)] * 3),
+)
+def test_batched_page_keys_are_the_smallest_element_rank(batch, m, n, k, layouts, e, ctas, offs) -> None:  # type: ignore[no-untyped-def]
+    """A bmm's batches, small enough that a page holds the end of one batch and the start of the next (whose
+    first request can come before the rest of the page's): the page keys still equal the element-wise minimum."""
+    _check_keys(m, n, k, layouts, e, ctas, offs, batch)
+
+
+def test_batched_page_keys_take_the_next_batch_start_inside_a_page() -> None:
+    """``a`` stored transposed ([batch, k, m]), 8 batches of a 4 x 64 fp32 matrix (1 KiB each) from byte 512: the
+    second page starts in row 32 of batch 3 (slab 4) and holds batch 4's first element, asked for in slab 0 of the
+    same wave (8 CTAs, one per batch): that is the page's first request."""
+    _check_keys(4, 16, 64, "tn", 4, 8, (512, 0, 0), batch=8)
 
 
 def test_unknown_layouts_give_no_order() -> None:
@@ -164,15 +244,18 @@ def test_access_in_order_single_touch_and_reads_before_writes() -> None:
     assert c.read_fault_count == 100 and c.write_fault_count == 50 and c.fault_count == 150
 
 
-def _gemm_records(order: bool, layouts: str, m: int, n: int, k: int) -> dict[str, float]:
-    """An A100 mm whose operands start on the host, through the replay: its nsys HtoD records, bytes and faults."""
-    rows = _mm_rows(m, n, k)
+def _gemm_records(order: bool, layouts: str, m: int, n: int, k: int, batch: int = 1) -> dict[str, float]:
+    """An A100 mm (``batch`` > 1: a bmm) whose operands start on the host, through the replay: its nsys HtoD
+    records, bytes and faults."""
+    e = 4
+    rows = [(0, 0, batch * m * k * e, False), (1, 0, batch * k * n * e, False), (2, 0, batch * m * n * e, True)]
     sim = UvmSim(80 << 30, UvmKnobs(gemm_tile_order=order), CostParams(), GPU)
     for rid, _, size, _ in rows:
         sim.map_range(rid, size)
         if rid < 2:
             sim.host_write(rid, 0, size)
-    rp = run_one_gemm(sim, GPU, rows, 2.0 * m * n * k, layouts)
+    name = "aten::bmm" if batch > 1 else "aten::mm"
+    rp = run_one_gemm(sim, GPU, rows, 2.0 * batch * m * n * k, layouts, name)
     t = sim.totals
     assert rp.tiled_kernels == int(order and bool(layouts))
     return {"records": t.htod_records, "bytes": t.htod_bytes, "faults": t.fault_count}
@@ -188,6 +271,15 @@ def test_a_gemm_that_fits_moves_more_smaller_records_in_tile_order(layouts: str)
     assert tiled["bytes"] == addr["bytes"] == 2 * m * k * 4
     assert tiled["records"] >= 4 * addr["records"]
     assert tiled["bytes"] / tiled["records"] <= addr["bytes"] / addr["records"] / 4
+
+
+def test_a_batched_gemm_faults_in_tile_order_too() -> None:
+    """A bmm of 16 batches of 512 x 512 x 2048 fp32 (``q @ k.transpose``, ``nt``: 8 KiB storage rows) whose
+    operands start on the host: each batch's operands are read across their storage rows as an mm's are, so its
+    faults come in tile order (before batched GEMMs had a layout and a shape, the address order: 512 records)."""
+    addr, tiled = _gemm_records(False, "nt", 512, 512, 2048, 16), _gemm_records(True, "nt", 512, 512, 2048, 16)
+    assert tiled["bytes"] == addr["bytes"] == 2 * 16 * 512 * 2048 * 4
+    assert tiled["records"] >= 4 * addr["records"] and tiled["faults"] < addr["faults"]
 
 
 def test_resident_or_unknown_layout_gemms_keep_address_order() -> None:
@@ -272,3 +364,47 @@ def test_memoized_schedules_give_the_same_counters_and_state(cap_blocks: int, se
     assert np.array_equal(fast[1], slow[1]) and np.array_equal(fast[2], slow[2])
     assert fast[3] == slow[3]
     assert fast[4] > 0 == slow[4]  # the fast run did replay schedules
+
+
+BMM_WORKLOAD = """
+import torch  # noqa: TID251
+from workloads.base import Workload
+
+DEFAULT_BATCH_SIZE = 8
+OPTIONS = {"heads": 8, "tokens": 256, "dim": 512}
+
+
+def build(cfg, device, options):
+    dev = torch.device(device)
+    h, t, d = options["heads"], options["tokens"], options["dim"]
+    with dev:
+        model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(h, d, d) * 0.01)])
+
+    def make_batch():
+        return torch.randn(h, t, d, device=dev)
+
+    def loss_fn(m, x):
+        y = torch.bmm(x, m[0])  # batched GEMMs only: no mm, no addmm
+        return torch.bmm(y, y.transpose(1, 2)).mean()
+
+    return Workload("bmm_only", model, make_batch, loss_fn, dev)
+"""
+
+
+def test_a_workload_of_batched_gemms_faults_in_tile_order_through_the_cli(tmp_path: Path) -> None:
+    """End to end: a user workload file whose only GEMMs are ``bmm`` runs through ``uvmlab run`` with its batched
+    GEMMs in tile order (result.json ``tiled_kernels``; 0 before batched GEMMs had a layout), and the knob off
+    gives none."""
+    import json
+
+    from uvmlab.cli import main
+
+    wl = tmp_path / "bmm_only.py"
+    wl.write_text(BMM_WORKLOAD)
+    tiled = {}
+    for knob in (1, 0):
+        out = tmp_path / f"run{knob}"
+        argv = ["run", str(wl), "--pca", "off", "--iterations", "2", "--sim-option", f"gemm_tile_order={knob}"]
+        assert main([*argv, "-o", str(out)]) == 0
+        tiled[knob] = json.loads((out / "result.json").read_text())["tiled_kernels"]
+    assert tiled[0] == 0 and tiled[1] >= 2 * 2  # at least the two forward bmm of each iteration

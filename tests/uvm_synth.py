@@ -177,8 +177,8 @@ def live_range(sizes: dict[int, int], index: int, offset: int, size: int) -> tup
     return rid, off, min(size, sizes[rid] - off)
 
 
-def run_one_gemm(sim, gpu, rows: list, flops: float, layouts: str = ""):  # type: ignore[no-untyped-def]
-    """Replay one fp32 ``aten::mm`` kernel touching ``rows`` on ``sim`` (ranges mapped by the caller) on ``gpu``,
+def run_one_gemm(sim, gpu, rows: list, flops: float, layouts: str = "", name: str = "aten::mm"):  # type: ignore[no-untyped-def]
+    """Replay one fp32 GEMM kernel ``name`` touching ``rows`` on ``sim`` (ranges mapped by the caller) on ``gpu``,
     with the trace column ``layout`` ``layouts`` ("" none); the replayer, after checking the simulator's
     invariants."""
     from uvmlab.sim.uvm.replay import _KernelStatics, _Replayer
@@ -189,7 +189,7 @@ def run_one_gemm(sim, gpu, rows: list, flops: float, layouts: str = ""):  # type
         allocated_bytes=np.zeros(1, dtype="int64"),
         is_copy=np.zeros(1, dtype=bool),
         api=[""],
-        names=["aten::mm"],
+        names=[name],
         flops=np.array([float(flops)]),
         layouts=[layouts] if layouts else [],
     )

@@ -30,7 +30,7 @@ from uvmlab.config import WorkloadConfig
 from uvmlab.trace.schema import Trace, read_trace, write_trace
 
 ProgressFn = Callable[[int, int], None]
-CAPTURE_VERSION = 8
+CAPTURE_VERSION = 9
 """Version of the capture rules (recorder, categories, emulation); part of the cache key.
 2: dropout keeps CUDA's 1-byte mask, data-dependent ops emulated, named models, parameters registered on meta.
 3: kernels carry what the CUDA kernel allocates inside itself (``temporaries``, uvmlab.trace.internal_rules).
@@ -38,7 +38,9 @@ CAPTURE_VERSION = 8
 5: a kernel's temporaries made under ``uvm.prefetch_new_allocations`` are marked, and prefetched like the outputs.
 6: data-dependent scalars from CPU values of the seeded inputs (uvmlab.trace.known_values), ``--dtype auto``
 (the header's ``compute_dtype``), fewer layers that keep every kind of layer (workloads.hf_config).
-7: in-place and ``out=`` GEMMs counted as GEMMs (uvmlab.trace.flops), the kernel ``dtype`` column recorded."""
+7: in-place and ``out=`` GEMMs counted as GEMMs (uvmlab.trace.flops), the kernel ``dtype`` column recorded.
+8: a 2-D GEMM's operand layouts (the kernel ``layout`` column, uvmlab.sim.uvm.tile_order).
+9: the ``layout`` of batched GEMMs (``bmm``, ``baddbmm``) too."""
 
 
 def cache_root() -> Path:
@@ -128,12 +130,14 @@ def get_trace(
     """The trace of ``cfg`` from the cache, capturing (and storing) it if absent or unreadable.
 
     A data-parallel job (``cfg.shard``) is its single-GPU capture (cached once for every world size) made into one
-    rank's trace by ``uvmlab.trace.shard.shard_trace``."""
-    if cfg.shard:
-        from uvmlab.trace.shard import shard_trace
+    rank's trace by ``uvmlab.trace.shard.job_trace``."""
+    from uvmlab.trace.shard import job_trace
 
-        base = get_trace(cfg.single_gpu, device, emulate_cuda, progress)
-        return shard_trace(base, cfg.shard, cfg.world_size, cfg.shard_options)
+    return job_trace(cfg, _single_gpu_trace(cfg.single_gpu, device, emulate_cuda, progress))
+
+
+def _single_gpu_trace(cfg: WorkloadConfig, device: str, emulate_cuda: bool, progress: ProgressFn | None) -> Trace:
+    """The cached capture of the single-GPU job ``cfg``, captured and stored if absent or unreadable."""
     entry = cache_root() / cache_key(cfg, device, emulate_cuda)
     trace = _read_valid(entry)
     if trace is not None:

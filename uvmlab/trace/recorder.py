@@ -43,7 +43,7 @@ from uvmlab.trace.flops import estimate_flops
 from uvmlab.trace.internal_allocs import mark_prefetched
 from uvmlab.trace.internal_rules import temporaries
 from uvmlab.trace.schema import KERNEL_OPTIONAL, NEVER_FREED, SCHEMAS, kernel_schema
-from uvmlab.trace.strides import extent_elements, matrix_layout, strided_columns
+from uvmlab.trace.strides import extent_elements, gemm_operand_layout, strided_columns
 
 aten = torch.ops.aten
 NO_KERNEL = frozenset(
@@ -95,19 +95,20 @@ def _dtype_name(dtype: torch.dtype | None, outs: list[Any]) -> str:
     return "" if dtype is None else DTYPE_NAMES.get(str(dtype).removeprefix("torch."), "")
 
 
-GEMM_LAYOUT_OPS = frozenset({"mm", "addmm", "addmm_"})
+GEMM_LAYOUT_OPS = frozenset({"mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_"})
 """aten ops whose two matrix operands (the last two positional arguments) get the kernel column ``layout``."""
 
 
 def _gemm_layout(func: Any, args: tuple[Any, ...]) -> str:
-    """The ``layout`` column of a 2-D GEMM: the BLAS layouts of its two matrices (``strides.matrix_layout``, e.g.
-    ``"nt"`` for ``x @ w.t()``); "" for other ops or when either is neither layout."""
+    """The ``layout`` column of a GEMM: the BLAS layouts of its two matrices or batches of matrices
+    (``strides.gemm_operand_layout``, e.g. ``"nt"`` for ``x @ w.t()``); "" for other ops or when either is neither
+    layout."""
     if func._opname not in GEMM_LAYOUT_OPS or len(args) < 2:
         return ""
     mats = args[-2:]
     if not all(isinstance(t, torch.Tensor) for t in mats):
         return ""
-    out = "".join(matrix_layout(tuple(t.shape), tuple(t.stride())) for t in mats)
+    out = "".join(gemm_operand_layout(tuple(t.shape), tuple(t.stride())) for t in mats)
     return out if len(out) == 2 else ""
 
 

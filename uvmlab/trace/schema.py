@@ -120,8 +120,9 @@ uvmlab.sim.uvm.index_order). The ``stream`` column of the kernels table is the C
 default stream; a program's ``uvm.stream()``); ``temporaries``: what the CUDA kernel
 allocates inside itself and frees before it returns, which the capture device's kernel does not (a JSON list,
 ``uvmlab.trace.internal_allocs``; "" none), turned into allocations by the orchestrator; ``layout``: the BLAS
-layouts of a 2-D GEMM's two matrices (``n`` row-major, ``t`` transposed, e.g. ``"nt"`` for ``x @ w.t()``; ""
-unknown or not a GEMM), which give the order its tiles fault in (uvmlab.sim.uvm.tile_order)."""
+layouts of a GEMM's two matrices (``n`` row-major, ``t`` transposed, e.g. ``"nt"`` for ``x @ w.t()``; a ``bmm``'s
+batches of matrices stored one after another by the layout of each; "" unknown or not a GEMM), which give the
+order its tiles fault in (uvmlab.sim.uvm.tile_order)."""
 ACCESS_ORDERS = ("", "address", "sequential", "strided", "random", "lcg", "gather", "scatter", "tiled")
 """Values of the ``order`` column: "" derived from the op by the replay; "address" every range in address order;
 "sequential" / "strided" each thread its own contiguous chunk of every range, ascending, one access every

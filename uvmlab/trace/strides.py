@@ -70,3 +70,15 @@ def matrix_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
     if (r == 1 or sr == 1) and (c == 1 or sc >= r):
         return "t"
     return ""
+
+
+def gemm_operand_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
+    """BLAS layout of a GEMM operand: a 2-D matrix (:func:`matrix_layout`), or a 3-D batch of matrices stored one
+    after another (``bmm``'s strided batch with batch stride ``rows * cols``; a batch of one whatever its stride)
+    by the layout of its matrices; "" for any other view (a broadcast or padded batch)."""
+    if len(shape) == 3:
+        b, r, c = shape
+        if b != 1 and stride[0] != r * c:
+            return ""
+        shape, stride = shape[1:], stride[1:]
+    return matrix_layout(shape, stride)

@@ -145,11 +145,11 @@ class UvmKnobs:
     GPU memory as the sweeps its tiled GEMM makes over its M operand (uvmlab.sim.uvm.reread), so pages evicted
     within the kernel fault again; 0 = every kernel touches each page once (the model before issue 11's re-reads)."""
     gemm_tile_order: bool = True
-    """MODEL parameter: a 2-D GEMM (``mm``, ``addmm``) whose operands are not all GPU-resident faults its pages in
-    the order its tiles first ask for them (uvmlab.sim.uvm.tile_order: CUTLASS's rasterization, the trace's operand
-    layouts), which spreads a batch's faults over the rows of an operand read across its storage rows; 0 = address
-    order (the model before issue 41 section 3). A kernel whose bytes exceed the GPU and whose tiles sweep it more
-    than once keeps ``gemm_rereads``' passes; one swept once faults in tile order."""
+    """MODEL parameter: a GEMM (``mm``, ``addmm``, ``bmm``, ``baddbmm``) whose operands are not all GPU-resident
+    faults its pages in the order its tiles first ask for them (uvmlab.sim.uvm.tile_order: CUTLASS's rasterization,
+    the trace's operand layouts), which spreads a batch's faults over the rows of an operand read across its
+    storage rows; 0 = address order (the model before issue 41 section 3). A kernel whose bytes exceed the GPU and
+    whose tiles sweep it more than once keeps ``gemm_rereads``' passes; one swept once faults in tile order."""
 
     sim_scale: int = 0
     """MODEL parameter (cost, not physics): replay at 1/``sim_scale`` of the memory (uvmlab.sim.uvm.order,

@@ -53,7 +53,7 @@ from uvmlab.sim.uvm.order import (
     stream_kernel,
     strided_sector_bytes,
 )
-from uvmlab.sim.uvm.reread import CTAS_PER_SM, GEMM_OPS, gemm_passes, mm_operands, occupancy
+from uvmlab.sim.uvm.reread import BATCHED_GEMM_OPS, CTAS_PER_SM, GEMM_OPS, gemm_passes, mm_operands, occupancy
 from uvmlab.sim.uvm.tile_order import TileOrders
 from uvmlab.sim.uvm.timing import CostParams, transfer_time_ns
 from uvmlab.stats.schema import FAULT_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, steady_mean
@@ -121,7 +121,8 @@ class ReplayResult:
     concurrent_kernels: int = 0
     """Traced ops replayed through the concurrent engine (foreach launches whose window exceeds the GPU)."""
     tiled_kernels: int = 0
-    """2-D GEMMs faulted in tile order (uvmlab.sim.uvm.tile_order: operands not all resident, layouts known)."""
+    """GEMMs (2-D and batched) faulted in tile order (uvmlab.sim.uvm.tile_order: operands not all resident, layouts
+    known)."""
     thrashing: dict[str, int] = field(default_factory=dict)
     """Thrashing detection (uvmlab.sim.uvm.thrashing): pages detected, faults throttled, pages pinned."""
     events: list[tuple] | None = None
@@ -210,13 +211,15 @@ class _KernelStatics:
     classes: list[str] = field(default_factory=list)  # native-time class of each kernel (uvm_kernel_class)
     streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
     device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
-    layouts: list[str] = field(default_factory=list)  # a 2-D GEMM's operand layouts (tile_order); [] = none known
+    layouts: list[str] = field(default_factory=list)  # a GEMM's operand layouts (tile_order); [] = none known
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
+    is_batched: list[bool] = field(init=False)  # names[i] is a batched GEMM (reread.BATCHED_GEMM_OPS)
     is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
 
     def __post_init__(self) -> None:
         bases = [op_base(n) for n in self.names]
         self.is_gemm = [b in GEMM_OPS for b in bases]
+        self.is_batched = [b in BATCHED_GEMM_OPS for b in bases]
         self.is_concurrent = [is_foreach(b) for b in bases]
 
 
@@ -471,14 +474,14 @@ class _Replayer:
         return sim.access(rows)
 
     def _tiled(self, i: int, rows: list[tuple[int, int, int, bool]], st: _KernelStatics) -> UvmCounters | None:
-        """A 2-D GEMM whose operands are not all resident, faulted in tile order (uvmlab.sim.uvm.tile_order);
+        """A GEMM whose operands are not all resident, faulted in tile order (uvmlab.sim.uvm.tile_order);
         None when it is resident, advised, or its shapes or layouts are not known (address order then)."""
         sim, e = self.sim, ELEM_BYTES.get(self.dtype)
         if self.tile_orders is None or e is None:
             return None
         if sim.resident(rows) or sim.advised(rows):
             return None
-        mm, layouts = mm_operands(rows, float(st.flops[i]), e), st.layouts[i]
+        mm, layouts = mm_operands(rows, float(st.flops[i]), e, st.is_batched[i]), st.layouts[i]
         if mm is None or not self.tile_orders.known(mm, layouts, e):
             return None
         self.tiled_kernels += 1

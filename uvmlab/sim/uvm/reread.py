@@ -64,6 +64,8 @@ SPLIT_K_MIN = 128
 their splits by closed heuristics, so this floor is our choice, not measured."""
 
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
+BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+"""Batched GEMMs (``op_base`` names): :func:`mm_operands` with ``batched``; no re-read passes (module docstring)."""
 
 
 def sweep_passes(mt: int, nt: int, ctas: int) -> int:
@@ -139,15 +141,17 @@ def _inner_dim(flops: float, e: int, out_bytes: int) -> int | None:
 
 @dataclass(frozen=True)
 class MmOperands:
-    """A 2-D GEMM's operands as PyTorch names them, ``out[m, n] = a[m, k] b[k, n]``, and its shape."""
+    """A GEMM's operands as PyTorch names them, ``out[m, n] = a[m, k] b[k, n]`` (``batch`` such products for a
+    ``bmm`` / ``baddbmm``, each batch's matrices stored one after another), and its shape."""
 
-    others: list[Access]  # reads before ``a`` (addmm's bias)
+    others: list[Access]  # reads before ``a`` (addmm's bias, baddbmm's input)
     a: Access
     b: Access
     writes: list[Access]  # ``out`` first
     m: int
     n: int
     k: int
+    batch: int = 1
 
     @property
     def operands(self) -> list[Access]:
@@ -155,9 +159,12 @@ class MmOperands:
         return [*self.others, self.a, self.b, self.writes[0]]
 
 
-def mm_operands(rows: list[Access], flops: float, e: int) -> MmOperands | None:
-    """The operands and shape of an ``mm`` / ``addmm`` kernel from its sizes and FLOPs (module docstring), or None
-    when they do not give whole, consistent shapes."""
+def mm_operands(rows: list[Access], flops: float, e: int, batched: bool = False) -> MmOperands | None:
+    """The operands and shape of an ``mm`` / ``addmm`` kernel (``batched``: a ``bmm`` / ``baddbmm``) from its sizes
+    and FLOPs (module docstring), or None when they do not give whole, consistent shapes.
+
+    With ``K`` from the FLOPs, ``|a| = B m K e``, ``|b| = B K n e`` and ``|out| = B m n e`` give the batch count
+    ``B = (Bm)(Bn) / (Bmn)``, which must be 1 for a 2-D GEMM."""
     ops = _operands(rows, 2)
     if ops is None:
         return None
@@ -166,10 +173,16 @@ def mm_operands(rows: list[Access], flops: float, e: int) -> MmOperands | None:
     k = _inner_dim(flops, e, out[2])
     if k is None:
         return None
-    m, n = _whole(a[2] / (k * e)), _whole(b[2] / (k * e))
-    if m is None or n is None or m * n * e != out[2]:
+    bm, bn = _whole(a[2] / (k * e)), _whole(b[2] / (k * e))
+    if bm is None or bn is None:
         return None
-    return MmOperands(reads[:-2], a, b, writes, m, n, k)
+    batch = _whole(bm * bn * e / out[2])
+    if batch is None or bm % batch or bn % batch or (batch != 1 and not batched):
+        return None
+    m, n = bm // batch, bn // batch
+    if batch * m * n * e != out[2]:
+        return None
+    return MmOperands(reads[:-2], a, b, writes, m, n, k, batch)
 
 
 def _mm(rows: list[Access], flops: float, e: int, ctas: int) -> list[list[Access]] | None:

@@ -21,14 +21,16 @@ regions, in more transfers. An operand whose contiguous dimension is not ``k`` i
 
 Sources: tiles ``TILE_M x TILE_N x TILE_K`` = 128 x 128 x 8, CUTLASS ``DefaultGemmConfiguration<OpClassSimt, ...>``
 (``ThreadblockShape = GemmShape<128, 128, 8>``, include/cutlass/gemm/device/default_gemm_configuration.h); the
-rasterization as above. Layouts come from the trace (column ``layout``, written by the recorder from the operands'
-strides: ``n`` the last dimension contiguous, ``t`` the one before it).
+rasterization as above; a batched GEMM's (``bmm``, ``baddbmm``) batches run one after another, the batch index the
+grid's slowest dimension (CUTLASS ``GemmBatchedIdentityThreadblockSwizzle``: grid ``(m tiles, n tiles, batches)``,
+``get_batch_idx()`` is ``blockIdx.z``; threadblock_swizzle.h). Layouts come from the trace (column ``layout``,
+written by the recorder from the operands' strides: ``n`` the last dimension contiguous, ``t`` the one before it).
 
 Approximations (docs/uvm-sim.md "GEMM faults in tile order"): the CTAs of a wave advance slab by slab together (a
 real wave's CTAs drift apart and later waves start as CTAs retire, not all at once); cuBLAS's closed kernels pick
 other tiles (64-256 wide on A100) and may split ``k`` (split-K) or swizzle tiles in groups; reads of one slab are
-taken together, before any write; ``addmm``'s bias is read first; an output that is not contiguous is taken as
-contiguous.
+taken together, before any write; ``addmm``'s bias and ``baddbmm``'s input are read first (the epilogue reads them,
+last); an output that is not contiguous is taken as contiguous.
 """
 
 from __future__ import annotations
@@ -64,64 +66,81 @@ KeyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """First-request key of storage elements (row, column), element-wise."""
 
 
-def _page_keys(offset: int, rows: int, cols: int, e: int, key_of: KeyFn) -> OperandOrder:
-    """First-request keys of the pages of a row-major ``[rows, cols]`` storage starting at byte ``offset``.
+def _page_keys(offset: int, rows: int, cols: int, e: int, key_of: KeyFn, batch_rows: int = 0) -> OperandOrder:
+    """First-request keys of the pages of a row-major ``[rows, cols]`` storage starting at byte ``offset``, made of
+    batches of ``batch_rows`` rows each (0: one batch).
 
-    ``key_of(r, c)`` must not decrease along ``c`` nor from one row's first element to the next row's (true of
-    every operand here), so a page's smallest key is that of its first element or of the first element of the
-    next storage row when that row starts inside the page.
+    ``key_of(r, c)`` must not decrease along ``c``, nor from one row's first element to the next row's within a
+    batch, nor from one batch's first element to the next batch's (true of every operand here), so a page's
+    smallest key is that of its first element, of the first element of the next storage row when that row starts
+    inside the page, or of the first element of the next batch when that batch starts inside the page.
     """
     total = rows * cols
     p0 = offset // PAGE_BYTES
     p1 = -(-(offset + total * e) // PAGE_BYTES)
     starts = np.arange(p0, p1, dtype=np.int64) * PAGE_BYTES
+    ends = starts + PAGE_BYTES
     first = np.maximum(0, -(-(starts - offset) // e))  # first element at or after the page start
     first = np.minimum(first, total - 1)
     r, c = first // cols, first % cols
     key = key_of(r, c)
-    nxt = r + 1
-    inside = (nxt < rows) & (offset + nxt * cols * e < starts + PAGE_BYTES)
-    if inside.any():
-        key = np.where(inside, np.minimum(key, key_of(np.minimum(nxt, rows - 1), np.zeros_like(c))), key)
+    zero = np.zeros_like(c)
+    candidates = [r + 1]
+    if 0 < batch_rows < rows:
+        candidates.append((r // batch_rows + 1) * batch_rows)
+    for nxt in candidates:
+        inside = (nxt < rows) & (offset + nxt * cols * e < ends)
+        if inside.any():
+            key = np.where(inside, np.minimum(key, key_of(np.minimum(nxt, rows - 1), zero)), key)
     return OperandOrder(starts, key)
 
 
 def mm_tile_orders(mm: MmOperands, layouts: str, e: int, ctas: int) -> list[OperandOrder] | None:
-    """Per operand of an ``mm`` / ``addmm`` (``[*others, a, b, out]``), its pages and first-request keys in the tile
-    order (module docstring); None when a layout is not ``n`` or ``t``.
+    """Per operand of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (``[*others, a, b, out]``), its pages and
+    first-request keys in the tile order (module docstring); None when a layout is not ``n`` or ``t``.
 
-    ``layouts``: the layouts of ``a`` and ``b`` (e.g. ``"nt"``); ``ctas``: the CTAs resident at once (one wave).
+    ``layouts``: the layouts of ``a`` and ``b`` (e.g. ``"nt"``); ``ctas``: the CTAs resident at once (one wave). A
+    batched GEMM's grid is its batches' grids one after another (the batch index is the grid's slowest dimension,
+    ``blockIdx.z`` in CUTLASS's ``GemmBatchedIdentityThreadblockSwizzle``), so CTA ``batch * tiles + c`` computes
+    tile ``c`` of its batch.
     """
     if len(layouts) != 2 or any(x not in LAYOUTS for x in layouts):
         return None
-    m, n, k = mm.m, mm.n, mm.k
+    m, n, k, nb = mm.m, mm.n, mm.k, mm.batch
     mt = -(-n // TILE_M)  # tiles along the GEMM's M (PyTorch n), rasterized fastest
-    n_ctas = mt * -(-m // TILE_N)
+    tiles = mt * -(-m // TILE_N)  # CTAs of one batch
+    n_ctas = tiles * nb
     slabs = -(-k // TILE_K)
     w = max(1, ctas)
 
     def rank(cta: np.ndarray, slab: np.ndarray) -> np.ndarray:
         return ((cta // w) * (slabs + 1) + slab) * n_ctas + cta
 
-    def a_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (m, k) of a
-        mm_, kk = (row, col) if layouts[0] == "n" else (col, row)
-        return rank((mm_ // TILE_N) * mt, kk // TILE_K)
+    def split(row: np.ndarray, per_batch: int) -> tuple[np.ndarray, np.ndarray]:  # storage row -> (batch, row)
+        return row // per_batch, row % per_batch
 
-    def b_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (k, n) of b
-        kk, nn = (row, col) if layouts[1] == "n" else (col, row)
-        return rank(nn // TILE_M, kk // TILE_K)
+    def a_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (batch, m, k) of a
+        bt, r = split(row, a_rows)
+        mm_, kk = (r, col) if layouts[0] == "n" else (col, r)
+        return rank(bt * tiles + (mm_ // TILE_N) * mt, kk // TILE_K)
 
-    def out_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (m, n) of out, after the last slab
-        return rank((row // TILE_N) * mt + col // TILE_M, np.full_like(row, slabs))
+    def b_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (batch, k, n) of b
+        bt, r = split(row, b_rows)
+        kk, nn = (r, col) if layouts[1] == "n" else (col, r)
+        return rank(bt * tiles + nn // TILE_M, kk // TILE_K)
 
-    a_shape = (m, k) if layouts[0] == "n" else (k, m)
-    b_shape = (k, n) if layouts[1] == "n" else (n, k)
-    out = [  # the bias: read before the main loop
+    def out_key(row: np.ndarray, col: np.ndarray) -> np.ndarray:  # element (batch, m, n) of out, after its last slab
+        bt, r = split(row, m)
+        return rank(bt * tiles + (r // TILE_N) * mt + col // TILE_M, np.full_like(row, slabs))
+
+    a_rows, a_cols = (m, k) if layouts[0] == "n" else (k, m)
+    b_rows, b_cols = (k, n) if layouts[1] == "n" else (n, k)
+    out = [  # the bias / input: read before the main loop
         _page_keys(row[1], 1, max(1, row[2] // e), e, lambda r, c: np.full_like(r, -1)) for row in mm.others
     ]
-    out.append(_page_keys(mm.a[1], *a_shape, e, a_key))
-    out.append(_page_keys(mm.b[1], *b_shape, e, b_key))
-    out.append(_page_keys(mm.writes[0][1], m, n, e, out_key))
+    out.append(_page_keys(mm.a[1], nb * a_rows, a_cols, e, a_key, a_rows))
+    out.append(_page_keys(mm.b[1], nb * b_rows, b_cols, e, b_key, b_rows))
+    out.append(_page_keys(mm.writes[0][1], nb * m, n, e, out_key, m))
     return out
 
 
@@ -137,8 +156,8 @@ class _Plan:
 
 
 class TileOrders:
-    """The tile-order fault stages of ``mm`` / ``addmm`` kernels, memoized on everything but the operands' ranges
-    (a training step runs the same GEMM shapes every iteration)."""
+    """The tile-order fault stages of GEMM kernels (``mm``, ``addmm``, ``bmm``, ``baddbmm``), memoized on everything
+    but the operands' ranges (a training step runs the same GEMM shapes every iteration)."""
 
     def __init__(self, ctas: int) -> None:
         self.ctas = ctas
@@ -186,7 +205,7 @@ class TileOrders:
     @staticmethod
     def _key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
         ops = mm.operands
-        return (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[1] % PAGE_BYTES, r[2]) for r in ops))
+        return (mm.m, mm.n, mm.k, mm.batch, layouts, e, len(mm.others), *((r[1] % PAGE_BYTES, r[2]) for r in ops))
 
     @staticmethod
     def schedule_key(mm: MmOperands, layouts: str, e: int) -> tuple[object, ...]:
@@ -198,7 +217,7 @@ class TileOrders:
         for r in ops:
             g = groups.setdefault(r[0], len(groups))
             places.append((g, r[1] % VA_BLOCK_BYTES if sum(x[0] == r[0] for x in ops) == 1 else r[1]))
-        return (mm.m, mm.n, mm.k, layouts, e, len(mm.others), *((r[2],) for r in ops), *places)
+        return (mm.m, mm.n, mm.k, mm.batch, layouts, e, len(mm.others), *((r[2],) for r in ops), *places)
 
     def _plan(self, mm: MmOperands, layouts: str, e: int) -> _Plan | None:
         orders = mm_tile_orders(mm, layouts, e, self.ctas)
