@@ -160,7 +160,6 @@ class UvmSim(
         self._full_raw = min(
             float(self.knobs.fault_batch_count), self.knobs.pages_per_batch * self.costs.raw_entries_per_fault
         )
-        self._full_batch_ns = self.costs.batch_turnaround_ns + self.costs.fault_entry_ns * self._full_raw
         self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
         self.totals = UvmCounters()
         self._k = UvmCounters()

@@ -316,27 +316,24 @@ class FaultService:
         for b in sched.last_order:
             self._lrm.move_to_end(slots[b])
         bf = sched.batch_faults
-        n_w = int(bf[sched.batch_writes].sum())
         raw = np.minimum(float(self.knobs.fault_batch_count), bf * costs.raw_entries_per_fault)
-        k.fault_batch_count += int(bf.size)
-        k.fault_count += int(bf.sum())
-        k.write_fault_count += n_w
-        k.read_fault_count += int(bf.sum()) - n_w
-        k.raw_fault_entries += float(raw.sum())
-        k.stall_ns += bf.size * costs.batch_turnaround_ns + costs.fault_entry_ns * float(raw.sum())
+        self._count_batches(int(bf.size), int(bf.sum()), int(bf[sched.batch_writes].sum()), float(raw.sum()))
+
+    def _count_batches(self, batches: int, faults: int, write_faults: int, raw: float) -> None:
+        """Count ``batches`` closed fault batches holding ``faults`` faults (``write_faults`` of them writes) and
+        ``raw`` fault-buffer entries, and their stall: a turnaround per batch and ``fault_entry_ns`` per entry."""
+        k, costs = self._k, self.costs
+        k.fault_batch_count += batches
+        k.fault_count += faults
+        k.write_fault_count += write_faults
+        k.read_fault_count += faults - write_faults
+        k.raw_fault_entries += raw
+        k.stall_ns += batches * costs.batch_turnaround_ns + costs.fault_entry_ns * raw
 
     def _close_batch(self) -> None:
-        k, costs = self._k, self.costs
         n = -(-self._open_faults // self._g)  # faults are host pages; the bitmaps count 4 KiB pages
-        raw = min(float(self.knobs.fault_batch_count), n * costs.raw_entries_per_fault)
-        k.fault_batch_count += 1
-        k.fault_count += n
-        if self._kind == "write":
-            k.write_fault_count += n
-        else:
-            k.read_fault_count += n
-        k.raw_fault_entries += raw
-        k.stall_ns += costs.batch_turnaround_ns + costs.fault_entry_ns * raw
+        raw = min(float(self.knobs.fault_batch_count), n * self.costs.raw_entries_per_fault)
+        self._count_batches(1, n, n if self._kind == "write" else 0, raw)
         if self.events is not None:
             self.events.append(("batch", self._kind, n, self._open_blocks))
         self._open_faults = 0
@@ -344,16 +341,8 @@ class FaultService:
 
     def _close_full_batches(self, n: int) -> None:
         """Close ``n`` batches of exactly ``pages_per_batch`` faults each (no events: fast path only)."""
-        k = self._k
         nf = n * (self._per_batch // self._g)
-        k.fault_batch_count += n
-        k.fault_count += nf
-        if self._kind == "write":
-            k.write_fault_count += nf
-        else:
-            k.read_fault_count += nf
-        k.raw_fault_entries += n * self._full_raw
-        k.stall_ns += n * self._full_batch_ns
+        self._count_batches(n, nf, nf if self._kind == "write" else 0, n * self._full_raw)
 
     def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
         k = self._k
@@ -597,26 +586,16 @@ class FaultService:
                     self.thr_note_gpu(s, plan.union)
         self.populated_gpu_bytes += (zero_pages + htod_pages) * PAGE_BYTES
         nf = close_faults + n_full * (self._per_batch // g)
-        k.fault_batch_count += n_closes + n_full
-        k.fault_count += nf
-        if self._kind == "write":
-            k.write_fault_count += nf
-        else:
-            k.read_fault_count += nf
-        k.raw_fault_entries += close_raw + n_full * self._full_raw
+        self._count_batches(
+            n_closes + n_full, nf, nf if self._kind == "write" else 0, close_raw + n_full * self._full_raw
+        )
         k.zero_fill_bytes += zero_pages * PAGE_BYTES
         k.htod_count += htod_runs
         k.htod_records += htod_recs
         k.htod_bytes += htod_pages * PAGE_BYTES
         k.fault_htod_bytes += fault_h * PAGE_BYTES
         k.prefetch_htod_bytes += (htod_pages - fault_h) * PAGE_BYTES
-        k.stall_ns += (
-            stall
-            + n_closes * costs.batch_turnaround_ns
-            + costs.fault_entry_ns * close_raw
-            + n_full * self._full_batch_ns
-            + first_gpu * costs.block_first_gpu_ns
-        )
+        k.stall_ns += stall + first_gpu * costs.block_first_gpu_ns
 
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
         npages = self._npages[s]
