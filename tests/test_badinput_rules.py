@@ -534,3 +534,18 @@ def test_the_table_readers_keep_what_pandas_reads(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(
         read_parquet_file(tmp_path / "f.parquet", 1 << 20, "a table"), pd.read_parquet(tmp_path / "f.parquet")
     )
+
+
+def test_library_output_checks_apply_the_command_line_rules(tmp_path: Path) -> None:
+    """check_output_file / check_output_folder (the API's checks) refuse what ``check_paths`` refuses on a command
+    line: an output folder holding an input folder too (before, only an input file was refused there), and name no
+    option for an input that has none."""
+    data = tmp_path / "out" / "data"
+    data.mkdir(parents=True)
+    with pytest.raises(InputError, match=r"holds the input .*data; choose another output folder"):
+        check_output_folder(tmp_path / "out", ["result.json"], inputs=[data])
+    (tmp_path / "in.json").write_text("{}")
+    with pytest.raises(InputError) as err:
+        check_output_file(tmp_path / "in.json", inputs=[tmp_path / "in.json"], force=True)
+    assert str(err.value).endswith("is also an input of this command; choose another output path")
+    check_output_folder(tmp_path / "elsewhere", ["result.json"], inputs=[data])  # no overlap: accepted

@@ -19,14 +19,13 @@ PEER_NAMES = ("xmem", "dnnmem-reported", "schedtune")
 MAX_PER_RUN_ROWS = 40
 
 
-def _output_rundir(output: str | None, inputs: list[Any], force: bool) -> Any:
-    """The prepared (locked, owned) RunDir of ``-o`` before any work starts, or None without ``-o``."""
+def _output_rundir(output: str | None, force: bool) -> Any:
+    """The prepared (locked, owned) RunDir of ``-o`` before any work starts, or None without ``-o`` (an input as
+    ``-o`` was refused with the command's other paths: uvmlab.cli.options.check_command_paths)."""
     if not output:
         return None
-    from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.files.rundir import RunDir
 
-    refuse_input_as_output(output, inputs)
     return RunDir.for_writing(output, force)
 
 
@@ -97,7 +96,7 @@ def evaluate_cmd(
     from uvmlab.evaluate.harness import evaluate, write_evaluation
 
     src = Path(ground_truth)
-    rd = _output_rundir(output, [src], force)
+    rd = _output_rundir(output, force)
     cases, skipped = load_ground_truth(src, parse_bytes(gpu_memory), max_warm, allow_code=allow_code)
     names: tuple[str, ...] = estimators or ESTIMATOR_NAMES
     if not estimators:
@@ -193,7 +192,7 @@ def fragmentation_cmd(
     from uvmlab.evaluate.fragmentation import STWEAVER_REPORTED, characterize_source, write_fragmentation
 
     cfg = workload_config(source, **kw)
-    rd = _output_rundir(output, [source] if Path(source).exists() else [], force)
+    rd = _output_rundir(output, force)
     with err.status(plain(f"tracing, simulating and planning {source}...")):
         frag = characterize_source(source, cfg, device, grouping, gpu)
     if output:
@@ -295,7 +294,7 @@ def colocate_cmd(
 
     spec = get_gpu(gpu, gpu_memory)
     base = workload_config("jobs", **kw)
-    rd = _output_rundir(output, [j.split(":")[0] for j in jobs if Path(j.split(":")[0]).exists()], force)
+    rd = _output_rundir(output, force)
     with err.status("tracing and placing jobs...") as status:
         res = colocate_workloads(
             jobs, spec, base, parse_bytes(margin), simulate, progress=lambda m: status.update(plain(m))

@@ -199,13 +199,12 @@ def compare_cmd(run_a: Path, run_b: Path, out: Path | None, force: bool, fmt: st
     Works for measured vs simulated and for two simulated runs (e.g. PCA on vs off). Relative error is
     (B - A) / |A|; n/a where either side lacks the figure. With -o, writes comparison.json, tables and figures.
     """
-    from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.measure.compare import compare_runs
     from uvmlab.report.compare_figures import ComparisonDir, write_comparison
 
     folder = None
-    if out is not None:  # before anything is computed: an input, a run directory, a second writer are refused
-        refuse_input_as_output(out, [run_a, run_b])
+    if out is not None:  # before anything is computed: a run directory, a second writer are refused (an input
+        # as -o was refused with the command's other paths: uvmlab.cli.options.check_command_paths)
         folder = ComparisonDir(out, figure_format=figure_format)
         folder.prepare(force=force)
     try:

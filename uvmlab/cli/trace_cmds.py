@@ -109,15 +109,12 @@ def trace_capture(
 ) -> None:
     """Capture N training iterations of WORKLOAD into the trace folder -o DIR and print its summary."""
     # (terms: see uvmlab trace show --help)
-    from pathlib import Path
 
     cfg = workload_config(workload, **kw)  # the settings are checked before torch is imported
 
     from uvmlab.console import progress_bar
-    from uvmlab.files.outputs import refuse_input_as_output
     from uvmlab.trace.schema import TraceFolder, write_trace
 
-    refuse_input_as_output(out_dir, [workload] if Path(workload).exists() else [])
     TraceFolder(out_dir).check(force)  # a folder uvmlab may not write is refused before torch is loaded
 
     from workloads.registry import load_workload, workload_identity

@@ -35,14 +35,6 @@ def same_path(a: PathLike, b: PathLike) -> bool:
     return pa.resolve() == pb.resolve()
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    try:
-        child.resolve().relative_to(parent.resolve())
-    except ValueError:
-        return False
-    return True
-
-
 def _strictly_inside(child: PathLike, parent: PathLike) -> bool:
     """True if ``child`` lies under ``parent`` (links resolved) and is not ``parent`` itself."""
     c, p = os.path.realpath(child), os.path.realpath(parent)
@@ -85,26 +77,13 @@ def check_paths(outputs: Iterable[tuple[str, PathLike, bool]], inputs: Iterable[
                     f"{opt} {path} is inside the output folder {opt2} {path2}; give outputs that do not overlap"
                 )
         for opt2, src in ins:
+            named = f" ({opt2})" if opt2 else ""
             if same_path(path, src):
-                raise InputError(f"{opt} {path} is also an input of this command ({opt2}); choose another output path")
+                raise InputError(f"{opt} {path} is also an input of this command{named}; choose another output path")
             if src.is_dir() and _strictly_inside(path, src):
                 raise InputError(f"{opt} {path} is inside the input folder {src}; choose an output outside it")
             if folder and _strictly_inside(src, path) and not _uvmlabs_own(path, src):
                 raise InputError(f"{opt} {path} holds the input {src}; choose another output folder")
-
-
-def refuse_input_as_output(out: PathLike, inputs: Iterable[PathLike | None], option: str = "-o") -> None:
-    """Refuse an output equal to one of ``inputs``, inside an input folder, or a folder holding an input file,
-    whatever ``--force`` says (links resolved)."""
-    for src in inputs:
-        if src is None:
-            continue
-        if same_path(out, src):
-            raise InputError(f"{option} {out} is also an input of this command; choose another output path")
-        if Path(src).is_dir() and _inside(Path(out), Path(src)):
-            raise InputError(f"{option} {out} is inside the input folder {src}; choose an output outside it")
-        if Path(src).is_file() and _inside(Path(src), Path(out)) and Path(out).is_dir():
-            raise InputError(f"{option} {out} holds the input {src}; choose another output folder")
 
 
 def check_output_file(
@@ -112,7 +91,7 @@ def check_output_file(
 ) -> Path:
     """Validate an output FILE path: not an input, not a folder, not existing unless ``force``; return it."""
     path = Path(out)
-    refuse_input_as_output(path, inputs, option)
+    check_paths([(option, path, False)], [("", src) for src in inputs])
     if path.is_dir():
         raise InputError(f"{option} {path} is a folder; give a file name")
     if path.exists() or path.is_symlink():
@@ -137,7 +116,7 @@ def check_output_folder(
     """Validate an output FOLDER that will receive ``names``: not an input, not a file, and none of ``names``
     present unless ``force`` (other files in the folder are left alone)."""
     path = Path(out)
-    refuse_input_as_output(path, inputs, option)
+    check_paths([(option, path, True)], [("", src) for src in inputs])
     if path.is_symlink():
         raise InputError(f"{option} {path} is a symbolic link; give the folder itself")
     if path.exists() and not path.is_dir():

@@ -297,10 +297,10 @@ def _output_rundir(out: str | os.PathLike[str] | None, root: Path, force: bool) 
     ``out`` may not be the data folder (or a file in it) whatever ``--force`` says (uvmlab.files.outputs)."""
     if out is None:
         return None
-    from uvmlab.files.outputs import refuse_input_as_output
+    from uvmlab.files.outputs import check_paths
     from uvmlab.files.rundir import RunDir
 
-    refuse_input_as_output(out, [root])
+    check_paths([("-o", out, True)], [("the data folder", root)])
     return RunDir.for_writing(out, force)
 
 
