@@ -303,3 +303,21 @@ def test_orchestrator_keeps_gathered_parameters_transient(full: object) -> None:
     assert len(gathered) and (gathered["free_seq"] != NEVER_FREED).all()
     setup = a[(a["category"] == "parameter") & (a["phase"] == "setup")]
     assert (setup["free_seq"] == NEVER_FREED).all()
+
+
+def test_a_data_parallel_job_is_the_same_trace_captured_or_cached(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``capture_trace`` (``uvmlab trace capture --shard``) and ``get_trace`` (``uvmlab run --shard``) make a job's
+    trace in one place (uvmlab.trace.shard.job_trace): the same tables, the same rank-0 summary and the single-GPU
+    config in both headers (the capture recorded the job's own config, with its layout, before)."""
+    import pandas as pd
+
+    from uvmlab.trace.cache import get_trace
+    from uvmlab.trace.capture import capture_trace
+
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
+    cfg = WorkloadConfig("docs/examples/tiny_mlp.py", iterations=2, shard="ddp", world_size=4)
+    captured, cached = capture_trace(cfg), get_trace(cfg)
+    assert captured.header["config"] == cached.header["config"] == cfg.single_gpu.to_dict()
+    assert captured.header["shard"] == cached.header["shard"] and captured.header["shard"]["world_size"] == 4
+    for name in ("allocations", "kernels", "accesses"):
+        pd.testing.assert_frame_equal(getattr(captured, name), getattr(cached, name))

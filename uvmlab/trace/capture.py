@@ -53,6 +53,7 @@ from uvmlab.trace.known_values import KnownLiterals, KnownValues
 from uvmlab.trace.param_map import ParamMap
 from uvmlab.trace.recorder import Recorder
 from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.trace.shard import job_trace
 from workloads.base import common_option
 from workloads.program import PROGRAM_PHASE
 from workloads.registry import load_workload
@@ -226,8 +227,10 @@ def capture_trace(
     ``emulate_cuda=False`` turns off the SDPA routing (for comparing meta with CPU captures); foreach optimizers
     are always used. On ``cpu`` the computation really runs (only small configurations fit in RAM), with the
     CPU's own SDPA kernel and CPU autocast; with ``check_memory`` a meta capture first checks that the peak
-    fits in RAM (paper-size models do not: GPT-2 at batch 8 was killed at 24 GB).
+    fits in RAM (paper-size models do not: GPT-2 at batch 8 was killed at 24 GB). A data-parallel job is captured on
+    one GPU (``cfg.single_gpu``) and made into its rank-0 trace (uvmlab.trace.shard.job_trace).
     """
+    job, cfg = cfg, cfg.single_gpu
     if device not in CAPTURE_DEVICES:
         raise InputError(f"capture device must be one of {', '.join(CAPTURE_DEVICES)}, not {device!r}")
     spec = load_workload(cfg.workload)
@@ -362,11 +365,7 @@ def capture_trace(
     }
     trace = Trace(header=header, **tables)
     trace.validate(f"captured trace of {cfg.workload}")
-    if cfg.shard:  # one rank of a data-parallel job (uvmlab.trace.shard)
-        from uvmlab.trace.shard import shard_trace
-
-        return shard_trace(trace, cfg.shard, cfg.world_size, cfg.shard_options)
-    return trace
+    return job_trace(job, trace)
 
 
 def _train(

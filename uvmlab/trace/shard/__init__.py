@@ -10,21 +10,30 @@ into it or reads from it. The layouts (``WorkloadConfig.shard``, uvmlab.config.S
 - ``fsdp``: PyTorch FullyShardedDataParallel, FULL_SHARD; ``fsdp2``: ``fully_shard`` (uvmlab.trace.shard.fsdp).
 
 Rank 0 is modelled: under dim-0 chunking it holds the largest shard. The trace must carry the capture's parameter
-map (uvmlab.trace.param_map). ``uvmlab.trace.cache.get_trace`` applies this to the cached single-GPU capture, so every
-world size shares one capture.
+map (uvmlab.trace.param_map). :func:`job_trace` is the one place a job's trace is made from its single-GPU capture
+(``uvmlab.trace.cache.get_trace`` applies it to the cached capture, so every world size shares one capture;
+``uvmlab.trace.capture.capture_trace`` to a fresh one).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from uvmlab.config import SHARD_MODES
+from uvmlab.config import SHARD_MODES, WorkloadConfig
 from uvmlab.errors import InputError
 from uvmlab.trace.schema import Trace
 from uvmlab.trace.shard.ddp import ddp
 from uvmlab.trace.shard.fsdp import fsdp1, fsdp2
 from uvmlab.trace.shard.layout import Layout
 from uvmlab.trace.shard.zero import zero3, zero12, zero_config
+
+
+def job_trace(cfg: WorkloadConfig, single_gpu: Trace) -> Trace:
+    """The trace of job ``cfg`` from the capture of ``cfg.single_gpu``: rank 0's trace of a data-parallel job
+    (``cfg.shard``: :func:`shard_trace`), else the capture itself."""
+    if not cfg.shard:
+        return single_gpu
+    return shard_trace(single_gpu, cfg.shard, cfg.world_size, cfg.shard_options)
 
 
 def shard_trace(trace: Trace, mode: str, world_size: int, options: dict[str, Any] | None = None) -> Trace:
