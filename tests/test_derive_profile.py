@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -24,10 +25,12 @@ BASE = {
 }
 
 
-def _fake_fit(monkeypatch: pytest.MonkeyPatch, link: float | None) -> None:
-    monkeypatch.setattr(read, "open_export", lambda path: path)
+def _fake_fit(monkeypatch: pytest.MonkeyPatch, link: float | None, cpu_fault: float | None = None) -> None:
+    monkeypatch.setattr(read, "open_export", contextlib.nullcontext)
     info = {"migrations": 7} if link else {"reason": "no UM migrations"}
     monkeypatch.setattr(calibrate, "fit_link_bandwidth", lambda ex: (link, info))
+    cpu_info = {"gaps": 9, "cpu_faults": 12} if cpu_fault else {"reason": "no CPU faults"}
+    monkeypatch.setattr(calibrate, "fit_cpu_fault_ns", lambda ex: (cpu_fault, cpu_info))
 
 
 def test_fault_path_from_the_base_link_from_the_export_kernels_from_the_defaults(
@@ -46,6 +49,17 @@ def test_fault_path_from_the_base_link_from_the_export_kernels_from_the_defaults
     assert doc["gpu"] == "A100-80GB" and doc["link"] == "PCIe 4.0 x16"
     assert doc["fitted_on"] == ["x.sqlite: 7 UM migrations -> link_bytes_per_s", "(from RTX5090) fault_scale line"]
     assert CostParams.from_file(path).link_bytes_per_s == 2.5e10  # a loadable parameter file
+    assert p["cpu_fault_ns"] == BASE["params"]["cpu_fault_ns"]  # the export has no CPU fault: the base's
+
+
+def test_the_host_cpu_fault_cost_is_fitted_where_the_export_has_cpu_faults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_fit(monkeypatch, 2.5e10, cpu_fault=41_700.0)
+    path = calibrate_uvm.derive_profile(tmp_path / "p.json", "A100-80GB", BASE, tmp_path / "x.sqlite", CostParams())
+    doc = json.loads(path.read_text())
+    assert doc["params"]["cpu_fault_ns"] == 41_700.0
+    assert "x.sqlite: 9 gaps between CPU faults -> cpu_fault_ns" in doc["fitted_on"]
 
 
 def test_an_export_without_a_link_fit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,15 @@ Fits (approximations, also in docs/nsys.md):
     minus the model's other terms (fault entries × ``fault_entry_ns`` × ``raw_entries_per_fault``, distinct 2 MiB
     VA blocks × ``block_service_ns``, and the transfer time of the UM migrations that start inside the batch at the
     fitted link bandwidth); the median over batches, floored at 0, is the fitted turnaround.
+``cpu_fault_ns``
+    From the device-to-host UM migrations CPU page faults cause (:func:`fit_cpu_fault_ns`): a CPU fault migrates
+    its faulted page (a record of cause "fault") and what the CPU-side prefetcher adds (the "prefetch" records
+    that follow it before the next fault record). Between two such groups in one 2 MiB block the CPU returns from
+    the first fault, runs the program over the pages it brought, and takes the next fault up to its first copy, so
+    the gap is ``a + b x KiB`` brought by the first group: ``a`` is the fault path outside the copies (the model's
+    ``cpu_fault_ns``; it adds the transfers itself) and ``b`` the program's own work. Least squares over the
+    within-block gaps; needs ``MIN_SAMPLES`` of them over at least two sizes. Approximations: the program's work is
+    linear in the bytes a fault brings (a pass over them), and the fault cost does not depend on its size.
 ``compute_efficiency``, ``gemm_efficiency`` and ``memory_efficiency`` (the kernel time scale)
     Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
     matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
@@ -86,6 +95,43 @@ def fit_link_bandwidth(
                 }
             )
     return link, {"migrations": len(rows), "by_size": buckets}
+
+
+def fit_cpu_fault_ns(ex: Export) -> tuple[float | None, dict[str, Any]]:
+    """Fitted host cost of one CPU page fault besides its transfers (ns), from the device-to-host migrations of the
+    CPU faults (module docstring), or None with the reason."""
+    t = S.MEMCPY
+    if not {"migrationCause", "virtualAddress"} <= set(ex.columns(t)):
+        return None, {"reason": "no UM migrations with a cause and an address in the export"}
+    rows = ex.query(
+        f'SELECT start, "end", bytes, migrationCause, virtualAddress FROM {t} '
+        f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} AND migrationCause IS NOT NULL AND virtualAddress IS NOT NULL "
+        f"ORDER BY start LIMIT {MAX_FAULT_ROWS}"
+    )
+    a = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    first = np.flatnonzero(a[:, 3] == S.MIGRATION_CAUSE_FAULT)
+    if len(first) < 2:
+        return None, {"reason": f"{len(first)} device-to-host migrations caused by a CPU fault (< 2)"}
+    a = a[first[0] :]
+    first = first - first[0]
+    start, end = a[first, 0], np.maximum.reduceat(a[:, 1], first)
+    kib = np.add.reduceat(a[:, 2], first) / 1024.0
+    block = a[first, 4] // VA_BLOCK_BYTES
+    same = block[1:] == block[:-1]  # the next fault in the same 2 MiB block
+    gap_us, size = (start[1:] - end[:-1])[same] / 1e3, kib[:-1][same]
+    if len(gap_us) < MIN_SAMPLES or len(np.unique(size)) < 2:
+        return None, {"reason": f"{len(gap_us)} gaps between CPU faults in one block over {len(np.unique(size))} sizes"}
+    (fixed_us, per_kib_us), *_ = np.linalg.lstsq(np.vstack([np.ones(len(size)), size]).T, gap_us, rcond=None)
+    info = {
+        "cpu_faults": len(first),
+        "gaps": len(gap_us),
+        "fixed_us": float(fixed_us),
+        "program_us_per_kib": float(per_kib_us),
+        "median_gap_us_by_kib": {f"{k:g}": float(np.median(gap_us[size == k])) for k in np.unique(size)},
+    }
+    if fixed_us <= 0:
+        return None, {**info, "reason": "the gaps give no positive fixed cost per fault"}
+    return float(fixed_us) * 1e3, info
 
 
 def fit_batch_turnaround(ex: Export, base: CostParams, link: float | None) -> tuple[float | None, dict[str, Any]]:
@@ -236,6 +282,9 @@ def calibrate(
         link, details["link_bytes_per_s"] = fit_link_bandwidth(ex)
         if link is not None and math.isfinite(link) and link > 0:
             fitted["link_bytes_per_s"] = link
+        cpu_fault, details["cpu_fault_ns"] = fit_cpu_fault_ns(ex)
+        if cpu_fault is not None:
+            fitted["cpu_fault_ns"] = cpu_fault
         turnaround, details["batch_turnaround_ns"] = fit_batch_turnaround(ex, params, fitted.get("link_bytes_per_s"))
         if turnaround is not None:
             fitted["batch_turnaround_ns"] = turnaround

@@ -12,7 +12,9 @@ never fitted. For the RTX 5090 (driver 575) profile:
    per-block service, fresh-block cost, eviction fixed cost; their Titan V / literature defaults keep their
    ratios). Fitted on **GCN 5M without user prefetch** (no oversubscription: the epoch is native time plus the
    faults and zero-fill of ~233k freshly allocated 2 MiB blocks). The epoch time is linear in s, so two
-   simulations give it exactly.
+   simulations give it exactly. ``cpu_fault_ns`` is not scaled (GCN takes no CPU fault, so its epoch says nothing
+   of them; scaled, it came out 4.95 us): it keeps ``CostParams``' 30 us [I], which the CPU faults of the real
+   exports bracket (24.5 us on an RTX 4060 laptop, 41.7 us on an A100 host: scorecard check ``nsys-cpu-faults``).
 2. ``sector_memory_efficiency`` (DRAM efficiency of lone 32 B sectors, one per 4 KiB page: uvmbench's
    page-strided kernels) fitted on **uvmbench seq_stream in device mode at 0.5x** (no UVM: the time is the
    native kernel's, inversely proportional to the efficiency).
@@ -46,7 +48,6 @@ FAULT_PATH = (
     "block_service_ns",
     "block_first_gpu_ns",
     "evict_fixed_ns",
-    "cpu_fault_ns",
 )
 GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
@@ -310,13 +311,15 @@ def derive_profile(
     path: Path, gpu_name: str, base_doc: dict[str, Any], nsys_export: Path, base_gpu_defaults: CostParams
 ) -> Path:
     """A profile for a GPU with only an nsys export: the fault-path constants of ``base_doc`` (the newest driver
-    we have timings for), its own link bandwidth fitted on the export's UM migrations (``uvmlab.measure.calibrate``),
-    and
-    the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
-    from uvmlab.measure.calibrate import fit_link_bandwidth
+    we have timings for), its own link bandwidth and host CPU-fault cost fitted on the export's UM migrations
+    (``uvmlab.measure.calibrate``: ``fit_link_bandwidth``, ``fit_cpu_fault_ns``, where the export has CPU faults),
+    and the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
+    from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth
     from uvmlab.measure.nsys.read import open_export
 
-    link, info = fit_link_bandwidth(open_export(nsys_export))
+    with open_export(nsys_export) as ex:
+        link, info = fit_link_bandwidth(ex)
+        cpu_fault, cpu_info = fit_cpu_fault_ns(ex)
     if link is None:
         raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
     params = dict(base_doc["params"])
@@ -324,6 +327,8 @@ def derive_profile(
 
     params.update({f: getattr(base_gpu_defaults, f) for f in GPU_FIELDS if f != "link_bytes_per_s"})
     params.update(link_bytes_per_s=link, zero_fill_bytes_per_s=None)
+    if cpu_fault is not None:
+        params["cpu_fault_ns"] = cpu_fault
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
@@ -333,6 +338,11 @@ def derive_profile(
         "source": "uvmlab.measure.profile_fit.derive_profile",
         "fitted_on": [
             f"{nsys_export.name}: {info['migrations']} UM migrations -> link_bytes_per_s",
+            *(
+                [f"{nsys_export.name}: {cpu_info['gaps']} gaps between CPU faults -> cpu_fault_ns"]
+                if cpu_fault is not None
+                else []
+            ),
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]
@@ -340,7 +350,7 @@ def derive_profile(
             ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
-        "fit": {"link": info},
+        "fit": {"link": info, "cpu_fault": cpu_info},
         "params": params,
     }
     atomic_write_json(path, doc)

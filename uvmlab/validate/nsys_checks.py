@@ -11,6 +11,12 @@ their total transfer time and their median achieved bandwidth per transfer size,
 transfer model (:func:`uvmlab.sim.uvm.timing.transfer_time_ns`, UVMSmart's atan curve). Exports without DtoH
 migrations give only fitted points. Known miss (no band promised): 4 KiB transfers, whose achieved bandwidth the
 atan curve over-predicts about 2x on the A100 export (csc746) and under-predicts on the RTX 4060 one.
+
+``nsys-cpu-faults``: the host cost of one CPU page fault besides its transfers
+(:func:`uvmlab.measure.calibrate.fit_cpu_fault_ns`: the fixed part of the gaps between the CPU faults that read
+managed data back), per export with such faults, against the ``cpu_fault_ns`` uvmlab uses for it: the profile
+fitted on that export (a fitted point: csc746 defines the A100 profile's), else the profile a run on the export's
+GPU takes (``uvmlab.sim.uvm.profile.pick_profile``; the RTX 4060 laptop export validates the open-driver default).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ DATASET = "nsys"
 SMALL_TRANSFER_BYTES = 4096  # at or below: the known 4 KiB miss, tabulated without a band
 TOTAL_TIME_BAND = 1.5
 SIZE_BAND = 1.5
+CPU_FAULT_BAND = 1.5
 JSON_FAULT_TYPE = "CudaUvmGpuPageFaultEvent"  # the JSON export's GPU fault records (real-data/nsys README)
 
 
@@ -192,6 +199,60 @@ def link_points(path: Path) -> list[Point]:
                     band=None if fitted or small else SIZE_BAND,
                 )
             )
+    return points
+
+
+def cpu_fault_points(path: Path) -> list[Point]:
+    """The CPU-fault cost measured in one export against the one uvmlab uses for it (module docstring)."""
+    from uvmlab.gpus import GPUS, known_gpu
+    from uvmlab.measure.calibrate import fit_cpu_fault_ns
+    from uvmlab.measure.nsys.read import open_export
+    from uvmlab.sim.uvm.profile import pick_profile, profile_docs
+    from uvmlab.sim.uvm.timing import CostParams
+
+    if S.MEMCPY not in _tables(path):
+        return []
+    with open_export(path) as ex:
+        measured, info = fit_cpu_fault_ns(ex)
+    if measured is None:
+        return []
+    own = [d for d in profile_docs().values() if any(path.name in x for x in d.get("fitted_on", []))]
+    if own:
+        predicted, fitted = CostParams.from_file(own[0]["path"]).cpu_fault_ns, True
+        why = f"the {own[0]['gpu']} profile, fitted on this export"
+    else:
+        rows = _raw(path, "SELECT name FROM TARGET_INFO_GPU") if "TARGET_INFO_GPU" in _tables(path) else []
+        gpu = known_gpu(str(rows[0][0])) if rows else None
+        if gpu is None:
+            return []
+        predicted, fitted = pick_profile(GPUS[gpu])[0].cpu_fault_ns, False
+        why = f"the cost a run on {gpu} takes"
+    note = (
+        f"{info['gaps']} gaps between {info['cpu_faults']} CPU faults: {info['fixed_us']:.1f} us fixed + "
+        f"{info['program_us_per_kib']:.2f} us per KiB of the program's own work; predicted: {why}"
+    )
+    return [
+        Point(
+            DATASET,
+            path.stem,
+            "CPU fault cost besides its transfers",
+            "s",
+            measured / 1e9,
+            predicted / 1e9,
+            fitted=fitted,
+            note=note,
+            band=None if fitted else CPU_FAULT_BAND,
+        )
+    ]
+
+
+@check("nsys-cpu-faults", needs="nsys", fast=True)
+def check_nsys_cpu_faults(data_dir: Path) -> list[Point]:
+    """The host cost of a CPU fault, every SQLite export whose CPU faults migrate data back."""
+    points: list[Point] = []
+    for path in export_files(data_dir / "nsys"):
+        if path.suffix == ".sqlite":
+            points += cpu_fault_points(path)
     return points
 
 

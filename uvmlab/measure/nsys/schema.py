@@ -134,6 +134,9 @@ MIGRATION_CAUSE: dict[int, str] = {
     5: "access_counters",
 }
 
+MIGRATION_CAUSE_FAULT = 2
+"""The ``migrationCause`` of the migration of the faulted page itself (the prefetched rest is ``3``)."""
+
 # ENUM_CUDA_UNIF_MEM_ACCESS_TYPE
 ACCESS_TYPE: dict[int, str] = {0: "unknown", 1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
 ACCESS_READ, ACCESS_WRITE = 1, 2

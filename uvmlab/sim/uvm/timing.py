@@ -82,8 +82,11 @@ class CostParams:
     cpu_fault_ns: float = 30_000.0
     """One CPU page fault serviced by UVM (``uvm_va_space_cpu_fault_managed`` -> ``uvm_va_block_cpu_fault``:
     residency choice, CPU-side prefetch, population or DtoH, CPU mapping), besides its transfer and zeroing: one
-    block service on the CPU path [I: ``block_service_ns``]; the closed-driver profile fits it on the GTX 1080
-    traces (35 us, uvmlab.measure.generation_fit)."""
+    block service on the CPU path [I: ``block_service_ns``' Titan V default]. Real exports bracket it: 24.5 us on an
+    RTX 4060 laptop (easycuda) and 41.7 us on an A100 host (csc746), the fixed part of the gaps between CPU faults
+    (uvmlab.measure.calibrate.fit_cpu_fault_ns); the A100 profile fits it on csc746, the closed-driver profile on
+    the GTX 1080 traces (35 us, uvmlab.measure.generation_fit), the open-driver profile keeps this default (its
+    RTX 5090 data has no CPU fault)."""
     collapse_page_ns: float = 0.0
     """Per read-duplicated 4 KiB page whose other copy a write revokes (``break_read_duplication_in_region``,
     uvm_va_block.c: the CPU copy is dropped and the CPU mapping unmapped), besides the write fault. Default 0 [U]; the
