@@ -315,7 +315,8 @@ def test_a_data_parallel_job_is_the_same_trace_captured_or_cached(tmp_path: Path
     from uvmlab.trace.capture import capture_trace
 
     monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
-    cfg = WorkloadConfig("docs/examples/tiny_mlp.py", iterations=2, shard="ddp", world_size=4)
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "tiny_mlp.py"
+    cfg = WorkloadConfig(str(example), iterations=2, shard="ddp", world_size=4)
     captured, cached = capture_trace(cfg), get_trace(cfg)
     assert captured.header["config"] == cached.header["config"] == cfg.single_gpu.to_dict()
     assert captured.header["shard"] == cached.header["shard"] and captured.header["shard"]["world_size"] == 4
