@@ -1,0 +1,73 @@
+"""Re-faulting after a CPU touch (issue 41 section 3): a managed array the GPU wrote, read back by the CPU, then read
+again by the GPU, each iteration; prints the time per iteration and its CPU part with the shipped CPU-fault cost and
+with the cost the open-driver profile had before it was measured (4.95 us: the GCN fault scale). Usage::
+
+    python benchmarks/cpu_refault_table.py [--gpu A100-80GB] [--mb 1024] [--iterations 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+PROGRAM = """
+OPTIONS = {"mb": 1024}
+
+
+def program(uvm, cfg, options):
+    import torch  # noqa: TID251
+
+    n = (options["mb"] << 20) // 4
+    m = torch.empty(n, device=uvm.device)
+    out = torch.empty(n, device=uvm.device)
+    m.fill_(1.0)  # the GPU writes the array
+    for _ in uvm.iterations():
+        uvm.host_read(m)  # the CPU reads it back: CPU faults, DtoH
+        torch.mul(m, 2.0, out=out)  # the GPU reads it again: GPU faults, HtoD
+"""
+OLD_CPU_FAULT_NS = 4950.0612980162305
+"""The open-driver profile's cpu_fault_ns before stop 49 (30 us x the GCN fault scale 0.165)."""
+
+
+def run(folder: Path, gpu: str, mb: int, iterations: int, params: Path | None) -> dict[str, float]:
+    out = folder / ("old" if params else "new")
+    argv = [sys.executable, "-m", "uvmlab", "run", str(folder / "refault.py"), "--gpu", gpu, "-n", str(iterations)]
+    argv += ["--option", f"mb={mb}", "-o", str(out), "--force", "--format", "json"]
+    argv += ["--params", str(params)] if params else []
+    subprocess.run(argv, check=True, capture_output=True)
+    last = pd.read_parquet(out / "tables" / "iterations.parquet").iloc[-1]  # a steady iteration
+    return {k: float(last[k]) / 1e6 for k in ("duration_ns", "host_ns", "fault_stall_ns")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="A100-80GB")
+    ap.add_argument("--mb", type=int, default=1024)
+    ap.add_argument("--iterations", type=int, default=2)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "refault.py").write_text(PROGRAM)
+        old = folder / "old.json"
+        old.write_text(
+            json.dumps({"schema_version": 1, "source": "before stop 49", "params": {"cpu_fault_ns": OLD_CPU_FAULT_NS}})
+        )
+        rows = {
+            "shipped profile": run(folder, a.gpu, a.mb, a.iterations, None),
+            "4.95 us (before)": run(folder, a.gpu, a.mb, a.iterations, old),
+        }
+    print(f"{a.mb} MiB, GPU write / CPU read / GPU read, {a.iterations} iterations on {a.gpu}\n")
+    print("| CPU fault cost | last iteration (ms) | its CPU part (ms) | its GPU fault stall (ms) |")
+    print("|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['duration_ns']:.1f} | {r['host_ns']:.1f} | {r['fault_stall_ns']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
