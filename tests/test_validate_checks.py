@@ -43,6 +43,21 @@ def test_link_fit_on_htod_only_differs_from_the_fit_on_both(real_data: Path) -> 
     assert 20e9 < htod < 30e9  # an A100 on PCIe 4.0 x16 (about 25 GB/s); the fit gives 25.1 GB/s
 
 
+@pytest.mark.real_data
+def test_cpu_fault_points_fitted_on_the_a100_export_validated_on_the_laptop_one(real_data: Path) -> None:
+    """nsys-cpu-faults: csc746 defines the A100 profile's CPU-fault cost (a fitted point, equal by construction);
+    the RTX 4060 laptop export is held out against the open-driver cost a run on that GPU takes (30 us: 1.22x)."""
+    from uvmlab.validate.nsys_checks import check_nsys_cpu_faults
+
+    points = {p.case.split("_")[0]: p for p in check_nsys_cpu_faults(real_data)}
+    assert set(points) == {"csc746", "easycuda"}
+    a100, laptop = points["csc746"], points["easycuda"]
+    assert a100.fitted and a100.band is None and a100.ratio == pytest.approx(1.0)
+    assert a100.measured == pytest.approx(41.7e-6, abs=0.1e-6)
+    assert not laptop.fitted and laptop.band == 1.5 and laptop.within(1.5)
+    assert laptop.measured == pytest.approx(24.5e-6, abs=0.1e-6) and laptop.predicted == pytest.approx(30e-6)
+
+
 SMALL_LOG = """\
 4,1,1000,-;s,
 4,2,1001,-;f,7f0000000000,0,0,1,2,1,0,0,0,127,1,0,1,63

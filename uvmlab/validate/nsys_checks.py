@@ -22,6 +22,7 @@ GPU takes (``uvmlab.sim.uvm.profile.pick_profile``; the RTX 4060 laptop export v
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -246,21 +247,18 @@ def cpu_fault_points(path: Path) -> list[Point]:
     ]
 
 
+def _every_sqlite(data_dir: Path, points_of: Callable[[Path], list[Point]]) -> list[Point]:
+    """``points_of`` of every SQLite export in ``data_dir/nsys``."""
+    return [pt for path in export_files(data_dir / "nsys") if path.suffix == ".sqlite" for pt in points_of(path)]
+
+
 @check("nsys-cpu-faults", needs="nsys", fast=True)
 def check_nsys_cpu_faults(data_dir: Path) -> list[Point]:
     """The host cost of a CPU fault, every SQLite export whose CPU faults migrate data back."""
-    points: list[Point] = []
-    for path in export_files(data_dir / "nsys"):
-        if path.suffix == ".sqlite":
-            points += cpu_fault_points(path)
-    return points
+    return _every_sqlite(data_dir, cpu_fault_points)
 
 
 @check("nsys-link", needs="nsys", fast=True)
 def check_nsys_link(data_dir: Path) -> list[Point]:
     """Link bandwidth fitted on HtoD, validated on DtoH, every SQLite export with UM migrations."""
-    points: list[Point] = []
-    for path in export_files(data_dir / "nsys"):
-        if path.suffix == ".sqlite":
-            points += link_points(path)
-    return points
+    return _every_sqlite(data_dir, link_points)
