@@ -9,7 +9,6 @@ size and the workload-specific ``options`` it understands (with their defaults).
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -217,14 +216,6 @@ def common_option(cfg: WorkloadConfig, key: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, type(default) | int):
         raise InputError(f"option {key} must be a {type(default).__name__} like {default!r}, not {value!r}")
     return value
-
-
-def package_version(name: str) -> str:
-    """The installed version of package ``name`` from its metadata (no import), or ``none``."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
 
 
 M = TypeVar("M")

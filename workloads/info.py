@@ -50,8 +50,8 @@ def named_models() -> list[dict[str, Any]]:
     nothing); ``hf:`` lists the built-in configs (any transformers config.json also works).
     """
     from uvmlab.errors import InputError
-    from workloads.base import package_version
     from workloads.hf_models import PRESETS
+    from workloads.packages import package_version
     from workloads.timm_models import list_timm_models
     from workloads.torchvision_models import list_torchvision_models
 

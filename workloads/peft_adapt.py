@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from uvmlab.errors import InputError
-from workloads.base import package_version
+from workloads.packages import package_version
 
 if TYPE_CHECKING:
     import torch

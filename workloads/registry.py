@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from uvmlab.errors import InputError
-from workloads.base import WorkloadSpec, package_version
+from workloads.base import WorkloadSpec
 from workloads.bert import BERT_OPTIONS, build_bert
 from workloads.gpt2 import GPT2_OPTIONS, build_gpt2
 from workloads.hf_models import config_file, hf_spec
+from workloads.packages import package_version
 from workloads.timm_models import timm_spec
 from workloads.torchvision_models import torchvision_spec
 from workloads.userfile import file_identity, load_user_workload
