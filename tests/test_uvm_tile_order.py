@@ -258,6 +258,18 @@ def test_a_gemm_that_fits_moves_more_smaller_records_in_tile_order(layouts: str)
     assert tiled["bytes"] / tiled["records"] <= addr["bytes"] / addr["records"] / 4
 
 
+def test_the_in_place_baddbmm_is_a_batched_gemm_as_the_recorder_writes_its_layout() -> None:
+    """The recorder writes a layout for ``baddbmm_`` (``c.baddbmm_(a, b)``), so the replay takes it as batched too
+    (``op_base`` keeps the trailing underscore); the in-place ``addmm_`` is a 2-D GEMM."""
+    from uvmlab.sim.uvm.reread import BATCHED_GEMM_OPS
+    from uvmlab.trace.orchestrate import op_base
+    from uvmlab.trace.recorder import GEMM_LAYOUT_OPS
+
+    batched = {op for op in GEMM_LAYOUT_OPS if "bmm" in op}
+    assert {op_base(f"aten::{op}") for op in batched} <= BATCHED_GEMM_OPS
+    assert not ({op_base(f"aten::{op}") for op in GEMM_LAYOUT_OPS - batched} & BATCHED_GEMM_OPS)
+
+
 def test_a_batched_gemm_faults_in_tile_order_too() -> None:
     """A bmm of 16 batches of 512 x 512 x 2048 fp32 (``q @ k.transpose``, ``nt``: 8 KiB storage rows) whose
     operands start on the host: each batch's operands are read across their storage rows as an mm's are, so its

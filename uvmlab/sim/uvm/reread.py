@@ -64,7 +64,7 @@ SPLIT_K_MIN = 128
 their splits by closed heuristics, so this floor is our choice, not measured."""
 
 GEMM_OPS = frozenset({"mm", "addmm", "convolution", "convolution_backward"})
-BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm", "baddbmm_"})
 """Batched GEMMs (``op_base`` names): :func:`mm_operands` with ``batched``; no re-read passes (module docstring)."""
 
 
