@@ -31,6 +31,7 @@ def _fake_fit(monkeypatch: pytest.MonkeyPatch, link: float | None, cpu_fault: fl
     monkeypatch.setattr(calibrate, "fit_link_bandwidth", lambda ex: (link, info))
     cpu_info = {"gaps": 9, "cpu_faults": 12} if cpu_fault else {"reason": "no CPU faults"}
     monkeypatch.setattr(calibrate, "fit_cpu_fault_ns", lambda ex: (cpu_fault, cpu_info))
+    monkeypatch.setattr(calibrate, "fit_serial_refaults", lambda ex: (None, {"reason": "not one thread"}))
 
 
 def test_fault_path_from_the_base_link_from_the_export_kernels_from_the_defaults(

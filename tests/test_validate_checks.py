@@ -58,6 +58,24 @@ def test_cpu_fault_points_fitted_on_the_a100_export_validated_on_the_laptop_one(
     assert laptop.measured == pytest.approx(24.5e-6, abs=0.1e-6) and laptop.predicted == pytest.approx(30e-6)
 
 
+@pytest.mark.real_data
+def test_serial_refault_points_of_the_a100_export(real_data: Path) -> None:
+    """nsys-serial-refaults: csc746's per-page latency defines the A100 profile's unmapping cost (fitted); its base
+    is within 1.5x of the model's one-fault batch (13.9 vs 9.4 us); a block's first fault is the known miss (no
+    band: 270.6 us measured, 70 us modelled)."""
+    from uvmlab.validate.nsys_checks import check_nsys_serial_refaults
+
+    points = {p.quantity.rsplit(", ", 1)[-1]: p for p in check_nsys_serial_refaults(real_data)}
+    per_page, base, first = (
+        points["GPU fault latency per page the CPU maps"],
+        points["base"],
+        points["a block's first fault"],
+    )
+    assert per_page.fitted and per_page.ratio == pytest.approx(1.0)
+    assert not base.fitted and base.band == 1.5 and base.within(1.5) and base.ratio == pytest.approx(0.676, abs=0.01)
+    assert first.band is None and first.ratio == pytest.approx(0.259, abs=0.01)
+
+
 SMALL_LOG = """\
 4,1,1000,-;s,
 4,2,1001,-;f,7f0000000000,0,0,1,2,1,0,0,0,127,1,0,1,63

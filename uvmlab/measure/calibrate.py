@@ -134,6 +134,75 @@ def fit_cpu_fault_ns(ex: Export) -> tuple[float | None, dict[str, Any]]:
     return float(fixed_us) * 1e3, info
 
 
+SERIAL_GAP_SPLIT_MIN_SHARE = 0.1
+"""Each of the two kinds of gaps of a one-thread kernel (back to back; after the kernel's own work) must hold at least
+this share of the gaps for :func:`fit_serial_refaults` to split them."""
+
+
+def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
+    """Fitted ``cpu_unmap_page_ns`` from an export whose only kernels run one thread over CPU-initialised managed
+    arrays (csc746's ``add<<<1, 1>>>``), or None with the reason.
+
+    Such a kernel faults one page at a time, so each fault is its own batch and its migration one group of HtoD
+    records (a 4 KiB record of cause "fault", then the prefetched rest). When the thread touches the next array right
+    after a migration, the gap from that group's last copy to the next group's first is the GPU fault path's latency
+    before the copy; after the kernel's own work over the migrated pages the gap is far longer. The two kinds are
+    split at the widest jump of the sorted log gaps (each must hold ``SERIAL_GAP_SPLIT_MIN_SHARE`` of them). Over
+    the back-to-back faults that are not a block's first, least squares gives ``latency = base + slope x pages``:
+    ``slope`` is the per-page work before the copy, which the model charges as the unmapping of the CPU's mappings
+    (the arrays are CPU-initialised: every migrated page was CPU-mapped); ``base`` and a block's first fault are
+    returned for validation. Approximation: all the per-page work is taken as unmapping (no export separates it from
+    GPU-side per-page work; the same kernel over evicted, CPU-unmapped pages would)."""
+    from uvmlab.measure.nsys import schema as S
+
+    kernels = (
+        ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
+    )
+    if not kernels or any(int(t) != 1 for (t,) in kernels):
+        return None, {"reason": "the export's kernels do not all run one thread"}
+    if not {"migrationCause", "virtualAddress"} <= set(ex.columns(S.MEMCPY)):
+        return None, {"reason": "no UM migrations with a cause and an address"}
+    rows = ex.query(
+        f'SELECT start, "end", bytes, migrationCause, virtualAddress FROM {S.MEMCPY} '
+        f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} ORDER BY start"
+    )
+    a = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    first = np.flatnonzero(a[:, 3] == S.MIGRATION_CAUSE_FAULT)
+    if len(first) < 2 * MIN_SAMPLES:
+        return None, {"reason": f"{len(first)} HtoD fault migrations"}
+    a, first = a[first[0] :], first - first[0]
+    start, end = a[first, 0], np.maximum.reduceat(a[:, 1], first)
+    pages = np.add.reduceat(a[:, 2], first)[1:] / 4096.0
+    block_first = (a[first, 4] % (2 << 20) == 0)[1:]
+    gap_us = (start[1:] - end[:-1]) / 1e3
+    logs = np.sort(np.log(np.maximum(gap_us, 1e-3)))
+    lo, hi = int(len(logs) * SERIAL_GAP_SPLIT_MIN_SHARE), int(len(logs) * (1 - SERIAL_GAP_SPLIT_MIN_SHARE))
+    cut = lo + int(np.argmax(np.diff(logs[lo:hi])))
+    threshold_us = float(np.exp((logs[cut] + logs[cut + 1]) / 2))
+    back = gap_us < threshold_us
+    fit = back & ~block_first
+    if fit.sum() < MIN_SAMPLES or len(np.unique(pages[fit])) < 2:
+        return None, {"reason": f"{int(fit.sum())} back-to-back faults over {len(np.unique(pages[fit]))} sizes"}
+    (base_us, slope_us), *_ = np.linalg.lstsq(
+        np.vstack([np.ones(int(fit.sum())), pages[fit]]).T, gap_us[fit], rcond=None
+    )
+    firsts = gap_us[back & block_first]
+    info = {
+        "faults": len(first),
+        "back_to_back": int(back.sum()),
+        "split_us": threshold_us,
+        "fitted_faults": int(fit.sum()),
+        "base_us": float(base_us),
+        "per_page_us": float(slope_us),
+        "median_us_by_pages": {f"{p:g}": float(np.median(gap_us[fit & (pages == p)])) for p in np.unique(pages[fit])},
+        "block_first_median_us": float(np.median(firsts)) if len(firsts) else None,
+        "block_first_pages": float(np.median(pages[back & block_first])) if len(firsts) else None,
+    }
+    if slope_us <= 0:
+        return None, {**info, "reason": "no positive per-page latency"}
+    return float(slope_us) * 1e3, info
+
+
 def fit_batch_turnaround(ex: Export, base: CostParams, link: float | None) -> tuple[float | None, dict[str, Any]]:
     """Fitted per-batch fault cost (ns) from GPU fault records, or None with the reason."""
     if not ex.row_count(S.GPU_FAULTS):

@@ -19,9 +19,10 @@ What is fitted (``fit_closed``):
   records (4 KiB-1020 KiB);
 * per fault, nvprof's duration minus its HtoD records' durations is linear in the pages migrated (4 KiB pages):
   ``base + slope x pages`` (P1 faults 2-6: 17.5, 18.9, 25.8, 39.4, 68.9 us for 16-256 pages). ``slope`` is
-  ``migrate_page_ns``; ``base`` is the sum of a one-fault batch's constants (``batch_turnaround_ns +
-  raw_entries_per_fault x fault_entry_ns + block_service_ns``), split in the Titan V logs' ratios (the CostParams
-  defaults, reference/uvm.md 2.2) by one scale ``s``;
+  ``migrate_page_ns`` (the array is CPU-initialised, so it holds the unmapping of the CPU's pages too:
+  ``cpu_unmap_page_ns`` is 0 in this profile); ``base`` is the sum of a one-fault batch's constants
+  (``batch_turnaround_ns + raw_entries_per_fault x fault_entry_ns + block_service_ns``), split in the Titan V logs'
+  ratios (the CostParams defaults, reference/uvm.md 2.2) by one scale ``s``;
 * ``block_first_gpu_ns``: the first fault of a fresh block minus ``base + slope x 16`` (largePageBoundary blocks 2
   and 3: 57.7 and 55.4 us). The very first fault of a process (P1: 183.7 us) also builds the page directories: the
   model does not have that one-off cost (validation shows it);
@@ -104,6 +105,7 @@ def fit_closed(base: CostParams | None = None, newer: CostParams | None = None) 
     params.update(
         link_bytes_per_s=link,
         migrate_page_ns=float(slope) * 1e3,
+        cpu_unmap_page_ns=0.0,  # the P1 array is CPU-initialised: its slope holds the unmapping already
         block_first_gpu_ns=first_us * 1e3,
         cpu_fault_ns=float(cpu_us) * 1e3,
     )

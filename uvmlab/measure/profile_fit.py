@@ -314,12 +314,13 @@ def derive_profile(
     we have timings for), its own link bandwidth and host CPU-fault cost fitted on the export's UM migrations
     (``uvmlab.measure.calibrate``: ``fit_link_bandwidth``, ``fit_cpu_fault_ns``, where the export has CPU faults),
     and the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
-    from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth
+    from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth, fit_serial_refaults
     from uvmlab.measure.nsys.read import open_export
 
     with open_export(nsys_export) as ex:
         link, info = fit_link_bandwidth(ex)
         cpu_fault, cpu_info = fit_cpu_fault_ns(ex)
+        unmap, unmap_info = fit_serial_refaults(ex)
     if link is None:
         raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
     params = dict(base_doc["params"])
@@ -329,6 +330,8 @@ def derive_profile(
     params.update(link_bytes_per_s=link, zero_fill_bytes_per_s=None)
     if cpu_fault is not None:
         params["cpu_fault_ns"] = cpu_fault
+    if unmap is not None:
+        params["cpu_unmap_page_ns"] = unmap
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
@@ -343,6 +346,11 @@ def derive_profile(
                 if cpu_fault is not None
                 else []
             ),
+            *(
+                [f"{nsys_export.name}: {unmap_info['fitted_faults']} back-to-back GPU faults -> cpu_unmap_page_ns"]
+                if unmap is not None
+                else []
+            ),
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]
@@ -350,7 +358,7 @@ def derive_profile(
             ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
-        "fit": {"link": info, "cpu_fault": cpu_info},
+        "fit": {"link": info, "cpu_fault": cpu_info, "serial_refaults": unmap_info},
         "params": params,
     }
     atomic_write_json(path, doc)

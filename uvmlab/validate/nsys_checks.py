@@ -17,6 +17,11 @@ atan curve over-predicts about 2x on the A100 export (csc746) and under-predicts
 managed data back), per export with such faults, against the ``cpu_fault_ns`` uvmlab uses for it: the profile
 fitted on that export (a fitted point: csc746 defines the A100 profile's), else the profile a run on the export's
 GPU takes (``uvmlab.sim.uvm.profile.pick_profile``; the RTX 4060 laptop export validates the open-driver default).
+
+``nsys-serial-refaults``: an export whose kernels run one thread (csc746's ``add<<<1, 1>>>``) times the GPU fault
+path before each copy (:func:`uvmlab.measure.calibrate.fit_serial_refaults`): the per-page part defines the
+A100 profile's ``cpu_unmap_page_ns`` (a fitted point); the base is validated against the model's one-fault batch
+(turnaround, entries, block service, band 1.5); a block's first fault is a known miss (no band).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,11 +40,15 @@ from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import export_lines
 from uvmlab.validate.points import Point, check
 
+if TYPE_CHECKING:
+    from uvmlab.sim.uvm.timing import CostParams
+
 DATASET = "nsys"
 SMALL_TRANSFER_BYTES = 4096  # at or below: the known 4 KiB miss, tabulated without a band
 TOTAL_TIME_BAND = 1.5
 SIZE_BAND = 1.5
 CPU_FAULT_BAND = 1.5
+SERIAL_BAND = 1.5
 JSON_FAULT_TYPE = "CudaUvmGpuPageFaultEvent"  # the JSON export's GPU fault records (real-data/nsys README)
 
 
@@ -205,11 +215,8 @@ def link_points(path: Path) -> list[Point]:
 
 def cpu_fault_points(path: Path) -> list[Point]:
     """The CPU-fault cost measured in one export against the one uvmlab uses for it (module docstring)."""
-    from uvmlab.gpus import GPUS, known_gpu
     from uvmlab.measure.calibrate import fit_cpu_fault_ns
     from uvmlab.measure.nsys.read import open_export
-    from uvmlab.sim.uvm.profile import pick_profile, profile_docs
-    from uvmlab.sim.uvm.timing import CostParams
 
     if S.MEMCPY not in _tables(path):
         return []
@@ -217,17 +224,11 @@ def cpu_fault_points(path: Path) -> list[Point]:
         measured, info = fit_cpu_fault_ns(ex)
     if measured is None:
         return []
-    own = [d for d in profile_docs().values() if any(path.name in x for x in d.get("fitted_on", []))]
-    if own:
-        predicted, fitted = CostParams.from_file(own[0]["path"]).cpu_fault_ns, True
-        why = f"the {own[0]['gpu']} profile, fitted on this export"
-    else:
-        rows = _raw(path, "SELECT name FROM TARGET_INFO_GPU") if "TARGET_INFO_GPU" in _tables(path) else []
-        gpu = known_gpu(str(rows[0][0])) if rows else None
-        if gpu is None:
-            return []
-        predicted, fitted = pick_profile(GPUS[gpu])[0].cpu_fault_ns, False
-        why = f"the cost a run on {gpu} takes"
+    found = _profile_for(path)
+    if found is None:
+        return []
+    costs, fitted, why = found
+    predicted = costs.cpu_fault_ns
     note = (
         f"{info['gaps']} gaps between {info['cpu_faults']} CPU faults: {info['fixed_us']:.1f} us fixed + "
         f"{info['program_us_per_kib']:.2f} us per KiB of the program's own work; predicted: {why}"
@@ -245,6 +246,65 @@ def cpu_fault_points(path: Path) -> list[Point]:
             band=None if fitted else CPU_FAULT_BAND,
         )
     ]
+
+
+def _profile_for(path: Path) -> tuple[CostParams, bool, str] | None:
+    """(CostParams, fitted on this export, why) uvmlab uses for an export: the profile fitted on it, else the one a
+    run on its GPU takes; None when its GPU is not known."""
+    from uvmlab.gpus import GPUS, known_gpu
+    from uvmlab.sim.uvm.profile import pick_profile, profile_docs
+    from uvmlab.sim.uvm.timing import CostParams
+
+    own = [d for d in profile_docs().values() if any(path.name in x for x in d.get("fitted_on", []))]
+    if own:
+        return CostParams.from_file(own[0]["path"]), True, f"the {own[0]['gpu']} profile, fitted on this export"
+    rows = _raw(path, "SELECT name FROM TARGET_INFO_GPU") if "TARGET_INFO_GPU" in _tables(path) else []
+    gpu = known_gpu(str(rows[0][0])) if rows else None
+    if gpu is None:
+        return None
+    return pick_profile(GPUS[gpu])[0], False, f"the costs a run on {gpu} takes"
+
+
+def serial_refault_points(path: Path) -> list[Point]:
+    """The latency before each back-to-back fault's copy of a one-thread kernel against the model (module
+    docstring)."""
+    from uvmlab.measure.calibrate import fit_serial_refaults
+    from uvmlab.measure.nsys.read import open_export
+
+    if S.MEMCPY not in _tables(path):
+        return []
+    with open_export(path) as ex:
+        per_page_ns, info = fit_serial_refaults(ex)
+    found = _profile_for(path) if per_page_ns is not None else None
+    if found is None:
+        return []
+    costs, fitted, why = found
+    base_ns = costs.batch_turnaround_ns + costs.raw_entries_per_fault * costs.fault_entry_ns + costs.block_service_ns
+    fit = f"{info['fitted_faults']} back-to-back faults: {info['base_us']:.1f} us + {info['per_page_us']:.3f} us/page"
+    points = [
+        Point(DATASET, path.stem, "GPU fault latency per page the CPU maps", "s", per_page_ns / 1e9,
+              costs.cpu_unmap_page_ns / 1e9, fitted=fitted, note=f"{fit}; predicted: {why}",
+              band=None if fitted else SERIAL_BAND),
+        Point(DATASET, path.stem, "GPU fault latency before the copy, base", "s", info["base_us"] / 1e6,
+              base_ns / 1e9, note=f"{fit}; predicted: a one-fault batch's turnaround, entries and block service",
+              band=SERIAL_BAND),
+    ]  # fmt: skip
+    if info["block_first_median_us"] is not None:
+        pages = info["block_first_pages"]
+        first_ns = base_ns + costs.block_first_gpu_ns + pages * costs.cpu_unmap_page_ns
+        points.append(
+            Point(DATASET, path.stem, "GPU fault latency before the copy, a block's first fault", "s",
+                  info["block_first_median_us"] / 1e6, first_ns / 1e9,
+                  note="known miss: the model's first-chunk cost (block_first_gpu_ns) is fitted on fresh zero-filled "
+                  "blocks; no source reading explains the rest of a CPU-resident block's first fault")
+        )  # fmt: skip
+    return points
+
+
+@check("nsys-serial-refaults", needs="nsys", fast=True)
+def check_nsys_serial_refaults(data_dir: Path) -> list[Point]:
+    """GPU fault latency of one-thread kernels over CPU-initialised memory, every SQLite export with one."""
+    return _every_sqlite(data_dir, serial_refault_points)
 
 
 def _every_sqlite(data_dir: Path, points_of: Callable[[Path], list[Point]]) -> list[Point]:

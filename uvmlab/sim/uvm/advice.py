@@ -307,7 +307,18 @@ class AdviceService:
         memory: a coherent link and accessed-by CPU)."""
         self._gmap[s] &= ~mask
         keep = self._abc[s] & mask if self.coherent else None
-        self._cmap[s] &= ~mask if keep is None else ~(mask & ~keep)
+        self.unmap_cpu(s, mask if keep is None else mask & ~keep)
+
+    def unmap_cpu(self, rows: Any, mask: Any) -> None:
+        """The CPU loses its mapping of the ``mask`` pages of slot(s) ``rows``, made GPU-resident: each host page it
+        mapped costs ``CostParams.cpu_unmap_page_ns`` (the driver unmaps the CPU's PTEs before the copy:
+        ``block_unmap_cpu`` -> ``unmap_mapping_range`` and its TLB shootdown, uvm_va_block.c). A read duplicate pays
+        it too (the CPU's read-write mapping is revoked; it maps the page read-only again on its next access)."""
+        mapped = self._cmap[rows] & mask
+        n = int(np.count_nonzero(mapped))
+        if n:
+            self._cmap[rows] &= ~mapped
+            self._k.stall_ns += n / self._g * self.costs.cpu_unmap_page_ns
 
     def _after_eviction(self, v: int, now_cpu: np.ndarray) -> None:
         """Accessed-by processors map the evicted pages (``block_add_eviction_mappings``, uvm_va_block.c)."""

@@ -580,7 +580,7 @@ class FaultService:
             rows = np.array(new + on_cpu, dtype=np.intp)
             self._gpu[rows] = plan.union
             if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
-                self._cmap[rows] &= ~plan.union
+                self.unmap_cpu(rows, plan.union)
             if self._thr_last:
                 for s in new + on_cpu:
                     self.thr_note_gpu(s, plan.union)
@@ -649,7 +649,7 @@ class FaultService:
                     self._close_batch()
         self._gpu[s] = plan.union
         if self._hint_arrays:  # no policy bit (the caller checks): _after_gpu_populate's unmapping
-            self._cmap[s] &= ~plan.union
+            self.unmap_cpu(s, plan.union)
         if n_cpu:
             if full_cpu:
                 self._cpu[s] = plan.rest

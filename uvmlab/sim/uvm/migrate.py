@@ -150,10 +150,11 @@ class MigrateService:
         if on_cpu:
             self._cpu[on_cpu] = False  # entirely on the CPU before (nothing past a block's pages is ever set)
         if self._hint_arrays:  # no policy bit on the blocks (the caller checks): _after_gpu_populate's unmapping
-            for arr in (self._gmap, self._cmap):
-                arr[full] = False
-                for s in tail:
-                    arr[s, : npages[s]] = False
+            self._gmap[full] = False
+            self.unmap_cpu(full, True)
+            for s in tail:
+                self._gmap[s, : npages[s]] = False
+                self.unmap_cpu(s, np.arange(PAGES_PER_BLOCK) < npages[s])
         self.populated_gpu_bytes += pages * PAGE_BYTES
         zero = pages - h_pages
         costs = self.costs
