@@ -385,6 +385,7 @@ def calibrate_cmd(
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
                 "collapse_page_ns",
+                *(["cpu_unmap_page_ns"] if "reason" not in details["cpu_unmap_page"] else []),
             ],
             True,
         )

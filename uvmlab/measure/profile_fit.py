@@ -25,6 +25,10 @@ never fitted. For the RTX 5090 (driver 575) profile:
    prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
    per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
 
+5. ``cpu_unmap_page_ns`` (the CPU's mappings unmapped per page a GPU fault takes from it): GCN and uvmbench's timed
+   launches never migrate a page the CPU maps, so it comes from the one-thread kernel of the A100 nsys export beside
+   this folder (:data:`SERIAL_EXPORT`, ``fit_serial_refaults``) [I: another host and GPU, the only one measured].
+
 Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
 other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed study) is validation
 (uvmlab/validate/uvm_checks.py).
@@ -62,6 +66,10 @@ GCN_CHUNK_EDGES = 2_000_000
 RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
 RQ4_FACTOR = 0.25
 """rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
+SERIAL_EXPORT = "csc746_a100_um_migrations_nsys2022.2.1.sqlite"
+"""The nsys export (real-data/nsys, beside real-data/uvm) whose one-thread kernel gives the open-driver profile its
+``cpu_unmap_page_ns`` (:func:`uvmlab.measure.calibrate.fit_serial_refaults`; [I]: an A100 host, the only one
+measured)."""
 RTX5090_TOTAL_BYTES = 33_669_316_608
 """``cudaMemGetInfo`` total of the RTX 5090 in gpu_ext's CSVs (``working_set_bytes`` at size_factor 1.0)."""
 
@@ -212,6 +220,9 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     costs = replace(costs, prefetch_first_block_ns=first)
     collapse, collapse_info = fit_collapse(uvm_dir, costs)
     costs = replace(costs, collapse_page_ns=collapse)
+    unmap, unmap_info = open_driver_unmap(uvm_dir)
+    if unmap is not None:
+        costs = replace(costs, cpu_unmap_page_ns=unmap)
     details = {
         "fault_scale": s,
         "index_memory_efficiency": {
@@ -235,8 +246,22 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
             "prefetch_first_block_ns": first,
         },
         "rq4_read_mostly_collapse": collapse_info,
+        "cpu_unmap_page": unmap_info,
     }
     return costs, details
+
+
+def open_driver_unmap(uvm_dir: Path) -> tuple[float | None, dict[str, Any]]:
+    """``cpu_unmap_page_ns`` for the open-driver profile from :data:`SERIAL_EXPORT` beside ``uvm_dir``, or None with
+    the reason (then the default stays)."""
+    from uvmlab.measure.calibrate import fit_serial_refaults
+    from uvmlab.measure.nsys.read import open_export
+
+    path = uvm_dir.parent / "nsys" / SERIAL_EXPORT
+    if not path.is_file():
+        return None, {"reason": f"{path} is absent: cpu_unmap_page_ns keeps its default"}
+    with open_export(path) as ex:
+        return fit_serial_refaults(ex)
 
 
 def collapse_fault_ns(costs: CostParams) -> float:
@@ -292,6 +317,11 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
             " -> prefetch_first_block_ns",
             f"{RQ4_CSV} seq_stream uvm_advise_read and uvm 0.25 median_ms -> collapse_page_ns",
+            *(
+                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its one-thread kernel's faults -> cpu_unmap_page_ns"]
+                if "reason" not in details["cpu_unmap_page"]
+                else []
+            ),
         ],
         "validated_on": [
             "GCN native 1M, 3M, 7M; GCN UVM 7M, 8M, 10M, 12M, 15M (without user prefetch); "

@@ -79,13 +79,14 @@ class CostParams:
     """Per 4 KiB page a fault migrates, besides its transfer (unmapping the source, PTE writes). Default 0: the Titan
     V logs and the RTX 5090 fit cannot separate it from ``block_service_ns``; the closed-driver profile fits it on the
     GTX 1080 nvprof traces (0.21 us per page: uvmlab.measure.generation_fit)."""
-    cpu_unmap_page_ns: float = 693.0
+    cpu_unmap_page_ns: float = 0.0
     """Per host page a migration makes GPU-resident while the CPU maps it, besides the fault and the transfer: the
     driver unmaps the CPU's mapping first (``block_unmap_cpu`` -> ``unmap_mapping_range`` and its TLB shootdown,
     uvm_va_block.c); pages the CPU does not map (evicted ones, pages the host never touched) do not pay it
-    (``AdviceService.unmap_cpu``). 693 ns: fitted on the A100 host of the csc746 export, whose one-thread kernel
-    faults back to back (13.9 us + 0.693 us per page migrated: ``uvmlab.measure.profile_fit.fit_serial_refaults``)
-    [I on every other host]; the closed-driver profile folds it into ``migrate_page_ns`` (0 there)."""
+    (``AdviceService.unmap_cpu``). Default 0: the Titan V constants above were timed over CPU-initialised pages and
+    hold it. The open-driver profiles take 693 ns, fitted on the A100 host of the csc746 export, whose one-thread
+    kernel faults back to back (13.9 us + 0.693 us per page migrated: ``uvmlab.measure.calibrate.fit_serial_refaults``;
+    [I] on every other host); the closed-driver profile folds it into ``migrate_page_ns``."""
     cpu_fault_ns: float = 30_000.0
     """One CPU page fault serviced by UVM (``uvm_va_space_cpu_fault_managed`` -> ``uvm_va_block_cpu_fault``:
     residency choice, CPU-side prefetch, population or DtoH, CPU mapping), besides its transfer and zeroing: one
@@ -205,7 +206,7 @@ ZERO_MEANS: dict[str, str] = {
     "batch_turnaround_ns": "the other modelled terms take the whole batch (uvmlab calibrate floors its fit there)",
     "prefetch_first_block_ns": "the API path pays only block_service_ns and the zero-fill (the default)",
     "migrate_page_ns": "folded into block_service_ns (the default)",
-    "cpu_unmap_page_ns": "folded into migrate_page_ns (the closed-driver profile)",
+    "cpu_unmap_page_ns": "held in the other fault-path constants (the default; the closed profile's migrate_page_ns)",
     "collapse_page_ns": "folded into the write fault (the default)",
     "fault_overlap": "no fault time is hidden (the default)",
 }
