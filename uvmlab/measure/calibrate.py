@@ -25,6 +25,9 @@ Fits (approximations, also in docs/nsys.md):
     ``cpu_fault_ns``; it adds the transfers itself) and ``b`` the program's own work. Least squares over the
     within-block gaps; needs ``MIN_SAMPLES`` of them over at least two sizes. Approximations: the program's work is
     linear in the bytes a fault brings (a pass over them), and the fault cost does not depend on its size.
+``cpu_unmap_page_ns``
+    Only from an export whose kernels all run one thread (:func:`fit_serial_refaults`): the per-page latency before
+    the copies of its back-to-back faults over CPU-initialised memory.
 ``compute_efficiency``, ``gemm_efficiency`` and ``memory_efficiency`` (the kernel time scale)
     Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
     matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
@@ -354,6 +357,9 @@ def calibrate(
         cpu_fault, details["cpu_fault_ns"] = fit_cpu_fault_ns(ex)
         if cpu_fault is not None:
             fitted["cpu_fault_ns"] = cpu_fault
+        unmap, details["cpu_unmap_page_ns"] = fit_serial_refaults(ex)
+        if unmap is not None:
+            fitted["cpu_unmap_page_ns"] = unmap
         turnaround, details["batch_turnaround_ns"] = fit_batch_turnaround(ex, params, fitted.get("link_bytes_per_s"))
         if turnaround is not None:
             fitted["batch_turnaround_ns"] = turnaround
