@@ -64,6 +64,9 @@ def test_prefetch_on_a_second_stream_overlaps_compute(tmp_path: Path) -> None:
     compute = k_on[(k_on["name"] == "aten::mul_") & (k_on["iteration"] == 1)]
     first_copy = side.iloc[1]  # chunk 1's prefetch, issued before chunk 0's compute
     assert first_copy["start_ns"] < compute.iloc[0]["end_ns"]  # it overlaps
+    # one transfer at a time: chunk 1's prefetch on the copy stream waits for chunk 0's on the default stream (they
+    # ran side by side before, each at the link's full rate, and hid more than the compute)
+    assert first_copy["start_ns"] >= side.iloc[0]["end_ns"]
     assert it_on["other_ns"].iloc[1] < 0  # the breakdown's sum exceeds the iteration: overlap
 
 

@@ -16,10 +16,14 @@ events (``api`` rows ``event_record`` / ``event_wait``, ``api_arg`` the event's 
 Every stream a program creates is non-blocking, as PyTorch's are (``c10/cuda/CUDAStream.cpp`` creates its pool with
 ``cudaStreamNonBlocking``): it does not wait for the default stream's work nor the default stream for it.
 
+* a *transfer* (``TRANSFER_API``: a prefetch, an explicit copy) starts no earlier than the previous transfer's end on
+  any stream: the host-device link and the driver's migration path serve one at a time, so two streams' prefetches
+  run one after the other, each beside the other streams' kernels.
+
 The UVM state is still changed in trace (issue) order: a prefetch on stream 1 issued before a kernel on stream 0
 has migrated its pages when that kernel runs, whatever their times. Approximations (docs/uvm-sim.md "Streams and
-events"): two streams' transfers do not share the link's bandwidth (a prefetch overlapping a faulting kernel is
-charged as if each had the link), kernels on two streams do not share the SMs (each runs at its native time), and
+events"): a transfer and a faulting kernel on two streams do not share the link's bandwidth (each is charged as if
+it had the link), kernels on two streams do not share the SMs (each runs at its native time), and
 a tensor allocated inside ``uvm.stream()`` is placed as on the default stream (the caching allocator's per-stream
 pools are not modelled).
 """
@@ -30,6 +34,8 @@ STREAM_API = ("event_record", "event_wait", "synchronize")
 """``api`` values of the stream calls (rows that touch no memory)."""
 BARRIER_API = ("synchronize", "host", "host_read", "host_write")
 """``api`` values that wait for every stream and block the host (module docstring)."""
+TRANSFER_API = ("prefetch", "memcpy_htod", "memcpy_dtoh")
+"""``api`` values of the transfers, which run one at a time over all streams (module docstring)."""
 
 
 class StreamClocks:
@@ -39,6 +45,7 @@ class StreamClocks:
         self.clock: dict[int, float] = {0: 0.0}
         self.events: dict[str, float] = {}
         self.host = 0.0  # the host is blocked until here (the last barrier's end)
+        self.link = 0.0  # the last transfer's end, on any stream
 
     def now(self) -> float:
         """The time every stream has finished by."""
@@ -60,6 +67,14 @@ class StreamClocks:
         else:
             self.clock[stream] = max(self.clock.get(stream, 0.0), end)
 
+    def transfer_start(self, t: float) -> float:
+        """When a transfer whose stream is ready at ``t`` starts: after the previous transfer on any stream."""
+        return max(t, self.link)
+
+    def transfer_end(self, end: float) -> None:
+        """A transfer ended at ``end``."""
+        self.link = max(self.link, end)
+
     def record(self, event: str, t: float) -> None:
         """``cudaEventRecord``: the event completes at ``t`` (its stream's time)."""
         self.events[event] = t
@@ -69,4 +84,4 @@ class StreamClocks:
         return max(t, self.events.get(event, t))
 
 
-__all__ = ["BARRIER_API", "STREAM_API", "StreamClocks"]
+__all__ = ["BARRIER_API", "STREAM_API", "TRANSFER_API", "StreamClocks"]

@@ -34,7 +34,7 @@ from uvmlab.gpus import DEFAULT_DRIVER, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import ADVICE, remote_ns
 from uvmlab.sim.uvm.breakdown import BREAKDOWN_COLUMNS, iteration_breakdown, kernel_breakdown
 from uvmlab.sim.uvm.concurrent import Launch
-from uvmlab.sim.uvm.cuda_streams import BARRIER_API, STREAM_API, StreamClocks
+from uvmlab.sim.uvm.cuda_streams import BARRIER_API, STREAM_API, TRANSFER_API, StreamClocks
 from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.kernel_class import GEMM_NATIVE_OPS, native_times, work_of
@@ -542,8 +542,10 @@ class _Replayer:
         """
         sim = self.sim
         kind = st.api[i]
-        barrier = kind in BARRIER_API
+        barrier, transfer = kind in BARRIER_API, kind in TRANSFER_API
         self._enter(st.streams[i] if st.streams else 0, barrier)
+        if transfer:
+            self.t = self.clocks.transfer_start(self.t)
         sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing), on the row's own stream
         if kind in STREAM_API:  # stream calls: no memory, no time of their own
             c, dur = UvmCounters(), 0.0
@@ -593,6 +595,8 @@ class _Replayer:
         self.t += dur
         self.ends[i] = self.t
         self.clocks.finish(self.cur, self.t, barrier)
+        if transfer:
+            self.clocks.transfer_end(self.t)
         self.ints[i] = _INTS_OF(c)
         self.floats[i] = _FLOATS_OF(c)
         self.reserved[i] = sim.mapped_bytes * self.scale
