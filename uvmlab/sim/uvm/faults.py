@@ -302,17 +302,12 @@ class FaultService:
         k, costs = self._k, self.costs
         for b in sched.blocks:
             s = slots[b.local]
-            moved = b.fault_htod + b.prefetch_htod
             self._populate(s, b.union, with_runs=False)  # chunk, bitmaps, counts, mappings; transfers: b.runs
             self._fault_migrations[s] += b.faults
             k.htod_records += b.records
             if b.runs.size:
                 self._add_htod_runs(b.runs)
-            k.fault_htod_bytes += b.fault_htod * PAGE_BYTES
-            k.prefetch_htod_bytes += b.prefetch_htod * PAGE_BYTES
-            k.zero_fill_bytes += b.zero * PAGE_BYTES
-            k.stall_ns += b.services * costs.block_service_ns + b.zero * self._zero_ns_per_page
-            k.stall_ns += moved * costs.migrate_page_ns
+            self._account_pages(b.services, b.fault_htod, b.prefetch_htod, b.zero)
         for b in sched.last_order:
             self._lrm.move_to_end(slots[b])
         bf = sched.batch_faults
@@ -344,15 +339,20 @@ class FaultService:
         nf = n * (self._per_batch // self._g)
         self._count_batches(n, nf, nf if self._kind == "write" else 0, n * self._full_raw)
 
-    def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
-        k = self._k
-        self._open_faults += n_faults
-        self._open_blocks += 1
+    def _account_pages(self, services: int, fault_h: int, pre_h: int, zero: int) -> None:
+        """Bytes and stall of ``services`` block services that moved ``fault_h`` faulted and ``pre_h`` prefetched
+        pages HtoD and zero-filled ``zero`` pages (their transfers: ``_add_htod_runs``)."""
+        k, costs = self._k, self.costs
         k.fault_htod_bytes += fault_h * PAGE_BYTES
         k.prefetch_htod_bytes += pre_h * PAGE_BYTES
         k.zero_fill_bytes += zero * PAGE_BYTES
-        k.stall_ns += self.costs.block_service_ns + zero * self._zero_ns_per_page
-        k.stall_ns += (fault_h + pre_h) * self.costs.migrate_page_ns
+        k.stall_ns += services * costs.block_service_ns + zero * self._zero_ns_per_page
+        k.stall_ns += (fault_h + pre_h) * costs.migrate_page_ns
+
+    def _account_service(self, s: int, n_faults: int, n_mig: int, fault_h: int, pre_h: int, zero: int) -> None:
+        self._open_faults += n_faults
+        self._open_blocks += 1
+        self._account_pages(1, fault_h, pre_h, zero)
         if self.events is not None:
             rid, bidx = self._slot_range[s], self._slot_bidx[s]
             self.events.append(("service", rid, bidx, n_faults, n_mig, fault_h + pre_h, zero))
