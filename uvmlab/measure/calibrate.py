@@ -54,11 +54,11 @@ from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
 from uvmlab.gpus import DEFAULT_GPU, GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, STREAM_EFFICIENCY, CostParams, transfer_bandwidth
 
 MIN_SAMPLES = 10  # fewest migrations / batches / kernels a fit uses
 MAX_FAULT_ROWS = 2_000_000  # fault records read for the batch fit (bounded memory)
-VA_BLOCK_BYTES = 2 << 20  # UVM VA block (2 MiB), reference/uvm.md
 SIZE_BUCKETS = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20)
 
 
@@ -100,33 +100,50 @@ def fit_link_bandwidth(
     return link, {"migrations": len(rows), "by_size": buckets}
 
 
-def fit_cpu_fault_ns(ex: Export) -> tuple[float | None, dict[str, Any]]:
-    """Fitted host cost of one CPU page fault besides its transfers (ns), from the device-to-host migrations of the
-    CPU faults (module docstring), or None with the reason."""
+def fault_groups(ex: Export, copy_kind: int) -> tuple[np.ndarray, ...] | None:
+    """The UM migrations of ``copy_kind`` grouped by fault: each group is a record of cause "fault" and the
+    "prefetch" records after it, up to the next fault record. (start ns, end ns, bytes, faulted page's address) per
+    group, in time order; None when the export's copies have no cause or address."""
     t = S.MEMCPY
     if not {"migrationCause", "virtualAddress"} <= set(ex.columns(t)):
-        return None, {"reason": "no UM migrations with a cause and an address in the export"}
+        return None
     rows = ex.query(
         f'SELECT start, "end", bytes, migrationCause, virtualAddress FROM {t} '
-        f"WHERE copyKind = {S.COPY_KIND_UVM_DTOH} AND migrationCause IS NOT NULL AND virtualAddress IS NOT NULL "
+        f"WHERE copyKind = {copy_kind} AND migrationCause IS NOT NULL AND virtualAddress IS NOT NULL "
         f"ORDER BY start LIMIT {MAX_FAULT_ROWS}"
     )
     a = np.array(rows, dtype=np.int64).reshape(-1, 5)
     first = np.flatnonzero(a[:, 3] == S.MIGRATION_CAUSE_FAULT)
-    if len(first) < 2:
-        return None, {"reason": f"{len(first)} device-to-host migrations caused by a CPU fault (< 2)"}
-    a = a[first[0] :]
-    first = first - first[0]
-    start, end = a[first, 0], np.maximum.reduceat(a[:, 1], first)
-    kib = np.add.reduceat(a[:, 2], first) / 1024.0
-    block = a[first, 4] // VA_BLOCK_BYTES
+    if not len(first):
+        return tuple(np.empty(0, dtype=np.int64) for _ in range(4))
+    a, first = a[first[0] :], first - first[0]
+    return a[first, 0], np.maximum.reduceat(a[:, 1], first), np.add.reduceat(a[:, 2], first), a[first, 4]
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y)."""
+    (a, b), *_ = np.linalg.lstsq(np.vstack([np.ones(len(x)), x]).T, y, rcond=None)
+    return float(a), float(b)
+
+
+def fit_cpu_fault_ns(ex: Export) -> tuple[float | None, dict[str, Any]]:
+    """Fitted host cost of one CPU page fault besides its transfers (ns), from the device-to-host migrations of the
+    CPU faults (module docstring), or None with the reason."""
+    groups = fault_groups(ex, S.COPY_KIND_UVM_DTOH)
+    if groups is None:
+        return None, {"reason": "no UM migrations with a cause and an address in the export"}
+    start, end, nbytes, addr = groups
+    if len(start) < 2:
+        return None, {"reason": f"{len(start)} device-to-host migrations caused by a CPU fault (< 2)"}
+    kib = nbytes / 1024.0
+    block = addr // VA_BLOCK_BYTES
     same = block[1:] == block[:-1]  # the next fault in the same 2 MiB block
     gap_us, size = (start[1:] - end[:-1])[same] / 1e3, kib[:-1][same]
     if len(gap_us) < MIN_SAMPLES or len(np.unique(size)) < 2:
         return None, {"reason": f"{len(gap_us)} gaps between CPU faults in one block over {len(np.unique(size))} sizes"}
-    (fixed_us, per_kib_us), *_ = np.linalg.lstsq(np.vstack([np.ones(len(size)), size]).T, gap_us, rcond=None)
+    fixed_us, per_kib_us = _line(size, gap_us)
     info = {
-        "cpu_faults": len(first),
+        "cpu_faults": len(start),
         "gaps": len(gap_us),
         "fixed_us": float(fixed_us),
         "program_us_per_kib": float(per_kib_us),
@@ -154,29 +171,22 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     the back-to-back faults that are not a block's first, least squares gives ``latency = base + slope x pages``:
     ``slope`` is the per-page work before the copy, which the model charges as the unmapping of the CPU's mappings
     (the arrays are CPU-initialised: every migrated page was CPU-mapped); ``base`` and a block's first fault are
-    returned for validation. Approximation: all the per-page work is taken as unmapping (no export separates it from
-    GPU-side per-page work; the same kernel over evicted, CPU-unmapped pages would)."""
-    from uvmlab.measure.nsys import schema as S
-
+    returned for validation (a block's first fault: the one at its first page, where such a kernel enters it).
+    Approximation: all the per-page work is taken as unmapping (no export separates it from GPU-side per-page work;
+    the same kernel over evicted, CPU-unmapped pages would)."""
     kernels = (
         ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
     )
     if not kernels or any(int(t) != 1 for (t,) in kernels):
         return None, {"reason": "the export's kernels do not all run one thread"}
-    if not {"migrationCause", "virtualAddress"} <= set(ex.columns(S.MEMCPY)):
+    groups = fault_groups(ex, S.COPY_KIND_UVM_HTOD)
+    if groups is None:
         return None, {"reason": "no UM migrations with a cause and an address"}
-    rows = ex.query(
-        f'SELECT start, "end", bytes, migrationCause, virtualAddress FROM {S.MEMCPY} '
-        f"WHERE copyKind = {S.COPY_KIND_UVM_HTOD} ORDER BY start"
-    )
-    a = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    first = np.flatnonzero(a[:, 3] == S.MIGRATION_CAUSE_FAULT)
-    if len(first) < 2 * MIN_SAMPLES:
-        return None, {"reason": f"{len(first)} HtoD fault migrations"}
-    a, first = a[first[0] :], first - first[0]
-    start, end = a[first, 0], np.maximum.reduceat(a[:, 1], first)
-    pages = np.add.reduceat(a[:, 2], first)[1:] / 4096.0
-    block_first = (a[first, 4] % (2 << 20) == 0)[1:]
+    start, end, nbytes, addr = groups
+    if len(start) < 2 * MIN_SAMPLES:
+        return None, {"reason": f"{len(start)} HtoD fault migrations"}
+    pages = nbytes[1:] / PAGE_BYTES
+    block_first = (addr % VA_BLOCK_BYTES == 0)[1:]
     gap_us = (start[1:] - end[:-1]) / 1e3
     logs = np.sort(np.log(np.maximum(gap_us, 1e-3)))
     lo, hi = int(len(logs) * SERIAL_GAP_SPLIT_MIN_SHARE), int(len(logs) * (1 - SERIAL_GAP_SPLIT_MIN_SHARE))
@@ -186,12 +196,10 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     fit = back & ~block_first
     if fit.sum() < MIN_SAMPLES or len(np.unique(pages[fit])) < 2:
         return None, {"reason": f"{int(fit.sum())} back-to-back faults over {len(np.unique(pages[fit]))} sizes"}
-    (base_us, slope_us), *_ = np.linalg.lstsq(
-        np.vstack([np.ones(int(fit.sum())), pages[fit]]).T, gap_us[fit], rcond=None
-    )
+    base_us, slope_us = _line(pages[fit], gap_us[fit])
     firsts = gap_us[back & block_first]
     info = {
-        "faults": len(first),
+        "faults": len(start),
         "back_to_back": int(back.sum()),
         "split_us": threshold_us,
         "fitted_faults": int(fit.sum()),
