@@ -218,3 +218,14 @@ def test_a_crashing_task_fails_only_its_planned_check(tmp_path: Path, monkeypatc
         card = validate(tmp_path, only=["plan-ok", "plan-crash"], jobs=jobs)
         assert card.ran == ["plan-ok"] and [p.predicted for _, p in card.points] == [4, 9]
         assert list(card.errors) == ["plan-crash"] and "ZeroDivisionError" in card.errors["plan-crash"]
+
+
+def test_a_point_of_numpy_values_keeps_its_band_as_a_python_bool() -> None:
+    """``keeps_band`` is compared with ``is True`` by the scorecard: NumPy values must not make it a NumPy bool (a
+    kept band was counted as left)."""
+    import numpy as np
+
+    from uvmlab.validate.points import Point
+
+    p = Point("d", "c", "q", "s", np.float64(13.9e-6), np.float64(9.4e-6), band=1.5)
+    assert p.keeps_band is True and p.within(1.2) is False

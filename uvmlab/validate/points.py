@@ -56,7 +56,8 @@ class Point:
         """True when predicted is within ``factor`` x of measured (both ways); None when there is no ratio.
 
         A factor of 1.0 means equal (up to float rounding: relative 1e-9). A negative ratio (opposite signs) is
-        never within.
+        never within. A Python bool whatever the values' type (the scorecard tests ``is True``: a NumPy bool from
+        NumPy values failed that test and counted a kept band as left).
         """
         if factor < 1.0:
             raise ValueError(f"a band factor is >= 1, not {factor}")
@@ -64,7 +65,7 @@ class Point:
         if r is None:
             return None
         tol = 1e-9
-        return r > 0 and 1.0 / factor - tol <= r <= factor + tol
+        return bool(r > 0 and 1.0 / factor - tol <= r <= factor + tol)
 
     @property
     def keeps_band(self) -> bool | None:
