@@ -105,7 +105,6 @@ def fit_closed(base: CostParams | None = None, newer: CostParams | None = None) 
     params.update(
         link_bytes_per_s=link,
         migrate_page_ns=float(slope) * 1e3,
-        cpu_unmap_page_ns=0.0,  # the P1 array is CPU-initialised: its slope holds the unmapping already
         block_first_gpu_ns=first_us * 1e3,
         cpu_fault_ns=float(cpu_us) * 1e3,
     )

@@ -24,7 +24,6 @@ never fitted. For the RTX 5090 (driver 575) profile:
    ``uvm_migrate.c`` populate, CE zeroing, mapping) fitted on **GCN 5M with user prefetch** (every tensor
    prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
    per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
-
 5. ``cpu_unmap_page_ns`` (the CPU's mappings unmapped per page a GPU fault takes from it): GCN and uvmbench's timed
    launches never migrate a page the CPU maps, so it comes from the one-thread kernel of the A100 nsys export beside
    this folder (:data:`SERIAL_EXPORT`, ``fit_serial_refaults``) [I: another host and GPU, the only one measured].
@@ -341,9 +340,10 @@ def derive_profile(
     path: Path, gpu_name: str, base_doc: dict[str, Any], nsys_export: Path, base_gpu_defaults: CostParams
 ) -> Path:
     """A profile for a GPU with only an nsys export: the fault-path constants of ``base_doc`` (the newest driver
-    we have timings for), its own link bandwidth and host CPU-fault cost fitted on the export's UM migrations
-    (``uvmlab.measure.calibrate``: ``fit_link_bandwidth``, ``fit_cpu_fault_ns``, where the export has CPU faults),
-    and the default kernel efficiencies (the base profile's were fitted on another GPU's kernels)."""
+    we have timings for), its own link bandwidth, host CPU-fault cost and CPU unmapping per page fitted on the
+    export's UM migrations (``uvmlab.measure.calibrate``: ``fit_link_bandwidth``; ``fit_cpu_fault_ns`` where the
+    export has CPU faults; ``fit_serial_refaults`` where its kernels run one thread), and the default kernel
+    efficiencies (the base profile's were fitted on another GPU's kernels)."""
     from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth, fit_serial_refaults
     from uvmlab.measure.nsys.read import open_export
 

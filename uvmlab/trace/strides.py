@@ -61,7 +61,9 @@ def strided_columns(operands: list[tuple[tuple[int, ...], tuple[int, ...], int, 
 def matrix_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
     """BLAS layout of a 2-D operand: ``n`` when its last dimension is contiguous (row-major), ``t`` when the one
     before it is (a transposed view of a row-major tensor, ``w.t()``), "" for any other view (the trace column
-    ``layout``, read by uvmlab.sim.uvm.tile_order). A dimension of size 1 is contiguous whatever its stride."""
+    ``layout``, read by uvmlab.sim.uvm.tile_order). A dimension of size 1 is contiguous whatever its stride. Padded
+    rows (a stride above the row) are given a layout here; the replay's shape check (reread.mm_operands: the bytes
+    must be rows x cols) then leaves such an operand in address order."""
     if len(shape) != 2:
         return ""
     (r, c), (sr, sc) = shape, stride

@@ -19,9 +19,10 @@ fitted on that export (a fitted point: csc746 defines the A100 profile's), else 
 GPU takes (``uvmlab.sim.uvm.profile.pick_profile``; the RTX 4060 laptop export validates the open-driver default).
 
 ``nsys-serial-refaults``: an export whose kernels run one thread (csc746's ``add<<<1, 1>>>``) times the GPU fault
-path before each copy (:func:`uvmlab.measure.calibrate.fit_serial_refaults`): the per-page part defines the
-A100 profile's ``cpu_unmap_page_ns`` (a fitted point); the base is validated against the model's one-fault batch
-(turnaround, entries, block service, band 1.5); a block's first fault is a known miss (no band).
+path before each copy (:func:`uvmlab.measure.calibrate.fit_serial_refaults`), against the simulator replaying the
+same faults on one CPU-initialised block (:func:`simulated_serial_faults`): the median per size (16-256 pages) is a
+fitted point (their slope is the A100 profile's ``cpu_unmap_page_ns``); the fit's base is validated against the
+simulator's fault without the unmapping (band 1.5); a block's first fault is a known miss (no band).
 """
 
 from __future__ import annotations
@@ -224,10 +225,9 @@ def cpu_fault_points(path: Path) -> list[Point]:
         measured, info = fit_cpu_fault_ns(ex)
     if measured is None:
         return []
-    found = _profile_for(path)
-    if found is None:
+    costs, fitted, why, gpu = _profile_for(path)
+    if gpu is None:
         return []
-    costs, fitted, why = found
     predicted = costs.cpu_fault_ns
     note = (
         f"{info['gaps']} gaps between {info['cpu_faults']} CPU faults: {info['fixed_us']:.1f} us fixed + "
@@ -248,26 +248,57 @@ def cpu_fault_points(path: Path) -> list[Point]:
     ]
 
 
-def _profile_for(path: Path) -> tuple[CostParams, bool, str] | None:
-    """(CostParams, fitted on this export, why) uvmlab uses for an export: the profile fitted on it, else the one a
-    run on its GPU takes; None when its GPU is not known."""
+def _profile_for(path: Path) -> tuple[CostParams, bool, str, str | None]:
+    """(costs, fitted on this export, why, GPU name) uvmlab uses for an export: the profile fitted on it, else the
+    one a run on its GPU takes; the GPU name is None when the export's GPU is not in the catalogue and no profile
+    was fitted on it (the callers give no point then)."""
     from uvmlab.gpus import GPUS, known_gpu
     from uvmlab.sim.uvm.profile import pick_profile, profile_docs
     from uvmlab.sim.uvm.timing import CostParams
 
-    own = [d for d in profile_docs().values() if any(path.name in x for x in d.get("fitted_on", []))]
-    if own:
-        return CostParams.from_file(own[0]["path"]), True, f"the {own[0]['gpu']} profile, fitted on this export"
     rows = _raw(path, "SELECT name FROM TARGET_INFO_GPU") if "TARGET_INFO_GPU" in _tables(path) else []
     gpu = known_gpu(str(rows[0][0])) if rows else None
+    own = [d for d in profile_docs().values() if any(path.name in x for x in d.get("fitted_on", []))]
+    if own:
+        why = f"the {own[0]['gpu']} profile, fitted on this export"
+        return CostParams.from_file(own[0]["path"]), True, why, gpu or str(own[0]["gpu"])
     if gpu is None:
-        return None
-    return pick_profile(GPUS[gpu])[0], False, f"the costs a run on {gpu} takes"
+        return CostParams(), False, "", None
+    return pick_profile(GPUS[gpu])[0], False, f"the costs a run on {gpu} takes", gpu
+
+
+SERIAL_SWEEP_PAGES = (0, 16, 32, 64, 128, 256)
+"""The pages a one-thread kernel faults on in a CPU-initialised 2 MiB block, in order: the tree prefetcher then
+migrates 16, 16, 32, 64, 128, 256 pages (64 KiB ... 1 MiB), as the csc746 export's records show."""
+
+
+def simulated_serial_faults(costs: CostParams, gpu_name: str, unmap: bool = True) -> dict[float, float]:
+    """The simulator's latency before the copy (stall minus the transfer, ns) of each fault of a one-thread kernel
+    over one CPU-initialised 2 MiB block: {pages migrated: latency}, the block's first fault under key -pages;
+    ``unmap`` False: with ``cpu_unmap_page_ns`` 0."""
+    from dataclasses import replace
+
+    from uvmlab.gpus import GPUS
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+    from uvmlab.sim.uvm.timing import transfer_time_ns
+
+    costs = costs if unmap else replace(costs, cpu_unmap_page_ns=0.0)
+    sim = UvmSim(4 * VA_BLOCK_BYTES, UvmKnobs(), costs, GPUS[gpu_name])
+    sim.map_range(0, VA_BLOCK_BYTES)
+    sim.host_write(0, 0, VA_BLOCK_BYTES)
+    out = {}
+    for page in SERIAL_SWEEP_PAGES:
+        c = sim.access([(0, page * PAGE_BYTES, 4, False)])
+        pages = float(c.htod_bytes // PAGE_BYTES)
+        transfer = float(transfer_time_ns(np.array([c.htod_bytes]), sim.costs.link_bytes_per_s))
+        out[-pages if page == 0 else pages] = float(c.stall_ns) - transfer
+    return out
 
 
 def serial_refault_points(path: Path) -> list[Point]:
-    """The latency before each back-to-back fault's copy of a one-thread kernel against the model (module
-    docstring)."""
+    """The latency before each back-to-back fault's copy of a one-thread kernel, measured against the simulator's
+    replay of the same faults (module docstring)."""
     from uvmlab.measure.calibrate import fit_serial_refaults
     from uvmlab.measure.nsys.read import open_export
 
@@ -275,26 +306,32 @@ def serial_refault_points(path: Path) -> list[Point]:
         return []
     with open_export(path) as ex:
         per_page_ns, info = fit_serial_refaults(ex)
-    found = _profile_for(path) if per_page_ns is not None else None
-    if found is None:
+    if per_page_ns is None:
         return []
-    costs, fitted, why = found
-    base_ns = costs.batch_turnaround_ns + costs.raw_entries_per_fault * costs.fault_entry_ns + costs.block_service_ns
+    costs, fitted, why, gpu = _profile_for(path)
+    if gpu is None:
+        return []
+    sim = simulated_serial_faults(costs, gpu)
+    base_ns = simulated_serial_faults(costs, gpu, unmap=False)[16.0]  # a fault's path without its pages' unmapping
     fit = f"{info['fitted_faults']} back-to-back faults: {info['base_us']:.1f} us + {info['per_page_us']:.3f} us/page"
     points = [
-        Point(DATASET, path.stem, "GPU fault latency per page the CPU maps", "s", per_page_ns / 1e9,
-              costs.cpu_unmap_page_ns / 1e9, fitted=fitted, note=f"{fit}; predicted: {why}",
-              band=None if fitted else SERIAL_BAND),
-        Point(DATASET, path.stem, "GPU fault latency before the copy, base", "s", info["base_us"] / 1e6,
-              base_ns / 1e9, note=f"{fit}; predicted: a one-fault batch's turnaround, entries and block service",
-              band=SERIAL_BAND),
+        Point(DATASET, path.stem, f"GPU fault latency before the copy, {int(pages)} pages", "s",
+              info["median_us_by_pages"][f"{pages:g}"] / 1e6, sim[pages] / 1e9, fitted=fitted,
+              note=f"median; {fit} (cpu_unmap_page_ns is this fit's slope); predicted: the simulator with {why}",
+              band=None if fitted else SERIAL_BAND)
+        for pages in sorted(p for p in sim if p > 0)
+        if f"{pages:g}" in info["median_us_by_pages"]
     ]  # fmt: skip
-    if info["block_first_median_us"] is not None:
-        pages = info["block_first_pages"]
-        first_ns = base_ns + costs.block_first_gpu_ns + pages * costs.cpu_unmap_page_ns
+    points.append(
+        Point(DATASET, path.stem, "GPU fault latency before the copy, base", "s", info["base_us"] / 1e6,
+              base_ns / 1e9, note=f"{fit}; predicted: the simulator's one-fault batch without the unmapping",
+              band=SERIAL_BAND)
+    )  # fmt: skip
+    first = [p for p in sim if p < 0]
+    if info["block_first_median_us"] is not None and first:
         points.append(
             Point(DATASET, path.stem, "GPU fault latency before the copy, a block's first fault", "s",
-                  info["block_first_median_us"] / 1e6, first_ns / 1e9,
+                  info["block_first_median_us"] / 1e6, sim[first[0]] / 1e9,
                   note="known miss: the model's first-chunk cost (block_first_gpu_ns) is fitted on fresh zero-filled "
                   "blocks; no source reading explains the rest of a CPU-resident block's first fault")
         )  # fmt: skip
