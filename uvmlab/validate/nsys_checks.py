@@ -30,7 +30,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -214,20 +214,29 @@ def link_points(path: Path) -> list[Point]:
     return points
 
 
-def cpu_fault_points(path: Path) -> list[Point]:
-    """The CPU-fault cost measured in one export against the one uvmlab uses for it (module docstring)."""
-    from uvmlab.measure.calibrate import fit_cpu_fault_ns
+def _fitted_on(path: Path, fit: Callable[[Any], tuple[float | None, dict[str, Any]]]) -> tuple[Any, ...] | None:
+    """(value, details, costs, fitted, why, GPU name) of ``fit`` (a ``uvmlab.measure.calibrate`` fit) on an export
+    and of the costs uvmlab uses for it (:func:`_profile_for`); None when the fit or the GPU gives nothing."""
     from uvmlab.measure.nsys.read import open_export
 
     if S.MEMCPY not in _tables(path):
-        return []
+        return None
     with open_export(path) as ex:
-        measured, info = fit_cpu_fault_ns(ex)
-    if measured is None:
-        return []
+        value, info = fit(ex)
+    if value is None:
+        return None
     costs, fitted, why, gpu = _profile_for(path)
-    if gpu is None:
+    return None if gpu is None else (value, info, costs, fitted, why, gpu)
+
+
+def cpu_fault_points(path: Path) -> list[Point]:
+    """The CPU-fault cost measured in one export against the one uvmlab uses for it (module docstring)."""
+    from uvmlab.measure.calibrate import fit_cpu_fault_ns
+
+    got = _fitted_on(path, fit_cpu_fault_ns)
+    if got is None:
         return []
+    measured, info, costs, fitted, why, _ = got
     predicted = costs.cpu_fault_ns
     note = (
         f"{info['gaps']} gaps between {info['cpu_faults']} CPU faults: {info['fixed_us']:.1f} us fixed + "
@@ -300,17 +309,11 @@ def serial_refault_points(path: Path) -> list[Point]:
     """The latency before each back-to-back fault's copy of a one-thread kernel, measured against the simulator's
     replay of the same faults (module docstring)."""
     from uvmlab.measure.calibrate import fit_serial_refaults
-    from uvmlab.measure.nsys.read import open_export
 
-    if S.MEMCPY not in _tables(path):
+    got = _fitted_on(path, fit_serial_refaults)
+    if got is None:
         return []
-    with open_export(path) as ex:
-        per_page_ns, info = fit_serial_refaults(ex)
-    if per_page_ns is None:
-        return []
-    costs, fitted, why, gpu = _profile_for(path)
-    if gpu is None:
-        return []
+    _, info, costs, fitted, why, gpu = got
     sim = simulated_serial_faults(costs, gpu)
     base_ns = simulated_serial_faults(costs, gpu, unmap=False)[16.0]  # a fault's path without its pages' unmapping
     fit = f"{info['fitted_faults']} back-to-back faults: {info['base_us']:.1f} us + {info['per_page_us']:.3f} us/page"
