@@ -32,8 +32,8 @@ def program(uvm, cfg, options):
         uvm.host_read(m)  # the CPU reads it back: CPU faults, DtoH
         torch.mul(m, 2.0, out=out)  # the GPU reads it again: GPU faults, HtoD
 """
-BEFORE = {"cpu_fault_ns": 4950.0612980162305, "cpu_unmap_page_ns": 0.0}
-"""The costs before stop 49: cpu_fault_ns 30 us x the GCN fault scale 0.165, no cpu_unmap_page_ns."""
+BEFORE = {"cpu_fault_ns": 4950.0612980162305, "cpu_unmap_chunk_ns": 0.0}
+"""The costs before stop 49: cpu_fault_ns 30 us x the GCN fault scale 0.165, no cpu_unmap_chunk_ns."""
 
 
 def run(folder: Path, gpu: str, mb: int, iterations: int, params: Path | None) -> dict[str, float]:

@@ -87,7 +87,10 @@ def test_kernel_time_scale_from_sim_run(tmp_path: Path) -> None:
     ("name", "fitted"),
     [
         ("cudamicrobench_gh200_um_gpu_faults_nsys2023.4.4.sqlite", ["batch_turnaround_ns", "link_bytes_per_s"]),
-        ("csc746_a100_um_migrations_nsys2022.2.1.sqlite", ["cpu_fault_ns", "cpu_unmap_page_ns", "link_bytes_per_s"]),
+        (
+            "csc746_a100_um_migrations_nsys2022.2.1.sqlite",
+            ["cpu_chunk_map_ns", "cpu_fault_ns", "cpu_unmap_chunk_ns", "link_bytes_per_s"],
+        ),
         ("easycuda_rtx4060_um_migrations_nsys2023.4.4.sqlite", ["cpu_fault_ns", "link_bytes_per_s"]),
         ("mordred_rtx6000_legacy_schema_nsys2021.2.1.sqlite", []),
     ],

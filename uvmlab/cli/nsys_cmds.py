@@ -311,9 +311,9 @@ def calibrate_cmd(
     """Fit the simulator's cost parameters (uvmlab.sim.uvm.timing.CostParams) from REPORT.sqlite and write them.
 
     Fits only what the export supports (link bandwidth from UM migrations, per-batch fault cost from GPU fault
-    records, per-CPU-fault cost from the gaps between CPU faults, the CPU's unmapping per page from a one-thread
-    kernel's back-to-back faults, kernel time scale with --sim-run) and keeps the defaults for the rest; the file
-    says which is which.
+    records, per-CPU-fault cost from the gaps between CPU faults, the per-CPU-chunk unmapping and DMA mapping from a
+    one-thread kernel's back-to-back faults, kernel time scale with --sim-run) and keeps the defaults for the rest;
+    the file says which is which.
     With --microbench-timings CSV it fits the microbenchmark model to timings recorded earlier (e.g. by
     `uvmlab collect`). With --kernels REPORT.sqlite (repeatable) it fits the native kernel-time classes on the
     exports' kernel tables instead (each kernel's FLOPs and bytes from --work), on the work file's declared fit rows,
@@ -386,7 +386,8 @@ def calibrate_cmd(
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
                 "collapse_page_ns",
-                *(["cpu_unmap_page_ns"] if "reason" not in details["cpu_unmap_page"] else []),
+                *(["cpu_unmap_chunk_ns"] if "reason" not in details["cpu_unmap_page"] else []),
+                *(["cpu_chunk_map_ns"] if details["cpu_unmap_page"].get("cpu_chunk_map_ns") is not None else []),
             ],
             True,
         )

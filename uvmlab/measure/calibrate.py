@@ -25,9 +25,10 @@ Fits (approximations, also in docs/nsys.md):
     ``cpu_fault_ns``; it adds the transfers itself) and ``b`` the program's own work. Least squares over the
     within-block gaps; needs ``MIN_SAMPLES`` of them over at least two sizes. Approximations: the program's work is
     linear in the bytes a fault brings (a pass over them), and the fault cost does not depend on its size.
-``cpu_unmap_page_ns``
+``cpu_unmap_chunk_ns`` and ``cpu_chunk_map_ns``
     Only from an export whose kernels all run one thread (:func:`fit_serial_refaults`): the per-page latency before
-    the copies of its back-to-back faults over CPU-initialised memory.
+    the copies of its back-to-back faults over CPU-initialised memory (per CPU chunk: a page before driver R530),
+    and what a block's first such fault costs beyond a later one, per CPU chunk of the block.
 ``compute_efficiency``, ``gemm_efficiency`` and ``memory_efficiency`` (the kernel time scale)
     Only with a simulated run of the same job (``--sim-run``): kernels matched as in ``uvmlab compare``; over the
     matched kernels without faults on either side, ``scale = median(measured duration / simulated native time)``
@@ -54,7 +55,8 @@ from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame
 from uvmlab.gpus import DEFAULT_GPU, GpuSpec
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.read import Export, open_export
-from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES
+from uvmlab.sim.uvm.cpu_chunks import page_sized_cpu_chunks
+from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, STREAM_EFFICIENCY, CostParams, transfer_bandwidth
 
 MIN_SAMPLES = 10  # fewest migrations / batches / kernels a fit uses
@@ -159,8 +161,73 @@ SERIAL_GAP_SPLIT_MIN_SHARE = 0.1
 this share of the gaps for :func:`fit_serial_refaults` to split them."""
 
 
+BATCH_GAP_MIN_JUMP = 2.0
+"""The longest short gap times this must stay below the shortest long one (easycuda: 4.6 vs 15.5 us), else the
+gaps are one population (the GH200 export's 72-75 ms between faults)."""
+
+
+def _gap_split_us(gap_us: np.ndarray) -> float:
+    """The gap (us) between short and long gaps: the widest jump of the sorted log gaps, each side holding at least
+    ``SERIAL_GAP_SPLIT_MIN_SHARE`` of them."""
+    logs = np.sort(np.log(np.maximum(gap_us, 1e-3)))
+    lo, hi = int(len(logs) * SERIAL_GAP_SPLIT_MIN_SHARE), int(len(logs) * (1 - SERIAL_GAP_SPLIT_MIN_SHARE))
+    cut = lo + int(np.argmax(np.diff(logs[lo:hi])))
+    return float(np.exp((logs[cut] + logs[cut + 1]) / 2))
+
+
+def batch_block_gaps(ex: Export) -> dict[str, Any]:
+    """How long the driver takes between two blocks serviced in one fault batch, from an export whose kernels run
+    more than one thread (their faults in several blocks share batches: easycuda's 256 threads over ``x`` and
+    ``y``): the gap from one fault group's last HtoD copy to the next group's first, where the gap is short (split
+    as in :func:`fit_serial_refaults`: the long ones hold the kernel's work and the next batch's round trip). Such
+    a gap is the next block's service up to its copy: its CPU pages' unmapping and, for a block's first GPU
+    touch, its CPU chunks' DMA mapping. Returns the medians for blocks the GPU touched before (``later``) and for
+    blocks' first touches (``first``), with their pages and counts, or ``reason``."""
+    kernels = (
+        ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
+    )
+    if not kernels or any(int(t) <= 1 for (t,) in kernels):
+        return {"reason": "the export's kernels do not all run more than one thread"}
+    groups = fault_groups(ex, S.COPY_KIND_UVM_HTOD)
+    if groups is None or len(groups[0]) < MIN_SAMPLES:
+        return {"reason": "fewer than 10 HtoD fault migrations with a cause and an address"}
+    start, end, nbytes, addr = groups
+    gap_us = (start[1:] - end[:-1]) / 1e3
+    threshold_us = _gap_split_us(gap_us)
+    block = addr // VA_BLOCK_BYTES
+    seen = np.array([block[i] in set(block[:i].tolist()) for i in range(1, len(block))], dtype=bool)
+    short = gap_us < threshold_us
+    if short.all() or gap_us[short].max() * BATCH_GAP_MIN_JUMP > gap_us[~short].min():
+        return {"reason": "the gaps between fault groups do not fall into short and long ones"}
+    info: dict[str, Any] = {"groups": len(start), "split_us": threshold_us, "driver": ex.driver_version()}
+    for name, sel in (("later", short & seen), ("first", short & ~seen)):
+        info[name] = {
+            "count": int(sel.sum()),
+            "median_us": float(np.median(gap_us[sel])) if sel.any() else None,
+            "gaps_us": gap_us[sel].round(3).tolist(),
+            "pages": (nbytes[1:][sel] // PAGE_BYTES).tolist(),
+        }
+    if info["later"]["count"] < MIN_SAMPLES // 2:
+        info["reason"] = f"{info['later']['count']} short gaps between blocks (< {MIN_SAMPLES // 2})"
+    return info
+
+
+def _chunk_map_ns(
+    firsts_us: np.ndarray, pages: float | None, base_us: float, slope_us: float, driver: str | None
+) -> float | None:
+    """``cpu_chunk_map_ns`` from a one-thread kernel's block-first faults over CPU-initialised blocks: their median
+    latency minus the fitted line at their pages (the same fault later in the block), over the CPU chunks a whole
+    CPU-populated block holds on the export's driver (uvmlab.sim.uvm.cpu_chunks: 512 before R530, 1 from R530);
+    None without such faults, a known driver, or a positive excess."""
+    if pages is None or driver is None or not len(firsts_us):
+        return None
+    chunks = PAGES_PER_BLOCK if page_sized_cpu_chunks(driver) else 1
+    excess_us = float(np.median(firsts_us)) - (base_us + slope_us * pages)
+    return excess_us * 1e3 / chunks if excess_us > 0 else None
+
+
 def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
-    """Fitted ``cpu_unmap_page_ns`` from an export whose only kernels run one thread over CPU-initialised managed
+    """Fitted ``cpu_unmap_chunk_ns`` from an export whose only kernels run one thread over CPU-initialised managed
     arrays (csc746's ``add<<<1, 1>>>``), or None with the reason.
 
     Such a kernel faults one page at a time, so each fault is its own batch and its migration one group of HtoD
@@ -169,11 +236,13 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     before the copy; after the kernel's own work over the migrated pages the gap is far longer. The two kinds are
     split at the widest jump of the sorted log gaps (each must hold ``SERIAL_GAP_SPLIT_MIN_SHARE`` of them). Over
     the back-to-back faults that are not a block's first, least squares gives ``latency = base + slope x pages``:
-    ``slope`` is the per-page work before the copy, which the model charges as the unmapping of the CPU's mappings
-    (the arrays are CPU-initialised: every migrated page was CPU-mapped); ``base`` and a block's first fault are
-    returned for validation (a block's first fault: the one at its first page, where such a kernel enters it).
-    Approximation: all the per-page work is taken as unmapping (no export separates it from GPU-side per-page work;
-    the same kernel over evicted, CPU-unmapped pages would)."""
+    ``slope`` is the per-page work before the copy, which the model charges per CPU chunk unmapped and copied (the
+    arrays are CPU-initialised: every migrated page was CPU-mapped): a fit only where a chunk is a page, drivers
+    before R530 (uvmlab.sim.uvm.cpu_chunks; an export that does not record its driver is taken as one). ``base`` is
+    returned for validation; a block's first fault (the one at its first page, where such a kernel enters it) gives
+    ``cpu_chunk_map_ns`` in the details (:func:`_chunk_map_ns`). Approximation: all the per-page work is taken as
+    the CPU side's (no export separates it from GPU-side per-page work; the same kernel over evicted, CPU-unmapped
+    pages would)."""
     kernels = (
         ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
     )
@@ -188,16 +257,15 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     pages = nbytes[1:] / PAGE_BYTES
     block_first = (addr % VA_BLOCK_BYTES == 0)[1:]
     gap_us = (start[1:] - end[:-1]) / 1e3
-    logs = np.sort(np.log(np.maximum(gap_us, 1e-3)))
-    lo, hi = int(len(logs) * SERIAL_GAP_SPLIT_MIN_SHARE), int(len(logs) * (1 - SERIAL_GAP_SPLIT_MIN_SHARE))
-    cut = lo + int(np.argmax(np.diff(logs[lo:hi])))
-    threshold_us = float(np.exp((logs[cut] + logs[cut + 1]) / 2))
+    threshold_us = _gap_split_us(gap_us)
     back = gap_us < threshold_us
     fit = back & ~block_first
     if fit.sum() < MIN_SAMPLES or len(np.unique(pages[fit])) < 2:
         return None, {"reason": f"{int(fit.sum())} back-to-back faults over {len(np.unique(pages[fit]))} sizes"}
     base_us, slope_us = _line(pages[fit], gap_us[fit])
     firsts = gap_us[back & block_first]
+    driver = ex.driver_version()
+    first_pages = float(np.median(pages[back & block_first])) if len(firsts) else None
     info = {
         "faults": len(start),
         "back_to_back": int(back.sum()),
@@ -207,10 +275,14 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
         "per_page_us": float(slope_us),
         "median_us_by_pages": {f"{p:g}": float(np.median(gap_us[fit & (pages == p)])) for p in np.unique(pages[fit])},
         "block_first_median_us": float(np.median(firsts)) if len(firsts) else None,
-        "block_first_pages": float(np.median(pages[back & block_first])) if len(firsts) else None,
+        "block_first_pages": first_pages,
+        "driver": driver,
+        "cpu_chunk_map_ns": _chunk_map_ns(firsts, first_pages, base_us, slope_us, driver),
     }
     if slope_us <= 0:
         return None, {**info, "reason": "no positive per-page latency"}
+    if driver is not None and not page_sized_cpu_chunks(driver):
+        return None, {**info, "reason": f"driver {driver} holds a block's CPU pages in one chunk: no per-chunk slope"}
     return float(slope_us) * 1e3, info
 
 
@@ -365,9 +437,11 @@ def calibrate(
         cpu_fault, details["cpu_fault_ns"] = fit_cpu_fault_ns(ex)
         if cpu_fault is not None:
             fitted["cpu_fault_ns"] = cpu_fault
-        unmap, details["cpu_unmap_page_ns"] = fit_serial_refaults(ex)
+        unmap, details["cpu_unmap_chunk_ns"] = fit_serial_refaults(ex)
         if unmap is not None:
-            fitted["cpu_unmap_page_ns"] = unmap
+            fitted["cpu_unmap_chunk_ns"] = unmap
+        if details["cpu_unmap_chunk_ns"].get("cpu_chunk_map_ns") is not None:
+            fitted["cpu_chunk_map_ns"] = details["cpu_unmap_chunk_ns"]["cpu_chunk_map_ns"]
         turnaround, details["batch_turnaround_ns"] = fit_batch_turnaround(ex, params, fitted.get("link_bytes_per_s"))
         if turnaround is not None:
             fitted["batch_turnaround_ns"] = turnaround

@@ -20,12 +20,16 @@ What is fitted (``fit_closed``):
 * per fault, nvprof's duration minus its HtoD records' durations is linear in the pages migrated (4 KiB pages):
   ``base + slope x pages`` (P1 faults 2-6: 17.5, 18.9, 25.8, 39.4, 68.9 us for 16-256 pages). ``slope`` is
   ``migrate_page_ns`` (the array is CPU-initialised, so it holds the unmapping of the CPU's pages too:
-  ``cpu_unmap_page_ns`` is 0 in this profile); ``base`` is the sum of a one-fault batch's constants
+  ``cpu_unmap_chunk_ns`` is 0 in this profile); ``base`` is the sum of a one-fault batch's constants
   (``batch_turnaround_ns + raw_entries_per_fault x fault_entry_ns + block_service_ns``), split in the Titan V logs'
   ratios (the CostParams defaults, reference/uvm.md 2.2) by one scale ``s``;
-* ``block_first_gpu_ns``: the first fault of a fresh block minus ``base + slope x 16`` (largePageBoundary blocks 2
-  and 3: 57.7 and 55.4 us). The very first fault of a process (P1: 183.7 us) also builds the page directories: the
-  model does not have that one-off cost (validation shows it);
+* ``cpu_chunk_map_ns``: the first fault of a block minus ``base + slope x 16`` (largePageBoundary blocks 2 and 3:
+  57.7 and 55.4 us), over the block's 512 CPU chunks: its pages are all CPU-resident, so the driver zeroes nothing
+  and the excess is the DMA mapping of the CPU pages as the block's GPU state is created (the closed drivers, like
+  R515-R529, keep CPU memory page by page: uvmlab.sim.uvm.cpu_chunks). ``block_first_gpu_ns`` (a block whose
+  first chunk is zeroed) takes the same excess [I: no zero-filled block in the traces]. The very first fault of a
+  process (P1: 183.7 us) also builds the page directories: the model does not have that one-off cost (validation
+  shows it);
 * ``cpu_fault_ns``: the CPU faults that read the pages back after the kernel, one per 64 KiB step, are 45 us apart
   (P1 lines 127-145, timestamps at 10 us resolution: 50, 40, 50, 40 us), each with a 64 KiB DtoH (6.3 us): 45 us
   minus the DtoH minus ``slope x 16``;
@@ -44,6 +48,7 @@ import numpy as np
 
 from uvmlab.files.atomic import atomic_write_json
 from uvmlab.gpus import GPUS
+from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams, transfer_time_ns
 
 KiB = 1024
@@ -106,6 +111,7 @@ def fit_closed(base: CostParams | None = None, newer: CostParams | None = None) 
         link_bytes_per_s=link,
         migrate_page_ns=float(slope) * 1e3,
         block_first_gpu_ns=first_us * 1e3,
+        cpu_chunk_map_ns=first_us * 1e3 / PAGES_PER_BLOCK,
         cpu_fault_ns=float(cpu_us) * 1e3,
     )
     if newer is not None:
@@ -144,7 +150,8 @@ def write_closed_profile(path: Path, newer: CostParams) -> Path:
         "fitted_on": [
             f"{UVMSMART}getHWPrefetcherP1.cu nvprof trace: faults 2-6 -> one-fault base and migrate_page_ns; "
             "its HtoD records -> link_bytes_per_s; its CPU faults -> cpu_fault_ns",
-            f"{UVMSMART}largePageBoundary.cu nvprof trace: first faults of blocks 2 and 3 -> block_first_gpu_ns",
+            f"{UVMSMART}largePageBoundary.cu nvprof trace: first faults of blocks 2 and 3 -> cpu_chunk_map_ns "
+            "(and block_first_gpu_ns [I])",
         ],
         "validated_on": [
             f"{UVMSMART}getHWPrefetcherP2.cu, getHWPrefetcherP3.cu, managedAllocRoundUp.cu nvprof traces",

@@ -24,9 +24,11 @@ never fitted. For the RTX 5090 (driver 575) profile:
    ``uvm_migrate.c`` populate, CE zeroing, mapping) fitted on **GCN 5M with user prefetch** (every tensor
    prefetched at allocation, nothing evicted: the epoch is native time plus allocator calls plus one API populate
    per fresh 2 MiB block); linear in the parameter, so two simulations give it exactly.
-5. ``cpu_unmap_page_ns`` (the CPU's mappings unmapped per page a GPU fault takes from it): GCN and uvmbench's timed
-   launches never migrate a page the CPU maps, so it comes from the one-thread kernel of the A100 nsys export beside
-   this folder (:data:`SERIAL_EXPORT`, ``fit_serial_refaults``) [I: another host and GPU, the only one measured].
+5. ``cpu_unmap_chunk_ns`` and ``cpu_chunk_map_ns`` (per CPU chunk: unmapped and copied as a GPU fault takes its
+   pages; DMA-mapped when the GPU first touches its block): GCN and uvmbench's timed launches never migrate a page
+   the CPU maps, so they come from the one-thread kernel of the A100 nsys export beside this folder
+   (:data:`SERIAL_EXPORT`, ``fit_serial_refaults``; driver 525, a chunk per page) [I: another host, GPU and
+   driver, the only one measured].
 
 Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
 other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed study) is validation
@@ -67,7 +69,7 @@ RQ4_FACTOR = 0.25
 """rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
 SERIAL_EXPORT = "csc746_a100_um_migrations_nsys2022.2.1.sqlite"
 """The nsys export (real-data/nsys, beside real-data/uvm) whose one-thread kernel gives the open-driver profile its
-``cpu_unmap_page_ns`` (:func:`uvmlab.measure.calibrate.fit_serial_refaults`; [I]: an A100 host, the only one
+``cpu_unmap_chunk_ns`` (:func:`uvmlab.measure.calibrate.fit_serial_refaults`; [I]: an A100 host, the only one
 measured)."""
 RTX5090_TOTAL_BYTES = 33_669_316_608
 """``cudaMemGetInfo`` total of the RTX 5090 in gpu_ext's CSVs (``working_set_bytes`` at size_factor 1.0)."""
@@ -221,7 +223,9 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     costs = replace(costs, collapse_page_ns=collapse)
     unmap, unmap_info = open_driver_unmap(uvm_dir)
     if unmap is not None:
-        costs = replace(costs, cpu_unmap_page_ns=unmap)
+        costs = replace(costs, cpu_unmap_chunk_ns=unmap)
+    if unmap_info.get("cpu_chunk_map_ns") is not None:
+        costs = replace(costs, cpu_chunk_map_ns=unmap_info["cpu_chunk_map_ns"])
     details = {
         "fault_scale": s,
         "index_memory_efficiency": {
@@ -251,14 +255,14 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
 
 
 def open_driver_unmap(uvm_dir: Path) -> tuple[float | None, dict[str, Any]]:
-    """``cpu_unmap_page_ns`` for the open-driver profile from :data:`SERIAL_EXPORT` beside ``uvm_dir``, or None with
+    """``cpu_unmap_chunk_ns`` for the open-driver profile from :data:`SERIAL_EXPORT` beside ``uvm_dir``, or None with
     the reason (then the default stays)."""
     from uvmlab.measure.calibrate import fit_serial_refaults
     from uvmlab.measure.nsys.read import open_export
 
     path = uvm_dir.parent / "nsys" / SERIAL_EXPORT
     if not path.is_file():
-        return None, {"reason": f"{path} is absent: cpu_unmap_page_ns keeps its default"}
+        return None, {"reason": f"{path} is absent: cpu_unmap_chunk_ns keeps its default"}
     with open_export(path) as ex:
         return fit_serial_refaults(ex)
 
@@ -317,8 +321,13 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             " -> prefetch_first_block_ns",
             f"{RQ4_CSV} seq_stream uvm_advise_read and uvm 0.25 median_ms -> collapse_page_ns",
             *(
-                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its one-thread kernel's faults -> cpu_unmap_page_ns"]
+                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its one-thread kernel's faults -> cpu_unmap_chunk_ns"]
                 if "reason" not in details["cpu_unmap_page"]
+                else []
+            ),
+            *(
+                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its blocks' first faults -> cpu_chunk_map_ns"]
+                if details["cpu_unmap_page"].get("cpu_chunk_map_ns") is not None
                 else []
             ),
         ],
@@ -361,7 +370,10 @@ def derive_profile(
     if cpu_fault is not None:
         params["cpu_fault_ns"] = cpu_fault
     if unmap is not None:
-        params["cpu_unmap_page_ns"] = unmap
+        params["cpu_unmap_chunk_ns"] = unmap
+    chunk_map = unmap_info.get("cpu_chunk_map_ns")
+    if chunk_map is not None:
+        params["cpu_chunk_map_ns"] = chunk_map
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
@@ -377,10 +389,11 @@ def derive_profile(
                 else []
             ),
             *(
-                [f"{nsys_export.name}: {unmap_info['fitted_faults']} back-to-back GPU faults -> cpu_unmap_page_ns"]
+                [f"{nsys_export.name}: {unmap_info['fitted_faults']} back-to-back GPU faults -> cpu_unmap_chunk_ns"]
                 if unmap is not None
                 else []
             ),
+            *([f"{nsys_export.name}: its blocks' first faults -> cpu_chunk_map_ns"] if chunk_map is not None else []),
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]

@@ -20,9 +20,17 @@ GPU takes (``uvmlab.sim.uvm.profile.pick_profile``; the RTX 4060 laptop export v
 
 ``nsys-serial-refaults``: an export whose kernels run one thread (csc746's ``add<<<1, 1>>>``) times the GPU fault
 path before each copy (:func:`uvmlab.measure.calibrate.fit_serial_refaults`), against the simulator replaying the
-same faults on one CPU-initialised block (:func:`simulated_serial_faults`): the median per size (16-256 pages) is a
-fitted point (their slope is the A100 profile's ``cpu_unmap_page_ns``); the fit's base is validated against the
-simulator's fault without the unmapping (band 1.5); a block's first fault is a known miss (no band).
+same faults on one CPU-initialised block under the export's driver (:func:`simulated_serial_faults`): the median per
+size (16-256 pages) is a fitted point (their slope is the A100 profile's ``cpu_unmap_chunk_ns``: driver 525, a CPU
+chunk per page), and so is a block's first fault (its excess over the line is ``cpu_chunk_map_ns`` times the
+block's 512 chunks); the fit's base is validated against the simulator's fault without the unmapping (band 1.5).
+
+``nsys-batch-blocks``: an export whose kernels fault several blocks in one batch (easycuda's 256 threads over two
+arrays) times the gap between two blocks' copies in a batch (:func:`uvmlab.measure.calibrate.batch_block_gaps`):
+the second block's service, its CPU pages' unmapping and, on its first touch, its CPU chunks' mapping. Validated
+(band 2.0) against the simulator's second block of a batch under the export's driver
+(:func:`simulated_batch_block_gap`); on R530+ a block is one CPU chunk, so the gap should not grow with the pages,
+as the R550 export shows.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ TOTAL_TIME_BAND = 1.5
 SIZE_BAND = 1.5
 CPU_FAULT_BAND = 1.5
 SERIAL_BAND = 1.5
+BATCH_BLOCK_BAND = 2.0
 JSON_FAULT_TYPE = "CudaUvmGpuPageFaultEvent"  # the JSON export's GPU fault records (real-data/nsys README)
 
 
@@ -281,10 +290,12 @@ SERIAL_SWEEP_PAGES = (0, 16, 32, 64, 128, 256)
 migrates 16, 16, 32, 64, 128, 256 pages (64 KiB ... 1 MiB), as the csc746 export's records show."""
 
 
-def simulated_serial_faults(costs: CostParams, gpu_name: str, unmap: bool = True) -> dict[float, float]:
+def simulated_serial_faults(
+    costs: CostParams, gpu_name: str, driver: str | None, unmap: bool = True
+) -> dict[float, float]:
     """The simulator's latency before the copy (stall minus the transfer, ns) of each fault of a one-thread kernel
-    over one CPU-initialised 2 MiB block: {pages migrated: latency}, the block's first fault under key -pages;
-    ``unmap`` False: with ``cpu_unmap_page_ns`` 0."""
+    over one CPU-initialised 2 MiB block on ``driver`` (None: the default): {pages migrated: latency}, the block's
+    first fault under key -pages; ``unmap`` False: with ``cpu_unmap_chunk_ns`` 0."""
     from dataclasses import replace
 
     from uvmlab.gpus import GPUS
@@ -292,8 +303,9 @@ def simulated_serial_faults(costs: CostParams, gpu_name: str, unmap: bool = True
     from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
     from uvmlab.sim.uvm.timing import transfer_time_ns
 
-    costs = costs if unmap else replace(costs, cpu_unmap_page_ns=0.0)
-    sim = UvmSim(4 * VA_BLOCK_BYTES, UvmKnobs(), costs, GPUS[gpu_name])
+    costs = costs if unmap else replace(costs, cpu_unmap_chunk_ns=0.0)
+    gpu = GPUS[gpu_name] if driver is None else GPUS[gpu_name].with_driver(driver)
+    sim = UvmSim(4 * VA_BLOCK_BYTES, UvmKnobs(), costs, gpu)
     sim.map_range(0, VA_BLOCK_BYTES)
     sim.host_write(0, 0, VA_BLOCK_BYTES)
     out = {}
@@ -314,13 +326,15 @@ def serial_refault_points(path: Path) -> list[Point]:
     if got is None:
         return []
     _, info, costs, fitted, why, gpu = got
-    sim = simulated_serial_faults(costs, gpu)
-    base_ns = simulated_serial_faults(costs, gpu, unmap=False)[16.0]  # a fault's path without its pages' unmapping
+    driver = info.get("driver")
+    sim = simulated_serial_faults(costs, gpu, driver)
+    base_ns = simulated_serial_faults(costs, gpu, driver, unmap=False)[16.0]  # a fault's path without the unmapping
+    why = f"{why}, driver {driver or 'not recorded: the default'}"
     fit = f"{info['fitted_faults']} back-to-back faults: {info['base_us']:.1f} us + {info['per_page_us']:.3f} us/page"
     points = [
         Point(DATASET, path.stem, f"GPU fault latency before the copy, {int(pages)} pages", "s",
               info["median_us_by_pages"][f"{pages:g}"] / 1e6, sim[pages] / 1e9, fitted=fitted,
-              note=f"median; {fit} (cpu_unmap_page_ns is this fit's slope); predicted: the simulator with {why}",
+              note=f"median; {fit} (cpu_unmap_chunk_ns is this fit's slope); predicted: the simulator with {why}",
               band=None if fitted else SERIAL_BAND)
         for pages in sorted(p for p in sim if p > 0)
         if f"{pages:g}" in info["median_us_by_pages"]
@@ -334,11 +348,76 @@ def serial_refault_points(path: Path) -> list[Point]:
     if info["block_first_median_us"] is not None and first:
         points.append(
             Point(DATASET, path.stem, "GPU fault latency before the copy, a block's first fault", "s",
-                  info["block_first_median_us"] / 1e6, sim[first[0]] / 1e9,
-                  note="known miss: the model's first-chunk cost (block_first_gpu_ns) is fitted on fresh zero-filled "
-                  "blocks; no source reading explains the rest of a CPU-resident block's first fault")
+                  info["block_first_median_us"] / 1e6, sim[first[0]] / 1e9, fitted=fitted,
+                  note=f"median; cpu_chunk_map_ns is this excess over a later fault, per CPU chunk of the block; "
+                  f"predicted: the simulator with {why}", band=None if fitted else SERIAL_BAND)
         )  # fmt: skip
     return points
+
+
+def simulated_batch_block_gap(costs: CostParams, gpu_name: str, driver: str | None, first: bool) -> float:
+    """The simulator's cost (ns, besides its transfer) of a second CPU-initialised block serviced in one fault
+    batch with another, 16 pages each: the block's first GPU touch (``first``) or a block the GPU touched before
+    (its first page in an earlier kernel). Measured as the stall of the two-block batch minus that of the same
+    batch without the block and minus the block's transfer."""
+    from uvmlab.gpus import GPUS
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
+    from uvmlab.sim.uvm.timing import transfer_time_ns
+
+    gpu = GPUS[gpu_name] if driver is None else GPUS[gpu_name].with_driver(driver)
+    page = 16 * PAGE_BYTES
+
+    def batch(with_block: bool) -> tuple[float, int]:
+        sim = UvmSim(8 * VA_BLOCK_BYTES, UvmKnobs(), costs, gpu)
+        for r in (0, 1):
+            sim.map_range(r, VA_BLOCK_BYTES)
+            sim.host_write(r, 0, VA_BLOCK_BYTES)
+        sim.access([(0, 0, 4, False)] + ([] if first else [(1, 0, 4, False)]))
+        c = sim.access([(0, page, 4, False)] + ([(1, page, 4, False)] if with_block else []))
+        return float(c.stall_ns), int(c.htod_bytes)
+
+    (alone, h_alone), (both, h_both) = batch(False), batch(True)
+    return both - alone - float(transfer_time_ns(np.array([h_both - h_alone]), costs.for_gpu(gpu).link_bytes_per_s))
+
+
+def batch_block_points(path: Path) -> list[Point]:
+    """The gap between two blocks serviced in one fault batch, measured against the simulator (module
+    docstring)."""
+    from uvmlab.measure.calibrate import batch_block_gaps
+    from uvmlab.measure.nsys.read import open_export
+
+    if S.MEMCPY not in _tables(path):
+        return []
+    with open_export(path) as ex:
+        info = batch_block_gaps(ex)
+    if "reason" in info:
+        return []
+    costs, fitted, why, gpu = _profile_for(path)
+    if gpu is None:
+        return []
+    driver = info["driver"]
+    why = f"{why}, driver {driver or 'not recorded: the default'}"
+    points = []
+    for key, label, first in (("later", "a block touched before", False), ("first", "a block's first touch", True)):
+        got = info[key]
+        if got["median_us"] is None:
+            continue
+        predicted = simulated_batch_block_gap(costs, gpu, driver, first)
+        points.append(
+            Point(DATASET, path.stem, f"gap between two blocks of one fault batch, {label}", "s",
+                  got["median_us"] / 1e6, predicted / 1e9, fitted=fitted, band=None if fitted else BATCH_BLOCK_BAND,
+                  note=f"median of {got['count']} gaps ({min(got['pages'])}-{max(got['pages'])} pages; split at "
+                  f"{info['split_us']:.1f} us); predicted: the simulator's second block of a batch, 16 pages, "
+                  f"with {why}")
+        )  # fmt: skip
+    return points
+
+
+@check("nsys-batch-blocks", needs="nsys", fast=True)
+def check_nsys_batch_blocks(data_dir: Path) -> list[Point]:
+    """The service of a second block in one fault batch, every SQLite export whose kernels share batches."""
+    return _every_sqlite(data_dir, batch_block_points)
 
 
 @check("nsys-serial-refaults", needs="nsys", fast=True)

@@ -249,6 +249,15 @@ class Export:
                 )
         return {int(i): str(v) for i, v in rows}
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver the capture ran on (``TARGET_INFO_SYSTEM_ENV`` ``NvDriverVersion``), as uvmlab writes
+        versions: ``'555.42.02'`` as recorded; the undotted form of older nsys (``'52510517'`` for 525.105.17) as its
+        branch only (``'525'``: its minor and patch digits cannot be told apart); None when absent or ``'0'``."""
+        if S.SYSTEM_ENV not in self.tables:
+            return None
+        rows = self.query(f"SELECT value FROM {S.SYSTEM_ENV} WHERE name = 'NvDriverVersion'")
+        return parse_driver_version(str(rows[0][0])) if rows else None
+
     def describe(self) -> dict[str, Any]:
         """Version, source tables and their row counts (None = absent)."""
         wanted = (S.GPU_FAULTS, S.CPU_FAULTS, S.MEMCPY, S.KERNEL, S.RUNTIME, S.NVTX, S.MEMORY_USAGE, S.MEMSET)
@@ -406,6 +415,16 @@ class Export:
         device_side = ~df["mem_kind"].isin(S.HOST_MEM_KINDS)
         df["live_bytes"] = df["delta_bytes"].where(device_side, 0).groupby(df["device_id"], dropna=False).cumsum()
         return df
+
+
+def parse_driver_version(text: str) -> str | None:
+    """A driver version as nsys records it, in uvmlab's form (:meth:`Export.driver_version`); None if unreadable."""
+    text = text.strip()
+    if re.fullmatch(r"\d{3,}(\.\d+){1,2}", text):
+        return text
+    if re.fullmatch(r"\d{6,}", text):
+        return text[:3]
+    return None
 
 
 def _excluded_rows(df: pd.DataFrame, allocations: Sequence[tuple[int, int]]) -> list[int]:

@@ -39,6 +39,7 @@ STRING_IDS = "StringIds"
 META_EXPORT = "META_DATA_EXPORT"  # schema >= 3.4.0
 META_EXPORT_LEGACY = "EXPORT_META_DATA"  # schema 2.x .. 3.1
 META_CAPTURE = "META_DATA_CAPTURE"  # schema >= 3.4.0
+SYSTEM_ENV = "TARGET_INFO_SYSTEM_ENV"  # name/value rows: CPU, OS, NvDriverVersion, ...
 
 GPU_WORK_TABLES = (KERNEL, MEMCPY, MEMSET)
 

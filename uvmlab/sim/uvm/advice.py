@@ -310,15 +310,18 @@ class AdviceService:
         self.unmap_cpu(s, mask if keep is None else mask & ~keep)
 
     def unmap_cpu(self, rows: Any, mask: Any) -> None:
-        """The CPU loses its mapping of the ``mask`` pages of slot(s) ``rows``, made GPU-resident: each host page it
-        mapped costs ``CostParams.cpu_unmap_page_ns`` (the driver unmaps the CPU's PTEs before the copy:
-        ``block_unmap_cpu`` -> ``unmap_mapping_range`` and its TLB shootdown, uvm_va_block.c). A read duplicate pays
-        it too (the CPU's read-write mapping is revoked; it maps the page read-only again on its next access)."""
+        """The CPU loses its mapping of the ``mask`` pages of slot(s) ``rows``, made GPU-resident: each CPU chunk
+        holding pages it mapped costs ``CostParams.cpu_unmap_chunk_ns`` (the driver unmaps the CPU's PTEs and copies
+        chunk by chunk: ``block_unmap_cpu`` -> ``unmap_mapping_range``, ``block_copy_resident_pages``,
+        uvm_va_block.c; a chunk is a host page before R530, a block from R530: uvmlab.sim.uvm.cpu_chunks). A read
+        duplicate pays it too (the CPU's read-write mapping is revoked; it maps the page read-only again on its next
+        access)."""
         mapped = self._cmap[rows] & mask
         n = int(np.count_nonzero(mapped))
         if n:
             self._cmap[rows] &= ~mapped
-            self._k.stall_ns += n / self._g * self.costs.cpu_unmap_page_ns
+            blocks = int(np.count_nonzero(mapped.any(axis=-1))) if mapped.ndim > 1 else 1
+            self._k.stall_ns += self.cpu_chunks(n, blocks) * self.costs.cpu_unmap_chunk_ns
 
     def _after_eviction(self, v: int, now_cpu: np.ndarray) -> None:
         """Accessed-by processors map the evicted pages (``block_add_eviction_mappings``, uvm_va_block.c)."""

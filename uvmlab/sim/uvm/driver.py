@@ -50,6 +50,7 @@ from uvmlab.errors import InputError, InvariantError
 from uvmlab.gpus import DEFAULT_GPU, GPUS, GpuSpec, driver_major
 from uvmlab.sim.uvm.advice import PREFERRED_PREFETCH_MAJOR, AdviceService
 from uvmlab.sim.uvm.concurrent import ConcurrentService
+from uvmlab.sim.uvm.cpu_chunks import page_sized_cpu_chunks
 from uvmlab.sim.uvm.faults import FaultPlan, FaultService, UvmCounters
 from uvmlab.sim.uvm.hints import HintService
 from uvmlab.sim.uvm.host import HostService
@@ -123,6 +124,7 @@ class UvmSim(
         self._g = self.host_page_bytes // PAGE_BYTES  # 4 KiB bitmap pages per host page (the fault unit)
         self.coherent = bool(gpu.coherent)
         self.prefetch_honours_preferred = driver_major(gpu.driver) >= PREFERRED_PREFETCH_MAJOR
+        self._page_chunks = page_sized_cpu_chunks(gpu.driver)  # CPU chunks: host pages, or one per block
         self._pol_any: list[bool] | None = None  # per slot: any cudaMemAdvise policy bit (uvmlab.sim.uvm.hints)
         self._hint_arrays: tuple[str, ...] = ()  # the policy / mapping bitmaps, created on first use
         self._disc_fifo: OrderedDict[int, None] = OrderedDict()  # fully discarded blocks, first discarded first
@@ -445,9 +447,27 @@ class UvmSim(
         self._lrm[s] = None
         if not self._had_gpu[s]:
             self._had_gpu[s] = True
-            # the fault path pays the invalid-PDE round trips on top of the populate; an API migration
-            # (cudaMemPrefetchAsync) pays its own first-chunk cost (CostParams.prefetch_first_block_ns)
-            self._k.stall_ns += self.costs.block_first_gpu_ns if fault_path else self.costs.prefetch_first_block_ns
+            self._k.stall_ns += self._first_gpu_ns(s, fault_path)
+
+    def _first_gpu_ns(self, s: int, fault_path: bool = True) -> float:
+        """The cost of slot ``s``'s first GPU chunk, from its state before it is populated: the chunk's first-use
+        cost when it must be zeroed (a page of the block resident nowhere: ``block_zero_new_gpu_chunk``; the fault
+        path's ``block_first_gpu_ns`` includes the invalid-PDE round trips, an API migration pays
+        ``prefetch_first_block_ns``), plus the DMA mapping of the block's CPU chunks for the GPU
+        (``cpu_chunk_map_ns``, uvmlab.sim.uvm.cpu_chunks)."""
+        costs = self.costs
+        n_cpu = self._cpu_count[s]
+        t = 0.0
+        if n_cpu < self._npages[s]:
+            t = costs.block_first_gpu_ns if fault_path else costs.prefetch_first_block_ns
+        if n_cpu:
+            t += self.cpu_chunks(n_cpu) * costs.cpu_chunk_map_ns
+        return t
+
+    def cpu_chunks(self, pages: int, blocks: int = 1) -> float:
+        """CPU chunks holding ``pages`` 4 KiB pages of ``blocks`` blocks: one per host page on drivers before R530,
+        one per block from R530 (uvmlab.sim.uvm.cpu_chunks)."""
+        return pages / self._g if self._page_chunks else float(blocks)
 
     def _populate(
         self, s: int, mask: np.ndarray, fault_path: bool = True, with_runs: bool = True

@@ -533,7 +533,7 @@ class FaultService:
         close_raw = 0.0
         groups: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): plan, new slots, CPU-resident
         lrm = self._lrm
-        first_gpu = 0
+        first_gpu_ns = 0.0
         for s, _, _, _, plan in steps:  # the batches, in order; the chunks join the LRM list's end in touch order
             if plan.n_closes:
                 n = -(-(open_f + plan.first_close_faults) // g)
@@ -555,7 +555,7 @@ class FaultService:
             has_chunk[s] = True
             if not had_gpu[s]:
                 had_gpu[s] = True
-                first_gpu += 1
+                first_gpu_ns += self._first_gpu_ns(s)
         self._open_faults, self._open_blocks = open_f, open_b
         stall = 0.0
         zero_pages = htod_runs = htod_recs = htod_pages = fault_h = 0
@@ -595,7 +595,7 @@ class FaultService:
         k.htod_bytes += htod_pages * PAGE_BYTES
         k.fault_htod_bytes += fault_h * PAGE_BYTES
         k.prefetch_htod_bytes += (htod_pages - fault_h) * PAGE_BYTES
-        k.stall_ns += stall + first_gpu * costs.block_first_gpu_ns
+        k.stall_ns += stall + first_gpu_ns
 
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:
         npages = self._npages[s]

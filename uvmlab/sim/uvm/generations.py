@@ -38,7 +38,8 @@ FAULT_PATH_FIELDS = (
     "prefetch_first_block_ns",
     "evict_fixed_ns",
     "migrate_page_ns",
-    "cpu_unmap_page_ns",
+    "cpu_unmap_chunk_ns",
+    "cpu_chunk_map_ns",
     "cpu_fault_ns",
     "collapse_page_ns",
 )

@@ -121,7 +121,8 @@ class MigrateService:
             self._has_chunk,
             self._had_gpu,
         )
-        first = pages = h_blocks = h_pages = 0
+        pages = h_blocks = h_pages = 0
+        first_ns = 0.0
         t_h = 0.0
         full: list[int] = []
         tail: list[int] = []
@@ -132,7 +133,7 @@ class MigrateService:
             n = npages[s]
             if not had_gpu[s]:
                 had_gpu[s] = True
-                first += 1
+                first_ns += self._first_gpu_ns(s, fault_path=False)
             has_chunk[s] = True
             res_count[s] = n
             n_h = cpu_count[s]
@@ -163,12 +164,7 @@ class MigrateService:
         k.htod_bytes += h_pages * PAGE_BYTES
         k.prefetch_htod_bytes += h_pages * PAGE_BYTES
         k.zero_fill_bytes += zero * PAGE_BYTES
-        k.stall_ns += (
-            t_h
-            + len(slots) * costs.block_service_ns
-            + zero * self._zero_ns_per_page
-            + first * costs.prefetch_first_block_ns
-        )
+        k.stall_ns += t_h + len(slots) * costs.block_service_ns + zero * self._zero_ns_per_page + first_ns
 
 
 __all__ = ["MigrateService"]

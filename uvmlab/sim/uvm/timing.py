@@ -6,7 +6,9 @@ batches)::
     T_kernel_uvm = T_native + (1 - fault_overlap) * sum over batches of t_batch
     t_batch = batch_turnaround + fault_entry * raw_entries
             + sum over VA blocks (block_service + block_first_gpu [first GPU chunk of the block since its range was
-              created] + evictions (evict_fixed + DtoH bytes / BW(size)) + HtoD bytes / BW(size) + zero-fill / HBM)
+              created, when zeroed] + cpu_chunk_map x the block's CPU chunks [same moment]
+              + cpu_unmap_chunk x CPU chunks migrated + evictions (evict_fixed + DtoH bytes / BW(size))
+              + HtoD bytes / BW(size) + zero-fill / HBM)
 
 ``T_native`` is a roofline: max(FLOPs / (peak * compute_efficiency), bytes / (HBM * memory_efficiency)), at least
 ``kernel_min``. Link bandwidth per transfer follows UVMSmart's fitted curve (uvm.md 2.3):
@@ -61,14 +63,18 @@ class CostParams:
     block_service_ns: float = 30_000.0
     """Servicing one VA block in a batch: 25-40 µs (uvm.md 2.2, abc batches 2 and 3, 'last f -> b')."""
     block_first_gpu_ns: float = 300_000.0
-    """Extra when a block gets its first GPU chunk since its range was created (chunk from PMA, page-table
-    creation, invalid-PDE faults): +0.25-0.45 ms per block (uvm.md 2.2, abc batch 1: 507-887 µs for 2 blocks)."""
+    """Extra when a block gets its first GPU chunk since its range was created and that chunk must be zeroed: some
+    page of the block is resident nowhere (chunk from PMA, page-table creation, invalid-PDE faults, and the CE memset
+    push of ``block_zero_new_gpu_chunk``, which the driver skips when every page of the chunk is resident somewhere,
+    uvm_va_block.c): +0.25-0.45 ms per block (uvm.md 2.2, abc batch 1: 507-887 us for 2 blocks of which 32 pages
+    were CPU-initialised). A block the CPU populated whole pays ``cpu_chunk_map_ns`` per CPU chunk instead."""
     prefetch_first_block_ns: float = 0.0
     """The same first-chunk cost on the API path: ``cudaMemPrefetchAsync`` of a never-populated block
     (``uvm_migrate.c`` ``uvm_va_block_migrate_locked`` -> ``uvm_va_block_make_resident``: chunk from PMM/PMA, CE
     memset push ``block_zero_new_gpu_chunk`` and tracker wait, then ``block_migrate_add_mappings``: PTE writes);
-    no fault-buffer round trips. Default 0 [U] (the API path pays only ``block_service_ns`` and the zero-fill);
-    the RTX 5090 profile fits it on a with-user-prefetch training epoch (``uvmlab.measure.profile_fit``)."""
+    no fault-buffer round trips; like ``block_first_gpu_ns``, only for a chunk that must be zeroed. Default 0 [U]
+    (the API path pays only ``block_service_ns`` and the zero-fill); the RTX 5090 profile fits it on a
+    with-user-prefetch training epoch (``uvmlab.measure.profile_fit``)."""
     evict_fixed_ns: float = 20_000.0
     """Fixed cost of evicting one root chunk besides its DtoH copy (unmap, PMM bookkeeping) [U]."""
     link_bytes_per_s: float | None = None
@@ -79,14 +85,24 @@ class CostParams:
     """Per 4 KiB page a fault migrates, besides its transfer (unmapping the source, PTE writes). Default 0: the Titan
     V logs and the RTX 5090 fit cannot separate it from ``block_service_ns``; the closed-driver profile fits it on the
     GTX 1080 nvprof traces (0.21 us per page: uvmlab.measure.generation_fit)."""
-    cpu_unmap_page_ns: float = 0.0
-    """Per host page a migration makes GPU-resident while the CPU maps it, besides the fault and the transfer: the
-    driver unmaps the CPU's mapping first (``block_unmap_cpu`` -> ``unmap_mapping_range`` and its TLB shootdown,
-    uvm_va_block.c); pages the CPU does not map (evicted ones, pages the host never touched) do not pay it
-    (``AdviceService.unmap_cpu``). Default 0: the Titan V constants above were timed over CPU-initialised pages and
-    hold it. The open-driver profiles take 693 ns, fitted on the A100 host of the csc746 export, whose one-thread
-    kernel faults back to back (13.9 us + 0.693 us per page migrated: ``uvmlab.measure.calibrate.fit_serial_refaults``;
-    [I] on every other host); the closed-driver profile folds it into ``migrate_page_ns``."""
+    cpu_unmap_chunk_ns: float = 0.0
+    """Per CPU chunk whose pages a migration makes GPU-resident while the CPU maps them, besides the fault and the
+    transfer: the driver unmaps the CPU's mappings and copies the pages chunk by chunk (``block_unmap_cpu``, the
+    copy loop of ``block_copy_resident_pages``, uvm_va_block.c); pages the CPU does not map (evicted ones, pages the
+    host never touched) do not pay it (``AdviceService.unmap_cpu``). A chunk is a host page on drivers before R530
+    and a whole block from R530 (uvmlab.sim.uvm.cpu_chunks). Default 0: the Titan V constants above were timed over
+    CPU-initialised pages and hold it. The open-driver profiles take 693 ns, fitted on the A100 host of the csc746
+    export (driver 525: one chunk per page), whose one-thread kernel faults back to back (13.9 us + 0.693 us per
+    page migrated: ``uvmlab.measure.calibrate.fit_serial_refaults``; [I] on every other host); the closed-driver
+    profile folds it into ``migrate_page_ns``."""
+    cpu_chunk_map_ns: float = 0.0
+    """Per CPU chunk a block holds when the GPU first touches it: the driver DMA-maps each for the GPU as it creates
+    the block's GPU state (``uvm_va_block_gpu_state_get_alloc`` -> ``block_gpu_map_phys_all_cpu_pages`` ->
+    ``uvm_cpu_chunk_map_gpu``: ``dma_map_page``, the IOMMU entry, the reverse map; uvm_va_block.c); chunks as for
+    ``cpu_unmap_chunk_ns``. Default 0 (the Titan V constants hold it). The open-driver profiles take 488 ns, fitted
+    on csc746 (driver 525): a block's first fault costs 245.6 us more than the same fault later in the block, over
+    the block's 512 chunks (``fit_serial_refaults``); the closed-driver profile fits it on the GTX 1080 traces'
+    first faults of CPU-initialised blocks (uvmlab.measure.generation_fit)."""
     cpu_fault_ns: float = 30_000.0
     """One CPU page fault serviced by UVM (``uvm_va_space_cpu_fault_managed`` -> ``uvm_va_block_cpu_fault``:
     residency choice, CPU-side prefetch, population or DtoH, CPU mapping), besides its transfer and zeroing: one
@@ -206,7 +222,8 @@ ZERO_MEANS: dict[str, str] = {
     "batch_turnaround_ns": "the other modelled terms take the whole batch (uvmlab calibrate floors its fit there)",
     "prefetch_first_block_ns": "the API path pays only block_service_ns and the zero-fill (the default)",
     "migrate_page_ns": "folded into block_service_ns (the default)",
-    "cpu_unmap_page_ns": "held in the other fault-path constants (the default; the closed profile's migrate_page_ns)",
+    "cpu_unmap_chunk_ns": "held in the other fault-path constants (the default; the closed profile's migrate_page_ns)",
+    "cpu_chunk_map_ns": "held in the other fault-path constants (the default)",
     "collapse_page_ns": "folded into the write fault (the default)",
     "fault_overlap": "no fault time is hidden (the default)",
 }
@@ -301,6 +318,11 @@ class ParamsFile:
         return f"{self.path} ({sets}); every other cost: {rest}"
 
 
+RENAMED_COSTS = {"cpu_unmap_page_ns": "cpu_unmap_chunk_ns"}
+"""Cost names of older parameter files and the field each now sets (the unmapping became per CPU chunk: on the
+drivers it was fitted on, R515-R529, a chunk is a host page, so the value carries over)."""
+
+
 def read_params_file(path: str | Path) -> ParamsFile:
     """Read a parameter file ``{"schema_version": 1, "source": ..., "params": {field: value}, "fitted": [...]}``:
     its numbers are checked while decoded (uvmlab.numbers) and against :func:`check_cost_values`; unknown fields or a
@@ -319,17 +341,22 @@ def read_params_file(path: str | Path) -> ParamsFile:
     params = doc.get("params")
     if not isinstance(params, dict):
         raise InputError(f"cost parameter file {p} needs a 'params' mapping of field to number")
+    params = {RENAMED_COSTS.get(k, k): v for k, v in params.items()}
     known = {f.name for f in fields(CostParams)}
     unknown = sorted(set(params) - known)
     if unknown:
         raise InputError(f"cost parameter file {p} has unknown fields {prefix(unknown)}; known fields: {sorted(known)}")
-    fitted, kept = doc.get("fitted", []), doc.get("kept", [])
-    for key, names in (("fitted", fitted), ("kept", kept)):
+    named: dict[str, list[str]] = {}
+    for key in ("fitted", "kept"):
+        names = doc.get(key, [])
         if isinstance(names, dict):  # uvmlab calibrate --uvm-timings wrote {name: true}
             names = list(names)
-        if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise InputError(f"cost parameter file {p}: '{key}' must list cost names, not {prefix(names)}")
-    fitted = list(fitted)
+        named[key] = [RENAMED_COSTS.get(n, n) for n in names]
+        if not all(n in known for n in named[key]):
+            raise InputError(f"cost parameter file {p}: '{key}' must list cost names, not {prefix(names)}")
+    fitted, kept = named["fitted"], named["kept"]
     ignored = tuple(n for n in kept if n in params and n not in fitted)
     values = {k: v for k, v in params.items() if k not in ignored}
     check_cost_values(values, f"cost parameter file {p}")
