@@ -6,16 +6,15 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
+from tests.nsys_fault_groups import write_fault_group_export
 from uvmlab.errors import InputError
 from uvmlab.gpus import GPUS, GpuSpec
 from uvmlab.measure.calibrate import batch_block_gaps
 from uvmlab.measure.nsys.read import open_export, parse_driver_version
-from uvmlab.measure.nsys.synthetic import GLOBAL_PID, write_synthetic_export
 from uvmlab.sim.uvm.cpu_chunks import page_sized_cpu_chunks
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK, VA_BLOCK_BYTES, UvmKnobs
@@ -101,36 +100,11 @@ def test_a_cost_file_of_the_previous_name_sets_the_per_chunk_unmapping(tmp_path:
 def _batched_export(path: Path, driver: str | None, threads: int = 256) -> None:
     """Two arrays faulted in the same batches by a parallel kernel: per step, x's group then y's group 3 us after
     it (5 us for y's first touch of a block), then 80 us of the kernel's work and the next batch's round trip."""
-    write_synthetic_export(path, faults=0, migrations=0, iterations=1, kernels_per_iteration=1)
-    rows, t = [], 10**9
-    for blk in range(2):
-        off = 0
-        for kib in (64, 64, 128, 256, 512, 1024):
-            for arr in (0, 1):
-                addr = (1 << 40) + arr * (1 << 32) + blk * VA_BLOCK_BYTES + off * 1024
-                t += round((80.0 if arr == 0 else (5.0 if off == 0 else 3.0)) * 1e3)
-                rows += [
-                    (t, t + 2_000, 4096, 2, addr),
-                    (t + 2_000, t + 2_000 + kib * 40, (kib - 4) * 1024, 3, addr + 4096),
-                ]
-                t += 2_000 + kib * 40
-            off += kib
-    con = sqlite3.connect(path)
-    con.executemany(
-        "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, correlationId, globalPid,"
-        f" bytes, copyKind, srcKind, dstKind, migrationCause, virtualAddress) VALUES (?, ?, 0, 1, 0, 0, {GLOBAL_PID},"
-        " ?, 11, 7, 7, ?, ?)",
-        rows,
-    )
-    con.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = {threads}, gridY = 1, gridZ = 1, blockX = 1")
-    if driver is not None:
-        con.execute(
-            "CREATE TABLE IF NOT EXISTS TARGET_INFO_SYSTEM_ENV "
-            "(globalVid INTEGER, devStateName TEXT, name TEXT, nameEnum INTEGER, value TEXT)"
-        )
-        con.execute("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (0, 'Local', 'NvDriverVersion', 205, ?)", (driver,))
-    con.commit()
-    con.close()
+
+    def gap_us(arr: int, off: int, kib: int) -> float:
+        return 80.0 if arr == 0 else 5.0 if off == 0 else 3.0
+
+    write_fault_group_export(path, gap_us, blocks=2, threads=threads, driver=driver)
 
 
 def test_gaps_between_blocks_of_one_batch_are_split_from_the_kernels_work(tmp_path: Path) -> None:

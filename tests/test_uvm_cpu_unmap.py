@@ -4,17 +4,16 @@ faults (``uvmlab.measure.calibrate.fit_serial_refaults``)."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.nsys_fault_groups import write_fault_group_export
 from uvmlab.gpus import GPUS, GpuSpec
 from uvmlab.measure.calibrate import fit_serial_refaults
 from uvmlab.measure.nsys.read import open_export
-from uvmlab.measure.nsys.synthetic import GLOBAL_PID, write_synthetic_export
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
 from uvmlab.sim.uvm.timing import CostParams
@@ -91,37 +90,13 @@ def test_an_api_prefetch_of_host_pages_pays_the_unmapping_too(gpu: GpuSpec) -> N
 
 def _serial_export(path: Path, base_us: float, per_page_us: float, threads: int = 1) -> None:
     """A one-thread kernel over two CPU-initialised arrays: x's fault group, then y's right after it (``base_us`` +
-    ``per_page_us`` per page before y's first copy), then the kernel's own work (2 ms) before the next x fault."""
-    write_synthetic_export(path, faults=0, migrations=0, iterations=1, kernels_per_iteration=1)
-    rows, t = [], 10**9
-    for blk in range(6):
-        off = 0
-        for kib in (64, 64, 128, 256, 512, 1024):
-            for arr, gap_us in ((0, 2000.0), (1, None)):
-                addr = (1 << 40) + arr * (1 << 32) + blk * VA_BLOCK_BYTES + off * 1024
-                first = off == 0
-                if gap_us is None:
-                    gap_us = 270.0 if first else base_us + per_page_us * kib / 4
-                t += round(gap_us * 1e3)
-                rows += [
-                    (t, t + 2_000, 4096, 2, addr),
-                    (t + 2_000, t + 2_000 + kib * 40, (kib - 4) * 1024, 3, addr + 4096),
-                ]
-                t += 2_000 + kib * 40
-            off += kib
-    con = sqlite3.connect(path)
-    con.executemany(
-        "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, correlationId, globalPid,"
-        f" bytes, copyKind, srcKind, dstKind, migrationCause, virtualAddress) VALUES (?, ?, 0, 1, 0, 0, {GLOBAL_PID},"
-        " ?, 11, 7, 7, ?, ?)",
-        rows,
-    )
-    con.execute(
-        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = {threads}, gridY = 1, gridZ = 1, "
-        "blockX = 1, blockY = 1, blockZ = 1"
-    )
-    con.commit()
-    con.close()
+    ``per_page_us`` per page before y's first copy; 270 us at a block's first page), then the kernel's own work
+    (2 ms) before the next x fault."""
+
+    def gap_us(arr: int, off: int, kib: int) -> float:
+        return 2000.0 if arr == 0 else 270.0 if off == 0 else base_us + per_page_us * kib / 4
+
+    write_fault_group_export(path, gap_us, blocks=6, threads=threads)
 
 
 def test_the_per_page_latency_of_back_to_back_faults_is_recovered(tmp_path: Path) -> None:

@@ -195,7 +195,8 @@ def batch_block_gaps(ex: Export) -> dict[str, Any]:
     gap_us = (start[1:] - end[:-1]) / 1e3
     threshold_us = _gap_split_us(gap_us)
     block = addr // VA_BLOCK_BYTES
-    seen = np.array([block[i] in set(block[:i].tolist()) for i in range(1, len(block))], dtype=bool)
+    _, first_of, inverse = np.unique(block, return_index=True, return_inverse=True)
+    seen = (first_of[inverse] != np.arange(len(block)))[1:]  # the GPU touched the group's block before
     short = gap_us < threshold_us
     if short.all() or gap_us[short].max() * BATCH_GAP_MIN_JUMP > gap_us[~short].min():
         return {"reason": "the gaps between fault groups do not fall into short and long ones"}

@@ -407,7 +407,7 @@ def batch_block_points(path: Path) -> list[Point]:
         points.append(
             Point(DATASET, path.stem, f"gap between two blocks of one fault batch, {label}", "s",
                   got["median_us"] / 1e6, predicted / 1e9, fitted=fitted, band=None if fitted else BATCH_BLOCK_BAND,
-                  note=f"median of {got['count']} gaps ({min(got['pages'])}-{max(got['pages'])} pages; split at "
+                  note=f"median of {got['count']} gap(s) ({min(got['pages'])}-{max(got['pages'])} pages; split at "
                   f"{info['split_us']:.1f} us); predicted: the simulator's second block of a batch, 16 pages, "
                   f"with {why}")
         )  # fmt: skip
