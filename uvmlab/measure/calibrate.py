@@ -166,6 +166,13 @@ BATCH_GAP_MIN_JUMP = 2.0
 gaps are one population (the GH200 export's 72-75 ms between faults)."""
 
 
+def _kernel_threads(ex: Export) -> list[int]:
+    """Threads per launch of each kernel of the export (none without a kernel table)."""
+    if not ex.has(S.KERNEL):
+        return []
+    return [int(t) for (t,) in ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}")]
+
+
 def _gap_split_us(gap_us: np.ndarray) -> float:
     """The gap (us) between short and long gaps: the widest jump of the sorted log gaps, each side holding at least
     ``SERIAL_GAP_SPLIT_MIN_SHARE`` of them."""
@@ -183,10 +190,8 @@ def batch_block_gaps(ex: Export) -> dict[str, Any]:
     a gap is the next block's service up to its copy: its CPU pages' unmapping and, for a block's first GPU
     touch, its CPU chunks' DMA mapping. Returns the medians for blocks the GPU touched before (``later``) and for
     blocks' first touches (``first``), with their pages and counts, or ``reason``."""
-    kernels = (
-        ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
-    )
-    if not kernels or any(int(t) <= 1 for (t,) in kernels):
+    kernels = _kernel_threads(ex)
+    if not kernels or min(kernels) <= 1:
         return {"reason": "the export's kernels do not all run more than one thread"}
     groups = fault_groups(ex, S.COPY_KIND_UVM_HTOD)
     if groups is None or len(groups[0]) < MIN_SAMPLES:
@@ -244,10 +249,8 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     ``cpu_chunk_map_ns`` in the details (:func:`_chunk_map_ns`). Approximation: all the per-page work is taken as
     the CPU side's (no export separates it from GPU-side per-page work; the same kernel over evicted, CPU-unmapped
     pages would)."""
-    kernels = (
-        ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}") if ex.has(S.KERNEL) else []
-    )
-    if not kernels or any(int(t) != 1 for (t,) in kernels):
+    kernels = _kernel_threads(ex)
+    if not kernels or set(kernels) != {1}:
         return None, {"reason": "the export's kernels do not all run one thread"}
     groups = fault_groups(ex, S.COPY_KIND_UVM_HTOD)
     if groups is None:

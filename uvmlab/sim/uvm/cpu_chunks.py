@@ -22,6 +22,9 @@ NVIDIA/open-gpu-kernel-modules):
 APPROXIMATION (R530+): every block is counted as one chunk. A block shorter than 2 MiB (a range's tail) holds 64 KiB
 chunks where they fit and host pages elsewhere; a 2 MiB allocation can fail under fragmentation and fall back to
 smaller chunks (``block_alloc_cpu_chunk``). Both would add chunks; neither is visible to the simulator.
+NOT MODELLED: chunks live until the block is destroyed, so the first eviction of a block the CPU never populated
+allocates its chunks and maps each for the GPU (``uvm_va_block_map_cpu_chunk_on_gpus``); only the GPU's first
+touch of a CPU-populated block is charged (docs/uvm-sim.md "CPU chunks").
 
 Evidence (real exports, scorecard ``nsys-serial-refaults`` and ``nsys-batch-blocks``): on the A100 host of the
 csc746 export (driver 525.105.17) the latency before a fault's copy grows by 0.69 us per page migrated and a
