@@ -386,8 +386,7 @@ def calibrate_cmd(
                 "sector_memory_efficiency",
                 "prefetch_first_block_ns",
                 "collapse_page_ns",
-                *(["cpu_unmap_chunk_ns"] if "reason" not in details["cpu_unmap_page"] else []),
-                *(["cpu_chunk_map_ns"] if details["cpu_unmap_page"].get("cpu_chunk_map_ns") is not None else []),
+                *details["serial_refault_costs"],
             ],
             True,
         )

@@ -173,6 +173,13 @@ def _kernel_threads(ex: Export) -> list[int]:
     return [int(t) for (t,) in ex.query(f"SELECT gridX * gridY * gridZ * blockX * blockY * blockZ FROM {S.KERNEL}")]
 
 
+def first_touches(addr: np.ndarray) -> np.ndarray:
+    """For fault groups at ``addr`` (in time order): True where the group is the first in its 2 MiB block, the GPU's
+    first touch of the block in the export."""
+    _, first_of, inverse = np.unique(addr // VA_BLOCK_BYTES, return_index=True, return_inverse=True)
+    return first_of[inverse] == np.arange(len(addr))
+
+
 def _gap_split_us(gap_us: np.ndarray) -> float:
     """The gap (us) between short and long gaps: the widest jump of the sorted log gaps, each side holding at least
     ``SERIAL_GAP_SPLIT_MIN_SHARE`` of them."""
@@ -199,9 +206,7 @@ def batch_block_gaps(ex: Export) -> dict[str, Any]:
     start, end, nbytes, addr = groups
     gap_us = (start[1:] - end[:-1]) / 1e3
     threshold_us = _gap_split_us(gap_us)
-    block = addr // VA_BLOCK_BYTES
-    _, first_of, inverse = np.unique(block, return_index=True, return_inverse=True)
-    seen = (first_of[inverse] != np.arange(len(block)))[1:]  # the GPU touched the group's block before
+    seen = ~first_touches(addr)[1:]  # the GPU touched the group's block before
     short = gap_us < threshold_us
     if short.all() or gap_us[short].max() * BATCH_GAP_MIN_JUMP > gap_us[~short].min():
         return {"reason": "the gaps between fault groups do not fall into short and long ones"}
@@ -245,10 +250,9 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     ``slope`` is the per-page work before the copy, which the model charges per CPU chunk unmapped and copied (the
     arrays are CPU-initialised: every migrated page was CPU-mapped): a fit only where a chunk is a page, drivers
     before R530 (uvmlab.sim.uvm.cpu_chunks; an export that does not record its driver is taken as one). ``base`` is
-    returned for validation; a block's first fault (the one at its first page, where such a kernel enters it) gives
-    ``cpu_chunk_map_ns`` in the details (:func:`_chunk_map_ns`). Approximation: all the per-page work is taken as
-    the CPU side's (no export separates it from GPU-side per-page work; the same kernel over evicted, CPU-unmapped
-    pages would)."""
+    returned for validation; a block's first fault (:func:`first_touches`) gives ``cpu_chunk_map_ns`` in the details
+    (:func:`_chunk_map_ns`). Approximation: all the per-page work is taken as the CPU side's (no export separates it
+    from GPU-side per-page work; the same kernel over evicted, CPU-unmapped pages would)."""
     kernels = _kernel_threads(ex)
     if not kernels or set(kernels) != {1}:
         return None, {"reason": "the export's kernels do not all run one thread"}
@@ -259,7 +263,7 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     if len(start) < 2 * MIN_SAMPLES:
         return None, {"reason": f"{len(start)} HtoD fault migrations"}
     pages = nbytes[1:] / PAGE_BYTES
-    block_first = (addr % VA_BLOCK_BYTES == 0)[1:]
+    block_first = first_touches(addr)[1:]
     gap_us = (start[1:] - end[:-1]) / 1e3
     threshold_us = _gap_split_us(gap_us)
     back = gap_us < threshold_us
@@ -288,6 +292,24 @@ def fit_serial_refaults(ex: Export) -> tuple[float | None, dict[str, Any]]:
     if driver is not None and not page_sized_cpu_chunks(driver):
         return None, {**info, "reason": f"driver {driver} holds a block's CPU pages in one chunk: no per-chunk slope"}
     return float(slope_us) * 1e3, info
+
+
+SERIAL_COSTS_WHAT = {
+    "cpu_unmap_chunk_ns": "its one-thread kernel's faults",
+    "cpu_chunk_map_ns": "its blocks' first faults",
+}
+"""The costs :func:`serial_refault_costs` can fit, and what of the export each comes from."""
+
+
+def serial_refault_costs(ex: Export) -> tuple[dict[str, float], dict[str, Any]]:
+    """The costs a one-thread kernel's faults give (:func:`fit_serial_refaults`: ``cpu_unmap_chunk_ns`` where its
+    per-page slope is a per-chunk cost, ``cpu_chunk_map_ns`` where its blocks' first faults give it) and the fit's
+    details; no cost when the export has no such kernel."""
+    unmap, info = fit_serial_refaults(ex)
+    costs = {} if unmap is None else {"cpu_unmap_chunk_ns": unmap}
+    if info.get("cpu_chunk_map_ns") is not None:
+        costs["cpu_chunk_map_ns"] = info["cpu_chunk_map_ns"]
+    return costs, info
 
 
 def fit_batch_turnaround(ex: Export, base: CostParams, link: float | None) -> tuple[float | None, dict[str, Any]]:
@@ -441,11 +463,8 @@ def calibrate(
         cpu_fault, details["cpu_fault_ns"] = fit_cpu_fault_ns(ex)
         if cpu_fault is not None:
             fitted["cpu_fault_ns"] = cpu_fault
-        unmap, details["cpu_unmap_chunk_ns"] = fit_serial_refaults(ex)
-        if unmap is not None:
-            fitted["cpu_unmap_chunk_ns"] = unmap
-        if details["cpu_unmap_chunk_ns"].get("cpu_chunk_map_ns") is not None:
-            fitted["cpu_chunk_map_ns"] = details["cpu_unmap_chunk_ns"]["cpu_chunk_map_ns"]
+        serial, details["serial_refaults"] = serial_refault_costs(ex)
+        fitted.update(serial)
         turnaround, details["batch_turnaround_ns"] = fit_batch_turnaround(ex, params, fitted.get("link_bytes_per_s"))
         if turnaround is not None:
             fitted["batch_turnaround_ns"] = turnaround

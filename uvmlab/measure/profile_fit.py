@@ -45,6 +45,7 @@ from uvmlab.errors import InputError
 from uvmlab.files.atomic import atomic_write_json
 from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_csv_frame, read_json_file, short
 from uvmlab.gpus import GPUS
+from uvmlab.measure.calibrate import SERIAL_COSTS_WHAT
 from uvmlab.sim.uvm.timing import PARAMS_SCHEMA_VERSION, CostParams
 
 FAULT_PATH = (
@@ -221,11 +222,8 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     costs = replace(costs, prefetch_first_block_ns=first)
     collapse, collapse_info = fit_collapse(uvm_dir, costs)
     costs = replace(costs, collapse_page_ns=collapse)
-    unmap, unmap_info = open_driver_unmap(uvm_dir)
-    if unmap is not None:
-        costs = replace(costs, cpu_unmap_chunk_ns=unmap)
-    if unmap_info.get("cpu_chunk_map_ns") is not None:
-        costs = replace(costs, cpu_chunk_map_ns=unmap_info["cpu_chunk_map_ns"])
+    serial, serial_info = open_driver_serial_costs(uvm_dir)
+    costs = replace(costs, **serial)
     details = {
         "fault_scale": s,
         "index_memory_efficiency": {
@@ -249,22 +247,24 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
             "prefetch_first_block_ns": first,
         },
         "rq4_read_mostly_collapse": collapse_info,
-        "cpu_unmap_page": unmap_info,
+        "serial_refaults": serial_info,
+        "serial_refault_costs": serial,
     }
     return costs, details
 
 
-def open_driver_unmap(uvm_dir: Path) -> tuple[float | None, dict[str, Any]]:
-    """``cpu_unmap_chunk_ns`` for the open-driver profile from :data:`SERIAL_EXPORT` beside ``uvm_dir``, or None with
-    the reason (then the default stays)."""
-    from uvmlab.measure.calibrate import fit_serial_refaults
+def open_driver_serial_costs(uvm_dir: Path) -> tuple[dict[str, float], dict[str, Any]]:
+    """``cpu_unmap_chunk_ns`` and ``cpu_chunk_map_ns`` for the open-driver profile from :data:`SERIAL_EXPORT` beside
+    ``uvm_dir`` (``uvmlab.measure.calibrate.serial_refault_costs``); none, with the reason, when it is absent (then
+    the defaults stay)."""
+    from uvmlab.measure.calibrate import serial_refault_costs
     from uvmlab.measure.nsys.read import open_export
 
     path = uvm_dir.parent / "nsys" / SERIAL_EXPORT
     if not path.is_file():
-        return None, {"reason": f"{path} is absent: cpu_unmap_chunk_ns keeps its default"}
+        return {}, {"reason": f"{path} is absent: cpu_unmap_chunk_ns and cpu_chunk_map_ns keep their defaults"}
     with open_export(path) as ex:
-        return fit_serial_refaults(ex)
+        return serial_refault_costs(ex)
 
 
 def collapse_fault_ns(costs: CostParams) -> float:
@@ -321,14 +321,8 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             " -> prefetch_first_block_ns",
             f"{RQ4_CSV} seq_stream uvm_advise_read and uvm 0.25 median_ms -> collapse_page_ns",
             *(
-                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its one-thread kernel's faults -> cpu_unmap_chunk_ns"]
-                if "reason" not in details["cpu_unmap_page"]
-                else []
-            ),
-            *(
-                [f"[I] nsys/{SERIAL_EXPORT} (an A100 host): its blocks' first faults -> cpu_chunk_map_ns"]
-                if details["cpu_unmap_page"].get("cpu_chunk_map_ns") is not None
-                else []
+                f"[I] nsys/{SERIAL_EXPORT} (an A100 host): {SERIAL_COSTS_WHAT[name]} -> {name}"
+                for name in details["serial_refault_costs"]
             ),
         ],
         "validated_on": [
@@ -353,13 +347,13 @@ def derive_profile(
     export's UM migrations (``uvmlab.measure.calibrate``: ``fit_link_bandwidth``; ``fit_cpu_fault_ns`` where the
     export has CPU faults; ``fit_serial_refaults`` where its kernels run one thread), and the default kernel
     efficiencies (the base profile's were fitted on another GPU's kernels)."""
-    from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth, fit_serial_refaults
+    from uvmlab.measure.calibrate import fit_cpu_fault_ns, fit_link_bandwidth, serial_refault_costs
     from uvmlab.measure.nsys.read import open_export
 
     with open_export(nsys_export) as ex:
         link, info = fit_link_bandwidth(ex)
         cpu_fault, cpu_info = fit_cpu_fault_ns(ex)
-        unmap, unmap_info = fit_serial_refaults(ex)
+        serial, serial_info = serial_refault_costs(ex)
     if link is None:
         raise InputError(f"{nsys_export}: no link bandwidth fit ({info.get('reason')})")
     params = dict(base_doc["params"])
@@ -369,11 +363,7 @@ def derive_profile(
     params.update(link_bytes_per_s=link, zero_fill_bytes_per_s=None)
     if cpu_fault is not None:
         params["cpu_fault_ns"] = cpu_fault
-    if unmap is not None:
-        params["cpu_unmap_chunk_ns"] = unmap
-    chunk_map = unmap_info.get("cpu_chunk_map_ns")
-    if chunk_map is not None:
-        params["cpu_chunk_map_ns"] = chunk_map
+    params.update(serial)
     doc = {
         "schema_version": PARAMS_SCHEMA_VERSION,
         "gpu": gpu_name,
@@ -388,12 +378,7 @@ def derive_profile(
                 if cpu_fault is not None
                 else []
             ),
-            *(
-                [f"{nsys_export.name}: {unmap_info['fitted_faults']} back-to-back GPU faults -> cpu_unmap_chunk_ns"]
-                if unmap is not None
-                else []
-            ),
-            *([f"{nsys_export.name}: its blocks' first faults -> cpu_chunk_map_ns"] if chunk_map is not None else []),
+            *(f"{nsys_export.name}: {SERIAL_COSTS_WHAT[name]} -> {name}" for name in serial),
             *[
                 f"(from {base_doc['gpu']}) {x}"
                 for x in base_doc["fitted_on"]
@@ -401,7 +386,7 @@ def derive_profile(
             ],
         ],
         "validated_on": ["seed study grid (seeds/003): validation only, never fitted"],
-        "fit": {"link": info, "cpu_fault": cpu_info, "serial_refaults": unmap_info},
+        "fit": {"link": info, "cpu_fault": cpu_info, "serial_refaults": serial_info},
         "params": params,
     }
     atomic_write_json(path, doc)

@@ -28,9 +28,9 @@ block's 512 chunks); the fit's base is validated against the simulator's fault w
 ``nsys-batch-blocks``: an export whose kernels fault several blocks in one batch (easycuda's 256 threads over two
 arrays) times the gap between two blocks' copies in a batch (:func:`uvmlab.measure.calibrate.batch_block_gaps`):
 the second block's service, its CPU pages' unmapping and, on its first touch, its CPU chunks' mapping. Validated
-(band 2.0) against the simulator's second block of a batch under the export's driver
-(:func:`simulated_batch_block_gap`); on R530+ a block is one CPU chunk, so the gap should not grow with the pages,
-as the R550 export shows.
+(band 2.0) against the simulator replaying two blocks faulted in the same batches at the export's sizes under its
+driver (:func:`simulated_batch_block_gaps`); on R530+ a block is one CPU chunk, so the gap should not grow with
+the pages, as the R550 export shows.
 """
 
 from __future__ import annotations
@@ -290,6 +290,39 @@ SERIAL_SWEEP_PAGES = (0, 16, 32, 64, 128, 256)
 migrates 16, 16, 32, 64, 128, 256 pages (64 KiB ... 1 MiB), as the csc746 export's records show."""
 
 
+def _host_written_sim(costs: CostParams, gpu_name: str, driver: str | None, blocks: int) -> Any:
+    """A simulator on ``gpu_name`` under ``driver`` (None: the default) with ``blocks`` managed 2 MiB ranges the
+    host has written (ranges 0, 1, ...)."""
+    from uvmlab.gpus import GPUS
+    from uvmlab.sim.uvm.driver import UvmSim
+    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs
+
+    gpu = GPUS[gpu_name] if driver is None else GPUS[gpu_name].with_driver(driver)
+    sim = UvmSim(4 * blocks * VA_BLOCK_BYTES, UvmKnobs(), costs, gpu)
+    for r in range(blocks):
+        sim.map_range(r, VA_BLOCK_BYTES)
+        sim.host_write(r, 0, VA_BLOCK_BYTES)
+    return sim
+
+
+def _touch(range_id: int, page: int) -> tuple[int, int, int, bool]:
+    """A 4-byte read of ``page`` of range ``range_id``: one fault where the page is not resident."""
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES
+
+    return (range_id, page * PAGE_BYTES, 4, False)
+
+
+def _latency_ns(sim: Any, c: Any, htod_bytes: int) -> float:
+    """``c``'s stall minus the transfer of ``htod_bytes`` (one migration)."""
+    from uvmlab.sim.uvm.timing import transfer_time_ns
+
+    return float(c.stall_ns) - float(transfer_time_ns(np.array([htod_bytes]), sim.costs.link_bytes_per_s))
+
+
+def _with_driver(why: str, driver: str | None) -> str:
+    return f"{why}, driver {driver or 'not recorded: the default'}"
+
+
 def simulated_serial_faults(
     costs: CostParams, gpu_name: str, driver: str | None, unmap: bool = True
 ) -> dict[float, float]:
@@ -298,22 +331,14 @@ def simulated_serial_faults(
     first fault under key -pages; ``unmap`` False: with ``cpu_unmap_chunk_ns`` 0."""
     from dataclasses import replace
 
-    from uvmlab.gpus import GPUS
-    from uvmlab.sim.uvm.driver import UvmSim
-    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-    from uvmlab.sim.uvm.timing import transfer_time_ns
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES
 
-    costs = costs if unmap else replace(costs, cpu_unmap_chunk_ns=0.0)
-    gpu = GPUS[gpu_name] if driver is None else GPUS[gpu_name].with_driver(driver)
-    sim = UvmSim(4 * VA_BLOCK_BYTES, UvmKnobs(), costs, gpu)
-    sim.map_range(0, VA_BLOCK_BYTES)
-    sim.host_write(0, 0, VA_BLOCK_BYTES)
+    sim = _host_written_sim(costs if unmap else replace(costs, cpu_unmap_chunk_ns=0.0), gpu_name, driver, 1)
     out = {}
     for page in SERIAL_SWEEP_PAGES:
-        c = sim.access([(0, page * PAGE_BYTES, 4, False)])
+        c = sim.access([_touch(0, page)])
         pages = float(c.htod_bytes // PAGE_BYTES)
-        transfer = float(transfer_time_ns(np.array([c.htod_bytes]), sim.costs.link_bytes_per_s))
-        out[-pages if page == 0 else pages] = float(c.stall_ns) - transfer
+        out[-pages if page == 0 else pages] = _latency_ns(sim, c, c.htod_bytes)
     return out
 
 
@@ -329,7 +354,7 @@ def serial_refault_points(path: Path) -> list[Point]:
     driver = info.get("driver")
     sim = simulated_serial_faults(costs, gpu, driver)
     base_ns = simulated_serial_faults(costs, gpu, driver, unmap=False)[16.0]  # a fault's path without the unmapping
-    why = f"{why}, driver {driver or 'not recorded: the default'}"
+    why = _with_driver(why, driver)
     fit = f"{info['fitted_faults']} back-to-back faults: {info['base_us']:.1f} us + {info['per_page_us']:.3f} us/page"
     points = [
         Point(DATASET, path.stem, f"GPU fault latency before the copy, {int(pages)} pages", "s",
@@ -355,35 +380,28 @@ def serial_refault_points(path: Path) -> list[Point]:
     return points
 
 
-def simulated_batch_block_gap(costs: CostParams, gpu_name: str, driver: str | None, first: bool) -> float:
-    """The simulator's cost (ns, besides its transfer) of a second CPU-initialised block serviced in one fault
-    batch with another, 16 pages each: the block's first GPU touch (``first``) or a block the GPU touched before
-    (its first page in an earlier kernel). Measured as the stall of the two-block batch minus that of the same
-    batch without the block and minus the block's transfer."""
-    from uvmlab.gpus import GPUS
-    from uvmlab.sim.uvm.driver import UvmSim
-    from uvmlab.sim.uvm.knobs import PAGE_BYTES, VA_BLOCK_BYTES, UvmKnobs
-    from uvmlab.sim.uvm.timing import transfer_time_ns
+def simulated_batch_block_gaps(costs: CostParams, gpu_name: str, driver: str | None) -> dict[float, float]:
+    """The simulator's cost (ns, besides its transfer) of a second CPU-initialised block serviced in one fault batch
+    with a first, the two faulted at the same pages in the order of :data:`SERIAL_SWEEP_PAGES` (as easycuda's
+    kernel faults ``x`` and ``y``): {pages the second block migrated: cost}, its first touch under key -pages.
+    Each is the two-block batch's stall minus that of the same batch without the second block (a simulator that
+    never touches it) and minus the second block's transfer."""
+    from uvmlab.sim.uvm.knobs import PAGE_BYTES
 
-    gpu = GPUS[gpu_name] if driver is None else GPUS[gpu_name].with_driver(driver)
-    page = 16 * PAGE_BYTES
-
-    def batch(with_block: bool) -> tuple[float, int]:
-        sim = UvmSim(8 * VA_BLOCK_BYTES, UvmKnobs(), costs, gpu)
-        for r in (0, 1):
-            sim.map_range(r, VA_BLOCK_BYTES)
-            sim.host_write(r, 0, VA_BLOCK_BYTES)
-        sim.access([(0, 0, 4, False)] + ([] if first else [(1, 0, 4, False)]))
-        c = sim.access([(0, page, 4, False)] + ([(1, page, 4, False)] if with_block else []))
-        return float(c.stall_ns), int(c.htod_bytes)
-
-    (alone, h_alone), (both, h_both) = batch(False), batch(True)
-    return both - alone - float(transfer_time_ns(np.array([h_both - h_alone]), costs.for_gpu(gpu).link_bytes_per_s))
+    both, alone = (_host_written_sim(costs, gpu_name, driver, 2) for _ in range(2))
+    out = {}
+    for page in SERIAL_SWEEP_PAGES:
+        c_both, c_alone = both.access([_touch(0, page), _touch(1, page)]), alone.access([_touch(0, page)])
+        moved = c_both.htod_bytes - c_alone.htod_bytes
+        pages = float(moved // PAGE_BYTES)
+        out[-pages if page == 0 else pages] = _latency_ns(both, c_both, moved) - float(c_alone.stall_ns)
+    return out
 
 
 def batch_block_points(path: Path) -> list[Point]:
     """The gap between two blocks serviced in one fault batch, measured against the simulator (module
-    docstring)."""
+    docstring): a block touched before, the median of the simulator's cost at each measured gap's pages
+    (interpolated between the sweep's sizes); a block's first touch, the sweep's first."""
     from uvmlab.measure.calibrate import batch_block_gaps
     from uvmlab.measure.nsys.read import open_export
 
@@ -397,19 +415,25 @@ def batch_block_points(path: Path) -> list[Point]:
     if gpu is None:
         return []
     driver = info["driver"]
-    why = f"{why}, driver {driver or 'not recorded: the default'}"
+    why = _with_driver(why, driver)
+    sim = simulated_batch_block_gaps(costs, gpu, driver)
+    later = sorted((p, t) for p, t in sim.items() if p > 0)
+    predicted = {
+        "later": float(np.median(np.interp(info["later"]["pages"], *zip(*later, strict=True)))),
+        "first": next(t for p, t in sim.items() if p < 0),
+    }
     points = []
-    for key, label, first in (("later", "a block touched before", False), ("first", "a block's first touch", True)):
+    for key, label in (("later", "a block touched before"), ("first", "a block's first touch")):
         got = info[key]
         if got["median_us"] is None:
             continue
-        predicted = simulated_batch_block_gap(costs, gpu, driver, first)
         points.append(
             Point(DATASET, path.stem, f"gap between two blocks of one fault batch, {label}", "s",
-                  got["median_us"] / 1e6, predicted / 1e9, fitted=fitted, band=None if fitted else BATCH_BLOCK_BAND,
+                  got["median_us"] / 1e6, predicted[key] / 1e9, fitted=fitted,
+                  band=None if fitted else BATCH_BLOCK_BAND,
                   note=f"median of {got['count']} gap(s) ({min(got['pages'])}-{max(got['pages'])} pages; split at "
-                  f"{info['split_us']:.1f} us); predicted: the simulator's second block of a batch, 16 pages, "
-                  f"with {why}")
+                  f"{info['split_us']:.1f} us); predicted: the simulator's second block of a batch at the same "
+                  f"pages, with {why}")
         )  # fmt: skip
     return points
 

@@ -25,6 +25,7 @@ import pandas as pd
 from uvmlab.errors import InputError
 from uvmlab.files import foreign_sqlite
 from uvmlab.files.inputs import open_input, short
+from uvmlab.gpus import check_driver
 from uvmlab.measure.nsys import schema as S
 from uvmlab.measure.nsys.jsonexport import json_to_sqlite, looks_like_json_export
 from uvmlab.measure.nsys.plausible import check_measurements
@@ -418,13 +419,14 @@ class Export:
 
 
 def parse_driver_version(text: str) -> str | None:
-    """A driver version as nsys records it, in uvmlab's form (:meth:`Export.driver_version`); None if unreadable."""
+    """A driver version as nsys records it, in uvmlab's form (:meth:`Export.driver_version`); None if unreadable or
+    not a driver uvmlab can describe (``uvmlab.gpus.check_driver``: R375 or later)."""
     text = text.strip()
-    if re.fullmatch(r"\d{3,}(\.\d+){1,2}", text):
-        return text
-    if re.fullmatch(r"\d{6,}", text):
-        return text[:3]
-    return None
+    version = text[:3] if re.fullmatch(r"\d{6,}", text) else text
+    try:
+        return check_driver(version)
+    except InputError:
+        return None
 
 
 def _excluded_rows(df: pd.DataFrame, allocations: Sequence[tuple[int, int]]) -> list[int]:

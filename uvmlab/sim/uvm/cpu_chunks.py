@@ -28,9 +28,9 @@ touch of a CPU-populated block is charged (docs/uvm-sim.md "CPU chunks").
 
 Evidence (real exports, scorecard ``nsys-serial-refaults`` and ``nsys-batch-blocks``): on the A100 host of the
 csc746 export (driver 525.105.17) the latency before a fault's copy grows by 0.69 us per page migrated and a
-block's first fault costs 250 us more than a later one (512 chunks); on the RTX 4060 laptop of the easycuda export
-(550.163.01) a block serviced second in a batch costs 2.5-4.6 us whatever its size (16-256 pages), first touch
-included.
+block's first fault costs 245.6 us more than a later one (512 chunks: 480 ns each); on the RTX 4060 laptop of the
+easycuda export (550.163.01) a block serviced second in a batch costs 2.5-4.6 us whatever its size (16-256 pages),
+first touch included.
 """
 
 from __future__ import annotations

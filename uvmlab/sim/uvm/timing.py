@@ -99,7 +99,7 @@ class CostParams:
     """Per CPU chunk a block holds when the GPU first touches it: the driver DMA-maps each for the GPU as it creates
     the block's GPU state (``uvm_va_block_gpu_state_get_alloc`` -> ``block_gpu_map_phys_all_cpu_pages`` ->
     ``uvm_cpu_chunk_map_gpu``: ``dma_map_page``, the IOMMU entry, the reverse map; uvm_va_block.c); chunks as for
-    ``cpu_unmap_chunk_ns``. Default 0 (the Titan V constants hold it). The open-driver profiles take 488 ns, fitted
+    ``cpu_unmap_chunk_ns``. Default 0 (the Titan V constants hold it). The open-driver profiles take 480 ns, fitted
     on csc746 (driver 525): a block's first fault costs 245.6 us more than the same fault later in the block, over
     the block's 512 chunks (``fit_serial_refaults``); the closed-driver profile fits it on the GTX 1080 traces'
     first faults of CPU-initialised blocks (uvmlab.measure.generation_fit)."""
@@ -351,11 +351,11 @@ def read_params_file(path: str | Path) -> ParamsFile:
         names = doc.get(key, [])
         if isinstance(names, dict):  # uvmlab calibrate --uvm-timings wrote {name: true}
             names = list(names)
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not all(
+            isinstance(n, str) and RENAMED_COSTS.get(n, n) in known for n in names
+        ):
             raise InputError(f"cost parameter file {p}: '{key}' must list cost names, not {prefix(names)}")
         named[key] = [RENAMED_COSTS.get(n, n) for n in names]
-        if not all(n in known for n in named[key]):
-            raise InputError(f"cost parameter file {p}: '{key}' must list cost names, not {prefix(names)}")
     fitted, kept = named["fitted"], named["kept"]
     ignored = tuple(n for n in kept if n in params and n not in fitted)
     values = {k: v for k, v in params.items() if k not in ignored}
