@@ -120,6 +120,24 @@ def test_a_one_thread_kernel_or_one_population_of_gaps_gives_no_batch_measuremen
     _batched_export(tmp_path / "s.sqlite", None, threads=1)
     with open_export(tmp_path / "s.sqlite") as ex:
         assert "more than one thread" in batch_block_gaps(ex)["reason"]
+    # every gap about the same (the GH200 export's 72-75 ms): no short in-batch gaps to tell apart
+    write_fault_group_export(tmp_path / "g.sqlite", lambda arr, off, kib: 73_000.0 + 500 * arr + kib, 2, 256)
+    with open_export(tmp_path / "g.sqlite") as ex:
+        assert "short and long" in batch_block_gaps(ex)["reason"]
+
+
+def test_the_batch_replay_grows_with_the_pages_only_where_chunks_are_pages() -> None:
+    """``nsys-batch-blocks``' prediction: a second block of a batch costs the same at 16-256 pages on R530+ (one CPU
+    chunk) and 0.69 us more per page on R525 (the A100 profile's per-chunk unmapping), its first touch 512 chunk maps
+    more there."""
+    from uvmlab.sim.uvm.profile import load_profile
+    from uvmlab.validate.nsys_checks import simulated_batch_block_gaps
+
+    costs = load_profile("A100-80GB")
+    new, old = (simulated_batch_block_gaps(costs, "A100-80GB", d) for d in ("575.57.08", "525.105.17"))
+    assert max(new[p] for p in new if p > 0) - min(new[p] for p in new if p > 0) < 1.0
+    assert old[256.0] - old[16.0] == pytest.approx(240 * costs.cpu_unmap_chunk_ns, rel=1e-6)
+    assert old[-16.0] - old[16.0] == pytest.approx(PAGES_PER_BLOCK * costs.cpu_chunk_map_ns, rel=1e-6)
 
 
 @pytest.mark.real_data
