@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ LEFT_OUT = ("torch", "torchgen", "functorch", "torchvision", "triton", "nvidia",
 NVIDIA wheels, nvtx (the lent machine has none), and uvmlab itself (installed from its wheel)."""
 TINY_GPT2 = {"seq_len": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 128, "n_positions": 16}
 MiB, GiB = 1 << 20, 1 << 30
+IMAGE_ROOM = 3 * GiB
+"""Free disk the image needs: torch 2.13.0+cpu unpacks to about 1 GB, the uvmlab wheel and the stub are small; the
+rest is margin for the tests that run beside it (CI shares its disk: a full disk fails every test after it)."""
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +59,15 @@ def _left_out(name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     if not TORCH_WHEEL.is_file():
         pytest.skip(f"{TORCH_WHEEL} is not on this machine: no torch to install without a download")
     if sys.version_info[:2] != (3, 11) or shutil.which("gcc") is None:
         pytest.skip("the torch wheel on disk is for CPython 3.11; the stub runtime needs gcc")
     d = tmp_path_factory.mktemp("image")
+    free = shutil.disk_usage(d).free
+    if free < IMAGE_ROOM:
+        pytest.skip(f"{free / GiB:.1f} GiB free under {d}: the image needs {IMAGE_ROOM / GiB:.0f} GiB")
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / "venv")], check=True)
     py = d / "venv" / "bin" / "python"
@@ -84,7 +91,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, env=env)
     cudart = build_cudart(d, "libcudart.so.99")  # under its own soname: the stub the shim and the steps talk to
     print(f"image built in {time.monotonic() - t0:.0f} s (torch {t_torch:.0f} s)")
-    return {"dir": d, "python": py, "cudart": cudart, "wheel": wheel}
+    yield {"dir": d, "python": py, "cudart": cudart, "wheel": wheel}
+    shutil.rmtree(d, ignore_errors=True)  # about 1 GB: pytest keeps its last three base folders
 
 
 def _env(image: dict[str, Path], tmp_path: Path, **extra: str) -> dict[str, str]:
