@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.uvm_synth import live_range, make_trace, nocache_placement, pool_placement
 from uvmlab.errors import InputError, InvariantError
-from uvmlab.gpus import get_gpu
+from uvmlab.gpus import GPUS, get_gpu
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.hints import plan_hints, prefetch_rows
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
@@ -390,14 +390,17 @@ _hint_op = st.one_of(
 )
 
 
+@pytest.mark.parametrize("driver", ["575.57.08", "525.105.17"], ids=["block-cpu-chunks", "page-cpu-chunks"])
 @pytest.mark.parametrize("read_mostly", ["parameter", ""], ids=["read-mostly+discard", "discard-only"])
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacity_mib=st.integers(2, 10), ops=st.lists(_hint_op, min_size=1, max_size=40))
-def test_random_hint_operations_keep_invariants(read_mostly: str, capacity_mib: int, ops: list) -> None:
+def test_random_hint_operations_keep_invariants(read_mostly: str, driver: str, capacity_mib: int, ops: list) -> None:
     """Capacity, residency and the byte ledger hold under any mix of hints: remote access never takes GPU memory,
     bytes leave the GPU only once (copied back or saved), duplicates are GPU-resident (and, with discards alone, exist
-    only once host accesses create advice state), every block with a discarded page is in ``_disc_slots``."""
-    sim = _sim(capacity_mib * MiB, advise_read_mostly=read_mostly, discard_min_bytes=MiB)
+    only once host accesses create advice state), every block with a discarded page is in ``_disc_slots``, every
+    CPU-resident page holds a CPU chunk (one per block from R530, per page before)."""
+    knobs = UvmKnobs(advise_read_mostly=read_mostly, discard_min_bytes=MiB)
+    sim = UvmSim(capacity_mib * MiB, knobs, gpu=GPUS["A100-80GB"].with_driver(driver))
     sizes: dict[int, int] = {}
     nxt = 0
     for o in ops:

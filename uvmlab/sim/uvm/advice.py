@@ -70,7 +70,7 @@ import numpy as np
 
 from uvmlab.errors import InputError
 from uvmlab.sim.uvm.faults import UvmCounters
-from uvmlab.sim.uvm.knobs import PAGE_BYTES, PAGES_PER_BLOCK
+from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
 from uvmlab.sim.uvm.prefetch import prefetch_pages
 from uvmlab.sim.uvm.runs import htod_record_count
 from uvmlab.sim.uvm.timing import CostParams
@@ -296,9 +296,9 @@ class AdviceService:
             k.stall_ns += n_col / self._g * self.costs.collapse_page_ns
         if to_cpu_new.any():
             n_new = int(to_cpu_new.sum())
+            k.stall_ns += self._cpu_alloc_ns(s, fresh=to_cpu_new)  # zeroed CPU chunks, mapped for the GPU
             cpu |= to_cpu_new
             self._cpu_count[s] += n_new
-            k.stall_ns += n_new * PAGE_BYTES / self.costs.host_zero_bytes_per_s * 1e9
         self._gmap[s] |= to_cpu_new | stay
         self._account_service(s, n_f, int(mig.sum()), fault_h, n_h - fault_h, zero)
 

@@ -115,6 +115,7 @@ class UvmSim(
         self._cpu = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)
         self._dup = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # read duplicates (uvmlab.sim.uvm.hints)
         self._disc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # discarded pages (uvm_hints)
+        self._calloc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # pages holding a CPU chunk (page chunks only)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
         """The eviction rule consults read duplicates and discarded pages: on from the knobs, or from the first call
         that can make them (``discard``, ``read_mostly_after``, cudaMemAdvise / host-access state)."""
@@ -136,6 +137,9 @@ class UvmSim(
         self._cpu_count: list[int] = []
         self._has_chunk: list[bool] = []
         self._had_gpu: list[bool] = []
+        self._cpu_chunked: list[bool] = []
+        """Per slot: no page of the block can get a new CPU chunk (``_cpu_alloc_ns``): from R530 its one chunk exists,
+        before R530 every page holds one (``_calloc``). Chunks live until the block is destroyed."""
         self._fault_migrations: list[int] = []
         self._slot_range: list[int] = []
         self._slot_bidx: list[int] = []
@@ -163,6 +167,7 @@ class UvmSim(
             float(self.knobs.fault_batch_count), self.knobs.pages_per_batch * self.costs.raw_entries_per_fault
         )
         self._zero_ns_per_page = PAGE_BYTES / self.costs.zero_fill_bytes_per_s * 1e9
+        self._host_zero_ns_per_page = PAGE_BYTES / self.costs.host_zero_bytes_per_s * 1e9
         self.totals = UvmCounters()
         self._k = UvmCounters()
         self.events: list[tuple] | None = [] if record_events else None
@@ -182,6 +187,7 @@ class UvmSim(
         ("_cpu_count", 0),
         ("_has_chunk", False),
         ("_had_gpu", False),
+        ("_cpu_chunked", False),
         ("_fault_migrations", 0),
         ("_slot_range", -1),
         ("_slot_bidx", 0),
@@ -191,7 +197,7 @@ class UvmSim(
         n = self._gpu.shape[0]
         if need > n:
             new = max(need, 2 * n)
-            for name in ("_gpu", "_cpu", "_dup", "_disc", *self._hint_arrays):
+            for name in ("_gpu", "_cpu", "_dup", "_disc", "_calloc", *self._hint_arrays):
                 old = getattr(self, name)
                 arr = np.zeros((new, PAGES_PER_BLOCK), dtype=bool)
                 arr[:n] = old
@@ -233,6 +239,9 @@ class UvmSim(
             self._cpu_count[slot] = 0
             self._has_chunk[slot] = False
             self._had_gpu[slot] = False
+            self._cpu_chunked[slot] = False
+            if self._page_chunks:
+                self._calloc[slot] = False
             self._fault_migrations[slot] = 0
             self._slot_range[slot] = range_id
             self._slot_bidx[slot] = b
@@ -358,6 +367,8 @@ class UvmSim(
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k
+        if not self._cpu_chunked[v]:
+            k.stall_ns += self._cpu_alloc_ns(v, row)
         self._count_decrease((v,))
         if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
             n, n_runs, t_ns = self._evict_hinted(v, row)
@@ -387,6 +398,7 @@ class UvmSim(
         would one by one (plain rule only: the caller checks ``_hinted`` is off). ``used_bytes`` is the caller's.
         The bitmaps move back in array operations (fully resident blocks, the common case, and the others)."""
         res_count, npages, cpu_count, has_chunk = self._res_count, self._npages, self._cpu_count, self._has_chunk
+        chunked = self._cpu_chunked
         pop = self._lrm.popitem
         for _ in victims:
             pop(False)  # positional: a keyword argument costs more than the pop itself
@@ -395,7 +407,10 @@ class UvmSim(
         pages = sum(counts)
         full: list[int] = []
         part: list[int] = []
+        alloc_ns = 0.0
         for v, n in zip(victims, counts, strict=True):
+            if not chunked[v]:
+                alloc_ns += self._cpu_alloc_ns(v, self._gpu[v])
             cpu_count[v] += n
             res_count[v] = 0
             has_chunk[v] = False
@@ -421,7 +436,7 @@ class UvmSim(
         k.eviction_count += len(victims)
         k.dtoh_bytes += pages * PAGE_BYTES
         k.dtoh_count += n_runs
-        k.stall_ns += len(victims) * self.costs.evict_fixed_ns + t_ns
+        k.stall_ns += len(victims) * self.costs.evict_fixed_ns + t_ns + alloc_ns
 
     def _runs_ns(self, runs: np.ndarray) -> float:
         """Time (ns) of serial transfers of ``runs`` pages each; few runs are summed from the per-size cache."""
@@ -462,6 +477,46 @@ class UvmSim(
             t = costs.block_first_gpu_ns if fault_path else costs.prefetch_first_block_ns
         if n_cpu:
             t += self.cpu_chunks(n_cpu) * costs.cpu_chunk_map_ns
+        return t
+
+    def _cpu_alloc_ns(self, s: int, moved: np.ndarray | None = None, fresh: np.ndarray | None = None) -> float:
+        """Driver time for the CPU chunks slot ``s`` allocates when its ``moved`` pages (a row mask) are copied from
+        the GPU to the CPU (an eviction, a CPU fault, a prefetch to the CPU) and its ``fresh`` pages, resident
+        nowhere, are populated there (a CPU first touch); call it before the bitmaps change. CPU chunks live until
+        the block is destroyed (no migration frees them), so each is paid for once (uvmlab.sim.uvm.cpu_chunks):
+
+        * each new chunk is DMA-mapped for the GPU when the block has GPU state (``block_populate_pages_cpu`` ->
+          ``block_add_cpu_chunk`` -> ``uvm_va_block_map_cpu_chunk_on_gpus``): ``cpu_chunk_map_ns``;
+        * a new chunk is allocated zeroed (``UVM_CPU_CHUNK_ALLOC_FLAGS_ZERO`` -> ``__GFP_ZERO``, uvm_pmm_sysmem.c)
+          when a page of its region is resident nowhere: each fresh host page before R530; from R530 the block's
+          whole 2 MiB chunk, at its first population (a later first touch finds it zeroed). At
+          ``host_zero_bytes_per_s``.
+
+        Not timed: the page allocation itself (``alloc_pages``; no export separates it from the mapping)."""
+        costs = self.costs
+        if self._page_chunks:
+            row = self._calloc[s]
+            new = 0
+            t = 0.0
+            if moved is not None:
+                new += int(np.count_nonzero(moved & ~row))
+                row |= moved
+            if fresh is not None:
+                n_fresh = int(np.count_nonzero(fresh & ~row))
+                new += n_fresh
+                t += n_fresh * self._host_zero_ns_per_page
+                row |= fresh
+            self._cpu_chunked[s] = bool(row[: self._npages[s]].all())
+            new_chunks = new / self._g
+        else:
+            if self._cpu_chunked[s]:
+                return 0.0
+            self._cpu_chunked[s] = True
+            new_chunks = 1.0
+            zeroed = (fresh is not None and fresh.any()) or self._res_count[s] + self._cpu_count[s] < self._npages[s]
+            t = self._chunk_bytes[s] / costs.host_zero_bytes_per_s * 1e9 if zeroed else 0.0
+        if self._had_gpu[s]:
+            t += new_chunks * costs.cpu_chunk_map_ns
         return t
 
     def cpu_chunks(self, pages: int, blocks: int = 1) -> float:
@@ -634,5 +689,12 @@ class UvmSim(
         hint_error = self.check_hint_invariants() or self.check_advice_invariants()
         if hint_error:
             raise InvariantError(hint_error)
+        no_cpu_chunk = (
+            (cpu & ~self._calloc[:n]).any(axis=1)
+            if self._page_chunks
+            else (on_cpu > 0) & ~np.array(self._cpu_chunked[:n], dtype=bool)
+        )
+        if no_cpu_chunk.any():
+            raise InvariantError("a CPU-resident page has no CPU chunk (its population skipped _cpu_alloc_ns)")
         if self.totals.dtoh_bytes > self.populated_gpu_bytes * self.scale:  # totals are multiplied back by scale
             raise InvariantError("more bytes left the GPU than were ever made resident there")

@@ -95,6 +95,9 @@ class HintService:
                 new = ~(g | c)
                 nn = np.count_nonzero(new)
                 if nn:
+                    fresh = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                    fresh[lo:hi] = new
+                    k.stall_ns += self._cpu_alloc_ns(s, fresh=fresh)  # zeroed CPU chunks, mapped for the GPU
                     c |= new
                     self._cpu_count[s] += nn
                     first += nn

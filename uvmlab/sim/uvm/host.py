@@ -22,8 +22,9 @@ A CPU fault migrates its host page plus what the tree prefetcher adds for the CP
 fresh 2 MiB block faults six times (64K, 64K, 128K, 256K, 512K, 1M: UVMSmart ``getHWPrefetcherP1.cu``'s nvprof trace
 shows exactly these CPU faults on a GTX 1080); from driver R590 on, with a preferred location other than the CPU
 there is no prefetch (``should_apply_prefetch_logic``) and every host page faults on its own. Each fault costs
-``CostParams.cpu_fault_ns`` plus its transfer, ``migrate_page_ns`` per migrated page and the host's zeroing of
-newly populated pages (``host_zero_bytes_per_s``). After the fault the CPU maps the pages, and accessed-by GPUs
+``CostParams.cpu_fault_ns`` plus its transfer, ``migrate_page_ns`` per migrated page and the CPU chunks the block
+allocates (``UvmSim._cpu_alloc_ns``: mapped for the GPU, zeroed where a page is resident nowhere, at
+``host_zero_bytes_per_s``). After the fault the CPU maps the pages, and accessed-by GPUs
 map the pages now on the CPU (``block_service_finish_map_accessed_by``).
 
 **Prefetch to the CPU** (:meth:`HostService.prefetch_to_cpu`, ``cudaMemPrefetchAsync(ptr, n, cudaCpuDeviceId)``,
@@ -120,6 +121,11 @@ class HostService:
         k = self._k
         gpu, cpu, dup, rm = self._gpu[s], self._cpu[s], self._dup[s], self._rm[s]
         remote = region & stay
+        on_gpu = region & gpu & ~dup & ~remote
+        new = region & ~gpu & ~cpu & ~dup  # first touches
+        n_new = int(np.count_nonzero(new))
+        if n_new or not self._cpu_chunked[s]:  # the CPU chunks this allocates (zeroed ones for first touches)
+            k.stall_ns += self._cpu_alloc_ns(s, on_gpu, new)
         collapse = region & dup & is_write
         if collapse.any():  # the duplicate collapses onto the CPU: the GPU copy is dropped
             n = int(collapse.sum())
@@ -129,7 +135,6 @@ class HostService:
             self._cpu_count[s] += n
             k.collapse_count += -(-n // self._g)
             k.stall_ns += n / self._g * self.costs.collapse_page_ns
-        on_gpu = region & gpu & ~dup & ~remote
         dup_cpu = on_gpu & rm & (not is_write)  # read duplication: the CPU gets a copy, the GPU keeps its own
         mig = on_gpu & ~dup_cpu
         moved = dup_cpu | mig
@@ -147,12 +152,9 @@ class HostService:
             self._release_gpu_pages(s, mig)
             cpu |= mig
             self._cpu_count[s] += n
-        new = region & ~gpu & ~cpu & ~dup
-        if new.any():  # first touch: populated (zeroed) on the CPU
-            n = int(new.sum())
+        if n_new:  # first touch: populated on the CPU (zeroed by the chunk allocation above)
             cpu |= new
-            self._cpu_count[s] += n
-            k.stall_ns += n * PAGE_BYTES / self.costs.host_zero_bytes_per_s * 1e9
+            self._cpu_count[s] += n_new
         self._cmap[s] |= region
         self._gmap[s] |= (mig | new) & self._abg[s] & ~rm
         if fault and (mig.any() or new.any()):
