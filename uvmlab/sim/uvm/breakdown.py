@@ -17,7 +17,8 @@ Every row of the kernels table gets seven columns that add up to its ``duration_
     the same way;
 ``fault_stall_ns``
     the rest of the driver's time the row waits for: fault batches (turnaround, fault entries), per-block service,
-    first chunks of fresh blocks, zero-fill (on a ``cudaMemPrefetchAsync`` row: the API path's block services);
+    first chunks of fresh blocks, zero-fill, the CPU chunks a block's first eviction allocates (on a
+    ``cudaMemPrefetchAsync`` row: the API path's block services);
 ``copy_ns``
     explicit copies (retained ``cudaMemcpy``, ``uvm.memcpy``, the optimizer offload's copies);
 ``host_ns``

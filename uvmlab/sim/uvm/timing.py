@@ -99,7 +99,10 @@ class CostParams:
     """Per CPU chunk a block holds when the GPU first touches it: the driver DMA-maps each for the GPU as it creates
     the block's GPU state (``uvm_va_block_gpu_state_get_alloc`` -> ``block_gpu_map_phys_all_cpu_pages`` ->
     ``uvm_cpu_chunk_map_gpu``: ``dma_map_page``, the IOMMU entry, the reverse map; uvm_va_block.c); chunks as for
-    ``cpu_unmap_chunk_ns``. Default 0 (the Titan V constants hold it). The open-driver profiles take 480 ns, fitted
+    ``cpu_unmap_chunk_ns``. A chunk the block allocates later, while it has GPU state (its first eviction, a CPU
+    fault or first touch), is mapped the same way (``block_populate_pages_cpu`` ->
+    ``uvm_va_block_map_cpu_chunk_on_gpus``) and pays it too (``UvmSim._cpu_alloc_ns``). Default 0 (the Titan V
+    constants hold it). The open-driver profiles take 480 ns, fitted
     on csc746 (driver 525): a block's first fault costs 245.6 us more than the same fault later in the block, over
     the block's 512 chunks (``fit_serial_refaults``); the closed-driver profile fits it on the GTX 1080 traces'
     first faults of CPU-initialised blocks (uvmlab.measure.generation_fit)."""
@@ -116,7 +119,9 @@ class CostParams:
     uvm_va_block.c: the CPU copy is dropped and the CPU mapping unmapped), besides the write fault. Default 0 [U]; the
     RTX 5090 profile fits it on rq4's read-mostly runs (uvmlab.measure.profile_fit)."""
     host_zero_bytes_per_s: float = 10e9
-    """Rate at which the host zeroes pages it populates on a CPU first touch [U: one core's clear_page order]."""
+    """Rate at which the kernel zeroes the CPU chunks the driver allocates zeroed (``__GFP_ZERO`` where a page of the
+    chunk is resident nowhere: a CPU first touch's host page before R530, a block's whole 2 MiB chunk from R530;
+    ``UvmSim._cpu_alloc_ns``) [U: one core's clear_page order]."""
     remote_read_bytes_per_s: float | None = None
     """GPU reads of host memory through a remote mapping; None: ``link_bytes_per_s`` (uvmlab.sim.uvm.hints)."""
     remote_write_bytes_per_s: float | None = None
