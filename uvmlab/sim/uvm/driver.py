@@ -367,8 +367,8 @@ class UvmSim(
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k
-        if not self._cpu_chunked[v]:
-            k.stall_ns += self._cpu_alloc_ns(v, row)
+        if not self._cpu_chunked[v]:  # discarded pages are not copied back (uvm_hints): they get no chunk
+            k.stall_ns += self._cpu_alloc_ns(v, row & ~self._disc[v] if self._hinted else row)
         self._count_decrease((v,))
         if self._hinted:  # read duplicates and discarded pages are not copied back (uvm_hints)
             n, n_runs, t_ns = self._evict_hinted(v, row)
