@@ -27,7 +27,9 @@ NVIDIA/open-gpu-kernel-modules):
 
 APPROXIMATION (R530+): every block is counted as one chunk. A block shorter than 2 MiB (a range's tail) holds 64 KiB
 chunks where they fit and host pages elsewhere; a 2 MiB allocation can fail under fragmentation and fall back to
-smaller chunks (``block_alloc_cpu_chunk``). Both would add chunks; neither is visible to the simulator.
+smaller chunks (``block_alloc_cpu_chunk``). Both would add chunks; neither is visible to the simulator. A tail
+block's first CPU population is charged the zeroing of the whole tail, where the driver zeroes only the 64 KiB
+chunks it allocates then (an over-estimate for a sparse first touch of a range's tail).
 NOT TIMED: the page allocation itself (``alloc_pages``); no export separates it from the mapping
 (docs/uvm-sim.md "CPU chunks").
 
