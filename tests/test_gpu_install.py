@@ -47,8 +47,9 @@ NVIDIA wheels, nvtx (the lent machine has none), and uvmlab itself (installed fr
 TINY_GPT2 = {"seq_len": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 128, "n_positions": 16}
 MiB, GiB = 1 << 20, 1 << 30
 IMAGE_ROOM = 3 * GiB
-"""Free disk the image needs: torch 2.13.0+cpu unpacks to about 1 GB, the uvmlab wheel and the stub are small; the
-rest is margin for the tests that run beside it (CI shares its disk: a full disk fails every test after it)."""
+"""Free disk the image needs: torch 2.13.0+cpu unpacks to 699 MB (its wheel's file sizes); the uvmlab wheel and the
+stub are small; the rest is margin for the tests running beside it (CI shares its disk: a full disk fails every test
+after it)."""
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     cudart = build_cudart(d, "libcudart.so.99")  # under its own soname: the stub the shim and the steps talk to
     print(f"image built in {time.monotonic() - t0:.0f} s (torch {t_torch:.0f} s)")
     yield {"dir": d, "python": py, "cudart": cudart, "wheel": wheel}
-    shutil.rmtree(d, ignore_errors=True)  # about 1 GB: pytest keeps its last three base folders
+    shutil.rmtree(d, ignore_errors=True)  # about 0.7 GB: pytest keeps its last three base folders
 
 
 def _env(image: dict[str, Path], tmp_path: Path, **extra: str) -> dict[str, str]:
