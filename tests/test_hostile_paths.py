@@ -216,10 +216,12 @@ def test_an_output_never_meets_an_input_or_another_output(tmp_path: Path) -> Non
     assert_all({name: (lambda o=outcome: check(o)) for name, outcome in outcomes.items()})
 
 
-def test_run_into_the_folder_of_its_workload_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_into_the_folder_of_its_workload_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The issue's own cases, by name: ``run wl.py -o .`` and ``nsys import D/x.sqlite -o D``."""
     (tmp_path / "wl.py").write_text(TINY.read_text())
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # restored after the test: later tests on this worker keep their own folder
     assert main(["run", "wl.py", "-n", "1", "--mode", "sim", "-o", "."]) == 2
     assert "holds the input wl.py" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wl.py"]
