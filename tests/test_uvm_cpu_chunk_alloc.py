@@ -98,3 +98,18 @@ def test_a_cpu_read_of_gpu_written_data_allocates_its_chunks_once(gpu: GpuSpec, 
         reads[map_ns] = out
     got = [a - b for a, b in zip(reads[MAP], reads[0.0], strict=True)]
     assert got == pytest.approx([CHUNKS[name] * MAP, 0.0])
+
+
+def test_a_coherent_gpus_page_the_cpu_maps_remotely_allocates_no_cpu_chunk() -> None:
+    """GH200 with accessed-by CPU: a host read of GPU-written data leaves the pages on the GPU and maps them for the
+    CPU over the coherent link (uvmlab.sim.uvm.host); nothing lands on the CPU, so no chunk is allocated or mapped."""
+    reads = []
+    for map_ns in (MAP, 0.0):
+        sim = UvmSim(8 * VA_BLOCK_BYTES, UvmKnobs(), _costs(map_ns=map_ns), GPUS["GH200"])
+        sim.map_range(0, VA_BLOCK_BYTES)
+        sim.advise(0, 0, VA_BLOCK_BYTES, "set_accessed_by:cpu")
+        sim.access([(0, 0, VA_BLOCK_BYTES, True)])
+        reads.append(float(sim.host_read(0, 0, VA_BLOCK_BYTES).stall_ns))
+        assert sim.host_read(0, 0, VA_BLOCK_BYTES).dtoh_bytes == 0  # stayed on the GPU
+        sim.check_invariants()
+    assert reads[0] == pytest.approx(reads[1])

@@ -492,7 +492,11 @@ class UvmSim(
           whole 2 MiB chunk, at its first population (a later first touch finds it zeroed). At
           ``host_zero_bytes_per_s``.
 
-        Not timed: the page allocation itself (``alloc_pages``; no export separates it from the mapping)."""
+        Not timed: the page allocation itself (``alloc_pages``; no export separates it from the mapping).
+        APPROXIMATION: "GPU state" is read as the block having had a GPU chunk (``_had_gpu``); the driver creates it
+        at the GPU's first fault on the block, so a first touch on the CPU caused by a GPU fault (preferred location
+        CPU, a remote mapping) is charged the mapping only at the block's first GPU chunk (``_first_gpu_ns``), or never
+        while the GPU keeps reading it remotely (480 ns per chunk in the open-driver profiles)."""
         costs = self.costs
         if self._page_chunks:
             row = self._calloc[s]
@@ -509,12 +513,13 @@ class UvmSim(
             self._cpu_chunked[s] = bool(row[: self._npages[s]].all())
             new_chunks = new / self._g
         else:
-            if self._cpu_chunked[s]:
-                return 0.0
+            any_fresh = fresh is not None and bool(fresh.any())
+            if self._cpu_chunked[s] or not (any_fresh or (moved is not None and moved.any())):
+                return 0.0  # allocated before, or nothing lands on the CPU (a coherent GPU's page mapped remotely)
             self._cpu_chunked[s] = True
             new_chunks = 1.0
-            zeroed = (fresh is not None and fresh.any()) or self._res_count[s] + self._cpu_count[s] < self._npages[s]
-            t = self._chunk_bytes[s] / costs.host_zero_bytes_per_s * 1e9 if zeroed else 0.0
+            zeroed = any_fresh or self._res_count[s] + self._cpu_count[s] < self._npages[s]
+            t = self._npages[s] * self._host_zero_ns_per_page if zeroed else 0.0
         if self._had_gpu[s]:
             t += new_chunks * costs.cpu_chunk_map_ns
         return t
