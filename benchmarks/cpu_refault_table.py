@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
+from program_run import uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -38,11 +37,16 @@ BEFORE = {"cpu_fault_ns": 4950.0612980162305, "cpu_unmap_chunk_ns": 0.0}
 
 def run(folder: Path, gpu: str, mb: int, iterations: int, params: Path | None) -> dict[str, float]:
     out = folder / ("old" if params else "new")
-    argv = [sys.executable, "-m", "uvmlab", "run", str(folder / "refault.py"), "--gpu", gpu, "-n", str(iterations)]
-    argv += ["--option", f"mb={mb}", "-o", str(out), "--force", "--format", "json"]
-    argv += ["--params", str(params)] if params else []
-    subprocess.run(argv, check=True, capture_output=True)
-    last = pd.read_parquet(out / "tables" / "iterations.parquet").iloc[-1]  # a steady iteration
+    options = [
+        "--gpu",
+        gpu,
+        "-n",
+        str(iterations),
+        "--option",
+        f"mb={mb}",
+        *(["--params", str(params)] if params else []),
+    ]
+    last = pd.read_parquet(uvmlab_run(folder / "refault.py", out, *options) / "iterations.parquet").iloc[-1]  # steady
     return {k: float(last[k]) / 1e6 for k in ("duration_ns", "host_ns", "fault_stall_ns")}
 
 

@@ -11,12 +11,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
+from program_run import uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -33,11 +32,8 @@ DRIVERS = ("525.105.17", "575.57.08")
 
 
 def run(folder: Path, gpu: str, mb: int, oversub: float) -> pd.DataFrame:
-    out = folder / gpu.replace("@", "_")
-    argv = [sys.executable, "-m", "uvmlab", "run", str(folder / "fill.py"), "--gpu", gpu, "-n", "3"]
-    argv += ["--oversub", str(oversub), "--option", f"mb={mb}", "-o", str(out), "--force", "--format", "json"]
-    subprocess.run(argv, check=True, capture_output=True)
-    return pd.read_parquet(out / "tables" / "kernels.parquet")
+    options = ("--gpu", gpu, "-n", "3", "--oversub", str(oversub), "--option", f"mb={mb}")
+    return pd.read_parquet(uvmlab_run(folder / "fill.py", folder / gpu.replace("@", "_"), *options) / "kernels.parquet")
 
 
 def main() -> None:

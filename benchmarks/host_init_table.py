@@ -10,12 +10,11 @@ profiles"), simulated on the closed generation, a R515-R529 driver (one CPU chun
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
+from program_run import uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -39,11 +38,10 @@ MEASURED_MS = {("GTX1080", "535.274.02"): 382.6}
 
 
 def run(folder: Path, gpu: str, mb: int) -> dict[str, float]:
-    out = folder / gpu.replace("@", "_")
-    argv = [sys.executable, "-m", "uvmlab", "run", str(folder / "vec_add.py"), "--gpu", gpu, "-n", "1"]
-    argv += ["--option", f"mb={mb}", "-o", str(out), "--force", "--format", "json"]
-    subprocess.run(argv, check=True, capture_output=True)
-    k = pd.read_parquet(out / "tables" / "kernels.parquet")
+    tables = uvmlab_run(
+        folder / "vec_add.py", folder / gpu.replace("@", "_"), "--gpu", gpu, "-n", "1", "--option", f"mb={mb}"
+    )
+    k = pd.read_parquet(tables / "kernels.parquet")
     add = k[k["name"] == "aten::add"].iloc[-1]
     return {k: float(add[f"{k}_ns"]) / 1e6 for k in ("duration", "fault_stall", "migration")}
 
