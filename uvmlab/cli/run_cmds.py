@@ -64,7 +64,16 @@ def _summary_rows(r: dict[str, Any], policy: str | None = None) -> list[tuple[st
         ("zero-filled (no transfer)", b("zero_fill_bytes")),
         ("retained cudaMemcpy HtoD", b("memcpy_htod_bytes")),
         *_breakdown_rows(r),
+        *_regime_rows(r),
     ]
+
+
+def _regime_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The regime (result.json ``regime``: fits, paging or thrashing, and why), when the run has one."""
+    reg = r.get("regime") or {}
+    if not reg.get("verdict"):
+        return []
+    return [("regime", f"{reg['verdict']}: {reg['why']}")]
 
 
 def _breakdown_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -44,6 +44,7 @@ from uvmlab.sim.uvm.replay import ReplayResult, peak_managed_bytes, replay
 from uvmlab.sim.uvm.timing import CostParams, read_params_file
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, check_table, steady_mean
 from uvmlab.trace.schema import NEVER_FREED, Trace
+from uvmlab.uvm.regime import regime
 
 
 @dataclass
@@ -324,6 +325,7 @@ def result_dict(
     d["gpu_spec"] = spec_dict(prep.gpu)
     d["time_breakdown_ns"] = {c: steady_mean(its[c]) if c in its else None for c in ITERATION_BREAKDOWN_COLUMNS}
     d["native_by_class_ns"] = native_by_class(res.kernels)
+    d["regime"] = regime(res.kernels, prep.available_bytes)
     d["batch_size"] = prep.trace.header.get("batch_size")
     missing = [k for k in RESULT_KEYS if k not in d]
     if missing:

@@ -41,7 +41,8 @@ Approximations (also in docs/uvm-sim.md):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,9 @@ class UvmSim(
         """Per slot: no page of the block can get a new CPU chunk (``_cpu_alloc_ns``): from R530 its one chunk exists,
         before R530 every page holds one (``_calloc``). Chunks live until the block is destroyed."""
         self._fault_migrations: list[int] = []
+        self._evicted_in: list[int] = []
+        """Per slot: the kernel (``_serial``) that last evicted its chunk, -1 if none: a chunk allocated again in the
+        same kernel is a refetch (``UvmCounters.refetched_chunks``)."""
         self._slot_range: list[int] = []
         self._slot_bidx: list[int] = []
         self._n_slots = 0
@@ -175,6 +179,10 @@ class UvmSim(
         self.populated_gpu_bytes = 0
         self.peak_used_bytes = 0
         self._thr_setup()  # thrashing detection (uvmlab.sim.uvm.thrashing)
+        self._serial = 0
+        """The kernel under way: each call's counters end it (``_flush_kernel_counters``) unless :meth:`one_kernel`
+        holds it open."""
+        self._held = False
         self.scale = 1
         """A scaled replay (uvmlab.sim.uvm.order): the caller divided capacity, ranges and accesses by it; every
         call's counters are multiplied back by it (``_flush_kernel_counters``)."""
@@ -189,6 +197,7 @@ class UvmSim(
         ("_had_gpu", False),
         ("_cpu_chunked", False),
         ("_fault_migrations", 0),
+        ("_evicted_in", -1),
         ("_slot_range", -1),
         ("_slot_bidx", 0),
     )
@@ -243,6 +252,7 @@ class UvmSim(
             if self._page_chunks:
                 self._calloc[slot] = False
             self._fault_migrations[slot] = 0
+            self._evicted_in[slot] = -1
             self._slot_range[slot] = range_id
             self._slot_bidx[slot] = b
             if self._pol_any is not None:
@@ -367,6 +377,7 @@ class UvmSim(
         row = self._gpu[v]
         n = self._res_count[v]
         k = self._k
+        self._evicted_in[v] = self._serial
         if not self._cpu_chunked[v]:  # discarded pages are not copied back (uvm_hints): they get no chunk
             k.stall_ns += self._cpu_alloc_ns(v, row & ~self._disc[v] if self._hinted else row)
         self._count_decrease((v,))
@@ -398,7 +409,7 @@ class UvmSim(
         would one by one (plain rule only: the caller checks ``_hinted`` is off). ``used_bytes`` is the caller's.
         The bitmaps move back in array operations (fully resident blocks, the common case, and the others)."""
         res_count, npages, cpu_count, has_chunk = self._res_count, self._npages, self._cpu_count, self._has_chunk
-        chunked = self._cpu_chunked
+        chunked, evicted_in, serial = self._cpu_chunked, self._evicted_in, self._serial
         pop = self._lrm.popitem
         for _ in victims:
             pop(False)  # positional: a keyword argument costs more than the pop itself
@@ -414,6 +425,7 @@ class UvmSim(
             cpu_count[v] += n
             res_count[v] = 0
             has_chunk[v] = False
+            evicted_in[v] = serial
             (full if n == npages[v] else part).append(v)
         t_ns = 0.0
         n_runs = len(full)
@@ -460,6 +472,8 @@ class UvmSim(
         self.peak_used_bytes = max(self.peak_used_bytes, self.used_bytes)
         self._has_chunk[s] = True
         self._lrm[s] = None
+        if self._evicted_in[s] == self._serial:
+            self._k.refetched_chunks += 1
         if not self._had_gpu[s]:
             self._had_gpu[s] = True
             self._k.stall_ns += self._first_gpu_ns(s, fault_path)
@@ -639,7 +653,21 @@ class UvmSim(
         k.scale(self.scale, batches=not stream)
         self.totals.add(k)
         self._k = UvmCounters()
+        if not self._held:
+            self._serial += 1
         return k
+
+    @contextmanager
+    def one_kernel(self) -> Iterator[None]:
+        """The calls inside are one kernel (a GEMM's passes, the calls of one replayed row): a chunk one of them
+        evicts and another allocates again counts as refetched (``UvmCounters.refetched_chunks``)."""
+        held, self._held = self._held, True
+        try:
+            yield
+        finally:
+            self._held = held
+            if not held:
+                self._serial += 1
 
     # -- checks --------------------------------------------------------------------------------
     def resident_bytes(self) -> int:

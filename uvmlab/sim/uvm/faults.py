@@ -70,6 +70,9 @@ class UvmCounters:
     """Read-duplicated pages whose other copy a write revoked (uvmlab.sim.uvm.advice, .host)."""
     writeback_saved_bytes: int = 0
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
+    refetched_chunks: int = 0
+    """Chunks a kernel allocated again after evicting them itself earlier in the same kernel: its own data does
+    not fit, so LRM eviction takes blocks it still needs (the cascade of docs/uvm-sim.md; ``uvmlab.uvm.regime``)."""
 
     def add(self, other: UvmCounters) -> None:
         mine, theirs = self.__dict__, other.__dict__  # a replay adds one kernel's counters per kernel: no fields()
@@ -534,6 +537,7 @@ class FaultService:
         groups: dict[int, tuple[FaultPlan, list[int], list[int]]] = {}  # id(plan): plan, new slots, CPU-resident
         lrm = self._lrm
         first_gpu_ns = 0.0
+        evicted_in, serial, refetched = self._evicted_in, self._serial, 0
         for s, _, _, _, plan in steps:  # the batches, in order; the chunks join the LRM list's end in touch order
             if plan.n_closes:
                 n = -(-(open_f + plan.first_close_faults) // g)
@@ -553,6 +557,8 @@ class FaultService:
             e[2 if cpu_count[s] else 1].append(s)
             lrm[s] = None  # none is on it (one assignment each: OrderedDict.update is slower)
             has_chunk[s] = True
+            if evicted_in[s] == serial:
+                refetched += 1
             if not had_gpu[s]:
                 had_gpu[s] = True
                 first_gpu_ns += self._first_gpu_ns(s)
@@ -595,6 +601,7 @@ class FaultService:
         k.htod_bytes += htod_pages * PAGE_BYTES
         k.fault_htod_bytes += fault_h * PAGE_BYTES
         k.prefetch_htod_bytes += (htod_pages - fault_h) * PAGE_BYTES
+        k.refetched_chunks += refetched
         k.stall_ns += stall + first_gpu_ns
 
     def _apply_plan(self, s: int, lo: int, hi: int, budget: int) -> int:

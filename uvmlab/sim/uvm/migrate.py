@@ -128,12 +128,15 @@ class MigrateService:
         tail: list[int] = []
         on_cpu: list[int] = []
         lrm = self._lrm
+        evicted_in, serial, refetched = self._evicted_in, self._serial, 0
         for s in slots:
             lrm[s] = None  # joins the LRM list's end in address order, or stays there (one is just taken)
             n = npages[s]
             if not had_gpu[s]:
                 had_gpu[s] = True
                 first_ns += self._first_gpu_ns(s, fault_path=False)
+            if not has_chunk[s] and evicted_in[s] == serial:  # a chunk just taken counted it (``_ensure_chunk``)
+                refetched += 1
             has_chunk[s] = True
             res_count[s] = n
             n_h = cpu_count[s]
@@ -164,6 +167,7 @@ class MigrateService:
         k.htod_bytes += h_pages * PAGE_BYTES
         k.prefetch_htod_bytes += h_pages * PAGE_BYTES
         k.zero_fill_bytes += zero * PAGE_BYTES
+        k.refetched_chunks += refetched
         k.stall_ns += t_h + len(slots) * costs.block_service_ns + zero * self._zero_ns_per_page + first_ns
 
 

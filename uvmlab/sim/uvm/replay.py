@@ -397,6 +397,7 @@ _EXTRA = (
     "remote_write_bytes",
     "cpu_fault_count",
     "collapse_count",
+    "refetched_chunks",
 )
 _FLOAT_COLUMNS = (*_EXTRA, "stall_ns")
 _INTS_OF = operator.attrgetter(*FAULT_COLUMNS)
@@ -547,6 +548,28 @@ class _Replayer:
         if transfer:
             self.t = self.clocks.transfer_start(self.t)
         sim.now_ns = self.t  # the thrashing detector's clock (uvmlab.sim.uvm.thrashing), on the row's own stream
+        with sim.one_kernel():  # one kernel however many driver calls it takes (UvmCounters.refetched_chunks)
+            c, dur = self._row(i, kind, rows, st, ids)
+        if sim.knobs.prefetch_on_alloc or self.hints is not None:
+            c.add(self.pending)  # counts only: the prefetch's time is already on the clock
+            self.pending = UvmCounters()
+        self.starts[i] = self.t
+        self.t += dur
+        self.ends[i] = self.t
+        self.clocks.finish(self.cur, self.t, barrier)
+        if transfer:
+            self.clocks.transfer_end(self.t)
+        self.ints[i] = _INTS_OF(c)
+        self.floats[i] = _FLOATS_OF(c)
+        self.reserved[i] = sim.mapped_bytes * self.scale
+        self.resident[i] = sim.used_bytes * self.scale
+        return dur
+
+    def _row(
+        self, i: int, kind: str, rows: list[tuple[int, int, int, bool]], st: _KernelStatics, ids: list[int] | None
+    ) -> tuple[UvmCounters, float]:
+        """Row ``i``'s driver calls by its kind: (its counters, its duration on the stream)."""
+        sim = self.sim
         if kind in STREAM_API:  # stream calls: no memory, no time of their own
             c, dur = UvmCounters(), 0.0
             if kind == "event_record":
@@ -588,20 +611,7 @@ class _Replayer:
             link = remote_ns(c, self.costs) * float(st.remote_scale[i]) if c.remote_bytes else 0.0
             native = max(float(st.native_ns[i]), link)  # remote mappings: the link's time
             dur = native + (1.0 - self.costs.fault_overlap) * c.stall_ns
-        if sim.knobs.prefetch_on_alloc or self.hints is not None:
-            c.add(self.pending)  # counts only: the prefetch's time is already on the clock
-            self.pending = UvmCounters()
-        self.starts[i] = self.t
-        self.t += dur
-        self.ends[i] = self.t
-        self.clocks.finish(self.cur, self.t, barrier)
-        if transfer:
-            self.clocks.transfer_end(self.t)
-        self.ints[i] = _INTS_OF(c)
-        self.floats[i] = _FLOATS_OF(c)
-        self.reserved[i] = sim.mapped_bytes * self.scale
-        self.resident[i] = sim.used_bytes * self.scale
-        return dur
+        return c, dur
 
     def _enter(self, stream: int, barrier: bool = False) -> None:
         """Make ``self.t`` the start of the next row on ``stream`` (uvm_cuda_streams): what was added to the clock

@@ -1,0 +1,156 @@
+"""The run's regime (uvmlab.uvm.regime) and the counter it rests on: chunks a kernel evicts and allocates again
+within itself (``UvmCounters.refetched_chunks``, ``UvmSim.one_kernel``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hypothesis.strategies as st
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+
+from uvmlab.gpus import GPUS
+from uvmlab.sim.uvm.driver import UvmSim
+from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs
+from uvmlab.sim.uvm.timing import CostParams
+from uvmlab.uvm.regime import regime
+
+GPU = GPUS["A100-80GB"]
+
+
+def _sim(chunks: int, range_blocks: int) -> UvmSim:
+    sim = UvmSim(chunks * VA_BLOCK_BYTES, UvmKnobs(), CostParams(), GPU)
+    sim.map_range(0, range_blocks * VA_BLOCK_BYTES)
+    return sim
+
+
+def _sweep(sim: UvmSim, blocks: int) -> list[tuple[int, int, int, bool]]:
+    return [(0, 0, blocks * VA_BLOCK_BYTES, False)]
+
+
+def test_a_single_sweep_larger_than_the_gpu_evicts_its_own_chunks_but_refetches_none() -> None:
+    sim = _sim(chunks=4, range_blocks=8)
+    c = sim.access(_sweep(sim, 8))
+    assert c.eviction_count == 4 and c.refetched_chunks == 0
+
+
+def test_a_kernel_that_comes_back_to_what_it_evicted_refetches_it() -> None:
+    """Two passes of one kernel over 8 blocks on 4 chunks: the second pass finds every block evicted by the first
+    (LRM takes the oldest), so it allocates all 8 chunks again."""
+    sim = _sim(chunks=4, range_blocks=8)
+    with sim.one_kernel():
+        first = sim.access(_sweep(sim, 8))
+        second = sim.access(_sweep(sim, 8))
+    assert first.refetched_chunks == 0
+    assert second.refetched_chunks == 8
+
+
+def test_kernels_that_each_fit_evict_each_other_but_refetch_nothing() -> None:
+    """Blocks 0-3 and 4-7 in turn on 4 chunks: each kernel evicts the other's chunks (paging), none its own."""
+    sim = _sim(chunks=4, range_blocks=8)
+    halves = [[(0, h * 4 * VA_BLOCK_BYTES, 4 * VA_BLOCK_BYTES, False)] for h in (0, 1, 0, 1)]
+    counters = [sim.access(rows) for rows in halves]
+    assert [c.eviction_count for c in counters] == [0, 4, 4, 4]
+    assert [c.refetched_chunks for c in counters] == [0, 0, 0, 0]
+
+
+def test_a_sweep_that_starts_warm_evicts_what_it_needs_later() -> None:
+    """The second sweep of 8 blocks on 4 chunks finds 4-7 resident, evicts them to fault in 0-3, and must allocate
+    them again when it reaches them: the cyclic sweep LRM cannot serve (every launch after the first refetches)."""
+    sim = _sim(chunks=4, range_blocks=8)
+    counts = [sim.access(_sweep(sim, 8)).refetched_chunks for _ in range(3)]
+    assert counts == [0, 4, 4]
+
+
+def test_a_prefetch_that_comes_back_within_its_kernel_counts_too() -> None:
+    sim = _sim(chunks=4, range_blocks=8)
+    with sim.one_kernel():
+        sim.access(_sweep(sim, 8))  # blocks 4-7 resident, 0-3 evicted in this kernel
+        c = sim.prefetch(0, 0, 2 * VA_BLOCK_BYTES)  # blocks 0 and 1 come back
+    assert c.refetched_chunks == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    chunks=st.integers(1, 6),
+    blocks=st.integers(1, 12),
+    passes=st.lists(st.tuples(st.integers(0, 11), st.integers(1, 12)), min_size=1, max_size=6),
+)
+def test_a_kernel_never_refetches_more_chunks_than_it_evicted(chunks: int, blocks: int, passes: list) -> None:
+    sim = _sim(chunks, blocks)
+    evicted = refetched = 0
+    with sim.one_kernel():
+        for start, n in passes:
+            start = min(start, blocks - 1)
+            n = min(n, blocks - start)
+            c = sim.access([(0, start * VA_BLOCK_BYTES, n * VA_BLOCK_BYTES, False)])
+            evicted += c.eviction_count
+            refetched += c.refetched_chunks
+    assert 0 <= refetched <= evicted
+    sim.check_invariants()
+
+
+MIB = 1 << 20
+
+
+def _kernels(rows: list[tuple[int, str, int, int, int]]) -> pd.DataFrame:
+    """(iteration, name, MiB of own data, evicted chunks, refetched chunks) -> a kernels table, 1 ms per kernel."""
+    df = pd.DataFrame(rows, columns=["iteration", "name", "kernel_bytes", "eviction_count", "refetched_chunks"])
+    df["kernel_bytes"] *= MIB
+    df["duration_ns"] = 1e6
+    df["native_ns"] = 1e5
+    return df
+
+
+def test_the_verdict_reads_the_steady_iterations_only() -> None:
+    first_pages = _kernels([(0, "a", 50, 5, 2), (1, "a", 50, 0, 0), (2, "a", 50, 0, 0)])
+    assert regime(first_pages, 100 * MIB)["verdict"] == "fits"
+    paging = _kernels([(0, "a", 50, 0, 0), (1, "a", 50, 4, 1), (2, "a", 50, 2, 0)])
+    r = regime(paging, 100 * MIB)
+    assert r["verdict"] == "paging" and r["evicted_chunks_per_iteration"] == 3.0
+    assert r["refetched_chunks_per_iteration"] == 0.5  # evicted while still in use, though the kernel fits
+    assert r["worst_kernel"] is None and r["thrashing_time_share"] == 0.0
+    assert "while their kernel still used them" in r["why"]
+
+
+def test_a_kernel_whose_own_data_exceeds_the_memory_makes_the_run_thrash() -> None:
+    k = _kernels(
+        [(0, "a", 50, 0, 0), (1, "a", 50, 4, 0), (1, "gemm", 150, 9, 6), (2, "a", 50, 4, 0), (2, "gemm", 150, 9, 2)]
+    )
+    r = regime(k, 100 * MIB)
+    assert r["verdict"] == "thrashing"
+    assert r["refetched_chunks_per_iteration"] == 4.0 and r["thrashing_kernels_per_iteration"] == 1.0
+    assert r["thrashing_time_share"] == pytest.approx(0.5)
+    assert r["worst_kernel"]["name"] == "gemm" and r["worst_kernel"]["kernel_bytes"] == 150 * MIB
+    assert "gemm" in r["why"] and "100.00 MiB" in r["why"]
+
+
+def test_an_oversized_kernel_that_moves_nothing_does_not_make_the_run_thrash() -> None:
+    """A gather that reads a few rows of a table larger than the memory (its ``kernel_bytes`` count the table)."""
+    k = _kernels([(0, "gather", 500, 3, 0), (1, "gather", 500, 0, 0), (1, "a", 50, 2, 0)])
+    assert regime(k, 100 * MIB)["verdict"] == "paging"
+
+
+def test_a_single_iteration_is_its_own_steady_state() -> None:
+    assert regime(_kernels([(0, "a", 150, 3, 1)]), 100 * MIB)["verdict"] == "thrashing"
+    assert regime(_kernels([(-1, "setup", 150, 3, 1)]), 100 * MIB)["verdict"] is None
+
+
+def test_the_cli_says_the_row_per_thread_kernel_fits_then_thrashes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """docs/examples/programs/row_per_thread.py (small: 2,048 rows of 64 KiB): at 0.9x nothing is evicted after
+    the first launch; at 1.5x LRM takes rows other warps still walk and the launch faults them back."""
+    from uvmlab.cli import main
+    from uvmlab.files.rundir import RunDir
+
+    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
+    prog = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "programs" / "row_per_thread.py")
+    args = [prog, "--option", "rows=2048", "--option", "row_kib=64", "-n", "3", "--mode", "sim"]
+    verdicts = {}
+    for f in ("0.9", "1.5"):
+        assert main(["run", *args, "--oversub", f, "-o", str(tmp_path / f)]) == 0
+        verdicts[f] = RunDir(tmp_path / f).read_result()["regime"]
+    assert verdicts["0.9"]["verdict"] == "fits"
+    over = verdicts["1.5"]
+    assert over["verdict"] == "thrashing" and over["worst_kernel"]["name"] == "row_sum"
+    assert 0 < over["refetched_chunks_per_iteration"] <= over["evicted_chunks_per_iteration"]
