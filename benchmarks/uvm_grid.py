@@ -85,6 +85,7 @@ def run_pair(workload: str, pca: bool, iterations: int, pad_to_study: bool = Fal
                 "slowdown": r["slowdown_vs_native_pca"],  # vs all-resident PCA on
                 "regime": r["regime"]["verdict"],
                 "refetched_chunks_per_iteration": r["regime"].get("refetched_chunks_per_iteration"),
+                "thrashing_time_share": r["regime"].get("thrashing_time_share"),
                 "sim_cpu_s": time.process_time() - c1,
                 "sim_wall_s": time.perf_counter() - t1,
                 "prepare_cpu_s": prep_cpu,

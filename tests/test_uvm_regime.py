@@ -105,31 +105,25 @@ def _kernels(rows: list[tuple[int, str, int, int, int]]) -> pd.DataFrame:
 
 def test_the_verdict_reads_the_steady_iterations_only() -> None:
     first_pages = _kernels([(0, "a", 50, 5, 2), (1, "a", 50, 0, 0), (2, "a", 50, 0, 0)])
-    assert regime(first_pages, 100 * MIB)["verdict"] == "fits"
-    paging = _kernels([(0, "a", 50, 0, 0), (1, "a", 50, 4, 1), (2, "a", 50, 2, 0)])
+    r = regime(first_pages, 100 * MIB)
+    assert r["verdict"] == "fits" and r["largest_kernel"]["kernel_bytes"] == 50 * MIB
+    paging = _kernels([(0, "a", 50, 0, 0), (1, "a", 50, 4, 0), (2, "a", 150, 2, 0)])
     r = regime(paging, 100 * MIB)
     assert r["verdict"] == "paging" and r["evicted_chunks_per_iteration"] == 3.0
-    assert r["refetched_chunks_per_iteration"] == 0.5  # evicted while still in use, though the kernel fits
     assert r["worst_kernel"] is None and r["thrashing_time_share"] == 0.0
-    assert "while their kernel still used them" in r["why"]
+    assert "150.00 MiB against the 100.00 MiB" in r["why"]
 
 
-def test_a_kernel_whose_own_data_exceeds_the_memory_makes_the_run_thrash() -> None:
+def test_a_kernel_that_refetches_its_own_chunks_makes_the_run_thrash() -> None:
     k = _kernels(
-        [(0, "a", 50, 0, 0), (1, "a", 50, 4, 0), (1, "gemm", 150, 9, 6), (2, "a", 50, 4, 0), (2, "gemm", 150, 9, 2)]
+        [(0, "a", 50, 0, 0), (1, "a", 50, 4, 0), (1, "gemm", 90, 9, 6), (2, "a", 50, 4, 0), (2, "gemm", 90, 9, 2)]
     )
     r = regime(k, 100 * MIB)
     assert r["verdict"] == "thrashing"
     assert r["refetched_chunks_per_iteration"] == 4.0 and r["thrashing_kernels_per_iteration"] == 1.0
     assert r["thrashing_time_share"] == pytest.approx(0.5)
-    assert r["worst_kernel"]["name"] == "gemm" and r["worst_kernel"]["kernel_bytes"] == 150 * MIB
-    assert "gemm" in r["why"] and "100.00 MiB" in r["why"]
-
-
-def test_an_oversized_kernel_that_moves_nothing_does_not_make_the_run_thrash() -> None:
-    """A gather that reads a few rows of a table larger than the memory (its ``kernel_bytes`` count the table)."""
-    k = _kernels([(0, "gather", 500, 3, 0), (1, "gather", 500, 0, 0), (1, "a", 50, 2, 0)])
-    assert regime(k, 100 * MIB)["verdict"] == "paging"
+    assert r["worst_kernel"]["name"] == "gemm" and r["worst_kernel"]["refetched_chunks"] == 6
+    assert "gemm, 6 in one launch" in r["why"] and "50%" in r["why"]
 
 
 def test_a_single_iteration_is_its_own_steady_state() -> None:
@@ -154,3 +148,27 @@ def test_the_cli_says_the_row_per_thread_kernel_fits_then_thrashes(tmp_path, mon
     over = verdicts["1.5"]
     assert over["verdict"] == "thrashing" and over["worst_kernel"]["name"] == "row_sum"
     assert 0 < over["refetched_chunks_per_iteration"] <= over["evicted_chunks_per_iteration"]
+
+
+BENCH_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5)
+
+
+@pytest.mark.parametrize("kernel", ["seq_stream", "rand_stream", "pointer_chase"])
+def test_the_regime_says_thrashing_exactly_where_real_uvmbench_runs_crawl(real_data: Path, kernel: str) -> None:
+    """gpu_ext's t0rq3 runs (RTX 5090, real-data/uvm): a run crawls when its time per byte the kernel accesses
+    (the CSV's ``bytes_accessed``) is at least 10x the same kernel's at 0.5x. The measured classes do not depend on
+    that 10: every run is within 1.02x of its 0.5x rate or at least 70x it. Fits and thrashing must be predicted as
+    measured, through the shipped workload file."""
+    from uvmlab.measure.profile_fit import BENCH_CSV, bench_result
+
+    csv = real_data / "uvm" / BENCH_CSV
+    if not csv.is_file():
+        pytest.skip(f"{csv} absent")
+    df = pd.read_csv(csv)
+    rows = df[(df["kernel"] == kernel) & (df["mode"] == "uvm")].set_index("size_factor")
+    per_byte = rows["median_ms"] / rows["bytes_accessed"]
+    for f in BENCH_FACTORS:
+        ratio = per_byte[f] / per_byte[0.5]
+        assert ratio <= 1.02 or ratio >= 70  # the measured classes (docstring)
+        verdict = bench_result(kernel, f)["regime"]["verdict"]
+        assert verdict == ("thrashing" if ratio >= 10 else "fits"), (kernel, f, ratio, verdict)

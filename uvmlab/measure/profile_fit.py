@@ -166,17 +166,39 @@ def torch_bench_ms(factor: float, costs: CostParams | None, gpu: str = "RTX5090"
     return _median_iteration_ms("uvmbench_torch", opts, costs, gpu, RTX5090_TOTAL_BYTES, iterations)
 
 
+def bench_result(
+    kernel: str,
+    factor: float,
+    costs: CostParams | None = None,
+    mode: str = "uvm",
+    gpu: str = "RTX5090",
+    total_bytes: int = RTX5090_TOTAL_BYTES,
+    iterations: int = 3,
+) -> dict[str, Any]:
+    """result.json of the run :func:`bench_ms` times (its ``regime``, counts, times)."""
+    opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
+    return _bench_run("uvmbench", opts, costs, gpu, total_bytes, iterations)[1]
+
+
 def _median_iteration_ms(
     workload: str, opts: dict[str, Any], costs: CostParams | None, gpu: str, total_bytes: int, iterations: int
 ) -> float:
     import numpy as np
 
+    res = _bench_run(workload, opts, costs, gpu, total_bytes, iterations)[0]
+    return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
+
+
+def _bench_run(
+    workload: str, opts: dict[str, Any], costs: CostParams | None, gpu: str, total_bytes: int, iterations: int
+) -> tuple[Any, dict[str, Any]]:
+    """(ReplayResult, result.json) of a shipped uvmbench file at 1 / ``BENCH_SCALE`` of the memory."""
     from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
 
     scale = {"sim_scale": BENCH_SCALE}
     cfg = shipped_config(workload, opts, gpu, total_bytes, iterations=iterations, sim_options=scale)
-    _, res, _ = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
-    return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
+    _, res, result = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
+    return res, result
 
 
 def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostParams, dict[str, Any]]:

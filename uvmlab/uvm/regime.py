@@ -1,24 +1,19 @@
 """The run's regime: does the job fit, page, or thrash? (result.json ``regime``; docs/uvm-sim.md "The regime").
 
 Read from the simulated kernels of the steady iterations (those after the first, as every steady figure is; the
-only one if there is one), against the GPU memory UVM has, with no threshold of its own:
+only one if there is one), with no threshold of its own:
 
 * ``fits``: no chunk is evicted. After the first iteration everything the job touches stays on the GPU.
-* ``paging``: chunks are evicted, and every kernel's own data (``kernel_bytes``: the distinct storages it reads and
-  writes, the study's "memory per kernel") fits in what UVM has. The iteration as a whole does not fit; the cost
-  follows the bytes each iteration moves.
-* ``thrashing``: some kernel's own data exceeds what UVM has, and it evicts chunks in the steady iterations. It
-  cannot run without evicting data of its own: every launch moves at least the excess, and when its threads need
-  their data concurrently (issue 41's mechanism) LRM eviction takes blocks in-flight warps still need. This is
-  where real GPUs crawl.
+* ``paging``: chunks are evicted, but no kernel allocates again a chunk it evicted itself. What one kernel evicts,
+  only later kernels need: the cost follows the bytes each iteration moves.
+* ``thrashing``: some kernel allocates again chunks it evicted itself in the same launch (``refetched_chunks``,
+  ``UvmSim.one_kernel``). LRM eviction took blocks the kernel's in-flight warps still needed (issue 41's
+  mechanism): the kernel's own data does not fit, or it fits but its blocks are old on the LRM list (GPU accesses
+  do not refresh the order, only migrations do) while other data fills the GPU. The cost then grows with the
+  chunks lost, not with the kernel's bytes; ``thrashing_time_share`` says how much of the iteration it holds.
 
-Besides the verdict, ``refetched_chunks``: chunks a kernel allocated again after evicting them itself in the same
-launch (``UvmSim.one_kernel``), the dynamic trace of data lost while in use. Kernels whose data fits can refetch
-too: GPU accesses do not refresh the LRM order, so a kernel's faults can evict an old block it is still reading.
-A GEMM replayed as several passes is one kernel.
-
-Approximation: ``kernel_bytes`` counts whole storages, so a gather touching a few rows of a large table counts the
-table; the eviction condition keeps such a kernel out unless it really moves data in the steady iterations.
+A GEMM replayed as several passes is one kernel. ``largest_kernel``: the launch with the most own data
+(``kernel_bytes``, the distinct storages it touches: the study's "memory per kernel"), to set against the memory.
 """
 
 from __future__ import annotations
@@ -46,34 +41,34 @@ def regime(kernels: pd.DataFrame, available_bytes: int) -> dict[str, Any]:
     if n == 0:
         return {"verdict": None, "why": "no iteration was run", "steady_iterations": 0}
     evicted = float(k["eviction_count"].sum()) / n
-    oversized = k[(k["kernel_bytes"] > available_bytes) & (k["eviction_count"] > 0)]
+    thrashing = k[k["refetched_chunks"] > 0]
     total_ns = float(k["duration_ns"].sum())
     out: dict[str, Any] = {
-        "verdict": "thrashing" if len(oversized) else "paging" if evicted else "fits",
+        "verdict": "thrashing" if len(thrashing) else "paging" if evicted else "fits",
         "steady_iterations": n,
         "evicted_chunks_per_iteration": evicted,
         "refetched_chunks_per_iteration": float(k["refetched_chunks"].sum()) / n,
-        "thrashing_kernels_per_iteration": len(oversized) / n,
-        "thrashing_time_share": float(oversized["duration_ns"].sum()) / total_ns if total_ns > 0 else None,
-        "worst_kernel": _worst(oversized),
+        "thrashing_kernels_per_iteration": len(thrashing) / n,
+        "thrashing_time_share": float(thrashing["duration_ns"].sum()) / total_ns if total_ns > 0 else None,
+        "worst_kernel": _launch(thrashing, "refetched_chunks"),
+        "largest_kernel": _launch(k, "kernel_bytes"),
     }
     out["why"] = _why(out, available_bytes)
     return out
 
 
-def _worst(oversized: pd.DataFrame) -> dict[str, Any] | None:
-    """The launch with the most own data among those that exceed the memory (the longest of equals)."""
-    if oversized.empty:
+def _launch(rows: pd.DataFrame, most: str) -> dict[str, Any] | None:
+    """The launch of ``rows`` with the most ``most`` (the longest of equals), None when there is none."""
+    if rows.empty:
         return None
-    row = oversized.sort_values(["kernel_bytes", "duration_ns"], kind="stable").iloc[-1]
-    native = float(row["native_ns"]) if "native_ns" in row else None
+    row = rows.sort_values([most, "duration_ns"], kind="stable").iloc[-1]
     return {
         "name": str(row["name"]),
         "kernel_bytes": int(row["kernel_bytes"]),
         "refetched_chunks": int(row["refetched_chunks"]),
         "evicted_chunks": int(row["eviction_count"]),
         "duration_ns": float(row["duration_ns"]),
-        "native_ns": native,
+        "native_ns": float(row["native_ns"]),
     }
 
 
@@ -81,25 +76,28 @@ def _why(r: dict[str, Any], available_bytes: int) -> str:
     """One sentence for the run's table."""
     from uvmlab.units import format_bytes
 
-    refetched = r["refetched_chunks_per_iteration"]
-    lost = (
-        f"; {refetched:,.0f} chunks per iteration were evicted while their kernel still used them" if refetched else ""
+    big = r["largest_kernel"]
+    largest = (
+        f"the largest kernel, {big['name']}, touches {format_bytes(big['kernel_bytes'])} against the "
+        f"{format_bytes(available_bytes)} UVM has"
+        if big
+        else f"UVM has {format_bytes(available_bytes)}"
     )
     if r["verdict"] == "fits":
-        return "nothing is evicted after the first iteration"
+        return f"nothing is evicted after the first iteration ({largest})"
     if r["verdict"] == "paging":
         return (
-            f"{r['evicted_chunks_per_iteration']:,.0f} chunks evicted per iteration, and every kernel's own data "
-            f"fits in the {format_bytes(available_bytes)} UVM has: the cost follows the bytes moved{lost}"
+            f"{r['evicted_chunks_per_iteration']:,.0f} chunks evicted per iteration, none needed again by the kernel "
+            f"that evicted it: the cost follows the bytes moved ({largest})"
         )
-    w = r["worst_kernel"]
-    share = r["thrashing_time_share"]
+    w, share = r["worst_kernel"], r["thrashing_time_share"]
     return (
-        f"{r['thrashing_kernels_per_iteration']:,.3g} kernel(s) per iteration need more than the "
-        f"{format_bytes(available_bytes)} UVM has (largest: {w['name']}, {format_bytes(w['kernel_bytes'])})"
-        + (f", {share:.0%} of the iteration's time" if share is not None else "")
-        + f"{lost}. Real GPUs crawl here, and the model's time for such kernels is likely a lower bound "
-        "(docs/uvm-sim.md, 'The regime')"
+        f"{r['thrashing_kernels_per_iteration']:,.3g} kernel(s) per iteration"
+        + (f", {share:.0%} of its time," if share is not None else "")
+        + f" evict chunks they still need and fault them back ({r['refetched_chunks_per_iteration']:,.0f} of "
+        f"{r['evicted_chunks_per_iteration']:,.0f} evicted chunks per iteration; most: {w['name']}, "
+        f"{w['refetched_chunks']:,} in one launch; {largest}). Real GPUs crawl where this dominates, and the "
+        "model's time is least certain here (docs/uvm-sim.md, 'The regime')"
     )
 
 
