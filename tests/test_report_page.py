@@ -96,3 +96,25 @@ def test_markup_in_values_is_escaped() -> None:
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
     assert 'href="runs/a&amp;b/"' in page and "_href" not in page
     assert "t &lt;1&gt;" in page and "cap &lt;i&gt;" in page
+
+
+def test_runs_table_says_each_simulated_runs_regime(tmp_path: Path) -> None:
+    """results.parquet's flattened ``regime.*`` columns become one cell; a run without them (measured) stays empty."""
+    from uvmlab.report.build import runs_table
+
+    df = pd.DataFrame(
+        {
+            "workload": ["gpt2"] * 3,
+            "oversub": [1.0, 4.0, 8.0],
+            "pca": [True, True, True],
+            "outcome": ["ok"] * 3,
+            "iteration_time_ns": [1e9] * 3,
+            "migration_bytes": [0.0] * 3,
+            "run_dir": [str(tmp_path / f"r{i}") for i in range(3)],
+            "regime.verdict": ["fits", "thrashing", None],
+            "regime.thrashing_time_share": [0.0, 0.244, None],
+        }
+    )
+    table = runs_table(df, tmp_path)
+    cells = table["regime (thrashing: its share of the time)"].tolist()
+    assert cells[:2] == ["fits", "thrashing (24%)"] and pd.isna(cells[2])

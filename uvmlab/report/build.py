@@ -117,6 +117,7 @@ RUN_COLUMNS = {
     "slowdown_vs_oversub1": "slowdown vs factor 1 (same PCA)",
     "fault_count": "page faults",
     "migration_gib": "migrated (GiB)",
+    "regime_text": "regime (thrashing: its share of the time)",
     "error": "error",
 }
 """The runs table of the page: results.parquet column -> heading."""
@@ -129,6 +130,11 @@ def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
         migration_gib=df["migration_bytes"] / (1 << 30),
         pca=df["pca"].map(lambda v: None if v is None or v is pd.NA else ("on" if v else "off")),
     )
+    if "regime.verdict" in t.columns:  # simulated runs (result.json ``regime``, flattened by uvmlab.sweep.aggregate)
+        t["regime_text"] = [
+            _regime_text(v, s)
+            for v, s in zip(t["regime.verdict"], t.get("regime.thrashing_time_share", [None] * len(t)), strict=True)
+        ]
     order = {w: i for i, w in enumerate(workload_order(t["workload"]))}
     t = t.assign(_ok=t["outcome"] != "ok", _w=t["workload"].map(order), _pca=t["pca"] != "on").sort_values(
         ["_ok", "_w", "_pca", "oversub"], kind="stable"
@@ -137,6 +143,17 @@ def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
     out = t[cols].rename(columns=RUN_COLUMNS).reset_index(drop=True)
     out["_href"] = [relative(Path(p), page_dir) + "/" for p in t["run_dir"]]
     return out
+
+
+def _regime_text(verdict: Any, share: Any) -> str | None:
+    """``thrashing (24 %)``, ``paging``, ``fits``; None for a run without a regime (measured, or older)."""
+    if not isinstance(verdict, str):
+        return None
+    return (
+        f"{verdict} ({share:.0%})"
+        if verdict == "thrashing" and isinstance(share, float) and share == share
+        else verdict
+    )
 
 
 def build_report(
