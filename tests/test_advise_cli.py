@@ -39,6 +39,11 @@ def test_every_policy_gets_a_row_ranked_by_time(advice: object) -> None:
     assert (ok.loc[same_job, "slowdown_vs_native_pca"] >= 0.99).all()
     # every ok row stays within the GPU memory UVM has
     assert (ok["peak_resident_bytes"] <= advice.available_bytes).all()  # type: ignore[attr-defined]
+    # and says its regime (uvmlab.uvm.regime); a run whose peak stays a chunk below the memory never evicted
+    assert ok["regime"].str.fullmatch(r"fits|paging|thrashing \(\d+%\)").all()
+    below = ok[ok["peak_resident_bytes"] <= advice.available_bytes - 2 * 2**20]  # type: ignore[attr-defined]
+    assert len(below) >= 3 and (below["regime"] == "fits").all()
+    assert (ok.set_index("policy").loc["pca-on", "regime"]).startswith("thrashing")
 
 
 def test_the_gc_threshold_policy_ooms_under_oversubscription(advice: object) -> None:

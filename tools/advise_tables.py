@@ -63,8 +63,9 @@ def main() -> None:
             parts.append(f"\n## {wl}, x{f:g} ({format_bytes(adv.available_bytes)} for UVM)\n\n")
             parts.append(_headline(adv.headline))
             parts.append(
-                f"| # | policy | iteration | per sample | {RESULT_LABELS['slowdown_vs_native_pca']} | evidence | needs "
-                "| faults | migrated | peak on GPU | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+                f"| # | policy | iteration | per sample | {RESULT_LABELS['slowdown_vs_native_pca']} | regime "
+                "| evidence | needs | faults | migrated | peak on GPU | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
             )
             caveats: dict[str, int] = {}  # caveat text -> footnote number, in order of first use
             for r in adv.records():
@@ -72,11 +73,12 @@ def main() -> None:
                 needs = (", ".join(r["needs"]) or "nothing") + ("" if r["uvmlab_gpu"] else "; not by uvmlab")
                 facts = f"{r['evidence']}{marks} | {needs}"
                 if r["outcome"] != "ok":
-                    parts.append(f"| | {r['policy']} | {r['outcome']} | | | {facts} | | | | {r['note']} |\n")
+                    parts.append(f"| | {r['policy']} | {r['outcome']} | | | | {facts} | | | | {r['note']} |\n")
                     continue
                 parts.append(
                     f"| {r['rank']} | {r['policy']} | {r['iteration_time_ns'] / 1e6:,.1f} ms | "
-                    f"{r['time_per_sample_ns'] / 1e6:,.2f} ms | {r['slowdown_vs_native_pca']:.2f}x | {facts} | "
+                    f"{r['time_per_sample_ns'] / 1e6:,.2f} ms | {r['slowdown_vs_native_pca']:.2f}x | "
+                    f"{r['regime'] or ''} | {facts} | "
                     f"{r['fault_count']:,} | {format_bytes(r['migrated_bytes'])} | "
                     f"{format_bytes(r['peak_resident_bytes'])} | {r['note']} |\n"
                 )

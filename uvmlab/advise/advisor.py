@@ -31,6 +31,7 @@ from uvmlab.advise.evidence import applicability_of, evidence_of
 from uvmlab.advise.policies import POLICIES, Policy, compose, get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
+from uvmlab.uvm.regime import label as regime_label
 
 MAX_COMBINATIONS = 3
 """At most this many combinations of single policies are simulated (issue 16: 'at most a handful')."""
@@ -44,6 +45,7 @@ ROW_KINDS: dict[str, type] = {
     "samples_per_iteration": int,
     "time_per_sample_ns": object,
     "slowdown_vs_native_pca": object,
+    "regime": object,
     "speedup_vs_given": object,
     "peak_resident_bytes": int,
     "footprint_bytes": int,
@@ -157,6 +159,7 @@ def _row(policy: Policy, cfg: RunConfig, prep: Any, result: dict[str, Any], nati
     batch = int(prep.trace.header.get("batch_size") or 0) or None
     steps = cfg.workload.accumulation_steps
     samples = batch * steps if batch else None
+    reg = result.get("regime") or {}
     return {
         "policy": policy.name,
         "family": policy.family,
@@ -165,6 +168,7 @@ def _row(policy: Policy, cfg: RunConfig, prep: Any, result: dict[str, Any], nati
         "samples_per_iteration": samples,
         "time_per_sample_ns": t / samples if samples else None,
         "slowdown_vs_native_pca": t / native,
+        "regime": regime_label(reg.get("verdict"), reg.get("thrashing_time_share")),
         "peak_resident_bytes": int(result["peak_resident_bytes"]),
         "footprint_bytes": int(result["footprint_bytes"]),
         "fault_count": int(result["fault_count"]),

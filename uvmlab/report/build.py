@@ -25,6 +25,7 @@ from uvmlab.report import captions, figures
 from uvmlab.report.data import load_results, ok_runs, paired_sim_measured, pick_kernel_runs, workload_order
 from uvmlab.report.html import Section, relative, render
 from uvmlab.sweep.aggregate import BROKEN
+from uvmlab.uvm.regime import label as regime_label
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
     )
     if "regime.verdict" in t.columns:  # simulated runs (result.json ``regime``, flattened by uvmlab.sweep.aggregate)
         t["regime_text"] = [
-            _regime_text(v, s)
+            regime_label(v, s)
             for v, s in zip(t["regime.verdict"], t.get("regime.thrashing_time_share", [None] * len(t)), strict=True)
         ]
     order = {w: i for i, w in enumerate(workload_order(t["workload"]))}
@@ -143,17 +144,6 @@ def runs_table(df: pd.DataFrame, page_dir: Path) -> pd.DataFrame:
     out = t[cols].rename(columns=RUN_COLUMNS).reset_index(drop=True)
     out["_href"] = [relative(Path(p), page_dir) + "/" for p in t["run_dir"]]
     return out
-
-
-def _regime_text(verdict: Any, share: Any) -> str | None:
-    """``thrashing (24 %)``, ``paging``, ``fits``; None for a run without a regime (measured, or older)."""
-    if not isinstance(verdict, str):
-        return None
-    return (
-        f"{verdict} ({share:.0%})"
-        if verdict == "thrashing" and isinstance(share, float) and share == share
-        else verdict
-    )
 
 
 def build_report(

@@ -57,6 +57,16 @@ def regime(kernels: pd.DataFrame, available_bytes: int) -> dict[str, Any]:
     return out
 
 
+def label(verdict: Any, share: Any = None) -> str | None:
+    """The verdict as tables show it: ``thrashing (24%)`` (with the time share), ``paging``, ``fits``; None for a
+    run without a regime (measured, or written before it existed)."""
+    if not isinstance(verdict, str):
+        return None
+    if verdict == "thrashing" and isinstance(share, float) and share == share:
+        return f"{verdict} ({share:.0%})"
+    return verdict
+
+
 def _launch(rows: pd.DataFrame, most: str) -> dict[str, Any] | None:
     """The launch of ``rows`` with the most ``most`` (the longest of equals), None when there is none."""
     if rows.empty:
@@ -101,4 +111,4 @@ def _why(r: dict[str, Any], available_bytes: int) -> str:
     )
 
 
-__all__ = ["VERDICTS", "regime", "steady_kernels"]
+__all__ = ["VERDICTS", "label", "regime", "steady_kernels"]
