@@ -249,7 +249,8 @@ def test_a_launch_whose_rest_is_resident_is_not_extrapolated() -> None:
 def test_row_per_thread_fits_once_and_streams_when_it_does_not(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """docs/examples/programs/row_per_thread.py (small: 2,048 rows of 64 KiB) through the CLI: at 0.9x the matrix
     migrates once and later launches run at native speed; at 1.5x every launch faults again (the warps of the whole
-    matrix are in flight at once: LRM evicts rows other warps still walk) and is tens of times slower."""
+    matrix are in flight at once: LRM evicts rows other warps still walk) and is tens of times slower, and its
+    regime says so."""
     from pathlib import Path
 
     from uvmlab.cli import main
@@ -268,3 +269,8 @@ def test_row_per_thread_fits_once_and_streams_when_it_does_not(tmp_path, monkeyp
     assert over["slowdown_vs_native"] > 10
     assert over["fault_count"] > 1.5 * fits["fault_count"] and over["dtoh_bytes"] > 0
     assert over["thrashing"]["thrashing_pages"] == 0  # one GPU, no host access between launches
+    # the regime (uvmlab.uvm.regime): nothing evicted after the first launch at 0.9x; at 1.5x the launch refetches
+    assert fits["regime"]["verdict"] == "fits"
+    reg = over["regime"]
+    assert reg["verdict"] == "thrashing" and reg["worst_kernel"]["name"] == "row_sum"
+    assert 0 < reg["refetched_chunks_per_iteration"] <= reg["evicted_chunks_per_iteration"]

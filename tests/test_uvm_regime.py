@@ -131,25 +131,6 @@ def test_a_single_iteration_is_its_own_steady_state() -> None:
     assert regime(_kernels([(-1, "setup", 150, 3, 1)]), 100 * MIB)["verdict"] is None
 
 
-def test_the_cli_says_the_row_per_thread_kernel_fits_then_thrashes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """docs/examples/programs/row_per_thread.py (small: 2,048 rows of 64 KiB): at 0.9x nothing is evicted after
-    the first launch; at 1.5x LRM takes rows other warps still walk and the launch faults them back."""
-    from uvmlab.cli import main
-    from uvmlab.files.rundir import RunDir
-
-    monkeypatch.setenv("UVMLAB_CACHE", str(tmp_path / "cache"))
-    prog = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "programs" / "row_per_thread.py")
-    args = [prog, "--option", "rows=2048", "--option", "row_kib=64", "-n", "3", "--mode", "sim"]
-    verdicts = {}
-    for f in ("0.9", "1.5"):
-        assert main(["run", *args, "--oversub", f, "-o", str(tmp_path / f)]) == 0
-        verdicts[f] = RunDir(tmp_path / f).read_result()["regime"]
-    assert verdicts["0.9"]["verdict"] == "fits"
-    over = verdicts["1.5"]
-    assert over["verdict"] == "thrashing" and over["worst_kernel"]["name"] == "row_sum"
-    assert 0 < over["refetched_chunks_per_iteration"] <= over["evicted_chunks_per_iteration"]
-
-
 BENCH_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5)
 
 
