@@ -71,8 +71,9 @@ class UvmCounters:
     writeback_saved_bytes: int = 0
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
     refetched_chunks: int = 0
-    """Chunks a kernel allocated again after evicting them itself earlier in the same kernel: its own data does
-    not fit, so LRM eviction takes blocks it still needs (the cascade of docs/uvm-sim.md; ``uvmlab.uvm.regime``)."""
+    """Chunks a kernel allocated again after evicting them itself earlier in the same kernel (``UvmSim.one_kernel``):
+    LRM eviction took blocks it still needed, because its own data does not fit or its blocks are old on the LRM
+    list (docs/uvm-sim.md "The regime"; ``uvmlab.uvm.regime``)."""
 
     def add(self, other: UvmCounters) -> None:
         mine, theirs = self.__dict__, other.__dict__  # a replay adds one kernel's counters per kernel: no fields()
