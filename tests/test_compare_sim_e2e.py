@@ -38,6 +38,8 @@ def test_compare_pca_on_vs_off(sim_runs, tmp_path: Path, capsys: pytest.CaptureF
     assert tot["fault_count"]["rel_error"] == pytest.approx((b["fault_count"] - a["fault_count"]) / a["fault_count"])
     assert d["kernel_match"].startswith("matched by (name")
     assert len(d["iterations"]) == 2
+    regimes = [n for n in d["notes"] if n.startswith("regime: ")]  # both simulated runs say their regime
+    assert len(regimes) == 1 and f"A {a['regime']['verdict']}" in regimes[0]
     for fig in ("totals_rel_error", "footprint", "per_iteration", "per_kernel"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 5000
     assert main(["compare", str(on), str(off)]) == 0
@@ -56,4 +58,5 @@ def test_compare_measured_vs_simulated(
     assert main(["compare", str(m), str(sim_runs[0]), "-o", str(tmp_path / "cmp"), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["kernels"] is None and any("per-kernel comparison skipped" in n for n in d["notes"])
+    assert any(n.startswith("regime: A fits, B ") for n in d["notes"])  # the export's regime, from its migrations
     assert (tmp_path / "cmp" / "figures" / "footprint.png").is_file()

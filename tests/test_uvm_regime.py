@@ -153,3 +153,54 @@ def test_the_regime_says_thrashing_exactly_where_real_uvmbench_runs_crawl(real_d
         assert ratio <= 1.02 or ratio >= 70  # the measured classes (docstring)
         verdict = bench_result(kernel, f)["regime"]["verdict"]
         assert verdict == ("thrashing" if ratio >= 10 else "fits"), (kernel, f, ratio, verdict)
+
+
+def _migration(kernel_id: int, t: int, direction: str, cause: str, block: int) -> dict:
+    return {
+        "kernel_id": kernel_id,
+        "start_ns": t,
+        "direction": direction,
+        "cause": cause,
+        "address": block * VA_BLOCK_BYTES + 4096,
+    }
+
+
+def test_a_measured_run_counts_evictions_and_refetches_from_its_migrations() -> None:
+    """An nsys export's UM migrations (uvmlab.measure.nsys tables): a block evicted (DtoH, cause eviction) and
+    migrated back within one kernel is a refetch; its several eviction records count once; a CPU-fault DtoH is no
+    eviction; a block evicted by one kernel and brought back by the next is paging."""
+    from uvmlab.uvm.regime import measured_counts
+
+    kernels = pd.DataFrame(
+        {"kernel_id": [0, 1, 2], "name": ["a", "b", "c"], "iteration": [-1, -1, -1], "duration_ns": [1e6] * 3}
+    )
+    migrations = pd.DataFrame(
+        [
+            _migration(0, 10, "dtoh", "eviction", 5),
+            _migration(0, 11, "dtoh", "eviction", 5),  # the same chunk's second run
+            _migration(0, 12, "dtoh", "fault", 6),  # a CPU fault's migration: not an eviction
+            _migration(0, 20, "htod", "fault", 5),  # back in the same kernel: a refetch
+            _migration(0, 21, "htod", "fault", 6),
+            _migration(1, 30, "dtoh", "eviction", 7),
+            _migration(2, 40, "htod", "prefetch", 7),  # back in the next kernel: paging
+            _migration(-1, 50, "dtoh", "eviction", 8),  # outside kernels
+        ]
+    )
+    counted = measured_counts(kernels, migrations)
+    assert counted["eviction_count"].tolist() == [1, 1, 0]
+    assert counted["refetched_chunks"].tolist() == [1, 0, 0]
+    r = regime(counted, None, whole_run=True)
+    assert r["verdict"] == "thrashing" and r["worst_kernel"]["name"] == "a" and r["largest_kernel"] is None
+    assert r["period"] == "in the whole run (no iteration ranges)"
+    assert regime(measured_counts(kernels, migrations.iloc[5:]), None, whole_run=True)["verdict"] == "paging"
+
+
+def test_nsys_import_gives_real_exports_their_regime(real_data: Path, tmp_path: Path) -> None:
+    """The real exports with UM migrations were taken without oversubscription: nothing is evicted in them."""
+    from uvmlab.measure.nsys.measured import import_export
+
+    path = real_data / "nsys" / "csc746_a100_um_migrations_nsys2022.2.1.sqlite"
+    if not path.is_file():
+        pytest.skip(f"{path} absent")
+    _, result = import_export(path, tmp_path / "run")
+    assert result["regime"]["verdict"] == "fits" and result["regime"]["steady_iterations"] == 1

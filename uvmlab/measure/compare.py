@@ -35,6 +35,7 @@ from uvmlab.errors import InputError
 from uvmlab.files.inputs import open_input, read_parquet_file
 from uvmlab.files.rundir import MAX_TABLE_BYTES, RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
+from uvmlab.uvm.regime import label as regime_label
 
 NUMERIC_RESULT_KEYS = tuple(
     k for k in RESULT_KEYS if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
@@ -295,6 +296,16 @@ def _raw_fault_tables(run: Run) -> None:
         run.tables["iterations"] = its.assign(fault_count=its["iteration"].map(per_it).astype(float))
 
 
+def _regime_note(ra: Any, rb: Any) -> str | None:
+    """One sentence setting the two runs' regimes side by side (docs/uvm-sim.md "The regime"), when both have one."""
+    la = regime_label((ra or {}).get("verdict"), (ra or {}).get("thrashing_time_share"))
+    lb = regime_label((rb or {}).get("verdict"), (rb or {}).get("thrashing_time_share"))
+    if la is None or lb is None:
+        return None
+    same = "the same regime" if ra["verdict"] == rb["verdict"] else "different regimes"
+    return f"regime: A {la}, B {lb} ({same})"
+
+
 def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -> Comparison:
     """Compare two run directories (A is the reference)."""
     a, b = load_run(run_a), load_run(run_b)
@@ -307,6 +318,9 @@ def compare_runs(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -
             "fault_count: the measured side counts raw fault-buffer entries, so the simulated side uses its "
             "raw_fault_entries estimate (not unique pages) in totals, per iteration and per kernel"
         )
+    regimes = _regime_note(a.result.get("regime"), b.result.get("regime"))
+    if regimes:
+        notes.append(regimes)
     rows = []
     for k in NUMERIC_RESULT_KEYS:
         va, vb = a.result.get(k), b.result.get(k)

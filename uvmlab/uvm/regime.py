@@ -12,6 +12,11 @@ only one if there is one), with no threshold of its own:
   do not refresh the order, only migrations do) while other data fills the GPU. The cost then grows with the
   chunks lost, not with the kernel's bytes; ``thrashing_time_share`` says how much of the iteration it holds.
 
+Measured runs (``uvmlab nsys import``) get the same verdict from their UM migration records
+(:func:`measured_counts`): a 2 MiB block migrated to the host with cause eviction during a kernel is an evicted
+chunk, and one migrated back to the GPU later in the same kernel a refetched chunk. Without iteration ranges in the
+export, its kernels are read as one steady period.
+
 A GEMM replayed as several passes is one kernel. ``largest_kernel``: the launch with the most own data
 (``kernel_bytes``, the distinct storages it touches: the study's "memory per kernel"), to set against the memory.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 VERDICTS = ("fits", "paging", "thrashing")
@@ -34,10 +40,44 @@ def steady_kernels(kernels: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return kernels[kernels["iteration"].isin(steady)], len(steady)
 
 
-def regime(kernels: pd.DataFrame, available_bytes: int) -> dict[str, Any]:
+def measured_counts(kernels: pd.DataFrame, migrations: pd.DataFrame) -> pd.DataFrame:
+    """``kernels`` (a measured run's table) with ``eviction_count`` and ``refetched_chunks`` counted from its UM
+    ``migrations`` (columns ``kernel_id``, ``start_ns``, ``direction``, ``cause``, ``address``): per kernel, in
+    time order, a 2 MiB block a DtoH record of cause ``eviction`` takes off the GPU is evicted once until an HtoD
+    record brings it back, which is then a refetch. Records without an address or outside kernels are left out."""
+    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
+
+    evicted = np.zeros(len(kernels), dtype=np.int64)
+    refetched = np.zeros(len(kernels), dtype=np.int64)
+    row_of = {int(k): i for i, k in enumerate(kernels["kernel_id"].to_numpy())}
+    m = migrations[(migrations["kernel_id"] >= 0) & migrations["address"].notna()]
+    m = m[(m["direction"] == "htod") | (m["cause"] == "eviction")].sort_values(["kernel_id", "start_ns"], kind="stable")
+    for kid, group in m.groupby("kernel_id", sort=False):
+        row = row_of.get(int(kid))
+        if row is None:
+            continue
+        out: set[int] = set()
+        for direction, address in zip(group["direction"], group["address"], strict=True):
+            block = int(address) // VA_BLOCK_BYTES
+            if direction == "htod":
+                if block in out:
+                    out.discard(block)
+                    refetched[row] += 1
+            elif block not in out:
+                out.add(block)
+                evicted[row] += 1
+    return kernels.assign(eviction_count=evicted, refetched_chunks=refetched)
+
+
+def regime(kernels: pd.DataFrame, available_bytes: int | None, whole_run: bool = False) -> dict[str, Any]:
     """result.json ``regime`` from the kernels table (columns ``iteration``, ``name``, ``duration_ns``,
-    ``native_ns``, ``kernel_bytes``, ``eviction_count``, ``refetched_chunks``) and the bytes UVM had."""
+    ``eviction_count``, ``refetched_chunks``; ``native_ns``, ``kernel_bytes`` where known) and the bytes UVM had
+    (None: unknown). ``whole_run``: without iterations, every kernel is one steady period (a measured export)."""
     k, n = steady_kernels(kernels)
+    last = int(kernels["iteration"].max()) if len(kernels) else -1
+    period = "after the first iteration" if last >= 1 else "in its one iteration"
+    if n == 0 and whole_run and len(kernels):
+        k, n, period = kernels, 1, "in the whole run (no iteration ranges)"
     if n == 0:
         return {"verdict": None, "why": "no iteration was run", "steady_iterations": 0}
     evicted = float(k["eviction_count"].sum()) / n
@@ -46,6 +86,7 @@ def regime(kernels: pd.DataFrame, available_bytes: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "verdict": "thrashing" if len(thrashing) else "paging" if evicted else "fits",
         "steady_iterations": n,
+        "period": period,
         "evicted_chunks_per_iteration": evicted,
         "refetched_chunks_per_iteration": float(k["refetched_chunks"].sum()) / n,
         "thrashing_kernels_per_iteration": len(thrashing) / n,
@@ -71,15 +112,22 @@ def _launch(rows: pd.DataFrame, most: str) -> dict[str, Any] | None:
     """The launch of ``rows`` with the most ``most`` (the longest of equals), None when there is none."""
     if rows.empty:
         return None
+    if most not in rows.columns or rows[most].isna().all():
+        return None
     row = rows.sort_values([most, "duration_ns"], kind="stable").iloc[-1]
     return {
         "name": str(row["name"]),
-        "kernel_bytes": int(row["kernel_bytes"]),
+        "kernel_bytes": _known(row.get("kernel_bytes"), int),
         "refetched_chunks": int(row["refetched_chunks"]),
         "evicted_chunks": int(row["eviction_count"]),
         "duration_ns": float(row["duration_ns"]),
-        "native_ns": float(row["native_ns"]),
+        "native_ns": _known(row.get("native_ns"), float),
     }
+
+
+def _known(value: Any, kind: type) -> Any:
+    """``kind(value)``, or None for a value the table does not have (a measured run's)."""
+    return None if value is None or pd.isna(value) else kind(value)
 
 
 def _why(r: dict[str, Any], available_bytes: int) -> str:
@@ -87,18 +135,16 @@ def _why(r: dict[str, Any], available_bytes: int) -> str:
     from uvmlab.units import format_bytes
 
     big = r["largest_kernel"]
+    has = f"the {format_bytes(available_bytes)} UVM has" if available_bytes else "the memory UVM has"
     largest = (
-        f"the largest kernel, {big['name']}, touches {format_bytes(big['kernel_bytes'])} against the "
-        f"{format_bytes(available_bytes)} UVM has"
-        if big
-        else f"UVM has {format_bytes(available_bytes)}"
+        f"; the largest kernel, {big['name']}, touches {format_bytes(big['kernel_bytes'])} against {has}" if big else ""
     )
     if r["verdict"] == "fits":
-        return f"nothing is evicted after the first iteration ({largest})"
+        return f"nothing is evicted {r['period']}{largest}"
     if r["verdict"] == "paging":
         return (
             f"{r['evicted_chunks_per_iteration']:,.0f} chunks evicted per iteration, none needed again by the kernel "
-            f"that evicted it: the cost follows the bytes moved ({largest})"
+            f"that evicted it: the cost follows the bytes moved{largest}"
         )
     w, share = r["worst_kernel"], r["thrashing_time_share"]
     return (
@@ -106,9 +152,9 @@ def _why(r: dict[str, Any], available_bytes: int) -> str:
         + (f", {share:.0%} of its time," if share is not None else "")
         + f" evict chunks they still need and fault them back ({r['refetched_chunks_per_iteration']:,.0f} of "
         f"{r['evicted_chunks_per_iteration']:,.0f} evicted chunks per iteration; most: {w['name']}, "
-        f"{w['refetched_chunks']:,} in one launch; {largest}). Real GPUs crawl where this dominates, and the "
+        f"{w['refetched_chunks']:,} in one launch{largest}). Real GPUs crawl where this dominates, and the "
         "model's time is least certain here (docs/uvm-sim.md, 'The regime')"
     )
 
 
-__all__ = ["VERDICTS", "label", "regime", "steady_kernels"]
+__all__ = ["VERDICTS", "label", "measured_counts", "regime", "steady_kernels"]

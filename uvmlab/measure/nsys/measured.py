@@ -33,6 +33,7 @@ from uvmlab.measure.nsys.kernel_stats import DEFAULT_ITERATION_PATTERN, pid_arra
 from uvmlab.measure.nsys.read import Export, open_export
 from uvmlab.measure.nsys.stats import Summary, summarize
 from uvmlab.stats.schema import RESULT_KEYS, check_table, steady_mean
+from uvmlab.uvm.regime import measured_counts, regime
 
 RESULT_SCHEMA_VERSION = 1
 MANAGED_KINDS = ("managed", "managed_static")
@@ -231,6 +232,10 @@ def result_of(ex: Export, summary: Summary, tables: dict[str, pd.DataFrame]) -> 
         dtoh_count=None if m["by_direction"] is None else m["by_direction"]["dtoh"]["count"],
         dtoh_bytes=None if m["by_direction"] is None else m["by_direction"]["dtoh"]["bytes"],
         eviction_count=None,
+    )
+    collected = m["by_direction"] is not None and len(tables["kernels"])
+    res["regime"] = (
+        regime(measured_counts(tables["kernels"], tables["migrations"]), None, whole_run=True) if collected else None
     )
     res["nsys"] = {
         "source": str(ex.path),
