@@ -188,6 +188,15 @@ def figures(df: pd.DataFrame, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"{metric}.png", dpi=100)
         plt.close(fig)
+    if "regime" in df.columns:  # the report's regime figure (uvmlab.report.figures.fig_regime) on the grid
+        from uvmlab.report.figures import fig_regime
+
+        runs = df.assign(
+            pca=df["pca"] == "on",
+            outcome="ok",
+            **{"regime.verdict": df["regime"], "regime.thrashing_time_share": df["thrashing_time_share"]},
+        )
+        fig_regime(runs).savefig(out / "regime.png", dpi=100)
 
 
 def main() -> None:

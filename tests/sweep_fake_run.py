@@ -101,5 +101,10 @@ def run(cfg: Any, out: Path, force: bool = False) -> dict[str, Any]:
         dtoh_count=faults,
         dtoh_bytes=faults * 65536,
     )
+    verdict = "fits" if f <= 1 else "thrashing" if pca else "paging"  # uvmlab.uvm.regime's shape, made-up values
+    result["regime"] = {
+        "verdict": verdict,
+        "thrashing_time_share": min(0.9, 0.1 * f) if verdict == "thrashing" else 0.0,
+    }
     rundir.write_json(rundir.result_json, result)
     return result

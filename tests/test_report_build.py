@@ -56,6 +56,7 @@ def test_report_writes_every_study_figure(sweep_dir: Path, tmp_path: Path) -> No
         "fig7_read_write",
         "fig8_migration_count",
         "fig9_migration_bytes",
+        "fig_regime",
     ]
     assert rep.skipped == ["Simulated vs measured: the sweep has no runs with the needed values"]
     for f in rep.figures:
@@ -159,7 +160,7 @@ def test_report_cli_and_bad_input(sweep_dir: Path, tmp_path: Path, capsys: pytes
     html = tmp_path / "x" / "r.html"
     assert main(["report", str(sweep_dir), "-o", str(html), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["html"] == str(html) and len(data["figures"]) == 7
+    assert data["html"] == str(html) and len(data["figures"]) == 8
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["report", str(empty)]) == 2
@@ -232,7 +233,7 @@ def test_report_page_beside_the_sweep_is_written(
     (parent / "figures" / "mine.png").write_bytes(b"user's")
     assert main(["report", sweep.name, "-o", "report.html", "--format", "json"]) == 0
     written = json.loads(capsys.readouterr().out)
-    assert (parent / "report.html").is_file() and len(written["figures"]) == 7
+    assert (parent / "report.html").is_file() and len(written["figures"]) == 8
     assert all((parent / "figures" / Path(f["path"]).name).is_file() for f in written["figures"])
     assert _tree(sweep) == before and (parent / "figures" / "mine.png").read_bytes() == b"user's"
     assert main(["report", sweep.name, "-o", "other.html"]) == 2  # figures/fig3_slowdown.png is there now

@@ -118,3 +118,17 @@ def test_runs_table_says_each_simulated_runs_regime(tmp_path: Path) -> None:
     table = runs_table(df, tmp_path)
     cells = table["regime (thrashing: its share of the time)"].tolist()
     assert cells[:2] == ["fits", "thrashing (24%)"] and pd.isna(cells[2])
+
+
+def test_the_regime_figure_needs_runs_that_have_a_regime() -> None:
+    """Runs written before the regime existed (or measured without migrations) leave the figure out; one run that
+    thrashes draws it."""
+    from uvmlab.report.figures import fig_regime
+
+    base = {"workload": ["gpt2"], "oversub": [4.0], "pca": [True], "outcome": ["ok"], "mode": ["sim"]}
+    assert fig_regime(pd.DataFrame(base)) is None
+    assert fig_regime(pd.DataFrame({**base, "regime.verdict": [None]})) is None
+    fig = fig_regime(pd.DataFrame({**base, "regime.verdict": ["thrashing"], "regime.thrashing_time_share": [0.24]}))
+    assert fig is not None
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "24%" in texts and "oversubscription factor" in fig.axes[1].get_xlabel()

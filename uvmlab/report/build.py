@@ -62,7 +62,7 @@ class Report:
 
 
 FIGURE_KEYS = ("fig3_slowdown", "fig4_pca_ratio", "fig5_kernel_memory", "fig6_faults", "fig7_read_write",
-               "fig8_migration_count", "fig9_migration_bytes", "fig_sim_vs_measured")  # fmt: skip
+               "fig8_migration_count", "fig9_migration_bytes", "fig_regime", "fig_sim_vs_measured")  # fmt: skip
 """The figures a report may write (``figures/KEY.<format>``)."""
 
 
@@ -213,6 +213,12 @@ def _build(sweep_dir: Path, df: pd.DataFrame, html_path: Path, folder: ReportFig
             "Figure 9: migration size",
             lambda: figures.fig9_migration_bytes(study_df),
             len(study_df),
+        ),
+        (
+            "fig_regime",
+            "Regime: fits, paging or thrashing",
+            lambda: figures.fig_regime(df),
+            len(ok),
         ),
         (
             "fig_sim_vs_measured",

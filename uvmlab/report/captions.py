@@ -126,6 +126,11 @@ FIGURE_TEXT = {
     "contiguous run of migrated pages (uvmlab.sim.uvm.driver), so absolute counts differ while trends (factor, PCA on "
     "vs off) are comparable.",
     "fig9_migration_bytes": "Migrated bytes in both directions (htod_bytes + dtoh_bytes).",
+    "fig_regime": "The regime of each run (result.json regime; docs/uvm-sim.md, section The regime): fits (nothing "
+    "evicted after the first iteration), paging (chunks evicted, none needed again by the kernel that evicted it) or "
+    "thrashing (some kernel evicts chunks it still needs and faults them back within one launch: the crawl), the "
+    "percentage being the share of the iteration's time in such kernels. Simulated runs, and measured runs whose "
+    "export has UM migrations. A run the sweep lacks leaves its cell empty.",
     "fig_sim_vs_measured": "Each point is one configuration run both ways; the dashed line is y = x; titles "
     "give the median relative error |sim - measured| / measured.",
 }

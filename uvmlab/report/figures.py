@@ -322,3 +322,50 @@ def fig_sim_vs_measured(df: pd.DataFrame) -> Figure | None:
     axes[0].legend(fontsize=7)
     fig.suptitle("Simulated vs measured, same configurations")
     return fig
+
+
+REGIME_COLORS = {"fits": "#b7e1a1", "paging": "#f6d55c"}
+"""Cell colours of the regime figure; thrashing runs take the ``Reds`` colormap by their time share."""
+
+
+def fig_regime(df: pd.DataFrame) -> Figure | None:
+    """Each run's regime (result.json ``regime``, docs/uvm-sim.md "The regime"): a cell per (workload, factor),
+    (a) with and (b) without PCA; thrashing cells are darker the larger the share of the time in kernels that
+    refetch chunks they evicted themselves."""
+    if "regime.verdict" not in df.columns:
+        return None
+    runs = ok_runs(df).dropna(subset=["regime.verdict"])
+    if runs.empty:
+        return None
+    from matplotlib import colormaps
+    from matplotlib.patches import Patch, Rectangle
+
+    reds = colormaps["Reds"]
+    share = runs.get("regime.thrashing_time_share", pd.Series(np.nan, index=runs.index))
+    runs = runs.assign(_share=pd.to_numeric(share, errors="coerce"))
+    factors = sorted(runs["oversub"].dropna().unique())
+    workloads = workload_order(runs["workload"])
+    fig = Figure(figsize=(max(8.0, 1.0 + 1.1 * len(factors)), 1.2 + 0.5 * len(workloads) * 2), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, (pca, label) in zip(axes, PCA_PANELS, strict=True):
+        sub = runs[runs["pca"] == pca].drop_duplicates(["workload", "oversub"], keep="last")
+        for _, r in sub.iterrows():
+            x, y = factors.index(r["oversub"]), workloads.index(r["workload"])
+            verdict, s = r["regime.verdict"], r["_share"]
+            thrash = verdict == "thrashing"
+            color = reds(0.35 + 0.65 * min(1.0, float(s) if s == s else 1.0)) if thrash else REGIME_COLORS[verdict]
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=color, edgecolor="white"))
+            text = f"{s:.0%}" if thrash and s == s else verdict
+            ax.text(x, y, text, ha="center", va="center", fontsize=7, color="white" if thrash and s > 0.5 else "black")
+        ax.set_xlim(-0.5, len(factors) - 0.5)
+        ax.set_ylim(len(workloads) - 0.5, -0.5)
+        ax.set_yticks(range(len(workloads)), workloads)
+        ax.set_ylabel("workload")
+        ax.set_title(label if len(sub) else f"{label}: no runs", fontsize=9)
+    axes[1].set_xticks(range(len(factors)), [f"x{f:g}" for f in factors])
+    axes[1].set_xlabel("oversubscription factor (footprint / GPU memory for UVM)")
+    handles = [Patch(color=REGIME_COLORS["fits"], label="fits"), Patch(color=REGIME_COLORS["paging"], label="paging")]
+    handles.append(Patch(color=reds(0.7), label="thrashing: % of the time in kernels refetching their own chunks"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8)
+    fig.suptitle("Regime of each run: fits, pages, or thrashes")
+    return fig

@@ -374,6 +374,7 @@ def collect_run(cfg: RunConfig, opts: Any, plan: Any, rundir: Any, status: GpuSt
     res["effective_oversub"] = achieved if achieved is not None and math.isfinite(achieved) else None
     for c in FAULT_COLUMNS:
         res[c] = nsys_result.get(c)
+    res["regime"] = nsys_result.get("regime")  # from the export's UM migrations (uvmlab.uvm.regime); null without
     res["gpu_run"] = {
         "footprint_source": plan.footprint_source,
         "balloon_plan": b.to_dict(),
