@@ -130,7 +130,7 @@ def _known(value: Any, kind: type) -> Any:
     return None if value is None or pd.isna(value) else kind(value)
 
 
-def _why(r: dict[str, Any], available_bytes: int) -> str:
+def _why(r: dict[str, Any], available_bytes: int | None) -> str:
     """One sentence for the run's table."""
     from uvmlab.units import format_bytes
 
