@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from uvmlab.advise.advisor import INT_COLUMNS, ROW_COLUMNS, headline
+from uvmlab.advise.advisor import INT_COLUMNS, ROW_COLUMNS, headline, headline_lines
 from uvmlab.advise.evidence import APPLY, EVIDENCE, LEVELS, NEEDS, applicability_of, evidence_of
 from uvmlab.advise.policies import POLICIES
 
@@ -98,6 +98,22 @@ def test_the_headline_is_the_best_applicable_now_and_the_best_validated(small_ad
     assert h["best_now"]["policy"] == now["policy"] and not {"root", "code change"} & set(now["needs"])
     assert h["best_validated"]["policy"] == "prefetch-on-alloc"
     assert headline(small_advice.rows.iloc[0:0])["fastest"] is None
+    calm = next(r for r in ok if r["regime"] in ("fits", "paging"))
+    assert h["fastest_calm"]["policy"] == calm["policy"]
+
+
+def test_the_headline_names_the_fastest_row_that_does_not_thrash(small_advice) -> None:
+    """A thrashing row is passed over however fast it is (its time is the model's least certain); with every row
+    thrashing there is none."""
+    rows = small_advice.rows.copy()
+    ok = rows["outcome"] == "ok"
+    rows.loc[ok, "regime"] = "thrashing (40%)"
+    assert headline(rows)["fastest_calm"] is None
+    third = rows[ok].index[2]
+    rows.loc[third, "regime"] = "paging"
+    assert headline(rows)["fastest_calm"]["policy"] == rows.loc[third, "policy"]
+    lines = headline_lines(headline(rows.iloc[0:0]))
+    assert "fastest that does not thrash (fits or pages: docs/uvm-sim.md, The regime): none of the candidates" in lines
 
 
 def test_the_headline_never_recommends_a_slowdown(small_advice) -> None:
@@ -122,7 +138,7 @@ def test_json_integer_fields_are_integers() -> None:
     for p in d["policies"]:
         assert p["rank"] is None or type(p["rank"]) is int
         assert p["fault_count"] is None or type(p["fault_count"]) is int
-    assert set(d["headline"]) == {"fastest", "best_now", "best_validated"}
+    assert set(d["headline"]) == {"fastest", "best_now", "best_validated", "fastest_calm"}
 
 
 def test_the_table_prints_the_headline_evidence_needs_and_caveats() -> None:

@@ -429,6 +429,7 @@ HEADLINE_LABELS = {
     "best_now": "best you can apply now (no root, module reload or code change)",
     "best_validated": "best validated on real hardware",
     "fastest": "fastest predicted",
+    "fastest_calm": "fastest that does not thrash (fits or pages: docs/uvm-sim.md, The regime)",
 }
 """The headline's lines in order, by :func:`headline` key."""
 NOTHING_FASTER = "nothing is predicted faster than the job as given: keep it"
@@ -455,8 +456,9 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
 def headline(table: pd.DataFrame, given_policy: str = "") -> dict[str, Any]:
     """The fastest row, the fastest a user can apply now (no root, module reload or code change) that is predicted
     faster than the job as given (``given_policy`` itself does not count: it changes nothing; None when no such row
-    beats it, so that the headline never recommends a slowdown), and the fastest validated one (rows are in rank
-    order)."""
+    beats it, so that the headline never recommends a slowdown), the fastest validated one, and the fastest whose
+    regime is not thrashing (uvmlab.uvm.regime: a job that pages slows with the bytes it moves, one that thrashes
+    can crawl; rows are in rank order)."""
     ok = table[table["outcome"] == "ok"]
 
     def pick(mask: Any) -> dict[str, Any] | None:
@@ -480,6 +482,7 @@ def headline(table: pd.DataFrame, given_policy: str = "") -> dict[str, Any]:
             & (ok["speedup_vs_given"].to_numpy(dtype=float) > 1.0)
         ),
         "best_validated": pick((ok["evidence"] == "validated").to_numpy()),
+        "fastest_calm": pick(ok["regime"].isin(("fits", "paging")).to_numpy()),
     }
 
 
