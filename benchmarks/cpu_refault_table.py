@@ -8,13 +8,11 @@ unmapping of the CPU's pages). Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from program_run import uvmlab_run
+from program_run import program_file, table_arguments, uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -35,8 +33,8 @@ BEFORE = {"cpu_fault_ns": 4950.0612980162305, "cpu_unmap_chunk_ns": 0.0}
 """The costs before stop 49: cpu_fault_ns 30 us x the GCN fault scale 0.165, no cpu_unmap_chunk_ns."""
 
 
-def run(folder: Path, gpu: str, mb: int, iterations: int, params: Path | None) -> dict[str, float]:
-    out = folder / ("old" if params else "new")
+def run(program: Path, gpu: str, mb: int, iterations: int, params: Path | None) -> dict[str, float]:
+    out = program.parent / ("old" if params else "new")
     options = [
         "--gpu",
         gpu,
@@ -46,24 +44,20 @@ def run(folder: Path, gpu: str, mb: int, iterations: int, params: Path | None) -
         f"mb={mb}",
         *(["--params", str(params)] if params else []),
     ]
-    last = pd.read_parquet(uvmlab_run(folder / "refault.py", out, *options) / "iterations.parquet").iloc[-1]  # steady
+    last = pd.read_parquet(uvmlab_run(program, out, *options) / "iterations.parquet").iloc[-1]  # steady
     return {k: float(last[k]) / 1e6 for k in ("duration_ns", "host_ns", "fault_stall_ns")}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", default="A100-80GB")
-    ap.add_argument("--mb", type=int, default=1024)
+    ap = table_arguments(__doc__, "A100-80GB")
     ap.add_argument("--iterations", type=int, default=2)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        (folder / "refault.py").write_text(PROGRAM)
-        old = folder / "old.json"
+    with program_file("refault.py", PROGRAM) as program:
+        old = program.parent / "old.json"
         old.write_text(json.dumps({"schema_version": 1, "source": "before stop 49", "params": BEFORE}))
         rows = {
-            "shipped profile": run(folder, a.gpu, a.mb, a.iterations, None),
-            "before (4.95 us, no unmapping)": run(folder, a.gpu, a.mb, a.iterations, old),
+            "shipped profile": run(program, a.gpu, a.mb, a.iterations, None),
+            "before (4.95 us, no unmapping)": run(program, a.gpu, a.mb, a.iterations, old),
         }
     print(f"{a.mb} MiB, GPU write / CPU read / GPU read, {a.iterations} iterations on {a.gpu}\n")
     print("| costs | last iteration (ms) | its CPU part (ms) | its GPU fault stall (ms) |")

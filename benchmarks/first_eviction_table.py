@@ -10,12 +10,10 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from program_run import uvmlab_run
+from program_run import program_file, table_arguments, uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -31,21 +29,17 @@ def program(uvm, cfg, options):
 DRIVERS = ("525.105.17", "575.57.08")
 
 
-def run(folder: Path, gpu: str, mb: int, oversub: float) -> pd.DataFrame:
+def run(program: Path, gpu: str, mb: int, oversub: float) -> pd.DataFrame:
     options = ("--gpu", gpu, "-n", "3", "--oversub", str(oversub), "--option", f"mb={mb}")
-    return pd.read_parquet(uvmlab_run(folder / "fill.py", folder / gpu.replace("@", "_"), *options) / "kernels.parquet")
+    return pd.read_parquet(uvmlab_run(program, program.parent / gpu.replace("@", "_"), *options) / "kernels.parquet")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", default="A100-80GB")
-    ap.add_argument("--mb", type=int, default=1024)
+    ap = table_arguments(__doc__, "A100-80GB")
     ap.add_argument("--oversub", type=float, default=1.5)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        (folder / "fill.py").write_text(PROGRAM)
-        rows = {d: run(folder, f"{a.gpu}@{d}", a.mb, a.oversub) for d in DRIVERS}
+    with program_file("fill.py", PROGRAM) as program:
+        rows = {d: run(program, f"{a.gpu}@{d}", a.mb, a.oversub) for d in DRIVERS}
     print(f"fill_ of one {a.mb} MiB managed array at x{a.oversub} on {a.gpu}, three passes\n")
     print("| driver | pass | kernel (ms) | its fault stall (ms) | its evictions |")
     print("|---|---|---|---|---|")

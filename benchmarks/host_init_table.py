@@ -9,12 +9,10 @@ profiles"), simulated on the closed generation, a R515-R529 driver (one CPU chun
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from program_run import uvmlab_run
+from program_run import program_file, table_arguments, uvmlab_run
 
 PROGRAM = """
 OPTIONS = {"mb": 1024}
@@ -37,9 +35,9 @@ MEASURED_MS = {("GTX1080", "535.274.02"): 382.6}
 """parallelArchitect/pascal-um-benchmark README: naive UM vec_add kernel time (docs/uvm-sim.md)."""
 
 
-def run(folder: Path, gpu: str, mb: int) -> dict[str, float]:
+def run(program: Path, gpu: str, mb: int) -> dict[str, float]:
     tables = uvmlab_run(
-        folder / "vec_add.py", folder / gpu.replace("@", "_"), "--gpu", gpu, "-n", "1", "--option", f"mb={mb}"
+        program, program.parent / gpu.replace("@", "_"), "--gpu", gpu, "-n", "1", "--option", f"mb={mb}"
     )
     k = pd.read_parquet(tables / "kernels.parquet")
     add = k[k["name"] == "aten::add"].iloc[-1]
@@ -47,14 +45,9 @@ def run(folder: Path, gpu: str, mb: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", default="GTX1080")
-    ap.add_argument("--mb", type=int, default=1024)
-    a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        (folder / "vec_add.py").write_text(PROGRAM)
-        rows = {d: run(folder, f"{a.gpu}@{d}", a.mb) for d in DRIVERS}
+    a = table_arguments(__doc__, "GTX1080").parse_args()
+    with program_file("vec_add.py", PROGRAM) as program:
+        rows = {d: run(program, f"{a.gpu}@{d}", a.mb) for d in DRIVERS}
     print(f"vec_add over 3 x {a.mb} MiB managed arrays (two host-written) on {a.gpu}\n")
     print("| driver | kernel (ms) | its fault stall (ms) | its transfers (ms) | measured (ms) |")
     print("|---|---|---|---|---|")
