@@ -204,3 +204,36 @@ def test_nsys_import_gives_real_exports_their_regime(real_data: Path, tmp_path: 
         pytest.skip(f"{path} absent")
     _, result = import_export(path, tmp_path / "run")
     assert result["regime"]["verdict"] == "fits" and result["regime"]["steady_iterations"] == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-1, 2), st.integers(0, 3), st.sampled_from(["htod", "evict", "cpu"])),
+        max_size=40,
+    )
+)
+def test_measured_counts_follow_each_blocks_state_record_by_record(events: list) -> None:
+    """The array form equals the rule stated record by record: per kernel and block, an eviction counts when the
+    block is on the GPU, an HtoD record refetches it when it is out; CPU-fault DtoH records change nothing."""
+    from uvmlab.uvm.regime import measured_counts
+
+    rows = [
+        _migration(k, t, "htod" if kind == "htod" else "dtoh", "eviction" if kind == "evict" else "fault", b)
+        for t, (k, b, kind) in enumerate(events)
+    ]
+    migrations = pd.DataFrame(rows, columns=["kernel_id", "start_ns", "direction", "cause", "address"])
+    kernels = pd.DataFrame({"kernel_id": [0, 1, 2], "name": ["a", "b", "c"], "iteration": [0, 0, 0]})
+    evicted, refetched, out = [0, 0, 0], [0, 0, 0], set()
+    for k, b, kind in events:
+        if k < 0 or kind == "cpu":
+            continue
+        if kind == "evict" and (k, b) not in out:
+            out.add((k, b))
+            evicted[k] += 1
+        elif kind == "htod" and (k, b) in out:
+            out.discard((k, b))
+            refetched[k] += 1
+    counted = measured_counts(kernels, migrations)
+    assert counted["eviction_count"].tolist() == evicted
+    assert counted["refetched_chunks"].tolist() == refetched

@@ -42,31 +42,31 @@ def steady_kernels(kernels: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 def measured_counts(kernels: pd.DataFrame, migrations: pd.DataFrame) -> pd.DataFrame:
     """``kernels`` (a measured run's table) with ``eviction_count`` and ``refetched_chunks`` counted from its UM
-    ``migrations`` (columns ``kernel_id``, ``start_ns``, ``direction``, ``cause``, ``address``): per kernel, in
-    time order, a 2 MiB block a DtoH record of cause ``eviction`` takes off the GPU is evicted once until an HtoD
-    record brings it back, which is then a refetch. Records without an address or outside kernels are left out."""
+    ``migrations`` (columns ``kernel_id``, ``start_ns``, ``direction``, ``cause``, ``address``). Per kernel and 2 MiB
+    block, in time order: a DtoH record of cause ``eviction`` evicts the block unless the record before it already
+    did (a chunk's several runs are one eviction), and an HtoD record right after an eviction is a refetch.
+    Records without an address or outside kernels are left out. APPROXIMATION: the kernel of a record is the one its
+    time overlaps (uvmlab.measure.nsys attribution), and the block is its address's 2 MiB-aligned one (managed VA
+    blocks are 2 MiB-aligned)."""
     from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
 
-    evicted = np.zeros(len(kernels), dtype=np.int64)
-    refetched = np.zeros(len(kernels), dtype=np.int64)
-    row_of = {int(k): i for i, k in enumerate(kernels["kernel_id"].to_numpy())}
     m = migrations[(migrations["kernel_id"] >= 0) & migrations["address"].notna()]
-    m = m[(m["direction"] == "htod") | (m["cause"] == "eviction")].sort_values(["kernel_id", "start_ns"], kind="stable")
-    for kid, group in m.groupby("kernel_id", sort=False):
-        row = row_of.get(int(kid))
-        if row is None:
-            continue
-        out: set[int] = set()
-        for direction, address in zip(group["direction"], group["address"], strict=True):
-            block = int(address) // VA_BLOCK_BYTES
-            if direction == "htod":
-                if block in out:
-                    out.discard(block)
-                    refetched[row] += 1
-            elif block not in out:
-                out.add(block)
-                evicted[row] += 1
-    return kernels.assign(eviction_count=evicted, refetched_chunks=refetched)
+    m = m[(m["direction"] == "htod") | (m["cause"] == "eviction")]
+    if m.empty:
+        return kernels.assign(eviction_count=0, refetched_chunks=0)
+    m = m.assign(block=m["address"].astype("int64") // VA_BLOCK_BYTES).sort_values(
+        ["kernel_id", "block", "start_ns"], kind="stable"
+    )
+    out = (m["direction"] != "htod").to_numpy()
+    same = (m[["kernel_id", "block"]].to_numpy()[1:] == m[["kernel_id", "block"]].to_numpy()[:-1]).all(axis=1)
+    prev_out = np.concatenate(([False], same & out[:-1]))  # the record before, of the same kernel and block, evicted
+    kid = m["kernel_id"].to_numpy()
+    ids = kernels["kernel_id"].to_numpy()
+    counts = {
+        name: pd.Series(kid[hit]).value_counts().reindex(ids, fill_value=0).to_numpy(np.int64)
+        for name, hit in (("eviction_count", out & ~prev_out), ("refetched_chunks", ~out & prev_out))
+    }
+    return kernels.assign(**counts)
 
 
 def regime(kernels: pd.DataFrame, available_bytes: int | None, whole_run: bool = False) -> dict[str, Any]:
