@@ -132,3 +132,22 @@ def test_the_regime_figure_needs_runs_that_have_a_regime() -> None:
     assert fig is not None
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "24%" in texts and "oversubscription factor" in fig.axes[1].get_xlabel()
+
+
+def test_a_regime_cell_shows_the_worst_of_its_runs() -> None:
+    """Two batch sizes of one workload and factor: the cell is the one that thrashes, whatever the order."""
+    from uvmlab.report.figures import fig_regime
+
+    runs = pd.DataFrame(
+        {
+            "workload": ["gpt2", "gpt2"],
+            "oversub": [4.0, 4.0],
+            "pca": [True, True],
+            "outcome": ["ok", "ok"],
+            "regime.verdict": ["thrashing", "paging"],
+            "regime.thrashing_time_share": [0.3, 0.0],
+        }
+    )
+    for order in (runs, runs.iloc[::-1]):
+        texts = [t.get_text() for t in fig_regime(order).axes[0].texts]
+        assert texts == ["30%"]

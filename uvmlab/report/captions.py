@@ -130,7 +130,8 @@ FIGURE_TEXT = {
     "evicted after the first iteration), paging (chunks evicted, none needed again by the kernel that evicted it) or "
     "thrashing (some kernel evicts chunks it still needs and faults them back within one launch: the crawl), the "
     "percentage being the share of the iteration's time in such kernels. Simulated runs, and measured runs whose "
-    "export has UM migrations. A run the sweep lacks leaves its cell empty.",
+    "export has UM migrations. Where several runs share a cell (batch sizes, GPUs), it shows the worst of them; "
+    "a run the sweep lacks leaves its cell empty.",
     "fig_sim_vs_measured": "Each point is one configuration run both ways; the dashed line is y = x; titles "
     "give the median relative error |sim - measured| / measured.",
 }

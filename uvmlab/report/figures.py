@@ -330,8 +330,9 @@ REGIME_COLORS = {"fits": "#b7e1a1", "paging": "#f6d55c"}
 
 def fig_regime(df: pd.DataFrame) -> Figure | None:
     """Each run's regime (result.json ``regime``, docs/uvm-sim.md "The regime"): a cell per (workload, factor),
-    (a) with and (b) without PCA; thrashing cells are darker the larger the share of the time in kernels that
-    refetch chunks they evicted themselves."""
+    (a) with and (b) without PCA, the worst of the cell's runs where the sweep has several (batch sizes, GPUs);
+    thrashing cells are darker the larger the share of the time in kernels that refetch chunks they evicted
+    themselves."""
     if "regime.verdict" not in df.columns:
         return None
     runs = ok_runs(df).dropna(subset=["regime.verdict"])
@@ -342,7 +343,10 @@ def fig_regime(df: pd.DataFrame) -> Figure | None:
 
     reds = colormaps["Reds"]
     share = runs.get("regime.thrashing_time_share", pd.Series(np.nan, index=runs.index))
-    runs = runs.assign(_share=pd.to_numeric(share, errors="coerce"))
+    severity = runs["regime.verdict"].map({"fits": 0, "paging": 1, "thrashing": 2})
+    runs = runs.assign(_share=pd.to_numeric(share, errors="coerce"), _severity=severity)
+    # one cell per (workload, factor, PCA): the worst of its runs (batch sizes, GPUs, measured and simulated)
+    runs = runs.sort_values(["_severity", "_share"], kind="stable", na_position="first")
     factors = sorted(runs["oversub"].dropna().unique())
     workloads = workload_order(runs["workload"])
     fig = Figure(figsize=(max(8.0, 1.0 + 1.1 * len(factors)), 1.2 + 0.5 * len(workloads) * 2), layout="constrained")
