@@ -86,4 +86,5 @@ def test_collect_excludes_the_balloon_the_shim_logged(real_data: Path, tmp_path:
     assert len(mem) == 25 and mem["reserved_bytes"].max() < BALLOON_BYTES  # with the balloon: >= 40 GiB
     kernels = rd.read_table("kernels")
     assert len(kernels) and (kernels["reserved_bytes"] < BALLOON_BYTES).all()
-    assert rd.read_result()["regime"]["verdict"] in ("fits", "paging", "thrashing")  # from the export's migrations
+    # the regime from the export's UM migrations: the gemmspmm export has none of cause eviction
+    assert rd.read_result()["regime"]["verdict"] == "fits"
