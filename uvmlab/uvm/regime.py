@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
+from uvmlab.units import format_bytes
+
 VERDICTS = ("fits", "paging", "thrashing")
 
 
@@ -48,8 +51,6 @@ def measured_counts(kernels: pd.DataFrame, migrations: pd.DataFrame) -> pd.DataF
     Records without an address or outside kernels are left out. APPROXIMATION: the kernel of a record is the one its
     time overlaps (uvmlab.measure.nsys attribution), and the block is its address's 2 MiB-aligned one (managed VA
     blocks are 2 MiB-aligned)."""
-    from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES
-
     m = migrations[(migrations["kernel_id"] >= 0) & migrations["address"].notna()]
     m = m[(m["direction"] == "htod") | (m["cause"] == "eviction")]
     if m.empty:
@@ -132,8 +133,6 @@ def _known(value: Any, kind: type) -> Any:
 
 def _why(r: dict[str, Any], available_bytes: int | None) -> str:
     """One sentence for the run's table."""
-    from uvmlab.units import format_bytes
-
     big = r["largest_kernel"]
     has = f"the {format_bytes(available_bytes)} UVM has" if available_bytes else "the memory UVM has"
     largest = (
