@@ -339,22 +339,24 @@ def test_remote_mappings_never_point_at_gpu_pages() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "advice", "remote"),
+    ("mode", "advice", "remote", "faults"),
     [
-        ("uvm", (), (0, 0)),
-        ("uvm_prefetch", ("prefetch",), (0, 0)),
-        ("uvm_advise_pref_gpu", ("set_preferred_location:gpu",), (0, 0)),
-        ("uvm_advise_read", ("set_read_mostly",), (0, 0)),
-        ("uvm_advise_access", ("set_accessed_by:gpu",), (1, 0)),
-        ("uvm_advise_pref_cpu", ("set_preferred_location:cpu",), (1, 1)),
+        ("uvm", (), (0, 0), 0),
+        ("uvm_prefetch", ("prefetch",), (0, 0), 0),
+        ("uvm_advise_pref_gpu", ("set_preferred_location:gpu",), (0, 0), 0),
+        ("uvm_advise_read", ("set_read_mostly",), (0, 0), PAGES),
+        ("uvm_advise_access", ("set_accessed_by:gpu",), (1, 0), 0),
+        ("uvm_advise_pref_cpu", ("set_preferred_location:cpu",), (1, 1), 0),
     ],
 )
 def test_rq4_modes_reach_their_steady_state_through_the_general_path(
-    mode: str, advice: tuple[str, ...], remote: tuple[int, int]
+    mode: str, advice: tuple[str, ...], remote: tuple[int, int], faults: int
 ) -> None:
     """gpu_ext's rq4 (uvmbench at 0.25x: the host writes ``input``, both arrays get the hint, two warm-up launches,
-    then timed ones) written as api rows: after the warm-ups no launch faults, and only the modes that map host memory
-    access it remotely (reads of the host-written input; with preferred location CPU also the writes)."""
+    then timed ones) written as api rows: after the warm-ups nothing moves, only the modes that map host memory
+    access it remotely (reads of the host-written input; with preferred location CPU also the writes), and only
+    read-mostly faults: every written page, on every launch (the prefetch region of each write fault revokes the
+    write permission of the block's pages written before it; ``AdviceService._service_policy``)."""
     p = Program({"input": BLOCK, "output": BLOCK})
     p.api("host_write", "input")
     for t in ("input", "output"):
@@ -366,7 +368,7 @@ def test_rq4_modes_reach_their_steady_state_through_the_general_path(
     launches = [p.kernel(reads=("input",), writes=("output",), touched=2 * PAGES * 32) for _ in range(3)]
     _, kt = p.run(8 * MiB)
     timed = kt.loc[launches[-1]]
-    assert timed["fault_count"] == 0 and timed["htod_bytes"] == 0, mode
+    assert timed["fault_count"] == faults and timed["htod_bytes"] == 0, mode
     assert (timed["remote_read_bytes"] > 0, timed["remote_write_bytes"] > 0) == (bool(remote[0]), bool(remote[1]))
 
 
@@ -381,3 +383,54 @@ def test_preferred_location_gpu_keeps_the_remote_mappings_of_read_duplicated_pag
     sim._rm[s, : PAGES // 2] = True  # half the block under read duplication, mapped remotely before it was set
     sim.advise(0, 0, BLOCK, "set_preferred_location:gpu")
     assert sim._gmap[s, : PAGES // 2].all() and not sim._gmap[s, PAGES // 2 :].any()
+
+
+def _written_each_launch(*advice: str, launches: int = 3, blocks: int = 4) -> list[int]:
+    """Fault counts of ``launches`` kernels that each write a ``blocks``-block tensor the host never touched."""
+    p = Program({"out": blocks * BLOCK})
+    for a in advice:
+        p.api("advise", "out", a)
+    ks = [p.kernel(writes=("out",)) for _ in range(launches)]
+    _, kt = p.run(64 * MiB)
+    assert (kt.loc[ks[1:], "htod_bytes"] == 0).all()  # the pages never leave the GPU
+    return [int(kt.loc[k, "fault_count"]) for k in ks]
+
+
+def test_gpu_writes_to_read_mostly_memory_fault_on_every_launch() -> None:
+    """The prefetcher's region includes pages already resident on the destination (only the faulted pages are taken
+    out: uvm_perf_prefetch_prenotify_fault_migrations, uvm_perf_prefetch.c); in a read-mostly range its pages go to
+    ``uvm_va_block_make_resident_read_duplicate``, which revokes the write permission of every resident copy that is
+    not yet a duplicate (``block_prep_read_duplicate_mapping``, uvm_va_block.c). So each write fault takes the write
+    of the block's pages written before it, and every written page faults again at the next launch: rq4's 3 us per
+    written page on every launch (docs/uvm-sim.md). Without the advice the pages stay mapped read-write."""
+    assert _written_each_launch()[1:] == [0, 0]
+    assert _written_each_launch("set_read_mostly")[1:] == [4 * PAGES, 4 * PAGES]
+
+
+def test_set_read_mostly_revokes_the_write_of_gpu_resident_copies() -> None:
+    """``va_block_set_read_duplication_locked`` (uvm_policy.c) makes every resident page a read duplicate where it
+    is, revoking the holder's write: a tensor the GPU wrote and still holds faults at its next write, with no
+    transfer."""
+    p = Program({"out": BLOCK})
+    p.kernel(writes=("out",))
+    p.api("advise", "out", "set_read_mostly")
+    k = p.kernel(writes=("out",))
+    _, kt = p.run(64 * MiB)
+    assert kt.loc[k, "fault_count"] == PAGES and kt.loc[k, "htod_bytes"] == 0
+
+
+def test_a_write_to_a_read_only_sole_copy_costs_the_fitted_collapse_price() -> None:
+    """The steady launch of the rq4 case costs, per written page, the model's write-fault time plus
+    ``collapse_page_ns``: the price fitted on rq4's seq_stream (uvmlab.measure.profile_fit.fit_collapse)."""
+    from uvmlab.measure.profile_fit import collapse_fault_ns
+    from uvmlab.sim.uvm.profile import load_profile
+
+    costs = load_profile("RTX5090")
+    p = Program({"out": 4 * BLOCK})
+    p.api("advise", "out", "set_read_mostly")
+    ks = [p.kernel(writes=("out",)) for _ in range(3)]
+    _, kt = p.run(64 * MiB, gpu=GPUS["RTX5090"], costs=costs)
+    per_page = kt.loc[ks[-1], "fault_stall_ns"] / (4 * PAGES)
+    expected = collapse_fault_ns(costs) + costs.collapse_page_ns
+    assert costs.collapse_page_ns > 1_000
+    assert per_page == pytest.approx(expected, rel=0.2)

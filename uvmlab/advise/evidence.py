@@ -79,8 +79,9 @@ REMOTE_WRITE_CAVEAT = (
     "predicted; docs/uvm-sim.md), and a public GNN run reported a 2x regression from this advice (issue 28)"
 )
 READ_MOSTLY_CAVEAT = (
-    "real runs writing read-mostly memory were ~10,800x slower than modelled (uvmbench rq4, RTX 5090: 3,066 ms "
-    "measured, 0.284 ms predicted; docs/uvm-sim.md): measure before applying it to a training job"
+    "real runs writing read-mostly memory were ~10,800x slower than without the hint (uvmbench rq4, RTX 5090: a "
+    "write fault per written page at every launch, 3,066 ms vs 0.284 ms; the cudaMemAdvise path reproduces it, "
+    "docs/uvm-sim.md), which this policy's model does not charge: measure before applying it to a training job"
 )
 DISCARD_CAVEAT = (
     "upper bound: one remap fault per 64 KiB page is assumed when the pool reuses a discarded block; with one per "

@@ -307,8 +307,9 @@ def collapse_fault_ns(costs: CostParams) -> float:
 def fit_collapse(uvm_dir: Path, costs: CostParams) -> tuple[float, dict[str, Any]]:
     """``collapse_page_ns`` on rq4 (declared fit point): seq_stream with both arrays read-mostly minus plain UVM, per
     page of the written array, minus the simulator's own write-fault time per page. rq4 pays this on every timed
-    launch; the driver as read (and the model) pays it once after each CPU write, so the value is read as the price
-    of one collapse (docs/uvm-sim.md "cudaMemAdvise"). 0 when the rq4 file is absent."""
+    launch, as the model does (each write fault's prefetch region revokes the write of the pages written before
+    it: uvmlab.sim.uvm.advice, "Read-only sole copies"), so the value is the price of one write fault on a page the
+    GPU maps read-only (docs/uvm-sim.md "cudaMemAdvise"). 0 when the rq4 file is absent."""
     if not (uvm_dir / RQ4_CSV).is_file():
         return 0.0, {"reason": f"{RQ4_CSV} absent"}
     rm = bench_measured(uvm_dir, "seq_stream", RQ4_FACTOR, mode="uvm_advise_read", csv=RQ4_CSV)

@@ -55,11 +55,24 @@ processors are mapped to the evicted pages (``block_add_eviction_mappings``), so
 data remotely instead of faulting it back.
 Collapsing a duplicate costs ``CostParams.collapse_page_ns`` per page besides its write fault.
 
+**Read-only sole copies** (``_gro``): in a read-mostly range the GPU can map a page read-only though it holds the
+only copy, and then every write to it faults (no transfer; ``collapse_page_ns`` per page, as a collapse). Three
+rules put a page there: (1) the prefetch region of a fault includes pages already resident on the destination
+(only the faulted pages are taken out, ``uvm_perf_prefetch_prenotify_fault_migrations``, uvm_perf_prefetch.c) and
+in a read-mostly range those pages go to ``uvm_va_block_make_resident_read_duplicate``
+(``uvm_va_block_service_copy``), which revokes the write permission of every resident copy not yet duplicated
+(``block_prep_read_duplicate_mapping``): each write fault takes the write of the block's pages written before it,
+so a kernel writing read-mostly memory faults on every written page at every launch (rq4: 3 us per written page
+per launch on an RTX 5090); (2) a page made resident as a read duplicate with no other copy (a read or prefetch
+of a page resident nowhere) is mapped read-only (``compute_new_permission`` does not upgrade where
+``block_region_might_read_duplicate``); (3) ``set_read_mostly`` on GPU-resident pages
+(``va_block_set_read_duplication_locked``, uvm_policy.c). A write fault maps the page read-write again.
+
 Approximations: the policy of a page is its own (the driver's range split rounds to pages too, but a faulted
 block's prefetch decision uses the policy of the faulted region: here a block's prefetch is off when any faulted
 page has a preferred location that is not the destination); the whole-block first-touch population covers the
-pages of the block that share the preferred location; a GPU-resident single copy made read-mostly keeps its
-read-write mapping (no write fault follows).
+pages of the block that share the preferred location; ``unset_read_mostly`` gives a read-only sole copy its write
+back at once (the driver at its next write fault: one fault per page not charged).
 """
 
 from __future__ import annotations
@@ -96,8 +109,10 @@ PREFERRED_PREFETCH_MAJOR = 590
 (``should_apply_prefetch_logic``, uvm_perf_prefetch.c:324); every earlier open release (515.43.04 to 580.142)
 prefetches whatever the preferred location (checked in each tag of NVIDIA/open-gpu-kernel-modules); the closed
 drivers are taken to behave as 515 [I]."""
-HINT_ARRAYS = ("_rm", "_plg", "_plc", "_abg", "_abc", "_gmap", "_cmap")
+HINT_ARRAYS = ("_rm", "_plg", "_plc", "_abg", "_abc", "_gmap", "_cmap", "_gro")
 """The per-page policy and mapping bitmaps (module docstring), slot x 512 bool like ``_gpu``."""
+NO_PAGES = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+NO_PAGES.flags.writeable = False
 
 
 def remote_ns(c: UvmCounters, costs: CostParams) -> float:
@@ -160,9 +175,11 @@ class AdviceService:
             sl = slice(lo, hi)
             if advice == "set_read_mostly":
                 self._rm[s, sl] = True
+                self._gro[s, sl] |= self._gpu[s, sl] & ~self._dup[s, sl]  # write revoked where it is resident
                 changed += self._unmap_gpu(s, sl)
             elif advice == "unset_read_mostly":
                 self._rm[s, sl] = False
+                self._gro[s, sl] = False  # APPROXIMATION: the driver upgrades them at their next write fault
                 changed += self._collapse_duplicates(s, sl)
                 changed += self._map_accessed_by(s, sl)
             elif advice.startswith("set_preferred_location"):
@@ -222,10 +239,10 @@ class AdviceService:
             want[span[0] : span[1]] = True
         else:
             want = span
-        gpu, dup = self._gpu[s], self._dup[s]
+        gpu, dup, gro = self._gpu[s], self._dup[s], self._gro[s]
         while True:
             remote = self._gmap[s] & self._cpu[s]
-            local = gpu & ~dup if is_write else gpu
+            local = gpu & ~dup & ~gro if is_write else gpu
             idx = np.flatnonzero(want & ~local & ~remote)
             if idx.size == 0:
                 break
@@ -246,8 +263,9 @@ class AdviceService:
         k, knobs = self._k, self.knobs
         n_f = int(faulted.sum())
         self._fault_migrations[s] += n_f
-        gpu, cpu, dup, rm = self._gpu[s], self._cpu[s], self._dup[s], self._rm[s]
+        gpu, cpu, dup, rm, gro = self._gpu[s], self._cpu[s], self._dup[s], self._rm[s], self._gro[s]
         collapse = faulted & gpu & dup  # a write to a duplicate: the CPU copy is revoked
+        upgrade = faulted & gpu & gro if is_write else NO_PAGES  # a write to a read-only sole copy: no transfer
         rest = faulted & ~collapse
         to_gpu = rest & rm
         make_dup = to_gpu & cpu if not is_write else np.zeros_like(faulted)
@@ -260,19 +278,24 @@ class AdviceService:
         other &= cpu
         stay = other & (self._abg[s] | self._plc[s])
         to_gpu |= other & ~stay
-        extra = np.zeros_like(faulted)
+        extra = revoke = NO_PAGES
         out_of_pref = self.prefetch_honours_preferred and (to_gpu & self._plc[s]).any()
         if to_gpu.any() and not (to_cpu_new.any() or stay.any()) and not out_of_pref:
             if self._res_count[s] == 0 and self._cpu_count[s] == 0 and not (to_gpu & ~self._plg[s]).any():
                 valid = np.arange(PAGES_PER_BLOCK) < self._npages[s]
                 extra = valid & self._plg[s] & ~to_gpu  # first touch at the preferred location: the whole block
             elif knobs.prefetch_enable and self._fault_migrations[s] >= knobs.prefetch_min_faults:
-                extra = prefetch_pages(gpu, to_gpu, self._npages[s], knobs.prefetch_threshold)
-                extra = extra & ~(self._gmap[s] & cpu)  # pages the GPU maps remotely stay where they are
+                region = prefetch_pages(gpu, to_gpu, self._npages[s], knobs.prefetch_threshold, exclude=NO_PAGES)
+                region = region & ~(self._gmap[s] & cpu)  # pages the GPU maps remotely stay where they are
                 if self.prefetch_honours_preferred:
-                    extra &= ~self._plc[s]  # not out of a CPU preference (R590+)
+                    region &= ~self._plc[s]  # not out of a CPU preference (R590+)
+                extra = region & ~gpu
+                revoke = region & gpu & rm & ~dup & ~faulted
             make_dup = make_dup | (extra & rm & cpu)
         mig = (to_gpu | extra) & ~gpu
+        read_only = mig & rm & ~cpu  # made resident as read duplicates with no other copy: mapped read-only
+        if is_write:
+            read_only &= ~faulted  # ... but a written page is mapped read-write
         dup_after = make_dup & mig
         h = mig & cpu
         fault_h = int((h & faulted).sum())
@@ -288,12 +311,18 @@ class AdviceService:
         if dup_after.any():
             dup |= dup_after  # the CPU keeps its copy (implicit: a duplicate is GPU-resident with a valid CPU copy)
             self._cmap[s] |= keep_cmap
+        gro &= ~mig
+        if is_write:
+            gro &= ~faulted  # the written pages are mapped read-write (compute_new_permission)
+        gro |= read_only | revoke
         n_col = int(collapse.sum())
         if n_col:
             dup &= ~collapse
             self._cmap[s] &= ~collapse
             k.collapse_count += -(-n_col // self._g)
-            k.stall_ns += n_col / self._g * self.costs.collapse_page_ns
+        n_ro = n_col + int(upgrade.sum())
+        if n_ro:
+            k.stall_ns += n_ro / self._g * self.costs.collapse_page_ns
         if to_cpu_new.any():
             n_new = int(to_cpu_new.sum())
             k.stall_ns += self._cpu_alloc_ns(s, fresh=to_cpu_new)  # zeroed CPU chunks, mapped for the GPU
@@ -325,6 +354,7 @@ class AdviceService:
 
     def _after_eviction(self, v: int, now_cpu: np.ndarray) -> None:
         """Accessed-by processors map the evicted pages (``block_add_eviction_mappings``, uvm_va_block.c)."""
+        self._gro[v] = False  # the whole chunk leaves the GPU
         free = ~self._rm[v]
         self._gmap[v] |= now_cpu & self._abg[v] & free
         self._cmap[v] |= now_cpu & self._abc[v] & free
@@ -359,6 +389,8 @@ class AdviceService:
             return "the GPU maps a page remotely that is resident on the GPU"
         if (self._plg[:n] & self._plc[:n]).any():
             return "a page has two preferred locations"
+        if (self._gro[:n] & ~(self._gpu[:n] & ~self._dup[:n] & self._rm[:n])).any():
+            return "a page whose write the GPU lost is not a sole GPU copy under read-mostly"
         return None
 
 

@@ -165,6 +165,8 @@ class HostService:
         n = int(np.count_nonzero(m & self._gpu[s]))
         self._count_decrease((s,))
         self._gpu[s] &= ~m
+        if self._hint_arrays:
+            self._gro[s] &= ~m
         self._res_count[s] -= n
         if self._res_count[s] == 0 and self._has_chunk[s]:
             self._has_chunk[s] = False

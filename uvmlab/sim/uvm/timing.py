@@ -115,9 +115,11 @@ class CostParams:
     the GTX 1080 traces (35 us, uvmlab.measure.generation_fit), the open-driver profile keeps this default (its
     RTX 5090 data has no CPU fault)."""
     collapse_page_ns: float = 0.0
-    """Per read-duplicated 4 KiB page whose other copy a write revokes (``break_read_duplication_in_region``,
-    uvm_va_block.c: the CPU copy is dropped and the CPU mapping unmapped), besides the write fault. Default 0 [U]; the
-    RTX 5090 profile fits it on rq4's read-mostly runs (uvmlab.measure.profile_fit)."""
+    """Per GPU write fault on a page the GPU maps read-only in a read-mostly range, besides the fault itself: a read
+    duplicate whose other copy the write revokes (``break_read_duplication_in_region``, uvm_va_block.c), or a sole
+    copy whose write a prefetch region took (uvmlab.sim.uvm.advice, "Read-only sole copies"). Default 0 [U]; the
+    RTX 5090 profile fits it on rq4's read-mostly seq_stream runs, which pay it on every written page of every
+    launch (uvmlab.measure.profile_fit)."""
     host_zero_bytes_per_s: float = 10e9
     """Rate at which the kernel zeroes the CPU chunks the driver allocates zeroed (``__GFP_ZERO`` where a page of the
     chunk is resident nowhere: a CPU first touch's host page before R530, a block's whole 2 MiB chunk from R530;
