@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from uvmlab.errors import InputError, InvariantError
+from uvmlab.sim.uvm.advice import HINT_ARRAYS
 from uvmlab.sim.uvm.driver import UvmSim
 from uvmlab.sim.uvm.knobs import PAGE_BYTES, UvmKnobs
 from uvmlab.sim.uvm.prefetch import prefetch_pages
@@ -241,5 +242,5 @@ def test_whole_block_prefetch_path_equals_the_general_loop(
     assert fast[2] == slow[2]  # the LRM order
     for got, want in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):  # the run path sums floats apart
         assert got == pytest.approx(want, rel=1e-12), got
-    assert len(fast[3]) == len(slow[3]) == (9 if host_written else 2)
+    assert len(fast[3]) == len(slow[3]) == (2 + len(HINT_ARRAYS) if host_written else 2)
     assert all(np.array_equal(a, b) for a, b in zip(fast[3], slow[3], strict=True))
