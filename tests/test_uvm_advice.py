@@ -434,3 +434,23 @@ def test_a_write_to_a_read_only_sole_copy_costs_the_fitted_collapse_price() -> N
     expected = collapse_fault_ns(costs) + costs.collapse_page_ns
     assert costs.collapse_page_ns > 1_000
     assert per_page == pytest.approx(expected, rel=0.2)
+
+
+def test_lone_remote_writes_pay_a_partial_line_write_each_and_dense_ones_their_bytes() -> None:
+    """A kernel costed at the lone-sector efficiency writes one small piece per page: each remote write is a
+    partial-cache-line write the host completes one after another (``CostParams.remote_partial_write_ns``); a dense
+    kernel's remote writes keep the rate of their bytes. Reads are never per transaction."""
+    from uvmlab.sim.uvm.advice import remote_ns
+    from uvmlab.sim.uvm.faults import UvmCounters
+
+    costs = CostParams(link_bytes_per_s=10e9, remote_read_bytes_per_s=20e9, remote_partial_write_ns=30.0)
+    c = UvmCounters(
+        remote_read_bytes=64 * PAGE_BYTES, remote_write_bytes=64 * PAGE_BYTES, remote_bytes=128 * PAGE_BYTES
+    )
+    dense = remote_ns(c, costs)
+    assert dense == pytest.approx(64 * PAGE_BYTES / 10e9 * 1e9)  # the writes' bytes at the link rate
+    sectors = 32 / PAGE_BYTES  # touched_bytes / accessed: one 32 B sector per 4 KiB page
+    assert remote_ns(c, costs, sectors, lone_sectors=True) == pytest.approx(64 * 30.0)  # 64 partial writes
+    assert remote_ns(c, costs, sectors) == pytest.approx(64 * 32 / 10e9 * 1e9)  # not lone: the sectors' bytes
+    reads_only = UvmCounters(remote_read_bytes=64 * PAGE_BYTES, remote_bytes=64 * PAGE_BYTES)
+    assert remote_ns(reads_only, costs, sectors, lone_sectors=True) == pytest.approx(64 * 32 / 20e9 * 1e9)

@@ -75,8 +75,9 @@ _DRIVER = "modelled from the driver source (uvm_perf_prefetch.c); no real run wi
 _HINT = "modelled from the driver source (kernel-open/nvidia-uvm 595.45.04)"
 _NO_RUN = "no real run checks the predicted gain"
 REMOTE_WRITE_CAVEAT = (
-    "real remote writes cost ~12x what the model charges (uvmbench rq4, RTX 5090: 34.5 ms measured, 2.8 ms "
-    "predicted; docs/uvm-sim.md), and a public GNN run reported a 2x regression from this advice (issue 28)"
+    "real lone remote writes cost ~12x their bytes at the link rate (uvmbench rq4, RTX 5090: ~33 ns per partial-line "
+    "write, modelled for lone-sector kernels; docs/uvm-sim.md); this policy's dense writes are charged at the link "
+    "rate, which no real run checks, and a public GNN run reported a 2x regression from this advice (issue 28)"
 )
 READ_MOSTLY_CAVEAT = (
     "real runs writing read-mostly memory were ~10,800x slower than without the hint (uvmbench rq4, RTX 5090: a "

@@ -29,6 +29,12 @@ never fitted. For the RTX 5090 (driver 575) profile:
    the CPU maps, so they come from the one-thread kernel of the A100 nsys export beside this folder
    (:data:`SERIAL_EXPORT`, ``fit_serial_refaults``; driver 525, a chunk per page) [I: another host, GPU and
    driver, the only one measured].
+6. ``collapse_page_ns`` (a write fault on a page the GPU maps read-only in a read-mostly range) on **rq4
+   seq_stream read-mostly** (:func:`fit_collapse`).
+7. ``remote_read_bytes_per_s`` (GPU reads of host memory through a remote mapping) on **rq4 seq_stream
+   accessed-by** (reads of lone sectors remote, writes local) and ``remote_partial_write_ns`` (a lone remote write)
+   on **rq4 seq_stream preferred-location CPU** (reads and writes remote): in both the steady launch is the link
+   time, linear in 1 / rate and in the per-write cost, so one probe simulation each gives them (:func:`fit_remote`).
 
 Everything else (GCN 7M-15M with and without user prefetch, seq_stream 1.0x / 1.5x, rand_stream 1.0x-1.5x, the
 other native uvmbench points and the rq4 hint modes, the Titan V logs, the seed study) is validation
@@ -59,6 +65,10 @@ GCN_DIR = "noob512-uvm_rtx5090_pytorch_gcn"
 BENCH_CSV = "gpu_ext_rtx5090_microbench/t0rq3_results.csv"
 PREFETCH_PROBE_NS = 10_000.0
 """Probe value of ``prefetch_first_block_ns`` for the two-point linear fit (any positive value gives the same fit)."""
+REMOTE_PROBE_BYTES_PER_S = 1e9
+"""Probe remote read rate of :func:`fit_remote` (slow enough that the reads set the launch's time)."""
+PARTIAL_WRITE_PROBE_NS = 100.0
+"""Probe ``remote_partial_write_ns`` of :func:`fit_remote` (large enough that the writes set the launch's time)."""
 SECTOR_FIT = ("device", 0.5)
 """The uvmbench point ``sector_memory_efficiency`` is fitted on: seq_stream, this mode and size factor (t0rq3)."""
 BENCH_SCALE = 16
@@ -244,6 +254,8 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
     costs = replace(costs, prefetch_first_block_ns=first)
     collapse, collapse_info = fit_collapse(uvm_dir, costs)
     costs = replace(costs, collapse_page_ns=collapse)
+    remote, remote_info = fit_remote(uvm_dir, costs)
+    costs = replace(costs, **remote)
     serial, serial_info = open_driver_serial_costs(uvm_dir)
     costs = replace(costs, **serial)
     details = {
@@ -269,6 +281,7 @@ def fit_rtx5090(uvm_dir: Path, base: CostParams | None = None) -> tuple[CostPara
             "prefetch_first_block_ns": first,
         },
         "rq4_read_mostly_collapse": collapse_info,
+        "rq4_remote": remote_info,
         "serial_refaults": serial_info,
         "serial_refault_costs": serial,
     }
@@ -326,6 +339,38 @@ def fit_collapse(uvm_dir: Path, costs: CostParams) -> tuple[float, dict[str, Any
     }
 
 
+def fit_remote(uvm_dir: Path, costs: CostParams) -> tuple[dict[str, float], dict[str, Any]]:
+    """``remote_read_bytes_per_s`` on rq4 seq_stream accessed-by, then ``remote_partial_write_ns`` on rq4 seq_stream
+    preferred-location CPU (declared fit points; the module docstring, step 7). Each steady launch is its remote
+    link time (no fault after the warm-ups), proportional to 1 / the read rate and to the per-write cost, so one
+    probe each gives the value; the probe must be the part that sets the time (checked). None when the rq4 file
+    is absent (the defaults stay)."""
+    if not (uvm_dir / RQ4_CSV).is_file():
+        return {}, {"reason": f"{RQ4_CSV} absent"}
+    native = bench_ms("seq_stream", RQ4_FACTOR, costs, mode="uvm")
+    t_read = bench_measured(uvm_dir, "seq_stream", RQ4_FACTOR, mode="uvm_advise_access", csv=RQ4_CSV)
+    probe = replace(costs, remote_read_bytes_per_s=REMOTE_PROBE_BYTES_PER_S, remote_partial_write_ns=0.0)
+    s_read = bench_ms("seq_stream", RQ4_FACTOR, probe, mode="uvm_advise_access")
+    if not native < t_read < s_read:
+        raise InputError(
+            f"rq4 accessed-by: {t_read} ms measured is not between the native {native:.3f} ms and the probe"
+        )
+    read_rate = REMOTE_PROBE_BYTES_PER_S * s_read / t_read
+    t_write = bench_measured(uvm_dir, "seq_stream", RQ4_FACTOR, mode="uvm_advise_pref_cpu", csv=RQ4_CSV)
+    probe = replace(costs, remote_read_bytes_per_s=read_rate, remote_partial_write_ns=PARTIAL_WRITE_PROBE_NS)
+    s_write = bench_ms("seq_stream", RQ4_FACTOR, probe, mode="uvm_advise_pref_cpu")
+    if not t_read < t_write < s_write:
+        raise InputError(f"rq4 preferred CPU: {t_write} ms measured is not between the reads' time and the probe")
+    partial = PARTIAL_WRITE_PROBE_NS * t_write / s_write
+    return {"remote_read_bytes_per_s": read_rate, "remote_partial_write_ns": partial}, {
+        "accessed_by_measured_ms": t_read,
+        f"accessed_by_sim_ms_at_{REMOTE_PROBE_BYTES_PER_S:.0e}_bytes_per_s": s_read,
+        "preferred_cpu_measured_ms": t_write,
+        f"preferred_cpu_sim_ms_at_{PARTIAL_WRITE_PROBE_NS:.0f}ns": s_write,
+        "native_ms": native,
+    }
+
+
 def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Path:
     """Write the RTX 5090 profile JSON (a CostParams parameter file with provenance)."""
     doc = {
@@ -343,6 +388,8 @@ def write_profile(path: Path, costs: CostParams, details: dict[str, Any]) -> Pat
             f"{GCN_DIR}/with-user-prefetch/result_uvm_baseline/5000000.json avg_epoch_time_s"
             " -> prefetch_first_block_ns",
             f"{RQ4_CSV} seq_stream uvm_advise_read and uvm 0.25 median_ms -> collapse_page_ns",
+            f"{RQ4_CSV} seq_stream uvm_advise_access 0.25 median_ms -> remote_read_bytes_per_s",
+            f"{RQ4_CSV} seq_stream uvm_advise_pref_cpu 0.25 median_ms -> remote_partial_write_ns",
             *(
                 f"[I] nsys/{SERIAL_EXPORT} (an A100 host): {SERIAL_COSTS_WHAT[name]} -> {name}"
                 for name in details["serial_refault_costs"]

@@ -20,12 +20,10 @@ RTX5090 --gpu-memory 33669316608 --pca off`` runs it (``uvmlab.measure.profile_f
   the native time of the page-strided kernels (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x; seq_stream
   ``device`` 0.5x fits ``sector_memory_efficiency``) and the rq4 ``cudaMemPrefetchAsync`` / ``cudaMemAdvise`` modes
   at 0.25x (``workloads/files/uvmbench.py`` says how each mode is written, docs/uvm-sim.md how it is modelled).
-  Band 1.5 for the modes whose
-  steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU) and for rand_stream read-mostly
-  (seq_stream read-mostly fits ``collapse_page_ns``: every written page faults on every launch); no band for the
-  two remote-mapping modes, whose costs are the hint model's (``uvmlab.sim.uvm.hints``), not fitted and not
-  validated before: they are tabulated with what they miss. pointer_chase is not scored (its native time is
-  latency-bound and L2-resident, above).
+  Band 1.5 for the modes whose steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU);
+  seq_stream read-mostly, accessed-by and preferred-location CPU fit ``collapse_page_ns`` (every written page
+  faults on every launch), ``remote_read_bytes_per_s`` and ``remote_partial_write_ns``, and their rand_stream runs
+  validate them (band 1.5). pointer_chase is not scored (its native time is latency-bound and L2-resident, above).
 
 Points used to fit the RTX 5090 profile (``uvmlab/sim/uvm/profiles/rtx5090.json``, ``uvmlab.measure.profile_fit``) are
 marked
@@ -82,13 +80,16 @@ RQ4_MODES = {
     "block's pages written before it as read duplicates, which revokes their write permission "
     "(uvm_perf_prefetch.c, uvm_va_block_make_resident_read_duplicate); seq_stream fits collapse_page_ns, "
     "rand_stream validates it",
-    "uvm_advise_pref_cpu": "known miss: every access remote; measured 34.5 ms with reads and writes remote and 1.7 ms "
-    "with reads only (accessed-by): a lone remote 4 B write costs ~32 ns, a read ~1.7 ns; the model charges "
-    "both at the 2 MiB link rate (uvm_hints.remote_link_ns)",
-    "uvm_advise_access": "remote reads of lone sectors at the 2 MiB link rate (uvm_hints.remote_link_ns), not fitted",
+    "uvm_advise_pref_cpu": "every access remote: the lone 4 B writes are partial-line writes to host memory, "
+    "remote_partial_write_ns each (seq_stream fits it, rand_stream validates it)",
+    "uvm_advise_access": "remote reads of lone sectors at remote_read_bytes_per_s (seq_stream fits it, rand_stream "
+    "validates it)",
 }
 """rq4's modes and, for the ones promising no band, why (module docstring)."""
 NATIVE_MODES = ("uvm", "uvm_prefetch", "uvm_advise_pref_gpu")
+RQ4_FITTED = ("uvm_advise_read", "uvm_advise_pref_cpu", "uvm_advise_access")
+"""rq4 modes whose seq_stream run fits an RTX 5090 profile constant (collapse_page_ns, remote_partial_write_ns,
+remote_read_bytes_per_s); their rand_stream runs validate it."""
 FITTED = {("gcn", 5_000_000, "uvm"), ("gcn", 5_000_000, "native"), ("gcn", 5_000_000, "prefetch"), ("seq_stream", 1.25)}
 
 
@@ -223,8 +224,8 @@ def uvmbench_mode_points(data_dir: Path) -> list[Point]:
         for mode, miss in RQ4_MODES.items():
             m = bench_measured(uvm, k, RQ4_FACTOR, mode=mode, csv=RQ4_CSV)
             s = bench_ms(k, RQ4_FACTOR, costs, mode=mode)
-            fit = (k, mode) == ("seq_stream", "uvm_advise_read")  # collapse_page_ns (uvmlab.measure.profile_fit)
-            band = None if fit else 1.5 if mode in NATIVE_MODES or mode == "uvm_advise_read" else None
+            fit = k == "seq_stream" and mode in RQ4_FITTED  # uvmlab.measure.profile_fit
+            band = None if fit else 1.5
             pts.append(
                 Point(
                     ds, f"rq4_memadvise: {k} {mode} {RQ4_FACTOR}x", "kernel_time", "ms", m, s, fit, note=miss, band=band

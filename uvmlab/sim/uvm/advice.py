@@ -84,6 +84,7 @@ import numpy as np
 from uvmlab.errors import InputError
 from uvmlab.sim.uvm.faults import UvmCounters
 from uvmlab.sim.uvm.knobs import PAGES_PER_BLOCK
+from uvmlab.sim.uvm.order import SECTOR_BYTES
 from uvmlab.sim.uvm.prefetch import prefetch_pages
 from uvmlab.sim.uvm.runs import htod_record_count
 from uvmlab.sim.uvm.timing import CostParams
@@ -115,13 +116,18 @@ NO_PAGES = np.zeros(PAGES_PER_BLOCK, dtype=bool)
 NO_PAGES.flags.writeable = False
 
 
-def remote_ns(c: UvmCounters, costs: CostParams) -> float:
+def remote_ns(c: UvmCounters, costs: CostParams, scale: float = 1.0, lone_sectors: bool = False) -> float:
     """Link time (ns) of a kernel's remote accesses: reads and writes each in their own direction of the link (PCIe
-    and NVLink are full duplex), at ``CostParams.remote_read_bytes_per_s`` / ``remote_write_bytes_per_s``."""
+    and NVLink are full duplex), at ``CostParams.remote_read_bytes_per_s`` / ``remote_write_bytes_per_s``.
+    ``scale``: the bytes that cross per byte accessed (``touched_bytes`` / accessed: a strided kernel moves lone
+    sectors); ``lone_sectors``: each written sector is its own partial-line write, at least
+    ``CostParams.remote_partial_write_ns`` each."""
     if not c.remote_bytes:
         return 0.0
-    r = c.remote_read_bytes / float(costs.remote_read_bytes_per_s or costs.link_bytes_per_s or 1.0)
-    w = c.remote_write_bytes / float(costs.remote_write_bytes_per_s or costs.link_bytes_per_s or 1.0)
+    r = c.remote_read_bytes * scale / float(costs.remote_read_bytes_per_s or costs.link_bytes_per_s or 1.0)
+    w = c.remote_write_bytes * scale / float(costs.remote_write_bytes_per_s or costs.link_bytes_per_s or 1.0)
+    if lone_sectors and costs.remote_partial_write_ns:
+        w = max(w, c.remote_write_bytes * scale / SECTOR_BYTES * costs.remote_partial_write_ns * 1e-9)
     return max(r, w) * 1e9
 
 

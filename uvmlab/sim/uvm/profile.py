@@ -35,6 +35,8 @@ from uvmlab.sim.uvm.timing import CostParams
 PROFILE_DIR = Path(str(resources.files("uvmlab.sim.uvm.profiles")))
 GPU_FIELDS = (
     "link_bytes_per_s",
+    "remote_read_bytes_per_s",
+    "remote_partial_write_ns",
     "compute_efficiency",
     "gemm_efficiency",
     "memory_efficiency",

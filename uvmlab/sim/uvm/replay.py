@@ -608,7 +608,8 @@ class _Replayer:
             c, dur = self._hinted_kernel(i, st, rows, ids or [])
         else:
             c = self._access(i, rows, st)
-            link = remote_ns(c, self.costs) * float(st.remote_scale[i]) if c.remote_bytes else 0.0
+            lone = bool(st.classes) and st.classes[i] == "sector"
+            link = remote_ns(c, self.costs, float(st.remote_scale[i]), lone) if c.remote_bytes else 0.0
             native = max(float(st.native_ns[i]), link)  # remote mappings: the link's time
             dur = native + (1.0 - self.costs.fault_overlap) * c.stall_ns
         return c, dur

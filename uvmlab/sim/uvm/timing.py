@@ -128,6 +128,12 @@ class CostParams:
     """GPU reads of host memory through a remote mapping; None: ``link_bytes_per_s`` (uvmlab.sim.uvm.hints)."""
     remote_write_bytes_per_s: float | None = None
     """GPU writes to host memory through a remote mapping; None: ``link_bytes_per_s`` (uvmlab.sim.uvm.hints)."""
+    remote_partial_write_ns: float = 0.0
+    """Per remote write of a lone sector (a kernel costed at the lone-sector efficiency: one small write per page):
+    each is a partial-cache-line write to host memory, which the host completes one after another ("a partial write
+    operation may delay subsequent requests", Intel 64 and IA-32 Architectures Optimization Reference Manual,
+    "Maximizing PCIe Performance"); the kernel's remote writes take at least this many ns each. Default 0 [U: not
+    modelled]; the RTX 5090 profile fits it on rq4's preferred-location-CPU seq_stream (uvmlab.measure.profile_fit)."""
     managed_alloc_ns: float = 10_000.0
     """One ``cudaMallocManaged`` call (range creation) [U]."""
     cudafree_sync_ns: float = 10_000.0
@@ -232,6 +238,7 @@ ZERO_MEANS: dict[str, str] = {
     "cpu_unmap_chunk_ns": "held in the other fault-path constants (the default; the closed profile's migrate_page_ns)",
     "cpu_chunk_map_ns": "held in the other fault-path constants (the default)",
     "collapse_page_ns": "folded into the write fault (the default)",
+    "remote_partial_write_ns": "lone remote writes cost their bytes at the remote write rate (the default)",
     "fault_overlap": "no fault time is hidden (the default)",
 }
 """The costs for which 0 means something (what it means); every other cost of a parameter file must be > 0: a
