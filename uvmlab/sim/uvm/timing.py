@@ -299,8 +299,8 @@ def check_cost_values(values: dict[str, Any], where: str) -> None:
             bad.append(f"{name} {value:g} is outside {low:g}..{high:g}{unit}")
     if zero:
         bad.append(
-            f"{_names(zero)} {'is' if len(zero) == 1 else 'are'} 0, a cost that is never free (0 is allowed only for "
-            f"{', '.join(ZERO_MEANS)})"
+            f"{_names(zero)} {'is' if len(zero) == 1 else 'are'} 0, a cost that is never free (0 is allowed only "
+            f"where it means something: {len(ZERO_MEANS)} costs, docs/uvm-sim.md 'Parameter files')"
         )
     if bad:
         raise InputError(f"{where}: {'; '.join(bad[:3])}{f'; and {len(bad) - 3} more' if len(bad) > 3 else ''}")
