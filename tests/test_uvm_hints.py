@@ -58,14 +58,12 @@ def test_remote_access_of_gpu_resident_pages_is_local() -> None:
     assert c.remote_bytes == BLOCK // 2
 
 
-# -- read-mostly -------------------------------------------------------------------------------------------------
+# -- read-mostly (the knob issues cudaMemAdvise; uvmlab.sim.uvm.advice models it) ---------------------------------
 def _read_dup(sim: UvmSim) -> None:
     sim.map_range(0, BLOCK)
     sim.host_write(0, 0, BLOCK)  # the page lives on the CPU
-    rows = [(0, 0, BLOCK, False)]
-    snap = sim.read_snapshot(rows)
-    sim.access(rows)
-    sim.read_mostly_after(snap, rows)
+    sim.advise(0, 0, BLOCK, "set_read_mostly")
+    sim.access([(0, 0, BLOCK, False)])
 
 
 def test_a_read_duplicate_is_evicted_without_write_back() -> None:
@@ -76,25 +74,6 @@ def test_a_read_duplicate_is_evicted_without_write_back() -> None:
     c = sim.access([(1, 0, BLOCK, True)])  # needs the only chunk: evicts the duplicate
     assert c.eviction_count == 1 and c.dtoh_bytes == 0 and c.writeback_saved_bytes == BLOCK
     assert sim._cpu[sim._ranges[0][0]].all()  # the CPU copy is the page now
-    sim.check_invariants()
-
-
-def test_a_direct_read_mostly_call_without_the_knob_is_modelled_in_full() -> None:
-    """``read_mostly_after`` on a simulator built without the knob (and no host access, which would create advice
-    state) turns the duplicate-aware eviction on: the duplicate leaves without a write-back."""
-    sim = _sim(BLOCK)
-    sim.map_range(0, BLOCK)
-    sim.access([(0, 0, BLOCK, True)])
-    sim.map_range(1, BLOCK)
-    sim.access([(1, 0, BLOCK, True)])  # evicts range 0 to the CPU
-    rows = [(0, 0, BLOCK, False)]
-    snap = sim.read_snapshot(rows)
-    sim.access(rows)  # migrates it back: a read duplicate
-    sim.read_mostly_after(snap, rows)
-    assert sim._dup[sim._ranges[0][0]].all()
-    sim.map_range(2, BLOCK)
-    c = sim.access([(2, 0, BLOCK, True)])
-    assert c.eviction_count == 1 and c.dtoh_bytes == 0 and c.writeback_saved_bytes == BLOCK
     sim.check_invariants()
 
 
@@ -111,10 +90,7 @@ def test_without_read_mostly_the_same_eviction_copies_the_block_back() -> None:
 def test_a_write_collapses_read_duplicates_with_write_faults() -> None:
     sim = _sim(BLOCK, advise_read_mostly="parameter")
     _read_dup(sim)
-    rows = [(0, 0, BLOCK, True)]  # the optimizer step writes the parameter
-    c0 = sim.access(rows)
-    assert c0.fault_count == 0  # resident: the plain model sees no fault
-    c = sim.read_mostly_after([], rows)
+    c = sim.access([(0, 0, BLOCK, True)])  # the optimizer step writes the parameter
     assert c.write_fault_count == PAGES and c.fault_batch_count >= 1 and c.stall_ns > 0
     assert c.htod_bytes == 0 and c.dtoh_bytes == 0  # an invalidation, no transfer
     assert not sim._dup.any()
@@ -122,14 +98,15 @@ def test_a_write_collapses_read_duplicates_with_write_faults() -> None:
     assert sim.access([(1, 0, BLOCK, True)]).dtoh_bytes == BLOCK  # dirty again: written back
 
 
-def test_zero_filled_pages_are_not_duplicates() -> None:
+def test_zero_filled_pages_are_not_duplicates_but_are_mapped_read_only() -> None:
+    """A read of a read-mostly page resident nowhere populates it on the GPU as a read duplicate with no other copy:
+    no CPU copy to keep (not ``_dup``), but mapped read-only, so the next write faults."""
     sim = _sim(advise_read_mostly="parameter")
     sim.map_range(0, BLOCK)
-    rows = [(0, 0, BLOCK, False)]
-    snap = sim.read_snapshot(rows)
-    sim.access(rows)  # never populated: zero-filled on the GPU, no CPU copy exists
-    sim.read_mostly_after(snap, rows)
-    assert not sim._dup.any()
+    sim.advise(0, 0, BLOCK, "set_read_mostly")
+    sim.access([(0, 0, BLOCK, False)])
+    assert not sim._dup.any() and sim._gro[sim._ranges[0][0]].all()
+    assert sim.access([(0, 0, BLOCK, True)]).write_fault_count == PAGES
 
 
 # -- discard ---------------------------------------------------------------------------------------------------
@@ -430,9 +407,9 @@ def test_random_hint_operations_keep_invariants(read_mostly: str, driver: str, c
             assert c.remote_bytes <= size
         elif o[0] == "rm":
             with sim.one_kernel():  # one kernel of several driver calls, as the replay runs a hinted row
-                snap = sim.read_snapshot(row)
+                if read_mostly:
+                    sim.advise(rid, off, size, "set_read_mostly")
                 sim.access(row)
-                sim.read_mostly_after(snap, row)
         elif o[0] == "discard":
             sim.discard(rid, off, size)
         elif o[0] == "undiscard":
@@ -552,18 +529,14 @@ def test_check_invariants_catches_each_corruption(corrupt: object, message: str)
 
 def test_read_mostly_advice_reaches_a_neighbour_on_the_same_page() -> None:
     """Issue 43 defect 9, in the simulator: CUDA rounds an advised range out to CPU pages, so a neighbour that
-    shares the advised tensor's last page reads a duplicate there too (before: only the advised tensor's own
-    accesses made duplicates). Range 0 holds a 6 KiB read-mostly tensor at 0 and a neighbour at 6 KiB: the
-    neighbour's first 2 KiB lie on the advised tensor's second page, its rest on a page of its own."""
+    shares the advised tensor's last page reads a duplicate there too. Range 0 holds a 6 KiB read-mostly tensor at
+    0 and a neighbour at 6 KiB: the neighbour's first 2 KiB lie on the advised tensor's second page, its rest on
+    pages of its own, which it migrates (they are not advised: no duplicate)."""
     sim = _sim(advise_read_mostly="parameter")
     sim.map_range(0, BLOCK)
     sim.host_write(0, 0, 16 * 1024)  # four pages on the CPU
-    sim.mark_read_mostly([(0, 0, 6 * 1024, False)])  # the advised tensor: pages 0 and 1
-    neighbour = [(0, 6 * 1024, 10 * 1024, False)]  # pages 1..3
-    snap = sim.advised_read_snapshot(neighbour)
-    sim.access(neighbour)
-    sim.read_mostly_after(snap, neighbour)
-    dup = sim._dup[sim._ranges[0][0]]
-    assert dup[:4].tolist() == [False, True, False, False]  # the shared page only
-    sim.unmap_range(0)
-    assert not sim.__dict__.get("_rm_spans")  # the advised spans go with the range
+    sim.advise(0, 0, 6 * 1024, "set_read_mostly")  # the advised tensor: pages 0 and 1
+    s = sim._ranges[0][0]
+    assert sim._rm[s, :4].tolist() == [True, True, False, False]
+    sim.access([(0, 6 * 1024, 10 * 1024, False)])  # the neighbour: pages 1..3
+    assert sim._dup[s, 1] and not sim._dup[s, 2:4].any() and not sim._cpu[s, 2:4].any()

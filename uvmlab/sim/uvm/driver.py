@@ -293,9 +293,6 @@ class UvmSim(
         # read duplicates and discarded pages exist only under hints (``_hinted``), the policy bitmaps once created
         for name in (*(("_dup", "_disc") if self._hinted else ()), *self._hint_arrays):
             getattr(self, name)[rows] = False
-        rm_spans = self.__dict__.get("_rm_spans")
-        if rm_spans:
-            rm_spans.pop(range_id, None)  # read-mostly pages of the range (uvmlab.sim.uvm.hints.mark_read_mostly)
         if self._disc_slots:
             self._disc_slots.difference_update(slot_list)
         self.thr_forget(slot_list)

@@ -11,12 +11,13 @@ Four policies a user applies with a few lines of PyTorch (docs/advise.md), each 
   link time (reads and writes in their own direction; the kernel lasts max(native, link time)); pages never
   populated are populated on the CPU by a first-touch fault (charged as a fault batch); the pages take no GPU
   memory and are never evicted.
-* **Read-mostly** (``advise_read_mostly``): ``cudaMemAdviseSetReadMostly``. A read fault on a CPU-resident page
-  makes a read duplicate: the GPU gets a copy, the CPU keeps its own ([OGKM] ``uvm_va_block.c``
-  ``uvm_va_block_make_resident_read_duplicate``, ``read_duplicated_pages``). Evicting a duplicate needs no DtoH
-  (the CPU copy is valid). A write revokes the other copies (``break_read_duplication_in_region``; the GPU's
-  mapping of a duplicate is read-only, so the write is a write fault): modelled as a write-fault batch plus one
-  block service per VA block, with no transfer.
+* **Read-mostly** (``advise_read_mostly``): ``cudaMemAdviseSetReadMostly`` on each advised tensor (its
+  allocation's byte range, :attr:`HintPlan.read_mostly_spans`) before the first kernel that touches it, through
+  the same ``UvmSim.advise`` a program's ``uvm.advise`` call takes (uvmlab.sim.uvm.advice: read duplicates, the
+  write faults on pages the GPU maps read-only, eviction of duplicates without DtoH), so the policy is modelled
+  by the rules rq4 validates (docs/uvm-sim.md "cudaMemAdvise"). Before 2026-11-29 it had a model of its own
+  (duplicates of the pages a read migrated from the CPU, one collapse per duplicate written), which missed the
+  write faults on every step.
 * **Prefetch the next kernel's tensors** (``prefetch_next_kernels``, categories ``prefetch_next_categories``):
   ``cudaMemPrefetchAsync`` (``UvmSim.prefetch``, [OGKM] ``uvm_migrate.c``) of kernel i+N's parameters and
   optimizer state, issued while kernel i runs. Its time is hidden behind kernel i's native time; only the excess
@@ -33,9 +34,8 @@ Four policies a user applies with a few lines of PyTorch (docs/advise.md), each 
 
 Approximations (docs/advise.md): remote access acts per access of an advised tensor, not per page (a page shared
 with an unadvised neighbour can be pulled to the GPU by the neighbour's fault and the tree prefetcher); read
-duplication acts per page, as CUDA rounds an advised range out to CPU pages (:meth:`HintService.mark_read_mostly`:
-the pages an advised tensor's accesses touched, whichever tensor then reads them); read duplicates are the advised
-pages a kernel's reads migrated from the CPU (pages the prefetcher adds beyond them are not duplicated); the link
+duplication acts per page, as CUDA rounds an advised range out to CPU pages (whichever tensor then reads them); the
+advice is issued at the tensor's first kernel (a program issues it once after creating the model); the link
 time of remote access is the 2 MiB transfer rate (``CostParams.link_bytes_per_s``), an upper bound for scattered
 accesses; the cost of one discard call is :data:`DISCARD_CALL_NS`, not measured.
 """
@@ -132,65 +132,6 @@ class HintService:
             for s, _, _ in self._segments(int(range_id), int(offset), int(size)):
                 if has[s]:
                     lrm.move_to_end(s)
-
-    def mark_read_mostly(self, rows: list[Row]) -> None:
-        """The pages of a read-mostly tensor's accesses are advised, rounded out to whole pages as CUDA rounds an
-        advised range ("rounded down and rounded up respectively to be aligned to CPU page size", CUDA 13.0
-        cuda_runtime_api.h cudaMemAdvise): a neighbour sharing the first or last page reads a duplicate there too.
-        Kept per range as page spans (``_rm_spans``), dropped when the range is unmapped."""
-        spans = self.__dict__.setdefault("_rm_spans", {})
-        for range_id, offset, size, _ in rows:
-            span = self._page_span(int(range_id), int(offset), int(size))
-            if span is not None:
-                spans.setdefault(int(range_id), set()).add(span)
-
-    def read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
-        """Before a kernel: the CPU residency of the pages of read-mostly tensors it reads (``rows``: theirs)."""
-        out = []
-        for range_id, offset, size, is_write in rows:
-            if not is_write:
-                for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
-                    out.append((s, lo, hi, self._cpu[s, lo:hi].copy()))
-        return out
-
-    def advised_read_snapshot(self, rows: list[Row]) -> list[tuple[int, int, int, np.ndarray]]:
-        """Before a kernel: the CPU residency of the advised pages (:meth:`mark_read_mostly`) it reads, whichever
-        tensor reads them (``rows``: all the kernel's accesses)."""
-        spans = self.__dict__.get("_rm_spans") or {}
-        out = []
-        for range_id, offset, size, is_write in rows:
-            marked = spans.get(int(range_id))
-            if is_write or not marked:
-                continue
-            span = self._page_span(int(range_id), int(offset), int(size))
-            if span is None:
-                continue
-            for a, b in marked:
-                lo, hi = max(a, span[0]), min(b, span[1])
-                if lo < hi:
-                    for s, p0, p1 in self._blocks_of(int(range_id), lo, hi):
-                        out.append((s, p0, p1, self._cpu[s, p0:p1].copy()))
-        return out
-
-    def read_mostly_after(self, snapshot: list[tuple[int, int, int, np.ndarray]], rows: list[Row]) -> UvmCounters:
-        """After a kernel: pages it migrated from the CPU for a read of a read-mostly tensor are read duplicates;
-        then every page the kernel wrote that is a duplicate collapses (write fault, no transfer)."""
-        self._hinted = self._dups_possible = True
-        for s, lo, hi, cpu0 in snapshot:
-            self._dup[s, lo:hi] |= cpu0 & self._gpu[s, lo:hi]
-        n = blocks = 0
-        for range_id, offset, size, is_write in rows:
-            if is_write:
-                for s, lo, hi in self._segments(int(range_id), int(offset), int(size)):
-                    d = self._dup[s, lo:hi]
-                    m = np.count_nonzero(d)
-                    if m:
-                        d[:] = False
-                        n += m
-                        blocks += 1
-        if n:
-            self._charge_write_faults(n, blocks)
-        return self._flush_kernel_counters()
 
     def discard(self, range_id: int, offset: int, size: int) -> int:
         """``cudaMemDiscardBatchAsync`` of the whole pages of a byte range; return the pages discarded."""
@@ -323,6 +264,8 @@ class HintPlan:
 
     remote_ids: frozenset[int]
     read_mostly_ids: frozenset[int]
+    read_mostly_spans: dict[int, tuple[int, int, int]]
+    """(range, offset, size) of each read-mostly allocation: the byte range its ``cudaMemAdvise`` covers."""
     prefetch_ids: frozenset[int]
     alloc_seq: dict[int, int]
     events: list[tuple[int, int, int, int, int]]
@@ -355,9 +298,18 @@ def plan_hints(trace: Trace, blocks: pd.DataFrame, ranges: pd.DataFrame, knobs: 
             if f != NEVER_FREED:
                 events.append((int(f), 1, r, o, z))
         events.sort(key=lambda e: (e[0], -e[1]))  # at one seq, a free's discard before an allocation's undiscard
+    read_mostly = ids("advise_read_mostly")
+    spans: dict[int, tuple[int, int, int]] = {}
+    if read_mostly:
+        b = blocks[blocks["alloc_id"].isin(read_mostly)][["alloc_id", "range_id", "address"]]
+        b = b.merge(ranges[["range_id", "address"]].rename(columns={"address": "range_address"}), on="range_id")
+        size = al.set_index("alloc_id")["size_bytes"]
+        for a, r, addr, base in b[["alloc_id", "range_id", "address", "range_address"]].itertuples(index=False):
+            spans[int(a)] = (int(r), int(addr - base), int(size[a]))
     return HintPlan(
         remote_ids=ids("advise_remote"),
-        read_mostly_ids=ids("advise_read_mostly"),
+        read_mostly_ids=read_mostly,
+        read_mostly_spans=spans,
         prefetch_ids=ids("prefetch_next_categories") if knobs.prefetch_next_kernels else frozenset(),
         alloc_seq=dict(zip(al["alloc_id"].astype(int).tolist(), al["alloc_seq"].astype(int).tolist(), strict=True)),
         events=events,

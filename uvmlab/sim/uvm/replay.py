@@ -437,6 +437,7 @@ class _Replayer:
         self.hints: HintPlan | None = None  # per-tensor hints (uvmlab.sim.uvm.hints), None when off
         self.host_until = 0.0  # when the CPU work of the last ``host_async`` event ends
         self.hint_pos = 0  # next of ``hints.events``
+        self.read_mostly_advised: set[int] = set()  # allocations advised read-mostly so far (``hints``)
         self.scale = sim.scale  # a scaled replay (uvmlab.sim.uvm.order): rows and ranges are already divided
         self.stream_kernels = 0
         self.clocks = StreamClocks()  # per-stream clocks and events (uvm_cuda_streams)
@@ -659,13 +660,14 @@ class _Replayer:
         rc = None
         if remote:
             rc, link_ns = sim.remote_access(remote)
-        rm_rows = split_rows(rows, ids, h.read_mostly_ids)[2]
-        if rm_rows:
-            sim.mark_read_mostly(rm_rows)
-        snap = sim.advised_read_snapshot(rows) if h.read_mostly_ids else None
-        c = self._access(i, rows, st)
-        if snap is not None:
-            c.add(sim.read_mostly_after(snap, rows))
+        c = UvmCounters()
+        for a in ids:  # cudaMemAdvise(SetReadMostly) on each advised tensor before its first kernel
+            span = h.read_mostly_spans.get(a)
+            if span is not None and a not in self.read_mostly_advised and span[0] in self.mapped:
+                self.read_mostly_advised.add(a)
+                c.add(sim.advise(*span, "set_read_mostly"))
+                self.api["cudaMemAdvise"] = self.api.get("cudaMemAdvise", 0) + 1
+        c.add(self._access(i, rows, st))
         if rc is not None:
             c.add(rc)
         return c, max(native, link_ns) + (1.0 - self.costs.fault_overlap) * c.stall_ns
