@@ -81,8 +81,8 @@ REMOTE_WRITE_CAVEAT = (
 )
 READ_MOSTLY_CAVEAT = (
     "real runs writing read-mostly memory were ~10,800x slower than without the hint (uvmbench rq4, RTX 5090: a "
-    "write fault per written page at every launch, 3,066 ms vs 0.284 ms; the cudaMemAdvise path reproduces it, "
-    "docs/uvm-sim.md), which this policy's model does not charge: measure before applying it to a training job"
+    "write fault per written page at every launch, 3,066 ms vs 0.284 ms); the model charges those faults since "
+    "2026-11-29 (docs/uvm-sim.md), but no real training run with this advice checks its prediction"
 )
 DISCARD_CAVEAT = (
     "upper bound: one remap fault per 64 KiB page is assumed when the pool reuses a discarded block; with one per "

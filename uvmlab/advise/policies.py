@@ -306,10 +306,9 @@ HINT_POLICIES: tuple[Policy, ...] = (
         name="read-mostly-parameters",
         family="uvm-hint",
         summary="parameters advised read-mostly: a read fault duplicates the page (evicting the copy needs no "
-        "write-back), but the optimizer step writes every parameter, which collapses the copies (write faults); "
-        "caution: on an RTX 5090 a kernel writing read-mostly memory ran 10,800x slower than without the hint (a "
-        "write fault per written page at every launch), which this policy's model does not charge (uvmbench rq4, "
-        "docs/advise.md)",
+        "write-back), but the optimizer step writes every parameter, and each write to a page the GPU maps "
+        "read-only faults (on an RTX 5090 a kernel writing read-mostly memory ran 10,800x slower than without the "
+        "hint: uvmbench rq4, docs/advise.md)",
         apply_how="needs a code change: cudaMemAdvise SetReadMostly on each parameter (uvmlab's GPU worker: this "
         "policy)",
         source=_HINT_SRC + " (uvm_va_block.c uvm_va_block_make_resident_read_duplicate, "

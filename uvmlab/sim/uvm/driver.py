@@ -119,7 +119,7 @@ class UvmSim(
         self._calloc = np.zeros((n, PAGES_PER_BLOCK), dtype=bool)  # pages holding a CPU chunk (page chunks only)
         self._hinted = bool(self.knobs.advise_read_mostly or self.knobs.discard_min_bytes)
         """The eviction rule consults read duplicates and discarded pages: on from the knobs, or from the first call
-        that can make them (``discard``, ``read_mostly_after``, cudaMemAdvise / host-access state)."""
+        that can make them (``discard``, cudaMemAdvise / host-access state)."""
         self._dups_possible = bool(self.knobs.advise_read_mostly)
         """Read duplicates can exist (the same knobs and calls, uvmlab.sim.uvm.hints): elsewhere ``_dup`` is clear."""
         self.host_page_bytes = max(PAGE_BYTES, int(gpu.host_page_bytes))

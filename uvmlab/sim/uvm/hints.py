@@ -71,8 +71,8 @@ class HintService:
 
     State: ``_dup`` (pages whose CPU copy is still valid: read duplicates) and ``_disc`` (discarded pages), both
     slot x 512 bool like ``_gpu``; ``_hinted`` turns on the eviction rule that consults them (set by the knobs, or by
-    the first call that can make such pages: a direct ``discard`` or ``read_mostly_after`` without the knobs is
-    modelled in full too). ``_disc_slots`` holds every slot whose ``_disc`` row may have a page (a superset: a
+    the first call that can make such pages: a direct ``discard`` or ``advise`` without the knobs is modelled in full
+    too). ``_disc_slots`` holds every slot whose ``_disc`` row may have a page (a superset: a
     speed-up, the rows stay the truth); read duplicates exist only where ``_dups_possible`` says.
     """
 
