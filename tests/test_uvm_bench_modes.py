@@ -85,6 +85,9 @@ def test_read_mostly_output_write_faults_every_page_of_every_launch_and_moves_no
     pages = _sector_bytes_per_array(0.25) // SECTOR_BYTES
     timed = r["launch_faults"][2:]
     assert timed and timed == pytest.approx([pages] * len(timed), rel=1e-4)  # every output page (the scaled replay)
+    reg = r["regime"]  # nothing is evicted, but the run crawls: the sentence says why
+    assert reg["verdict"] == "fits" and reg["read_only_fault_time_share"] == pytest.approx(1.0)
+    assert reg["read_only_write_faults_per_iteration"] == pytest.approx(pages, rel=1e-4)
     assert r["median_ms"] > 1000 * _native_ms(2 * _sector_bytes_per_array(0.25))
 
 

@@ -126,6 +126,19 @@ def test_a_kernel_that_refetches_its_own_chunks_makes_the_run_thrash() -> None:
     assert "gemm, 6 in one launch" in r["why"] and "50%" in r["why"]
 
 
+def test_a_run_that_fits_still_says_when_its_writes_fault_on_read_only_pages() -> None:
+    """Nothing evicted, yet every write to read-mostly memory faults (uvmlab.sim.uvm.advice): the verdict stays
+    ``fits`` (the memory regime) and the sentence says the kernels run at fault speed, with their time share."""
+    k = _kernels([(0, "w", 10, 0, 0), (1, "w", 10, 0, 0), (1, "r", 10, 0, 0), (2, "w", 10, 0, 0), (2, "r", 10, 0, 0)])
+    k["read_only_write_faults"] = [512, 512, 0, 512, 0]
+    r = regime(k, 100 * MIB)
+    assert r["verdict"] == "fits" and r["read_only_write_faults_per_iteration"] == 512.0
+    assert r["read_only_fault_time_share"] == pytest.approx(0.5)
+    assert "512 writes per iteration fault on pages the GPU maps read-only" in r["why"] and "50%" in r["why"]
+    calm = regime(k.drop(columns="read_only_write_faults"), 100 * MIB)  # a table without the column (measured)
+    assert calm["read_only_write_faults_per_iteration"] == 0.0 and "read-only" not in calm["why"]
+
+
 def test_a_single_iteration_is_its_own_steady_state() -> None:
     assert regime(_kernels([(0, "a", 150, 3, 1)]), 100 * MIB)["verdict"] == "thrashing"
     assert regime(_kernels([(-1, "setup", 150, 3, 1)]), 100 * MIB)["verdict"] is None

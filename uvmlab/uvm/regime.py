@@ -17,6 +17,12 @@ Measured runs (``uvmlab nsys import``) get the same verdict from their UM migrat
 chunk, and one migrated back to the GPU later in the same kernel a refetched chunk. Without iteration ranges in the
 export, its kernels are read as one steady period.
 
+Whatever the verdict, kernels can also crawl without evicting anything: ``read_only_write_faults_per_iteration``
+counts the steady writes that fault on resident pages the GPU maps read-only (read-mostly memory the GPU writes:
+every written page faults at every launch, uvmlab.sim.uvm.advice), and ``read_only_fault_time_share`` the share of
+the iteration in kernels that take them; the sentence says so where there are any (a run that "fits" can be 10,000x
+slower than native this way: docs/uvm-sim.md "cudaMemAdvise").
+
 A GEMM replayed as several passes is one kernel. ``largest_kernel``: the launch with the most own data
 (``kernel_bytes``, the distinct storages it touches: the study's "memory per kernel"), to set against the memory.
 """
@@ -84,6 +90,8 @@ def regime(kernels: pd.DataFrame, available_bytes: int | None, whole_run: bool =
     evicted = float(k["eviction_count"].sum()) / n
     thrashing = k[k["refetched_chunks"] > 0]
     total_ns = float(k["duration_ns"].sum())
+    ro = k["read_only_write_faults"] if "read_only_write_faults" in k.columns else pd.Series(0, index=k.index)
+    read_only = k[ro > 0]
     out: dict[str, Any] = {
         "verdict": "thrashing" if len(thrashing) else "paging" if evicted else "fits",
         "steady_iterations": n,
@@ -94,6 +102,8 @@ def regime(kernels: pd.DataFrame, available_bytes: int | None, whole_run: bool =
         "thrashing_time_share": float(thrashing["duration_ns"].sum()) / total_ns if total_ns > 0 else None,
         "worst_kernel": _launch(thrashing, "refetched_chunks"),
         "largest_kernel": _launch(k, "kernel_bytes"),
+        "read_only_write_faults_per_iteration": float(ro.sum()) / n,
+        "read_only_fault_time_share": float(read_only["duration_ns"].sum()) / total_ns if total_ns > 0 else None,
     }
     out["why"] = _why(out, available_bytes)
     return out
@@ -132,7 +142,19 @@ def _known(value: Any, kind: type) -> Any:
 
 
 def _why(r: dict[str, Any], available_bytes: int | None) -> str:
-    """One sentence for the run's table."""
+    """One sentence for the run's table: the verdict's, and the read-only write faults where there are any."""
+    ro, share = r["read_only_write_faults_per_iteration"], r["read_only_fault_time_share"]
+    if not ro:
+        return _verdict_why(r, available_bytes)
+    return (
+        f"{_verdict_why(r, available_bytes)}; and {ro:,.0f} writes per iteration fault on pages the GPU maps "
+        f"read-only (read-mostly memory the GPU writes), in kernels holding {share:.0%} of its time: they run at "
+        "fault speed, not native (docs/uvm-sim.md, 'cudaMemAdvise')"
+    )
+
+
+def _verdict_why(r: dict[str, Any], available_bytes: int | None) -> str:
+    """The verdict's part of :func:`_why`."""
     big = r["largest_kernel"]
     has = f"the {format_bytes(available_bytes)} UVM has" if available_bytes else "the memory UVM has"
     largest = (

@@ -329,6 +329,7 @@ class AdviceService:
         n_ro = n_col + int(upgrade.sum())
         if n_ro:
             k.stall_ns += n_ro / self._g * self.costs.collapse_page_ns
+            k.read_only_write_faults += -(-n_ro // self._g)  # one fault per host page
         if to_cpu_new.any():
             n_new = int(to_cpu_new.sum())
             k.stall_ns += self._cpu_alloc_ns(s, fresh=to_cpu_new)  # zeroed CPU chunks, mapped for the GPU

@@ -68,6 +68,9 @@ class UvmCounters:
     """CPU page faults UVM serviced (host reads and writes of managed memory, uvmlab.sim.uvm.host)."""
     collapse_count: int = 0
     """Read-duplicated pages whose other copy a write revoked (uvmlab.sim.uvm.advice, .host)."""
+    read_only_write_faults: int = 0
+    """GPU write faults on resident pages the GPU maps read-only (read-mostly memory: a duplicate collapsing, or a
+    sole copy whose write a prefetch region revoked; uvmlab.sim.uvm.advice): permission faults, nothing moves."""
     writeback_saved_bytes: int = 0
     """GPU-resident bytes evicted without a DtoH copy: read duplicates and discarded pages (uvm_hints)."""
     refetched_chunks: int = 0

@@ -397,6 +397,7 @@ _EXTRA = (
     "remote_write_bytes",
     "cpu_fault_count",
     "collapse_count",
+    "read_only_write_faults",
     "refetched_chunks",
 )
 _FLOAT_COLUMNS = (*_EXTRA, "stall_ns")
