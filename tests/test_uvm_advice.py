@@ -454,3 +454,22 @@ def test_lone_remote_writes_pay_a_partial_line_write_each_and_dense_ones_their_b
     assert remote_ns(c, costs, sectors) == pytest.approx(64 * 32 / 10e9 * 1e9)  # not lone: the sectors' bytes
     reads_only = UvmCounters(remote_read_bytes=64 * PAGE_BYTES, remote_bytes=64 * PAGE_BYTES)
     assert remote_ns(reads_only, costs, sectors, lone_sectors=True) == pytest.approx(64 * 32 / 20e9 * 1e9)
+
+
+def test_a_prefetch_of_read_mostly_memory_revokes_the_write_of_the_gpus_own_copies() -> None:
+    """``uvm_va_block_migrate_locked`` (uvm_migrate.c) makes a read-mostly range's pages read duplicates, which
+    revokes the write permission of the GPU's own copies; ``uvm_va_block_migrate_map_mapped_pages`` maps only pages
+    the GPU does not map yet, so they stay read-only and the next write faults. Never-populated pages are mapped
+    read-write (``block_migrate_map_unmapped_pages``): writing them after the prefetch does not fault. (A 64 KiB
+    tensor faults in one batch, so its own writes revoke nothing: each launch after the first is clean.)"""
+    small = 16 * PAGE_BYTES
+    p = Program({"out": small, "fresh": small})
+    p.api("advise", "out", "set_read_mostly")
+    p.api("advise", "fresh", "set_read_mostly")
+    w = [p.kernel(writes=("out",)) for _ in range(2)]
+    p.api("prefetch", "out", "gpu")
+    p.api("prefetch", "fresh", "gpu")
+    after = p.kernel(writes=("out", "fresh"))
+    _, kt = p.run(64 * MiB)
+    assert kt.loc[w[0], "fault_count"] == 16 and kt.loc[w[1], "fault_count"] == 0
+    assert kt.loc[after, "fault_count"] == 16 and kt.loc[after, "htod_bytes"] == 0  # out's pages only

@@ -66,7 +66,9 @@ so a kernel writing read-mostly memory faults on every written page at every lau
 per launch on an RTX 5090); (2) a page made resident as a read duplicate with no other copy (a read or prefetch
 of a page resident nowhere) is mapped read-only (``compute_new_permission`` does not upgrade where
 ``block_region_might_read_duplicate``); (3) ``set_read_mostly`` on GPU-resident pages
-(``va_block_set_read_duplication_locked``, uvm_policy.c). A write fault maps the page read-write again.
+(``va_block_set_read_duplication_locked``, uvm_policy.c), and a ``cudaMemPrefetchAsync`` to the GPU of a read-mostly
+range (``uvm_va_block_migrate_locked``, uvm_migrate.c; uvmlab.sim.uvm.migrate). A write fault maps the page
+read-write again.
 
 Approximations: the policy of a page is its own (the driver's range split rounds to pages too, but a faulted
 block's prefetch decision uses the policy of the faulted region: here a block's prefetch is off when any faulted

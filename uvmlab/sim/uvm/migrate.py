@@ -37,7 +37,11 @@ class MigrateService:
         invalid-PDE fault round trips of the Titan V log's first-touch batches). The RTX 5090 profile fits
         ``prefetch_first_block_ns`` on a fit point of the RTX 5090 profile (docs/uvm-sim.md "Cost profiles"). Pages of
         a read-mostly range become read duplicates (``uvm_migrate.c`` ``uvm_va_block_migrate_locked``: the CPU keeps
-        its copy). ``to_cpu``: prefetch to the CPU instead (``uvmlab.sim.uvm.host``).
+        its copy), and the GPU's own copies there lose their write permission (``uvm_va_block_make_resident_read_
+        duplicate`` revokes it; ``uvm_va_block_migrate_map_mapped_pages`` maps only pages the GPU does not map yet,
+        so it stays read-only: uvmlab.sim.uvm.advice, "Read-only sole copies"); never-populated pages are mapped
+        read-write (``block_migrate_map_unmapped_pages``). ``to_cpu``: prefetch to the CPU instead
+        (``uvmlab.sim.uvm.host``).
         """
         if to_cpu:
             return self.prefetch_to_cpu(range_id, offset, size)
@@ -61,6 +65,9 @@ class MigrateService:
                 if self._whole_block(s, lo, hi):  # evicted by the run just serviced
                     self._prefetch_whole_block(s)
                     continue
+            if self._hint_arrays and self._rm[s, lo:hi].any():  # entering read duplication revokes the GPU's write
+                rm = self._rm[s, lo:hi]
+                self._gro[s, lo:hi] |= rm & self._gpu[s, lo:hi] & ~self._dup[s, lo:hi]
             if self._res_count[s] >= self._npages[s]:
                 continue  # every page resident already
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)
