@@ -250,3 +250,11 @@ def test_measured_counts_follow_each_blocks_state_record_by_record(events: list)
     counted = measured_counts(kernels, migrations)
     assert counted["eviction_count"].tolist() == evicted
     assert counted["refetched_chunks"].tolist() == refetched
+
+
+def test_label_of_reads_a_result_regime_or_none() -> None:
+    from uvmlab.uvm.regime import label_of
+
+    assert label_of({"verdict": "thrashing", "thrashing_time_share": 0.24}) == "thrashing (24%)"
+    assert label_of({"verdict": "paging", "thrashing_time_share": 0.0}) == "paging"
+    assert label_of(None) is None and label_of({"verdict": None}) is None

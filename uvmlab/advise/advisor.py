@@ -31,7 +31,7 @@ from uvmlab.advise.evidence import applicability_of, evidence_of
 from uvmlab.advise.policies import POLICIES, Policy, compose, get_policy
 from uvmlab.config import RunConfig
 from uvmlab.errors import InputError
-from uvmlab.uvm.regime import label as regime_label
+from uvmlab.uvm.regime import label_of as regime_label
 
 MAX_COMBINATIONS = 3
 """At most this many combinations of single policies are simulated (issue 16: 'at most a handful')."""
@@ -159,7 +159,6 @@ def _row(policy: Policy, cfg: RunConfig, prep: Any, result: dict[str, Any], nati
     batch = int(prep.trace.header.get("batch_size") or 0) or None
     steps = cfg.workload.accumulation_steps
     samples = batch * steps if batch else None
-    reg = result.get("regime") or {}
     return {
         "policy": policy.name,
         "family": policy.family,
@@ -168,7 +167,7 @@ def _row(policy: Policy, cfg: RunConfig, prep: Any, result: dict[str, Any], nati
         "samples_per_iteration": samples,
         "time_per_sample_ns": t / samples if samples else None,
         "slowdown_vs_native_pca": t / native,
-        "regime": regime_label(reg.get("verdict"), reg.get("thrashing_time_share")),
+        "regime": regime_label(result.get("regime")),
         "peak_resident_bytes": int(result["peak_resident_bytes"]),
         "footprint_bytes": int(result["footprint_bytes"]),
         "fault_count": int(result["fault_count"]),

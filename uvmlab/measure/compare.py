@@ -35,7 +35,7 @@ from uvmlab.errors import InputError
 from uvmlab.files.inputs import open_input, read_parquet_file
 from uvmlab.files.rundir import MAX_TABLE_BYTES, RunDir
 from uvmlab.stats.schema import FAULT_COLUMNS, RESULT_KEYS, cell_value
-from uvmlab.uvm.regime import label as regime_label
+from uvmlab.uvm.regime import label_of as regime_label
 
 NUMERIC_RESULT_KEYS = tuple(
     k for k in RESULT_KEYS if k not in ("schema_version", "mode", "outcome", "error", "workload", "pca", "gpu")
@@ -298,8 +298,7 @@ def _raw_fault_tables(run: Run) -> None:
 
 def _regime_note(ra: Any, rb: Any) -> str | None:
     """One sentence setting the two runs' regimes side by side (docs/uvm-sim.md "The regime"), when both have one."""
-    la = regime_label((ra or {}).get("verdict"), (ra or {}).get("thrashing_time_share"))
-    lb = regime_label((rb or {}).get("verdict"), (rb or {}).get("thrashing_time_share"))
+    la, lb = regime_label(ra), regime_label(rb)
     if la is None or lb is None:
         return None
     same = "the same regime" if ra["verdict"] == rb["verdict"] else "different regimes"

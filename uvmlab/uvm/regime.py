@@ -119,6 +119,12 @@ def label(verdict: Any, share: Any = None) -> str | None:
     return verdict
 
 
+def label_of(reg: dict[str, Any] | None) -> str | None:
+    """:func:`label` of a result.json ``regime`` (None for a run without one)."""
+    reg = reg or {}
+    return label(reg.get("verdict"), reg.get("thrashing_time_share"))
+
+
 def _launch(rows: pd.DataFrame, most: str) -> dict[str, Any] | None:
     """The launch of ``rows`` with the most ``most`` (the longest of equals), None when there is none."""
     if rows.empty:
@@ -178,4 +184,4 @@ def _verdict_why(r: dict[str, Any], available_bytes: int | None) -> str:
     )
 
 
-__all__ = ["VERDICTS", "label", "measured_counts", "regime", "steady_kernels"]
+__all__ = ["VERDICTS", "label", "label_of", "measured_counts", "regime", "steady_kernels"]

@@ -263,9 +263,8 @@ class HintPlan:
     """What the replay needs to apply the hint knobs to a trace (built once per run by :func:`plan_hints`)."""
 
     remote_ids: frozenset[int]
-    read_mostly_ids: frozenset[int]
     read_mostly_spans: dict[int, tuple[int, int, int]]
-    """(range, offset, size) of each read-mostly allocation: the byte range its ``cudaMemAdvise`` covers."""
+    """(range, offset, size) of each read-mostly allocation (by id): the byte range its ``cudaMemAdvise`` covers."""
     prefetch_ids: frozenset[int]
     alloc_seq: dict[int, int]
     events: list[tuple[int, int, int, int, int]]
@@ -308,7 +307,6 @@ def plan_hints(trace: Trace, blocks: pd.DataFrame, ranges: pd.DataFrame, knobs: 
             spans[int(a)] = (int(r), int(addr - base), int(size[a]))
     return HintPlan(
         remote_ids=ids("advise_remote"),
-        read_mostly_ids=read_mostly,
         read_mostly_spans=spans,
         prefetch_ids=ids("prefetch_next_categories") if knobs.prefetch_next_kernels else frozenset(),
         alloc_seq=dict(zip(al["alloc_id"].astype(int).tolist(), al["alloc_seq"].astype(int).tolist(), strict=True)),

@@ -65,9 +65,8 @@ class MigrateService:
                 if self._whole_block(s, lo, hi):  # evicted by the run just serviced
                     self._prefetch_whole_block(s)
                     continue
-            if self._hint_arrays and self._rm[s, lo:hi].any():  # entering read duplication revokes the GPU's write
-                rm = self._rm[s, lo:hi]
-                self._gro[s, lo:hi] |= rm & self._gpu[s, lo:hi] & ~self._dup[s, lo:hi]
+            if self._hint_arrays:  # entering read duplication revokes the GPU's write on its own copies
+                self._gro[s, lo:hi] |= self._rm[s, lo:hi] & self._gpu[s, lo:hi] & ~self._dup[s, lo:hi]
             if self._res_count[s] >= self._npages[s]:
                 continue  # every page resident already
             mask = np.zeros(PAGES_PER_BLOCK, dtype=bool)

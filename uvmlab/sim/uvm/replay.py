@@ -662,8 +662,9 @@ class _Replayer:
         if remote:
             rc, link_ns = sim.remote_access(remote)
         c = UvmCounters()
-        for a in ids:  # cudaMemAdvise(SetReadMostly) on each advised tensor before its first kernel
-            span = h.read_mostly_spans.get(a)
+        spans = h.read_mostly_spans
+        for a in ids if spans else ():  # cudaMemAdvise(SetReadMostly) on each advised tensor before its first kernel
+            span = spans.get(a)
             if span is not None and a not in self.read_mostly_advised and span[0] in self.mapped:
                 self.read_mostly_advised.add(a)
                 c.add(sim.advise(*span, "set_read_mostly"))
