@@ -17,6 +17,7 @@ from uvmlab.cli import main
 from uvmlab.validate.kernel_checks import NO_BAND as KERNEL_NO_BAND
 from uvmlab.validate.scorecard import load_checks
 from uvmlab.validate.uvm_checks import (
+    CHASE_NATIVE_POINTS,
     KNOWN_MISSES,
     NATIVE_MODES,
     RQ4_FITTED,
@@ -60,7 +61,10 @@ def test_fast_subset_keeps_every_declared_band(
     kernel_misses = len(KERNEL_NO_BAND) + 1
     # nsys-serial-refaults: a CPU-resident block's first fault (a known miss, no band)
     serial_misses = 1
-    assert s["validation_with_band"] >= (s["validation_points"] - 2 - len(KNOWN_MISSES) - kernel_misses - serial_misses)
+    # uvmbench's pointer_chase where nothing faults (L2 relaunches at the launch floor: reported, no band)
+    chase = len(CHASE_NATIVE_POINTS) + len(RQ4_MODES)
+    unbanded = 2 + len(KNOWN_MISSES) + kernel_misses + serial_misses + chase
+    assert s["validation_with_band"] >= s["validation_points"] - unbanded
     _uvmbench_acceptance(payload["points"])
     # the run directory holds the same points
     rd = tmp_path / "run"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from uvmlab.errors import InputError
-from uvmlab.units import GiB, MiB, TiB, parse_bytes
+from uvmlab.units import GiB, KiB, MiB, TiB, parse_bytes
 
 DEFAULT_CONTEXT_BYTES = 512 * MiB
 MAX_MEMORY_BYTES = 64 * TiB
@@ -157,6 +157,9 @@ class GpuSpec:
     memory_kind: str = "HBM"
     """Device memory technology, ``HBM`` or ``GDDR``: the share of peak bandwidth a stream reaches differs
     (uvmlab.sim.uvm.timing ``STREAM_EFFICIENCY``)."""
+    l2_bytes: int = 0
+    """L2 cache capacity (:data:`L2_BYTES`); 0 = unknown: no kernel is served from the L2
+    (uvmlab.sim.uvm.l2_reuse)."""
 
     @property
     def sms(self) -> int:
@@ -264,12 +267,14 @@ def _gpu(
         max_threads_per_sm=threads,
         fp64_flops=fp64,
         memory_kind=kind,
+        l2_bytes=L2_KIB.get(name, 0) * KiB,
         sources=(
             ("memory, FP32, tensor, memory bandwidth", datasheet),
             ("host link", lk.source),
             (f"host page size ({host})", "x86-64 PAGE_SIZE" if page == X86_PAGE_BYTES else PAGE_64K_SOURCE),
             ("CUDA context", "reference/uvm.md 3.3 (512 MiB default [I])"),
             ("SMs, threads per SM, FP64", SM_FP64_SOURCE),
+            ("L2 cache", L2_SOURCE),
         ),
     )
 
@@ -310,6 +315,41 @@ SM_FP64_SOURCE = (
     "the datasheets (A100 FP64 tensor core 19.5 TFLOPS, H100 SXM 67, H100 PCIe 51, V100 SXM2 7.8, PCIe 7.0, Titan V "
     "7.45, P100 4.7/5.3); consumer GPUs 1/64 of FP32 (compute capability 8.6/8.9/12.0 and 7.5 technical "
     "specifications: 2 FP64 results per clock per SM against 128)"
+)
+
+L2_KIB: dict[str, int] = {
+    "A100-80GB": 40_960,
+    "A100-40GB": 40_960,
+    "A6000": 6_144,
+    "H100-80GB": 51_200,
+    "H100-PCIe": 51_200,
+    "H200": 51_200,
+    "GH200": 51_200,
+    "L40S": 98_304,
+    "RTX4090": 73_728,
+    "RTX4060": 24_576,
+    "RTX5090": 98_304,
+    "V100-32GB": 6_144,
+    "V100-16GB": 6_144,
+    "V100-PCIe": 6_144,
+    "V100-PCIe-32GB": 6_144,
+    "V100-SXM2-P9": 6_144,
+    "TitanV": 4_608,
+    "T4": 4_096,
+    "RTX2080Ti": 5_632,
+    "P100-PCIe": 4_096,
+    "P100-SXM2": 4_096,
+    "GTX1080Ti": 2_816,
+    "GTX1080": 2_048,
+}
+"""L2 cache KiB per catalogue GPU (:data:`L2_SOURCE`)."""
+L2_SOURCE = (
+    "the architecture whitepapers and datasheets: GA100 A100 40 MB (deviceQuery on an A100: 41,943,040 bytes), GA102 "
+    "A6000 6 MB, GH100 H100 / H200 / GH200 50 MB (NVIDIA H100 Tensor Core GPU Architecture; the GH200's H100 taken "
+    "alike [I]), AD102 L40S 96 MB and RTX 4090 72 MB, AD107 RTX 4060 24 MB (NVIDIA Ada GPU Architecture), GB202 "
+    "RTX 5090 96 MB (GeForce RTX 5090 specifications), GV100 6 MB (Volta whitepaper; TITAN V 4.5 MB with its 3,072-bit "
+    "bus), TU104 T4 4 MB and TU102 2080 Ti 5.5 MB (Turing whitepaper), GP100 4 MB, GP102 1080 Ti 2.75 MB, GP104 GTX "
+    "1080 2 MB (Pascal whitepapers); MB = 1,024 KiB"
 )
 
 
@@ -502,6 +542,7 @@ SPEC_KEYS: dict[str, str] = {
     "sm_count": "streaming multiprocessors",
     "max_threads_per_sm": "resident threads per SM (2048, 1536 or 1024)",
     "memory_kind": "HBM or GDDR (the share of peak bandwidth a stream reaches)",
+    "l2_bytes": "L2 cache capacity (bytes or 50MiB; 0 = unknown: no kernel is served from the L2)",
     "link": f"host link, one of {', '.join(LINKS)}",
     "link_bytes_per_s": "sustained 2 MiB UVM migration rate per direction",
     "link_peak_bytes_per_s": "the link's peak per direction",
@@ -569,7 +610,7 @@ def custom_gpu(base: GpuSpec, fields: Mapping[str, Any]) -> GpuSpec:
             if value not in MEMORY_KINDS:
                 raise InputError(f"GPU memory_kind must be one of {', '.join(MEMORY_KINDS)}, not {value!r}")
             kw[key] = value
-        elif key in ("memory", "context_bytes"):
+        elif key in ("memory", "context_bytes", "l2_bytes"):
             kw["memory_bytes" if key == "memory" else key] = parse_bytes(value)
         elif key.endswith(("_flops", "_bytes_per_s")):
             kw[key] = parse_rate(key, value)
@@ -617,6 +658,7 @@ def spec_dict(gpu: GpuSpec) -> dict[str, Any]:
         "sm_count": gpu.sms,
         "max_threads_per_sm": gpu.max_threads_per_sm,
         "memory_kind": gpu.memory_kind,
+        "l2_bytes": gpu.l2_bytes,
         "link": gpu.link,
         "link_bytes_per_s": gpu.link_bytes_per_s,
         "link_peak_bytes_per_s": gpu.link_limit_bytes_per_s,

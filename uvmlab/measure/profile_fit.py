@@ -162,11 +162,12 @@ def bench_ms(
     gpu: str = "RTX5090",
     total_bytes: int = RTX5090_TOTAL_BYTES,
     iterations: int = 3,
+    scale: int = BENCH_SCALE,
 ) -> float:
     """Simulated uvmbench median (ms) of the timed launches of ``workloads/files/uvmbench.py`` (``costs``: None for
-    the GPU's profile), replayed at 1 / ``BENCH_SCALE`` of the memory (``--sim-option sim_scale``)."""
+    the GPU's profile), replayed at 1 / ``scale`` of the memory (``--sim-option sim_scale``)."""
     opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
-    return _median_iteration_ms("uvmbench", opts, costs, gpu, total_bytes, iterations)
+    return _median_iteration_ms("uvmbench", opts, costs, gpu, total_bytes, iterations, scale)
 
 
 def torch_bench_ms(factor: float, costs: CostParams | None, gpu: str = "RTX5090", iterations: int = 3) -> float:
@@ -191,22 +192,34 @@ def bench_result(
 
 
 def _median_iteration_ms(
-    workload: str, opts: dict[str, Any], costs: CostParams | None, gpu: str, total_bytes: int, iterations: int
+    workload: str,
+    opts: dict[str, Any],
+    costs: CostParams | None,
+    gpu: str,
+    total_bytes: int,
+    iterations: int,
+    scale: int = BENCH_SCALE,
 ) -> float:
     import numpy as np
 
-    res = _bench_run(workload, opts, costs, gpu, total_bytes, iterations)[0]
+    res = _bench_run(workload, opts, costs, gpu, total_bytes, iterations, scale)[0]
     return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
 
 
 def _bench_run(
-    workload: str, opts: dict[str, Any], costs: CostParams | None, gpu: str, total_bytes: int, iterations: int
+    workload: str,
+    opts: dict[str, Any],
+    costs: CostParams | None,
+    gpu: str,
+    total_bytes: int,
+    iterations: int,
+    scale: int = BENCH_SCALE,
 ) -> tuple[Any, dict[str, Any]]:
-    """(ReplayResult, result.json) of a shipped uvmbench file at 1 / ``BENCH_SCALE`` of the memory."""
+    """(ReplayResult, result.json) of a shipped uvmbench file at 1 / ``scale`` of the memory."""
     from uvmlab.uvm.simulate import card_bytes, shipped_config, simulate
 
-    scale = {"sim_scale": BENCH_SCALE}
-    cfg = shipped_config(workload, opts, gpu, total_bytes, iterations=iterations, sim_options=scale)
+    sim = {"sim_scale": scale}
+    cfg = shipped_config(workload, opts, gpu, total_bytes, iterations=iterations, sim_options=sim)
     _, res, result = simulate(cfg, costs=costs, available_bytes=card_bytes(cfg))
     return res, result
 

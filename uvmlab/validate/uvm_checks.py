@@ -23,7 +23,10 @@ RTX5090 --gpu-memory 33669316608 --pca off`` runs it (``uvmlab.measure.profile_f
   Band 1.5 for the modes whose steady state is the native kernel (uvm, uvm_prefetch, preferred location GPU);
   seq_stream read-mostly, accessed-by and preferred-location CPU fit ``collapse_page_ns`` (every written page
   faults on every launch), ``remote_read_bytes_per_s`` and ``remote_partial_write_ns``, and their rand_stream runs
-  validate them (band 1.5). pointer_chase is not scored (its native time is latency-bound and L2-resident, above).
+  validate them (band 1.5). pointer_chase's undersubscribed runs (t0rq3 ``device`` and ``uvm`` at 0.5x and 0.75x,
+  ``uvm`` at 1.0x; rq4's six modes, unscaled) are reported with no band: its timed launches are relaunches whose
+  lines fit the L2 (uvmlab.sim.uvm.l2_reuse) and take the launch floor, a Turing nsys fit, about half the 0.009 ms
+  measured; read-mostly, whose time is its write faults, promises 2x.
 
 Points used to fit the RTX 5090 profile (``uvmlab/sim/uvm/profiles/rtx5090.json``, ``uvmlab.measure.profile_fit``) are
 marked
@@ -40,6 +43,7 @@ from typing import Any
 from uvmlab.files.inputs import MAX_DATA_FILE_BYTES, read_json_file
 from uvmlab.measure.profile_fit import (
     BENCH_CSV,
+    BENCH_SCALE,
     GCN_DIR,
     SECTOR_FIT,
     bench_measured,
@@ -62,8 +66,7 @@ BENCH_POINTS = (
 TORCH_BENCH = "uvmbench_torch.py"
 """The seq_stream points again through ``workloads/files/uvmbench_torch.py`` (issue 24's user-written uvmbench)."""
 TORCH_BENCH_FACTORS = (1.0, 1.25, 1.5)
-"""pointer_chase at 1.0x is not scored: nothing faults, so its time is the native kernel's (0.009 ms), latency-bound
-and L2-resident, which the native roofline does not model (microbench_checks.py)."""
+"""The factors of the seq_stream points through :data:`TORCH_BENCH`."""
 KNOWN_MISSES = {
     ("rand_stream", 1.5): "known miss (2.0x): the model moves about the overflow per pass; measured 1.5x barely grows",
 }
@@ -71,6 +74,29 @@ RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
 RQ4_FACTOR = 0.25
 """rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
 NATIVE_POINTS = tuple((k, m, f) for k in ("seq_stream", "rand_stream") for m in ("device", "uvm") for f in (0.5, 0.75))
+CHASE_NATIVE_POINTS = (
+    *(("pointer_chase", m, f) for m in ("device", "uvm") for f in (0.5, 0.75)),
+    ("pointer_chase", "uvm", 1.0),
+)
+"""t0rq3's pointer_chase runs where nothing faults after the warm-ups (0.009 ms each): no band (module docstring)."""
+CHASE_NOTE = (
+    "no band: the timed launches are L2 relaunches (72 MiB of lines in the 96 MiB L2) at the launch floor, 4.6 us "
+    "fitted on Turing nsys durations; an event-timed empty launch on this GPU would settle the rest"
+)
+CHASE_RQ4_SCALE = 1
+"""rq4's pointer_chase runs replay the whole memory (``--sim-option sim_scale=1``, 3-4 s each): at 1/16 its 64-page
+output shrinks to 4 pages, which fall in one fault batch, so the read-mostly revocation between the output's two
+batches (docs/uvm-sim.md "cudaMemAdvise") cannot appear; the seq/rand runs keep 1/16 (10-16 s each unscaled)."""
+CHASE_MODE_NOTES = {
+    "uvm_advise_read": "the output's 64 pages fault in two batches per launch: each launch's second batch revokes "
+    "the first's pages, which fault at the next launch (the rq4 seq_stream fit of collapse_page_ns, validated on "
+    "another kernel)",
+    "uvm_advise_pref_cpu": "no band: the output's remote writes (256 KiB per launch) are charged at the touched-bytes "
+    "share of the kernel, which the chase's nodes dominate; measured 0.014 ms",
+}
+"""rq4's pointer_chase modes that are not plain L2 relaunches (the others: :data:`CHASE_NOTE`)."""
+CHASE_MODE_BANDS = {"uvm_advise_read": 2.0}
+"""The one rq4 pointer_chase mode that promises a band (its time is its write faults, not the launch floor)."""
 """t0rq3's undersubscribed rows: after the warm-ups every page is resident, so the time is the native kernel's."""
 RQ4_MODES = {
     "uvm": "",
@@ -212,20 +238,24 @@ def uvmbench_mode_points(data_dir: Path) -> list[Point]:
     costs = load_profile("RTX5090")
     ds = "uvm/" + BENCH_CSV.split("/")[0]
     pts: list[Point] = []
-    for k, mode, f in NATIVE_POINTS:
+    for k, mode, f in (*NATIVE_POINTS, *CHASE_NATIVE_POINTS):
         fit = (k, mode, f) == ("seq_stream", *SECTOR_FIT)
+        chase = k == "pointer_chase"
         m, s = bench_measured(uvm, k, f, mode=mode), bench_ms(k, f, costs, mode=mode)
-        pts.append(
-            Point(ds, f"t0rq3_results: {k} {mode} {f}x", "kernel_time", "ms", m, s, fit, band=None if fit else 1.5)
-        )
+        band = None if fit or chase else 1.5
+        note = CHASE_NOTE if chase else ""
+        pts.append(Point(ds, f"t0rq3_results: {k} {mode} {f}x", "kernel_time", "ms", m, s, fit, note=note, band=band))
     if not (uvm / RQ4_CSV).exists():
         return pts
-    for k in ("seq_stream", "rand_stream"):
+    for k in ("seq_stream", "rand_stream", "pointer_chase"):
         for mode, miss in RQ4_MODES.items():
+            chase = k == "pointer_chase"
             m = bench_measured(uvm, k, RQ4_FACTOR, mode=mode, csv=RQ4_CSV)
-            s = bench_ms(k, RQ4_FACTOR, costs, mode=mode)
+            s = bench_ms(k, RQ4_FACTOR, costs, mode=mode, scale=CHASE_RQ4_SCALE if chase else BENCH_SCALE)
             fit = k == "seq_stream" and mode in RQ4_FITTED  # uvmlab.measure.profile_fit
-            band = None if fit else 1.5
+            band = CHASE_MODE_BANDS.get(mode) if chase else None if fit else 1.5
+            if chase:
+                miss = CHASE_MODE_NOTES.get(mode, CHASE_NOTE)
             pts.append(
                 Point(
                     ds, f"rq4_memadvise: {k} {mode} {RQ4_FACTOR}x", "kernel_time", "ms", m, s, fit, note=miss, band=band

@@ -170,6 +170,19 @@ class AdviceService:
             return False
         return any(pol[s] for r, o, n, _ in accesses for s, _, _ in self._segments(int(r), int(o), int(n)))
 
+    def in_place(self, accesses: list[tuple[int, int, int, bool]]) -> bool:
+        """True when the GPU maps every page of ``accesses`` where it is: GPU-resident, or (under a policy) CPU-resident
+        and mapped remotely. A kernel over them migrates nothing, so the physical pages, and the L2 lines a previous
+        launch left (uvmlab.sim.uvm.l2_reuse), are the same; a write to a read-only copy still faults."""
+        if not self._hint_arrays:
+            return self.resident(accesses)
+        gpu, gmap = self._gpu, self._gmap
+        for r, o, n, _ in accesses:
+            for s, lo, hi in self._segments(int(r), int(o), int(n)):
+                if not (gpu[s, lo:hi] | gmap[s, lo:hi]).all():
+                    return False
+        return True
+
     # -- cudaMemAdvise -------------------------------------------------------------------------
     def advise(self, range_id: int, offset: int, size: int, advice: str) -> UvmCounters:
         """``cudaMemAdvise(ptr, size, advice, device)`` on a byte range (``advice``: one of :data:`ADVICE`)."""

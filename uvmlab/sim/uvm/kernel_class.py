@@ -36,6 +36,10 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     the bandwidth. The time is the kernel's bytes over ``min(that bound, the class's DRAM rate)``. A launch whose
     threads each walk their own chunk of at least a sector (order ``sequential``, e.g. a row per thread) is scattered:
     its lanes' addresses are a chunk apart, and each lane's next elements come from the sector it already fetched.
+``l2``
+    A kernel launched again over data the L2 still holds (:mod:`uvmlab.sim.uvm.l2_reuse`: the same launch as the row
+    before, its lines within the L2, every page still GPU-resident): its bytes at the L2 rate, ``L2_OVER_DRAM`` x
+    the DRAM peak. A kernel that declares an efficiency keeps it.
 ``launch``
     Every kernel lasts at least ``kernel_min_ns`` (launch and drain); a declared launch of ``threads`` also pays
     ``cta_dispatch_ns`` per CTA of :data:`DEFAULT_BLOCK_THREADS` threads per SM (block scheduling, which bounds a
@@ -48,8 +52,9 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
 The class of every kernel is in the kernels table (``kernel_class``) so that ``uvmlab calibrate --kernels`` and a
 reader of a run can see which rule timed it. Approximations (docs/uvm-sim.md "Native kernel time by class"): GEMM
 efficiency does not fall with K or with tile quantization inside a wave, and skinny GEMMs (M of 8-32 rows, real
-cuBLAS fully connected layers) are predicted 1.5-4.4x too fast; L2 hits are not modelled (every byte is a
-DRAM byte); a traced torch op's launch shape is not known, so ``serial`` and the CTA term apply to declared kernels.
+cuBLAS fully connected layers) are predicted 1.5-4.4x too fast; L2 hits are modelled only for a kernel launched
+again over the same data (class ``l2``; reuse between different kernels, producer then consumer, is not); a traced
+torch op's launch shape is not known, so ``serial`` and the CTA term apply to declared kernels.
 """
 
 from __future__ import annotations
@@ -62,12 +67,13 @@ import numpy as np
 import pandas as pd
 
 from uvmlab.gpus import GpuSpec
+from uvmlab.sim.uvm.l2_reuse import L2_OVER_DRAM
 from uvmlab.sim.uvm.occupancy import DEFAULT_BLOCK_THREADS
 from uvmlab.sim.uvm.order import SECTOR_BYTES, WARP_SIZE
 from uvmlab.sim.uvm.timing import CostParams
 from uvmlab.trace.orchestrate import op_base
 
-CLASSES = ("gemm", "conv", "memory", "compute", "sector", "index", "serial", "launch", "declared", "copy", "host",
+CLASSES = ("gemm", "conv", "memory", "compute", "sector", "index", "l2", "serial", "launch", "declared", "copy", "host",
            "api")  # fmt: skip
 """Kernel classes (module docstring); ``copy``: an explicit ``cudaMemcpy`` (its link time, set by the replay);
 ``host``: the host's own work; ``api``: a CUDA API call or host access between kernels (no native time)."""
@@ -140,6 +146,8 @@ class KernelWork:
     chunked: np.ndarray | None = None
     """Declared launches whose threads each walk their own contiguous chunk (order ``sequential``: the lanes of a
     warp are a chunk apart, one 32 B sector each); None: none."""
+    l2: np.ndarray | None = None
+    """Relaunches whose bytes are L2 hits (uvmlab.sim.uvm.l2_reuse); None: none."""
 
 
 def work_of(
@@ -233,6 +241,7 @@ def native_times(
     mem = float(costs.memory_efficiency or 1.0)
     t = np.zeros(n)
     timed = ~np.isin(cls, ("api", "copy", "host", "declared"))
+    l2 = np.zeros(n, dtype=bool) if work.l2 is None else np.asarray(work.l2, dtype=bool) & timed & ~has_eff
     # GEMMs and convolutions: FLOPs at the math unit's peak x efficiency x occupancy, or their bytes
     gemm = np.isin(cls, ("gemm", "conv"))
     if gemm.any():
@@ -241,7 +250,8 @@ def native_times(
         eff = np.where(has_eff[gemm], given[gemm], class_eff)
         occ = np.maximum(np.asarray(work.occupancy, dtype=float)[gemm], 1e-9)
         compute = np.where(flops[gemm] > 0, flops[gemm] / (peak * eff * occ), 0.0)
-        t[gemm] = np.maximum(compute, nbytes[gemm] / (hbm * mem)) * 1e9
+        bytes_rate = np.where(l2[gemm], hbm * L2_OVER_DRAM, hbm * mem)
+        t[gemm] = np.maximum(compute, nbytes[gemm] / bytes_rate) * 1e9
     # the rest: bytes at the class's share of the DRAM, or FLOPs at the FP32 peak; declared launches: serial cap
     rest = timed & ~gemm
     if rest.any():
@@ -251,10 +261,10 @@ def native_times(
         comp_eff = np.full(n, costs.compute_efficiency)
         comp_eff = np.where(has_eff & (flops > 0), given, comp_eff)
         mem_eff = np.where(has_eff & ~(flops > 0), given, mem_eff)
-        rate = hbm * mem_eff
-        if costs.warp_trip_ns > 0:
+        rate = np.where(l2, hbm * L2_OVER_DRAM, hbm * mem_eff)
+        if costs.warp_trip_ns > 0:  # DRAM round trips: not for L2 hits (their latency is not modelled)
             chunked = np.zeros(n, dtype=bool) if work.chunked is None else np.asarray(work.chunked, dtype=bool)
-            for i in np.flatnonzero(rest & (threads > 0)):
+            for i in np.flatnonzero(rest & (threads > 0) & ~l2):
                 scattered = bool(chunked[i]) or cls[i] in ("sector", "index")
                 cap = serial_rate(int(threads[i]), gpu, costs, scattered=scattered)
                 if cap < rate[i]:
@@ -262,6 +272,7 @@ def native_times(
         with np.errstate(divide="ignore", invalid="ignore"):
             compute = np.where(flops > 0, flops / (gpu.fp32_flops * comp_eff), 0.0)
             memory = nbytes / rate
+        cls[rest & l2 & (compute <= memory)] = "l2"
         cls[rest & (compute > memory)] = "compute"
         t[rest] = np.maximum(compute, memory)[rest] * 1e9
     # the launch floor and, for a declared launch, the CTA dispatch bound

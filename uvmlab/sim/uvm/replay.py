@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from uvmlab.sim.uvm.driver import UvmCounters, UvmSim
 from uvmlab.sim.uvm.hints import DISCARD_CALL_NS, HintPlan, plan_hints, prefetch_rows, split_rows
 from uvmlab.sim.uvm.kernel_class import GEMM_NATIVE_OPS, native_times, work_of
 from uvmlab.sim.uvm.knobs import VA_BLOCK_BYTES, UvmKnobs, rounded_range_bytes
+from uvmlab.sim.uvm.l2_reuse import l2_relaunches
 from uvmlab.sim.uvm.occupancy import ELEM_BYTES, is_foreach, op_launches, sm_count, windows_fit
 from uvmlab.sim.uvm.order import (
     SECTOR_BYTES,
@@ -212,6 +213,11 @@ class _KernelStatics:
     streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
     device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
     layouts: list[str] = field(default_factory=list)  # a GEMM's operand layouts (tile_order); [] = none known
+    l2_relaunch: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    """Per kernel: a relaunch timed from the L2 (uvmlab.sim.uvm.l2_reuse); the replay takes ``dram_ns`` instead when
+    a page it touches is no longer GPU-resident."""
+    dram_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # native times with every byte from DRAM
+    dram_classes: list[str] = field(default_factory=list)  # ... and their classes
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
     is_batched: list[bool] = field(init=False)  # names[i] is a batched GEMM (reread.BATCHED_GEMM_OPS)
     is_concurrent: list[bool] = field(init=False)  # names[i] has a launch geometry (uvmlab.sim.uvm.occupancy)
@@ -266,14 +272,24 @@ def kernel_statics(
     occ = occupancy(flops, written.reindex(kid, fill_value=0).to_numpy(dtype=float), gemm, dtype, gpu)
     plans = plan_orders(kern, gpu, knobs or UvmKnobs(), trace.header.get("kernel_indices"))
     sector = _order_bytes(plans, acc, touched_b, remote_scale, kern)
-    native_ns, classes = native_times(work_of(kern, flops, touched_b, occ, sector, plans), gpu, costs, dtype)
+    api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
+    api_arg = kern["api_arg"].fillna("").astype(str).tolist() if "api_arg" in kern.columns else [""] * len(kern)
+    _check_api_rows(api, api_arg)
+    is_copy = np.isin(kid, copy_kernels(trace))
+    work = work_of(kern, flops, touched_b, occ, sector, plans)
+    native_ns, classes = native_times(work, gpu, costs, dtype)
+    dram_ns, dram_classes = native_ns.copy(), list(classes)
+    relaunch = np.zeros(len(kern), dtype=bool)
+    if acc is not None:
+        plain = np.array([not a for a in api], dtype=bool) & ~is_copy
+        kernel_rows = [acc.rows[acc.lo[i] : acc.hi[i]] for i in range(len(kern))]
+        relaunch = l2_relaunches(names, kernel_rows, touched_b, plain, work.sector | work.index, gpu)
+        if relaunch.any():
+            native_ns, classes = native_times(replace(work, l2=relaunch), gpu, costs, dtype)
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
     allocated = np.where(pos >= 0, live_val[np.clip(pos, 0, None)], 0).astype(np.int64)
-    api = kern["api"].fillna("").tolist() if "api" in kern.columns else [""] * len(kern)
-    api_arg = kern["api_arg"].fillna("").astype(str).tolist() if "api_arg" in kern.columns else [""] * len(kern)
-    _check_api_rows(api, api_arg)
     _transfer_and_host_times(trace, kern, api, native_ns, costs)
     device_copy = np.zeros(len(kern))  # uvm.memcpy_htod into plain device memory: the rows no range holds
     if acc is not None and "memcpy_htod" in api:
@@ -286,7 +302,7 @@ def kernel_statics(
         kernel_bytes=kbytes.reindex(kid, fill_value=0).to_numpy(dtype=np.int64),
         native_ns=native_ns,
         allocated_bytes=allocated,
-        is_copy=np.isin(kid, copy_kernels(trace)),
+        is_copy=is_copy,
         api=api,
         api_arg=api_arg,
         names=names,
@@ -297,6 +313,9 @@ def kernel_statics(
         streams=kern["stream"].astype(int).tolist() if "stream" in kern.columns else [],
         device_copy_ns=device_copy,
         layouts=kern["layout"].astype(str).tolist() if "layout" in kern.columns else [],
+        l2_relaunch=relaunch,
+        dram_ns=dram_ns,
+        dram_classes=dram_classes,
     )
 
 
@@ -572,6 +591,8 @@ class _Replayer:
     ) -> tuple[UvmCounters, float]:
         """Row ``i``'s driver calls by its kind: (its counters, its duration on the stream)."""
         sim = self.sim
+        if len(st.l2_relaunch) and st.l2_relaunch[i] and not sim.in_place(rows):
+            st.native_ns[i], st.classes[i] = st.dram_ns[i], st.dram_classes[i]  # pages moved: not in the L2
         if kind in STREAM_API:  # stream calls: no memory, no time of their own
             c, dur = UvmCounters(), 0.0
             if kind == "event_record":
