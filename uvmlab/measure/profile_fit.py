@@ -167,14 +167,14 @@ def bench_ms(
     """Simulated uvmbench median (ms) of the timed launches of ``workloads/files/uvmbench.py`` (``costs``: None for
     the GPU's profile), replayed at 1 / ``scale`` of the memory (``--sim-option sim_scale``)."""
     opts = {"kernel": kernel, "mode": mode, "size_factor": float(factor), "total_bytes": int(total_bytes)}
-    return _median_iteration_ms("uvmbench", opts, costs, gpu, total_bytes, iterations, scale)
+    return _median_ms(_bench_run("uvmbench", opts, costs, gpu, total_bytes, iterations, scale)[0])
 
 
 def torch_bench_ms(factor: float, costs: CostParams | None, gpu: str = "RTX5090", iterations: int = 3) -> float:
     """Simulated median (ms) of the timed launches of ``workloads/files/uvmbench_torch.py`` (seq_stream written in
     torch, with no kernel declaration), at the scale of :func:`bench_ms`."""
     opts = {"size_factor": float(factor), "total_bytes": RTX5090_TOTAL_BYTES}
-    return _median_iteration_ms("uvmbench_torch", opts, costs, gpu, RTX5090_TOTAL_BYTES, iterations)
+    return _median_ms(_bench_run("uvmbench_torch", opts, costs, gpu, RTX5090_TOTAL_BYTES, iterations)[0])
 
 
 def bench_result(
@@ -191,18 +191,10 @@ def bench_result(
     return _bench_run("uvmbench", opts, costs, gpu, total_bytes, iterations)[1]
 
 
-def _median_iteration_ms(
-    workload: str,
-    opts: dict[str, Any],
-    costs: CostParams | None,
-    gpu: str,
-    total_bytes: int,
-    iterations: int,
-    scale: int = BENCH_SCALE,
-) -> float:
+def _median_ms(res: Any) -> float:
+    """The median time (ms) of a replay's iterations (the timed launches)."""
     import numpy as np
 
-    res = _bench_run(workload, opts, costs, gpu, total_bytes, iterations, scale)[0]
     return float(np.median(res.iterations["duration_ns"].to_numpy())) / 1e6
 
 
