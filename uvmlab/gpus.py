@@ -158,7 +158,7 @@ class GpuSpec:
     """Device memory technology, ``HBM`` or ``GDDR``: the share of peak bandwidth a stream reaches differs
     (uvmlab.sim.uvm.timing ``STREAM_EFFICIENCY``)."""
     l2_bytes: int = 0
-    """L2 cache capacity (:data:`L2_BYTES`); 0 = unknown: no kernel is served from the L2
+    """L2 cache capacity (:data:`L2_KIB`); 0 = unknown: no kernel is served from the L2
     (uvmlab.sim.uvm.l2_reuse)."""
 
     @property

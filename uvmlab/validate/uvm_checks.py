@@ -74,6 +74,7 @@ RQ4_CSV = "gpu_ext_rtx5090_microbench/rq4_memadvise_results.csv"
 RQ4_FACTOR = 0.25
 """rq4_memadvise.py's ``SIZE_FACTOR`` (gpu_ext 3f4cc2d)."""
 NATIVE_POINTS = tuple((k, m, f) for k in ("seq_stream", "rand_stream") for m in ("device", "uvm") for f in (0.5, 0.75))
+"""t0rq3's undersubscribed rows: after the warm-ups every page is resident, so the time is the native kernel's."""
 CHASE_NATIVE_POINTS = (
     *(("pointer_chase", m, f) for m in ("device", "uvm") for f in (0.5, 0.75)),
     ("pointer_chase", "uvm", 1.0),
@@ -97,7 +98,6 @@ CHASE_MODE_NOTES = {
 """rq4's pointer_chase modes that are not plain L2 relaunches (the others: :data:`CHASE_NOTE`)."""
 CHASE_MODE_BANDS = {"uvm_advise_read": 2.0}
 """The one rq4 pointer_chase mode that promises a band (its time is its write faults, not the launch floor)."""
-"""t0rq3's undersubscribed rows: after the warm-ups every page is resident, so the time is the native kernel's."""
 RQ4_MODES = {
     "uvm": "",
     "uvm_prefetch": "",

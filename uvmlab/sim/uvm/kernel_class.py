@@ -38,8 +38,8 @@ class has its own rule and constants (``uvmlab.sim.uvm.timing.CostParams``, ever
     its lanes' addresses are a chunk apart, and each lane's next elements come from the sector it already fetched.
 ``l2``
     A kernel launched again over data the L2 still holds (:mod:`uvmlab.sim.uvm.l2_reuse`: the same launch as the row
-    before, its lines within the L2, every page still GPU-resident): its bytes at the L2 rate, ``L2_OVER_DRAM`` x
-    the DRAM peak. A kernel that declares an efficiency keeps it.
+    before, its lines within the L2, every page still where the GPU maps it): its bytes at the L2 rate,
+    ``L2_OVER_DRAM`` x the DRAM peak. A kernel that declares an efficiency keeps it.
 ``launch``
     Every kernel lasts at least ``kernel_min_ns`` (launch and drain); a declared launch of ``threads`` also pays
     ``cta_dispatch_ns`` per CTA of :data:`DEFAULT_BLOCK_THREADS` threads per SM (block scheduling, which bounds a

@@ -1,10 +1,11 @@
 """Relaunches served from the L2 cache: the native time of a kernel launched again over data the L2 still holds
 (issue 41 section 2). Torch-free.
 
-Every byte a kernel moves was taken as a DRAM byte. A GPU's L2 keeps the lines the last kernel touched (nothing
-flushes it between kernels of one context; CUDA C++ Programming Guide, "Device Memory L2 Access Management": lines
-stay until replaced, the set-aside only changes which ones are replaced first), so a kernel launched again over the
-same data, when that data fits, reads it from the L2. Benchmarks do exactly this: warm-up launches, then timed
+Every byte a kernel moves was taken as a DRAM byte. A GPU's L2 keeps the lines the last kernel touched until they
+are replaced (the CUDA C++ Programming Guide, "Device Memory L2 Access Management", treats data that kernels access
+repeatedly as L2-resident, its set-aside only changing which lines are replaced first; nothing between the kernels
+of one context flushes it [I]), so a kernel launched again over the same data, when that data fits, reads it from
+the L2. Benchmarks do exactly this: warm-up launches, then timed
 launches of the same kernel. The evidence that it matters: uvmbench's pointer_chase on the RTX 5090 (gpu_ext t0rq3,
 every non-faulting factor) reads 524,288 scattered 12-byte nodes in 0.009 ms per launch, 1.9 TB/s of 32 B sectors,
 where the lone-sector DRAM rate that seq_stream measures on the same GPU (0.129 of peak, 231 GB/s) gives 0.082 ms.

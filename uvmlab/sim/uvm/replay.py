@@ -215,7 +215,7 @@ class _KernelStatics:
     layouts: list[str] = field(default_factory=list)  # a GEMM's operand layouts (tile_order); [] = none known
     l2_relaunch: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     """Per kernel: a relaunch timed from the L2 (uvmlab.sim.uvm.l2_reuse); the replay takes ``dram_ns`` instead when
-    a page it touches is no longer GPU-resident."""
+    a page it touches is no longer where the GPU maps it (``UvmSim.in_place``)."""
     dram_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # native times with every byte from DRAM
     dram_classes: list[str] = field(default_factory=list)  # ... and their classes
     is_gemm: list[bool] = field(init=False)  # names[i] is a uvm_reread GEMM op (derived once, not per kernel)
