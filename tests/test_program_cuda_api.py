@@ -101,6 +101,7 @@ def test_a_gpu_file_and_gpu_set_describe_the_gpu(tmp_path: Path) -> None:
         16 << 30,
     )
     assert (spec["link"], spec["driver"], spec["memory_kind"]) == ("PCIe 4.0 x8", "550.54.15", "GDDR")
+    assert spec["l2_bytes"] == 32 << 20  # AD106's L2, not the RTX 4060's (AD107) 24 MiB the file starts from
     r2, _, _ = run(tmp_path, "device_memory", "-n", "2", "--gpu", str(GPU_FILE), "--gpu-set", "hbm_bytes_per_s=576e9")
     assert r2["gpu_spec"]["hbm_bytes_per_s"] == 576e9
     assert r2["time_breakdown_ns"]["compute_ns"] == pytest.approx(r["time_breakdown_ns"]["compute_ns"] / 2, rel=0.02)
