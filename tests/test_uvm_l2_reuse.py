@@ -38,7 +38,8 @@ def _relaunches(names, rows, touched, plain=None, lone=None, gpu=A100) -> list[b
     n = len(names)
     plain = np.ones(n, dtype=bool) if plain is None else np.asarray(plain)
     lone = np.zeros(n, dtype=bool) if lone is None else np.asarray(lone)
-    return l2_relaunches(names, rows, np.asarray(touched, dtype=float), plain, lone, gpu).tolist()
+    found = l2_relaunches(names, lambda i: rows[i], np.asarray(touched, dtype=float), plain, lone, gpu)
+    return [i in found for i in range(n)]
 
 
 def test_a_relaunch_is_the_same_launch_right_after_itself_within_the_l2() -> None:

@@ -37,7 +37,7 @@ nodes); L2 hit latency is not modelled (a dependent chain of hits is timed by it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,34 +61,26 @@ def l2_lines(touched_bytes: np.ndarray, lone_sectors: np.ndarray) -> np.ndarray:
 
 def l2_relaunches(
     names: Sequence[str],
-    rows: Sequence[Sequence[tuple[int, int, int, bool]]],
+    rows_of: Callable[[int], Sequence[tuple[int, int, int, bool]]],
     touched_bytes: np.ndarray,
     plain: np.ndarray,
     lone_sectors: np.ndarray,
     gpu: GpuSpec,
-) -> np.ndarray:
-    """Per kernel (replay order): True when it is a relaunch whose lines fit the L2 (module docstring). ``rows``:
-    each kernel's accessed byte ranges (range, offset, size, is_write); ``plain``: rows that are kernel launches
-    (not API calls, copies or host steps)."""
+) -> frozenset[int]:
+    """The kernels (replay-order indices) that are relaunches whose lines fit the L2 (module docstring).
+    ``rows_of(i)``: kernel ``i``'s accessed byte ranges (range, offset, size, is_write), asked only of the few
+    kernels that pass the cheap tests; ``plain``: rows that are kernel launches (not API calls, copies or host
+    steps)."""
     n = len(names)
-    out = np.zeros(n, dtype=bool)
     if gpu.l2_bytes <= 0 or n < 2:
-        return out
-    plain = np.asarray(plain, dtype=bool)
-    fits = l2_lines(touched_bytes, lone_sectors) * LINE_BYTES <= gpu.l2_bytes
+        return frozenset()
     touched = np.asarray(touched_bytes, dtype=float)
-    for i in range(1, n):
-        if (
-            plain[i]
-            and plain[i - 1]
-            and fits[i]
-            and touched[i] > 0
-            and names[i] == names[i - 1]
-            and touched[i] == touched[i - 1]
-            and list(rows[i]) == list(rows[i - 1])
-        ):
-            out[i] = True
-    return out
+    plain = np.asarray(plain, dtype=bool)
+    fits = l2_lines(touched, lone_sectors) * LINE_BYTES <= gpu.l2_bytes
+    name = np.asarray(names, dtype=object)
+    cand = plain[1:] & plain[:-1] & fits[1:] & (touched[1:] > 0) & (touched[1:] == touched[:-1])
+    cand &= name[1:] == name[:-1]
+    return frozenset(int(i) for i in np.flatnonzero(cand) + 1 if list(rows_of(i)) == list(rows_of(i - 1)))
 
 
 __all__ = ["L2_OVER_DRAM", "LINE_BYTES", "l2_lines", "l2_relaunches"]

@@ -213,8 +213,8 @@ class _KernelStatics:
     streams: list[int] = field(default_factory=list)  # CUDA stream of each row (uvm_cuda_streams); [] = all 0
     device_copy_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # memcpy_htod into device memory
     layouts: list[str] = field(default_factory=list)  # a GEMM's operand layouts (tile_order); [] = none known
-    l2_relaunch: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    """Per kernel: a relaunch timed from the L2 (uvmlab.sim.uvm.l2_reuse); the replay takes ``dram_ns`` instead when
+    l2_relaunch: frozenset[int] = frozenset()
+    """The kernels timed as relaunches from the L2 (uvmlab.sim.uvm.l2_reuse); the replay takes ``dram_ns`` instead when
     a page it touches is no longer where the GPU maps it (``UvmSim.in_place``)."""
     dram_ns: np.ndarray = field(default_factory=lambda: np.empty(0))  # native times with every byte from DRAM
     dram_classes: list[str] = field(default_factory=list)  # ... and their classes
@@ -279,13 +279,16 @@ def kernel_statics(
     work = work_of(kern, flops, touched_b, occ, sector, plans)
     native_ns, classes = native_times(work, gpu, costs, dtype)
     dram_ns, dram_classes = native_ns.copy(), list(classes)
-    relaunch = np.zeros(len(kern), dtype=bool)
+    relaunch: frozenset[int] = frozenset()
     if acc is not None:
         plain = np.array([not a for a in api], dtype=bool) & ~is_copy
-        kernel_rows = [acc.rows[acc.lo[i] : acc.hi[i]] for i in range(len(kern))]
-        relaunch = l2_relaunches(names, kernel_rows, touched_b, plain, work.sector | work.index, gpu)
-        if relaunch.any():
-            native_ns, classes = native_times(replace(work, l2=relaunch), gpu, costs, dtype)
+        relaunch = l2_relaunches(
+            names, lambda i: acc.rows[acc.lo[i] : acc.hi[i]], touched_b, plain, work.sector | work.index, gpu
+        )
+        if relaunch:
+            l2 = np.zeros(len(kern), dtype=bool)
+            l2[list(relaunch)] = True
+            native_ns, classes = native_times(replace(work, l2=l2), gpu, costs, dtype)
     live = trace.live_bytes()
     live_seq, live_val = live.index.to_numpy(), live.to_numpy()
     pos = np.searchsorted(live_seq, kern["seq"].to_numpy(), side="right") - 1
@@ -591,7 +594,7 @@ class _Replayer:
     ) -> tuple[UvmCounters, float]:
         """Row ``i``'s driver calls by its kind: (its counters, its duration on the stream)."""
         sim = self.sim
-        if len(st.l2_relaunch) and st.l2_relaunch[i] and not sim.in_place(rows):
+        if i in st.l2_relaunch and not sim.in_place(rows):
             st.native_ns[i], st.classes[i] = st.dram_ns[i], st.dram_classes[i]  # pages moved: not in the L2
         if kind in STREAM_API:  # stream calls: no memory, no time of their own
             c, dur = UvmCounters(), 0.0
